@@ -1,0 +1,94 @@
+//! Tensor cores (TF32 `mma.sync`) and asynchronous copies (`cp.async`).
+//!
+//! Fragment layout of `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`
+//! (PTX ISA), with `g = lane / 4` and `t = lane % 4`:
+//! - A (16x8, row-major): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
+//! - B (8x8, "col", i.e. B[k][n] read as column n): b0 = B[t][g], b1 = B[t+4][g]
+//! - C/D (16x8): c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+//!
+//! GPT-2's linear weights are stored (out, in), so `W[n][k]` is exactly the
+//! "col" B operand of `out = inp · Wᵀ`.
+
+use core::arch::asm;
+
+/// Round an f32 to TF32 (10-bit mantissa, round to nearest, ties away),
+/// returned as the 32-bit pattern `mma` expects.
+#[inline(always)]
+pub fn to_tf32(x: f32) -> u32 {
+    let r: u32;
+    // SAFETY: a register-only conversion.
+    unsafe { asm!("cvt.rna.tf32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x) }
+    r
+}
+
+/// D = A·B + C on one 16x8x8 tile, TF32 inputs, f32 accumulate. Fragments as
+/// in the module docs; every lane of the warp must call it together.
+#[inline(always)]
+pub fn mma_m16n8k8_tf32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let mut d = [0f32; 4];
+    // SAFETY: register-only warp-wide instruction; all lanes participate
+    // (sm_80+; the crate's PTX targets sm_80 or later).
+    unsafe {
+        asm!(
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{c0}, {c1}, {c2}, {c3}}};",
+            d0 = out(reg32) d[0], d1 = out(reg32) d[1], d2 = out(reg32) d[2], d3 = out(reg32) d[3],
+            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+            b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+            c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+        );
+    }
+    d
+}
+
+/// Shared-memory address of a generic pointer into shared memory (for `cp.async`, `ldmatrix`).
+///
+/// # Safety
+/// `p` must point into this block's shared memory.
+#[inline(always)]
+pub unsafe fn shared_addr<T>(p: *const T) -> u32 {
+    let r: u64;
+    // SAFETY: cvta only converts the address; the caller promises it is shared.
+    unsafe { asm!("cvta.to.shared.u64 {r}, {p};", r = out(reg64) r, p = in(reg64) p) }
+    r as u32
+}
+
+/// Start an asynchronous 16-byte copy global -> shared (`cp.async.cg`, bypassing L1).
+///
+/// # Safety
+/// `dst` points to 16 bytes of this block's shared memory, `src` to 16
+/// readable bytes of global memory; both 16-byte aligned. The data may be read
+/// only after [`cp_async_wait_group`] and a barrier.
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: *mut f32, src: *const f32) {
+    unsafe {
+        let d = shared_addr(dst);
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16;", d = in(reg32) d, s = in(reg64) src);
+    }
+}
+
+/// Like [`cp_async_16`], but copies only `src_bytes` (0 or 16) and fills the
+/// rest with zeros: the way to load a tile edge without reading out of bounds.
+///
+/// # Safety
+/// As for [`cp_async_16`]; `src` must be readable for `src_bytes` bytes.
+#[inline(always)]
+pub unsafe fn cp_async_16_zfill(dst: *mut f32, src: *const f32, src_bytes: u32) {
+    unsafe {
+        let d = shared_addr(dst);
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) d, s = in(reg64) src, n = in(reg32) src_bytes);
+    }
+}
+
+/// Close the group of `cp.async` copies issued so far by this thread.
+#[inline(always)]
+pub fn cp_async_commit() {
+    // SAFETY: bookkeeping only.
+    unsafe { asm!("cp.async.commit_group;") }
+}
+
+/// Wait until at most `N` of this thread's committed groups are still in flight.
+#[inline(always)]
+pub fn cp_async_wait_group<const N: u32>() {
+    // SAFETY: waiting has no preconditions.
+    unsafe { asm!("cp.async.wait_group {n};", n = const N) }
+}

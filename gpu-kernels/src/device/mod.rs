@@ -1,0 +1,20 @@
+//! The device standard library: what `cuda_std` is to Rust-CUDA.
+//!
+//! Everything here compiles only for `nvptx64-nvidia-cuda`. Intrinsics that
+//! `core::arch::nvptx` lacks are written as inline PTX. Each `unsafe fn`
+//! states the contract its caller must keep.
+
+pub mod index;
+pub mod math;
+pub mod mma;
+pub mod shared;
+pub mod sync;
+pub mod warp;
+
+pub use index::*;
+pub use sync::sync_threads;
+
+/// Lanes in a warp on every NVIDIA GPU this crate targets.
+pub const WARP_SIZE: u32 = 32;
+/// Mask naming every lane of a warp, for the `*.sync` instructions.
+pub const FULL_MASK: u32 = 0xffff_ffff;

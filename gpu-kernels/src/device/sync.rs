@@ -1,0 +1,30 @@
+//! Barriers and memory fences.
+
+use core::arch::asm;
+
+/// `__syncthreads()`: every thread of the block waits here, and shared and
+/// global writes made before it are visible to the block after it.
+///
+/// Must be reached by all threads of the block (the usual CUDA rule: calling
+/// it under divergent control flow deadlocks or is undefined). It is a safe
+/// function because breaking that rule cannot corrupt memory by itself.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: bar.sync has no memory-safety preconditions.
+    unsafe { core::arch::nvptx::_syncthreads() }
+}
+
+/// `__syncwarp()`: the lanes of the warp reconverge and order their
+/// shared-memory accesses.
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: all 32 lanes are named, which is what our warp code assumes.
+    unsafe { asm!("bar.warp.sync {m};", m = in(reg32) super::FULL_MASK) }
+}
+
+/// `__threadfence()`: orders this thread's global writes before later ones, device-wide.
+#[inline(always)]
+pub fn thread_fence() {
+    // SAFETY: a fence has no preconditions.
+    unsafe { asm!("fence.acq_rel.gpu;") }
+}

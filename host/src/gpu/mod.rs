@@ -1,0 +1,4 @@
+//! The GPU side: the runtime on `cudarc` (the role `cust` plays for Rust-CUDA).
+pub mod runtime;
+
+pub use runtime::{Gpu, GpuError, require_gpu_env, test_gpu};

@@ -1,0 +1,192 @@
+//! Context, stream, module and typed kernel launches.
+//!
+//! `unsafe` lives in two places only: [`Gpu::launch`] (the kernel trusts the
+//! pointers inside its parameter struct) and [`dptr`]/[`dptr_mut`] (turning a
+//! `CudaSlice` into the raw device address a parameter struct carries).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
+    LaunchConfig, PushKernelArg,
+};
+use gpu_kernels::params::KernelParams;
+
+/// Environment variable that makes "no GPU" a failure instead of a skip in tests.
+pub const REQUIRE_GPU_ENV: &str = "GPT2_REQUIRE_GPU";
+
+/// Why the GPU could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no CUDA driver found (libcuda.so could not be loaded): this needs an NVIDIA GPU and its driver; use --cpu to run on the CPU")]
+    NoDriver,
+    #[error("no CUDA device is available ({0}); use --cpu to run on the CPU")]
+    NoDevice(String),
+    #[error("GPU device {0} does not exist (this machine has {1})")]
+    BadOrdinal(usize, i32),
+    #[error("loading the PTX module failed: {0} (is the driver older than the PTX version?)")]
+    ModuleLoad(DriverError),
+    #[error("kernel `{0}` is not in the PTX module")]
+    MissingKernel(&'static str),
+    #[error("out of GPU memory: {0} bytes were requested ({1})")]
+    OutOfMemory(usize, DriverError),
+    #[error("CUDA error in {0}: {1}")]
+    Driver(&'static str, DriverError),
+}
+
+/// `Ok` when the CUDA error is `CUDA_SUCCESS`, else [`GpuError::Driver`] naming the call.
+pub trait CudaContextExt<T> {
+    fn ctx(self, what: &'static str) -> Result<T, GpuError>;
+}
+
+impl<T> CudaContextExt<T> for Result<T, DriverError> {
+    fn ctx(self, what: &'static str) -> Result<T, GpuError> {
+        self.map_err(|e| GpuError::Driver(what, e))
+    }
+}
+
+/// Kernel parameters travel to the driver as the struct's bytes.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct ParamBlock<P>(P);
+// SAFETY: `KernelParams` promises a repr(C) plain-data struct with the same
+// layout on host and device, which is what DeviceRepr requires.
+unsafe impl<P: KernelParams> DeviceRepr for ParamBlock<P> {}
+
+/// One GPU: its context, the stream all our work goes to, and the kernels.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    /// A non-default stream: work on it can be captured into CUDA graphs.
+    pub stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+}
+
+impl Gpu {
+    /// Open device `ordinal` and load the `gpu-kernels` PTX into it.
+    pub fn new(ordinal: usize) -> Result<Self, GpuError> {
+        // SAFETY: only tries to dlopen libcuda; no CUDA call is made.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(GpuError::NoDriver);
+        }
+        let count = CudaContext::device_count().map_err(|e| GpuError::NoDevice(e.to_string()))?;
+        if count == 0 {
+            return Err(GpuError::NoDevice("the driver reports 0 devices".into()));
+        }
+        if ordinal >= count as usize {
+            return Err(GpuError::BadOrdinal(ordinal, count));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| GpuError::NoDevice(e.to_string()))?;
+        // One stream, so cudarc's per-buffer event tracking only costs time.
+        // SAFETY: every buffer of ours is used on `stream` only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().ctx("cuStreamCreate")?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(gpt2::GPU_KERNELS_PTX))
+            .map_err(GpuError::ModuleLoad)?;
+        Ok(Self { ctx, stream, module, functions: Mutex::new(HashMap::new()) })
+    }
+
+    /// The device's name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> String {
+        self.ctx.name().unwrap_or_else(|_| "unknown GPU".into())
+    }
+
+    /// A kernel of the module by name (looked up once, then cached).
+    pub fn function(&self, name: &'static str) -> Result<CudaFunction, GpuError> {
+        let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = fns.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module.load_function(name).map_err(|_| GpuError::MissingKernel(name))?;
+        fns.insert(name, f.clone());
+        Ok(f)
+    }
+
+    /// Launch kernel `name` with its parameter struct, on [`Gpu::stream`].
+    ///
+    /// # Safety
+    /// `name` must be the kernel whose parameter type is `P`; every pointer in
+    /// `params` must be a live device allocation of this context large enough
+    /// for what the kernel reads and writes under `cfg` (the op wrappers in
+    /// `gpu::ops` check those sizes before calling this); `cfg` must respect
+    /// the kernel's block-size and shared-memory assumptions.
+    pub unsafe fn launch<P: KernelParams>(
+        &self,
+        name: &'static str,
+        cfg: LaunchConfig,
+        params: P,
+    ) -> Result<(), GpuError> {
+        let f = self.function(name)?;
+        let block = ParamBlock(params);
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&block);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { args.launch(cfg) }.ctx(name)?;
+        Ok(())
+    }
+
+    /// Raise a kernel's dynamic shared-memory limit above the default 48 KiB.
+    pub fn set_max_dynamic_shared(&self, name: &'static str, bytes: u32) -> Result<(), GpuError> {
+        let f = self.function(name)?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .ctx("cuFuncSetAttribute")
+    }
+
+    /// Allocate `n` elements, reporting out-of-memory clearly.
+    pub fn alloc<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, GpuError> {
+        self.stream
+            .alloc_zeros::<T>(n.max(1))
+            .map_err(|e| GpuError::OutOfMemory(n * std::mem::size_of::<T>(), e))
+    }
+
+    /// Copy host data to a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, GpuError> {
+        self.stream.clone_htod(data).map_err(|e| GpuError::OutOfMemory(std::mem::size_of_val(data), e))
+    }
+
+    /// Copy a device buffer to a new host vector (synchronises the stream).
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, buf: &CudaSlice<T>) -> Result<Vec<T>, GpuError> {
+        self.stream.clone_dtoh(buf).ctx("cuMemcpyDtoH")
+    }
+
+    /// Wait for all queued work; surfaces asynchronous kernel faults.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().ctx("cuStreamSynchronize")
+    }
+}
+
+/// The device address of a buffer, as a kernel parameter struct carries it.
+pub fn dptr<T>(buf: &CudaSlice<T>) -> *const T {
+    let (p, _sync) = buf.device_ptr(buf.stream());
+    p as *const T
+}
+
+/// The device address of a buffer the kernel will write.
+pub fn dptr_mut<T>(buf: &mut CudaSlice<T>) -> *mut T {
+    let stream = buf.stream().clone();
+    let (p, _sync) = buf.device_ptr_mut(&stream);
+    p as *mut T
+}
+
+/// True when the environment says GPU tests must not skip.
+pub fn require_gpu_env() -> bool {
+    std::env::var(REQUIRE_GPU_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// For GPU tests: the GPU, or `None` after printing why the test is skipped.
+/// Panics (fails the test) instead of skipping when `GPT2_REQUIRE_GPU=1`.
+pub fn test_gpu() -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e) if require_gpu_env() => panic!("{REQUIRE_GPU_ENV} is set but the GPU is unusable: {e}"),
+        Err(e) => {
+            eprintln!("skipped: no usable GPU ({e})");
+            None
+        }
+    }
+}

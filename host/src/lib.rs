@@ -1,0 +1,4 @@
+//! GPT-2 inference on the GPU with kernels written in Rust.
+pub mod gpu;
+pub mod model;
+pub mod generate;

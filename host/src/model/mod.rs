@@ -1,0 +1,7 @@
+//! The model's description: its shape ([`ModelConfig`]) and its parameters as
+//! typed views into the memory-mapped checkpoint ([`Weights`]).
+pub mod config;
+pub mod weights;
+
+pub use config::ModelConfig;
+pub use weights::{DType, LayerWeights, Tensor, Weights};

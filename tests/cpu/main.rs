@@ -1,0 +1,1 @@
+//! Tests that need no GPU: loaders, tokenizer, CPU reference, sampling, CLI.

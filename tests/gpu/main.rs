@@ -1,0 +1,5 @@
+//! GPU tests, one binary (so the GPU bundle stays small). Each test skips
+//! with a printed reason where no GPU is usable, and fails instead when
+//! `GPT2_REQUIRE_GPU=1` (the GPU runner sets it).
+
+mod pipeline;
