@@ -3,7 +3,8 @@
 //!
 //! This module compiles for the host too, so the host builds exactly the
 //! struct the kernel reads. Device pointers are raw pointers here; the host
-//! fills them with device addresses (`CUdeviceptr as *mut f32`).
+//! fills them with device addresses. One file per op, next to the op's
+//! kernel module of the same name in `ops`.
 
 /// Marker for kernel parameter structs.
 ///
@@ -13,24 +14,17 @@
 /// 64-bit little-endian, so that holds for such structs).
 pub unsafe trait KernelParams: Copy {}
 
+/// Implements [`KernelParams`] for parameter structs.
+#[macro_export]
 macro_rules! kernel_params {
-    ($($t:ty),* $(,)?) => { $(unsafe impl KernelParams for $t {})* };
+    ($($t:ty),* $(,)?) => { $(unsafe impl $crate::params::KernelParams for $t {})* };
 }
 
-/// `out[i] = a * x[i] + y[i]`: the smallest kernel, used to prove the pipeline.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct SaxpyParams {
-    pub out: *mut f32,
-    pub x: *const f32,
-    pub y: *const f32,
-    pub a: f32,
-    pub n: u32,
-}
+pub mod saxpy;
+pub use saxpy::SaxpyParams;
 
-/// PTX names of the kernels, one constant per kernel.
+/// PTX names of the kernels. Each op's file defines its own constants too;
+/// these are the ones shared by tests.
 pub mod names {
-    pub const SAXPY: &str = "saxpy";
+    pub use super::saxpy::SAXPY;
 }
-
-kernel_params!(SaxpyParams);

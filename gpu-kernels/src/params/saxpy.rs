@@ -1,0 +1,15 @@
+//! `out[i] = a * x[i] + y[i]`: the smallest kernel, used to prove the pipeline.
+
+pub const SAXPY: &str = "saxpy";
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SaxpyParams {
+    pub out: *mut f32,
+    pub x: *const f32,
+    pub y: *const f32,
+    pub a: f32,
+    pub n: u32,
+}
+
+crate::kernel_params!(SaxpyParams);

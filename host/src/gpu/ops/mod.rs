@@ -1,0 +1,3 @@
+//! Launch wrappers, one module per op (same names as `cpu::ops` and the
+//! kernels). Each wrapper checks buffer sizes, computes its launch
+//! configuration, builds the kernel's parameter struct and launches.
