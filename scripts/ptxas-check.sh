@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Assemble the PTX that the host embeds with NVIDIA's ptxas, without a GPU,
+# and fail on any ptxas error or any register spill.
+#
+# Why: the driver JIT-compiles our PTX only on the GPU machine, which CI never
+# sees. ptxas is the same back end, so running it here catches invalid PTX,
+# spills and shared-memory overuse before the code reaches a GPU.
+#
+# Usage: bash scripts/ptxas-check.sh            (from anywhere in the repo)
+# Knobs (environment):
+#   GPU_KERNELS_ARCH  PTX target the build script compiles for (default sm_80;
+#                     e.g. sm_90a). Passed through to cargo, so the checked PTX
+#                     is exactly what a build with this setting embeds.
+#   PTXAS_ARCHS       space-separated ptxas -arch values to assemble for.
+#                     Default: the PTX's own .target, plus sm_90 (H100/H200)
+#                     when the target is not architecture-specific (sm_90a
+#                     PTX can only be assembled for sm_90a).
+#   PTXAS             a ptxas binary to use instead of the pip one.
+#   PTXAS_VENV        where the virtualenv holding ptxas lives (default .ci/venv,
+#                     ignored by git, reused across runs).
+#   CARGO_PROFILE_ARGS extra cargo args for the build that produces the PTX
+#                     (default none: the dev profile that `cargo test` uses;
+#                     the kernels themselves are always compiled in release).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+ARCH="${GPU_KERNELS_ARCH:-sm_80}"
+export GPU_KERNELS_ARCH="$ARCH"
+VENV="${PTXAS_VENV:-$ROOT/.ci/venv}"
+# The PyPI wheel that carries ptxas (nvidia/cu13/bin/ptxas). Pinned to a major
+# release so a new CUDA major cannot change the verdict of CI unannounced.
+NVCC_WHEEL_SPEC="${NVCC_WHEEL_SPEC:-nvidia-cuda-nvcc>=13,<14}"
+# The GPUs of the test machine (H100/H200) are sm_90.
+HOPPER_ARCH=sm_90
+
+find_pip_ptxas() {
+    # The wheel's layout is nvidia/cu<major>/bin/ptxas inside site-packages.
+    local f
+    for f in "$VENV"/lib/python3*/site-packages/nvidia/cu*/bin/ptxas; do
+        if [[ -x "$f" ]]; then
+            echo "$f"
+            return 0
+        fi
+    done
+    return 1
+}
+
+if [[ -z "${PTXAS:-}" ]]; then
+    if ! PTXAS="$(find_pip_ptxas)"; then
+        echo "== installing ptxas from PyPI ($NVCC_WHEEL_SPEC) into $VENV"
+        [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$NVCC_WHEEL_SPEC"
+        PTXAS="$(find_pip_ptxas)" || { echo "error: nvidia-cuda-nvcc installed but no ptxas found under $VENV" >&2; exit 1; }
+    fi
+fi
+echo "== ptxas: $PTXAS"
+"$PTXAS" --version | tail -n 2
+
+# Ask cargo where the root package's build script wrote its output, instead of
+# guessing among target/*/build/gpt2-*: the build-script-executed message names
+# the exact OUT_DIR of this build.
+echo "== building the root package (GPU_KERNELS_ARCH=$ARCH) to locate its PTX"
+ROOT_MANIFEST="$ROOT/Cargo.toml"
+ROOT_ID="$(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, os, sys
+manifest = os.path.realpath(sys.argv[1])
+ids = [p["id"] for p in json.load(sys.stdin)["packages"] if os.path.realpath(p["manifest_path"]) == manifest]
+if len(ids) != 1:
+    sys.exit(f"expected one package with manifest {manifest}, found {len(ids)}")
+print(ids[0])
+' "$ROOT_MANIFEST")"
+# shellcheck disable=SC2086  # CARGO_PROFILE_ARGS is a word list on purpose
+OUT_DIR="$(cargo build --lib --package "$ROOT_ID" ${CARGO_PROFILE_ARGS:-} --message-format=json-render-diagnostics | python3 -c '
+import json, sys
+want = sys.argv[1]
+dirs = []
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") == "build-script-executed" and msg.get("package_id") == want:
+        dirs.append(msg["out_dir"])
+if len(dirs) != 1:
+    sys.exit(f"expected one build-script run of {want}, cargo reported {len(dirs)}")
+print(dirs[0])
+' "$ROOT_ID")"
+echo "== PTX directory: $OUT_DIR"
+
+# The builder names its output <crate>.<arch>.ptx. Files of another arch in the
+# same OUT_DIR are left over from builds with another GPU_KERNELS_ARCH.
+shopt -s nullglob
+PTX_FILES=("$OUT_DIR"/*."$ARCH".ptx)
+shopt -u nullglob
+if (( ${#PTX_FILES[@]} == 0 )); then
+    echo "error: no *.$ARCH.ptx in $OUT_DIR" >&2
+    ls -l "$OUT_DIR" >&2
+    exit 1
+fi
+if [[ ! -f "$OUT_DIR/gpu_kernels.$ARCH.ptx" ]]; then
+    echo "error: $OUT_DIR/gpu_kernels.$ARCH.ptx (the kernels the host embeds) is missing" >&2
+    exit 1
+fi
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+status=0
+for ptx in "${PTX_FILES[@]}"; do
+    target="$(sed -n 's/^[[:space:]]*\.target[[:space:]]\+\([a-z0-9_]*\).*/\1/p' "$ptx" | head -n 1)"
+    if [[ -z "$target" ]]; then
+        echo "error: $ptx has no .target directive" >&2
+        exit 1
+    fi
+    if [[ -n "${PTXAS_ARCHS:-}" ]]; then
+        archs="$PTXAS_ARCHS"
+    elif [[ "$target" == *a || "$target" == *f || "$target" == "$HOPPER_ARCH" ]]; then
+        # Architecture-specific PTX (sm_90a, sm_100f...) assembles for its own
+        # architecture only; sm_90 PTX needs no second run.
+        archs="$target"
+    else
+        # Portable PTX: check the target it names and the GPUs we run on.
+        archs="$target $HOPPER_ARCH"
+    fi
+    for a in $archs; do
+        log="$WORK/$(basename "$ptx").$a.log"
+        echo
+        echo "== ptxas -arch=$a $(basename "$ptx") (.target $target)"
+        if ! "$PTXAS" -arch="$a" -v -o "$WORK/out.cubin" "$ptx" >"$log" 2>&1; then
+            cat "$log"
+            echo "error: ptxas failed on $ptx for $a" >&2
+            status=1
+            continue
+        fi
+        # Warnings are shown in full; the table below is the summary.
+        grep -i 'warning' "$log" || true
+        if ! python3 - "$log" <<'PY'
+# Turn `ptxas -v` output into one row per function, and fail on spills.
+import re, sys
+
+rows = {}   # function name -> dict of numbers
+order = []
+current = None
+kind = {}
+for line in open(sys.argv[1]):
+    m = re.search(r"Compiling entry function '([^']+)'", line)
+    if m:
+        kind[m.group(1)] = "kernel"
+    m = re.search(r"Function properties for (\S+)", line)
+    if m:
+        current = m.group(1)
+        if current not in rows:
+            rows[current] = {}
+            order.append(current)
+        continue
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m and current is not None:
+        rows[current].update(stack=int(m.group(1)), spill_st=int(m.group(2)), spill_ld=int(m.group(3)))
+        continue
+    m = re.search(r"Used (\d+) registers", line)
+    if m and current is not None:
+        rows[current]["regs"] = int(m.group(1))
+        s = re.search(r"(\d+) bytes smem", line)
+        rows[current]["smem"] = int(s.group(1)) if s else 0
+
+if not order:
+    sys.exit("ptxas -v printed no function properties: nothing was checked")
+head = f"{'function':<48} {'kind':<7} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'smem B':>7} {'stack B':>8}"
+print(head)
+print("-" * len(head))
+spilled = []
+def cell(r, k):
+    return str(r[k]) if k in r else "-"
+for name in order:
+    r = rows[name]
+    shown = name if len(name) <= 48 else name[:45] + "..."
+    print(f"{shown:<48} {kind.get(name, 'func'):<7} {cell(r, 'regs'):>5} {cell(r, 'spill_st'):>9} "
+          f"{cell(r, 'spill_ld'):>9} {cell(r, 'smem'):>7} {cell(r, 'stack'):>8}")
+    if r.get("spill_st", 0) or r.get("spill_ld", 0):
+        spilled.append(name)
+if spilled:
+    print("error: register spills in: " + ", ".join(spilled), file=sys.stderr)
+    sys.exit(1)
+PY
+        then
+            status=1
+        fi
+    done
+done
+
+echo
+if (( status != 0 )); then
+    echo "ptxas check FAILED" >&2
+    exit 1
+fi
+echo "ptxas check passed: ${#PTX_FILES[@]} PTX file(s), no errors, no spills"
