@@ -1,7 +1,13 @@
 //! One generation loop over a [`Backend`]; the CPU reference and the GPU
 //! engine differ only in how they compute logits.
 
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
 use crate::model::ModelConfig;
+use crate::model::config::EOT_TOKEN;
+use crate::sample::Sampler;
 
 /// Which logits a forward call must produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,13 +22,26 @@ pub enum LogitsWanted {
 pub trait Backend {
     fn config(&self) -> &ModelConfig;
 
+    /// Longest sequence (prompt + generated) the backend was built for; the
+    /// generation loop stops cleanly there.
+    fn max_seq_len(&self) -> usize {
+        self.config().max_seq_len
+    }
+
     /// Run `tokens` (`b` rows of `t` ids, row-major) at positions
     /// `pos0..pos0 + t` of every row, appending their keys and values to the
     /// KV cache, which must already hold positions `0..pos0` of these rows
     /// (`pos0 == 0` starts fresh). Errors (never panics) when `b` or
     /// `pos0 + t` exceed what the backend was built for, or an id is out of
     /// the vocabulary.
-    fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> anyhow::Result<()>;
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        b: usize,
+        t: usize,
+        pos0: usize,
+        want: LogitsWanted,
+    ) -> anyhow::Result<()>;
 
     /// Logits of the last `forward`: `[b, 1, Vp]` for `Last`, `[b, t, Vp]` for `All`.
     fn logits(&mut self) -> anyhow::Result<Vec<f32>>;
@@ -31,4 +50,179 @@ pub trait Backend {
     /// over the real vocabulary only (padded entries are never chosen; ties
     /// go to the lowest id).
     fn argmax(&mut self) -> anyhow::Result<Vec<u32>>;
+}
+
+/// Why a row stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced `<|endoftext|>` (not part of the output).
+    EndOfText,
+    /// `max_new_tokens` tokens were generated.
+    MaxTokens,
+    /// The next position would reach the backend's `max_seq_len`.
+    ContextLimit,
+}
+
+/// What [`generate`] did.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Generated ids per row (prompt and `<|endoftext|>` excluded).
+    pub tokens: Vec<Vec<u32>>,
+    /// Why each row stopped.
+    pub stop: Vec<StopReason>,
+    /// Sum of the rows' generated tokens.
+    pub generated: usize,
+    /// Positions in the cache at the end (prompt + generated, shared by all rows).
+    pub positions: usize,
+    /// Time of the first forward call (the shared part of the prompts).
+    pub prefill_time: Duration,
+    /// Time of everything after it.
+    pub decode_time: Duration,
+}
+
+impl Generation {
+    /// True when some row was cut by the context window.
+    pub fn hit_context_limit(&self) -> bool {
+        self.stop.contains(&StopReason::ContextLimit)
+    }
+
+    /// Generated tokens per second over the whole call.
+    pub fn tokens_per_second(&self) -> f64 {
+        let secs = (self.prefill_time + self.decode_time).as_secs_f64();
+        if secs > 0.0 {
+            self.generated as f64 / secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Generate up to `max_new_tokens` tokens after each prompt (one batch row
+/// per prompt), calling `on_token(row, id)` as each one is chosen.
+///
+/// Policy (docs/design.md): all rows share one position. The prompts are
+/// prefilled up to the shortest one's length; longer prompts continue through
+/// decode steps with their own next token forced in place of the chosen one.
+/// A row stops at `<|endoftext|>` or after `max_new_tokens` tokens; the whole
+/// batch stops, with [`StopReason::ContextLimit`], when the next token would
+/// sit at position `backend.max_seq_len()`. Greedy sampling reads back only
+/// the ids (`backend.argmax()`), other sampling reads the last logits.
+pub fn generate<B: Backend + ?Sized>(
+    backend: &mut B,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    sampler: &mut Sampler,
+    mut on_token: impl FnMut(usize, u32),
+) -> Result<Generation> {
+    let b = prompts.len();
+    let max_seq_len = backend.max_seq_len();
+    let (v, vp) = (
+        backend.config().vocab_size,
+        backend.config().padded_vocab_size,
+    );
+    if b == 0 {
+        bail!("no prompt given");
+    }
+    for (row, p) in prompts.iter().enumerate() {
+        if p.is_empty() {
+            bail!("prompt {row} is empty");
+        }
+        if p.len() > max_seq_len {
+            bail!(
+                "prompt {row} has {} tokens, more than the context window of {max_seq_len}",
+                p.len()
+            );
+        }
+    }
+    let mut result = Generation {
+        tokens: vec![Vec::new(); b],
+        stop: vec![StopReason::MaxTokens; b],
+        generated: 0,
+        positions: 0,
+        prefill_time: Duration::ZERO,
+        decode_time: Duration::ZERO,
+    };
+    if max_new_tokens == 0 {
+        return Ok(result);
+    }
+
+    // Prefill the part every prompt has.
+    let start = Instant::now();
+    let shared = prompts.iter().map(Vec::len).min().unwrap_or(0);
+    let mut batch: Vec<u32> = prompts
+        .iter()
+        .flat_map(|p| p[..shared].iter().copied())
+        .collect();
+    backend.forward(&batch, b, shared, 0, LogitsWanted::Last)?;
+    result.prefill_time = start.elapsed();
+    let decode_start = Instant::now();
+
+    // `pos`: position of the token chosen next (= tokens in the cache).
+    let mut pos = shared;
+    let mut active = vec![true; b];
+    loop {
+        if pos >= max_seq_len {
+            for row in 0..b {
+                if active[row] {
+                    result.stop[row] = StopReason::ContextLimit;
+                }
+            }
+            break;
+        }
+        let needs_choice = |row: usize| active[row] && pos >= prompts[row].len();
+        let chosen: Vec<u32> = if !(0..b).any(needs_choice) {
+            vec![0; b]
+        } else if sampler.is_greedy() {
+            backend.argmax()?
+        } else {
+            let logits = backend.logits()?;
+            (0..b)
+                .map(|row| {
+                    if needs_choice(row) {
+                        sampler.sample(&logits[row * vp..row * vp + v])
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        };
+        batch.clear();
+        for row in 0..b {
+            let prompt = &prompts[row];
+            let id = if pos < prompt.len() {
+                prompt[pos] // teacher forcing: this row is still reading its prompt
+            } else if active[row] {
+                let id = chosen[row];
+                if id == EOT_TOKEN {
+                    active[row] = false;
+                    result.stop[row] = StopReason::EndOfText;
+                } else {
+                    result.tokens[row].push(id);
+                    result.generated += 1;
+                    on_token(row, id);
+                    if result.tokens[row].len() == max_new_tokens {
+                        active[row] = false;
+                        result.stop[row] = StopReason::MaxTokens;
+                    }
+                }
+                id
+            } else {
+                EOT_TOKEN // finished rows ride along; their output is ignored
+            };
+            batch.push(id);
+        }
+        if !active.iter().any(|&a| a) {
+            break;
+        }
+        // The chosen tokens occupy position `pos`; one more is wanted after it.
+        if pos + 1 >= max_seq_len {
+            pos += 1;
+            continue; // reports the context limit
+        }
+        backend.forward(&batch, b, 1, pos, LogitsWanted::Last)?;
+        pos += 1;
+    }
+    result.positions = pos;
+    result.decode_time = decode_start.elapsed();
+    Ok(result)
 }

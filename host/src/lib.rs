@@ -2,3 +2,6 @@
 pub mod gpu;
 pub mod model;
 pub mod generate;
+pub mod cpu;
+pub mod sample;
+pub mod hub;

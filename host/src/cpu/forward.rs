@@ -1,0 +1,403 @@
+//! The CPU reference model: GPT-2's forward pass over [`super::ops`], in the
+//! paper's order, with a KV cache. It implements [`Backend`], so the
+//! generation loop runs on it exactly as on the GPU engine.
+
+use anyhow::{Context, Result, bail, ensure};
+
+use super::ops::{
+    attention_forward, encoder_forward, layernorm_forward, matmul_forward, residual_forward,
+};
+use crate::generate::{Backend, LogitsWanted};
+use crate::model::{ModelConfig, Tensor, Weights};
+
+/// One transformer block's parameters as f32, linear weights (out, in).
+pub struct CpuLayer {
+    pub ln1w: Vec<f32>,
+    pub ln1b: Vec<f32>,
+    pub qkvw: Vec<f32>,
+    pub qkvb: Vec<f32>,
+    pub attprojw: Vec<f32>,
+    pub attprojb: Vec<f32>,
+    pub ln2w: Vec<f32>,
+    pub ln2b: Vec<f32>,
+    pub fcw: Vec<f32>,
+    pub fcb: Vec<f32>,
+    pub fcprojw: Vec<f32>,
+    pub fcprojb: Vec<f32>,
+}
+
+/// All parameters as f32 vectors; `wte` has `padded_vocab_size` rows (the
+/// padding rows are zero).
+pub struct CpuParams {
+    pub wte: Vec<f32>,
+    pub wpe: Vec<f32>,
+    pub layers: Vec<CpuLayer>,
+    pub lnfw: Vec<f32>,
+    pub lnfb: Vec<f32>,
+}
+
+impl CpuParams {
+    /// Convert the checkpoint's tensors once (any dtype, any storage order),
+    /// checking every shape against the config.
+    pub fn from_weights(w: &Weights) -> Result<CpuParams> {
+        let cfg = &w.config;
+        let (c, vp) = (cfg.channels, cfg.padded_vocab_size);
+        let get = |name: &str, t: &Tensor, len: usize| -> Result<Vec<f32>> {
+            ensure!(
+                t.len() == len,
+                "parameter {name} has {} values, the config needs {len}",
+                t.len()
+            );
+            Ok(t.to_f32().into_owned())
+        };
+        ensure!(
+            w.wte.shape[1] == c && (w.wte.shape[0] == cfg.vocab_size || w.wte.shape[0] == vp),
+            "wte has shape {:?}, expected ({} or {vp}, {c})",
+            w.wte.shape,
+            cfg.vocab_size
+        );
+        let mut wte = w.wte.to_f32().into_owned();
+        wte.resize(vp * c, 0.0);
+        ensure!(
+            w.layers.len() == cfg.num_layers,
+            "checkpoint has {} layers, config says {}",
+            w.layers.len(),
+            cfg.num_layers
+        );
+        let layers = w
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, lw)| {
+                let n = |s: &str| format!("layer {l} {s}");
+                Ok(CpuLayer {
+                    ln1w: get(&n("ln1w"), &lw.ln1w, c)?,
+                    ln1b: get(&n("ln1b"), &lw.ln1b, c)?,
+                    qkvw: get(&n("qkvw"), &lw.qkvw, 3 * c * c)?,
+                    qkvb: get(&n("qkvb"), &lw.qkvb, 3 * c)?,
+                    attprojw: get(&n("attprojw"), &lw.attprojw, c * c)?,
+                    attprojb: get(&n("attprojb"), &lw.attprojb, c)?,
+                    ln2w: get(&n("ln2w"), &lw.ln2w, c)?,
+                    ln2b: get(&n("ln2b"), &lw.ln2b, c)?,
+                    fcw: get(&n("fcw"), &lw.fcw, 4 * c * c)?,
+                    fcb: get(&n("fcb"), &lw.fcb, 4 * c)?,
+                    fcprojw: get(&n("fcprojw"), &lw.fcprojw, 4 * c * c)?,
+                    fcprojb: get(&n("fcprojb"), &lw.fcprojb, c)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CpuParams {
+            wte,
+            wpe: get("wpe", &w.wpe, cfg.max_seq_len * c)?,
+            layers,
+            lnfw: get("lnfw", &w.lnfw, c)?,
+            lnfb: get("lnfb", &w.lnfb, c)?,
+        })
+    }
+}
+
+/// Activations of one forward call, grown on demand and then reused.
+#[derive(Default)]
+struct Activations {
+    /// Residual stream `[N, C]` (N = B*T tokens of this call).
+    residual: Vec<f32>,
+    ln1: Vec<f32>,
+    qkv: Vec<f32>,
+    atty: Vec<f32>,
+    attproj: Vec<f32>,
+    residual2: Vec<f32>,
+    ln2: Vec<f32>,
+    fch: Vec<f32>,
+    fch_gelu: Vec<f32>,
+    fcproj: Vec<f32>,
+    lnf: Vec<f32>,
+    /// The rows of `lnf` whose logits are wanted.
+    head_in: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// GPT-2 on the CPU with a KV cache for `max_batch` rows of `max_seq_len`
+/// positions.
+pub struct CpuModel {
+    config: ModelConfig,
+    params: CpuParams,
+    max_batch: usize,
+    max_seq_len: usize,
+    /// Attention window (0 = unlimited, GPT-2's own behaviour).
+    window: usize,
+    /// Per layer: K and V caches, `[max_batch][NH][max_seq_len][HS]` each.
+    kv_cache: Vec<(Vec<f32>, Vec<f32>)>,
+    acts: Activations,
+    /// `(b, rows of logits)` of the last forward call, if any.
+    last: Option<(usize, usize)>,
+}
+
+impl CpuModel {
+    /// Convert the weights to f32 once and allocate the KV cache.
+    pub fn new(weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<CpuModel> {
+        let params =
+            CpuParams::from_weights(weights).context("converting the checkpoint for the CPU")?;
+        Self::from_params(weights.config, params, max_batch, max_seq_len)
+    }
+
+    /// Build from parameters already in memory (tests construct them directly).
+    pub fn from_params(
+        config: ModelConfig,
+        params: CpuParams,
+        max_batch: usize,
+        max_seq_len: usize,
+    ) -> Result<CpuModel> {
+        ensure!(max_batch > 0, "the batch size must be at least 1");
+        ensure!(max_seq_len > 0, "the sequence length must be at least 1");
+        ensure!(
+            max_seq_len <= config.max_seq_len,
+            "a sequence length of {max_seq_len} exceeds the model's context window of {} positions",
+            config.max_seq_len
+        );
+        ensure!(
+            config.channels % config.num_heads == 0,
+            "channels {} not divisible by heads {}",
+            config.channels,
+            config.num_heads
+        );
+        let cache_len = max_batch * config.num_heads * max_seq_len * config.head_size();
+        let kv_cache = (0..config.num_layers)
+            .map(|_| (vec![0f32; cache_len], vec![0f32; cache_len]))
+            .collect();
+        Ok(CpuModel {
+            config,
+            params,
+            max_batch,
+            max_seq_len,
+            window: 0,
+            kv_cache,
+            acts: Activations::default(),
+            last: None,
+        })
+    }
+
+    /// Limit attention to the last `window` positions (0 = unlimited).
+    pub fn set_attention_window(&mut self, window: usize) {
+        self.window = window;
+    }
+
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+}
+
+/// Resize an activation buffer to `n` values (keeps its allocation).
+fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    buf.resize(n, 0.0);
+    &mut buf[..n]
+}
+
+impl Backend for CpuModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        b: usize,
+        t: usize,
+        pos0: usize,
+        want: LogitsWanted,
+    ) -> Result<()> {
+        let cfg = self.config;
+        let (c, nh, v, vp) = (
+            cfg.channels,
+            cfg.num_heads,
+            cfg.vocab_size,
+            cfg.padded_vocab_size,
+        );
+        self.last = None;
+        ensure!(b > 0 && t > 0, "empty forward call (b = {b}, t = {t})");
+        ensure!(
+            b <= self.max_batch,
+            "batch of {b} rows exceeds the {} this model was built for",
+            self.max_batch
+        );
+        ensure!(
+            pos0 + t <= self.max_seq_len,
+            "positions {pos0}..{} exceed the {} this model was built for",
+            pos0 + t,
+            self.max_seq_len
+        );
+        ensure!(
+            tokens.len() == b * t,
+            "{} tokens given for b = {b}, t = {t}",
+            tokens.len()
+        );
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= v) {
+            bail!("token id {bad} is outside the vocabulary of {v}");
+        }
+
+        let n = b * t;
+        let p = &self.params;
+        let a = &mut self.acts;
+        encoder_forward(
+            sized(&mut a.residual, n * c),
+            tokens,
+            &p.wte,
+            &p.wpe,
+            b,
+            t,
+            c,
+            pos0,
+        );
+        for (lw, (k_cache, v_cache)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
+            layernorm_forward(
+                sized(&mut a.ln1, n * c),
+                &a.residual,
+                &lw.ln1w,
+                &lw.ln1b,
+                n,
+                c,
+            );
+            matmul_forward(
+                sized(&mut a.qkv, n * 3 * c),
+                &a.ln1,
+                &lw.qkvw,
+                Some(&lw.qkvb),
+                n,
+                c,
+                3 * c,
+            );
+            attention_forward(
+                sized(&mut a.atty, n * c),
+                k_cache,
+                v_cache,
+                &a.qkv,
+                b,
+                t,
+                pos0,
+                self.max_seq_len,
+                c,
+                nh,
+                self.window,
+            );
+            matmul_forward(
+                sized(&mut a.attproj, n * c),
+                &a.atty,
+                &lw.attprojw,
+                Some(&lw.attprojb),
+                n,
+                c,
+                c,
+            );
+            residual_forward(
+                sized(&mut a.residual2, n * c),
+                &a.residual,
+                &a.attproj,
+                n * c,
+            );
+            layernorm_forward(
+                sized(&mut a.ln2, n * c),
+                &a.residual2,
+                &lw.ln2w,
+                &lw.ln2b,
+                n,
+                c,
+            );
+            matmul_forward(
+                sized(&mut a.fch, n * 4 * c),
+                &a.ln2,
+                &lw.fcw,
+                Some(&lw.fcb),
+                n,
+                c,
+                4 * c,
+            );
+            super::ops::gelu_forward(sized(&mut a.fch_gelu, n * 4 * c), &a.fch, n * 4 * c);
+            matmul_forward(
+                sized(&mut a.fcproj, n * c),
+                &a.fch_gelu,
+                &lw.fcprojw,
+                Some(&lw.fcprojb),
+                n,
+                4 * c,
+                c,
+            );
+            residual_forward(
+                sized(&mut a.residual, n * c),
+                &a.residual2,
+                &a.fcproj,
+                n * c,
+            );
+        }
+        layernorm_forward(
+            sized(&mut a.lnf, n * c),
+            &a.residual,
+            &p.lnfw,
+            &p.lnfb,
+            n,
+            c,
+        );
+
+        // LM head (tied to wte, no bias) on the wanted rows only.
+        let rows = match want {
+            LogitsWanted::All => n,
+            LogitsWanted::Last => b,
+        };
+        let head_in: &[f32] = match want {
+            LogitsWanted::All => &a.lnf,
+            LogitsWanted::Last => {
+                let buf = sized(&mut a.head_in, b * c);
+                for bi in 0..b {
+                    let last = (bi * t + t - 1) * c;
+                    buf[bi * c..(bi + 1) * c].copy_from_slice(&a.lnf[last..last + c]);
+                }
+                &a.head_in
+            }
+        };
+        matmul_forward(
+            sized(&mut a.logits, rows * vp),
+            head_in,
+            &p.wte,
+            None,
+            rows,
+            c,
+            vp,
+        );
+        self.last = Some((b, rows));
+        Ok(())
+    }
+
+    fn logits(&mut self) -> Result<Vec<f32>> {
+        let (_, rows) = self
+            .last
+            .context("logits() called before a successful forward()")?;
+        Ok(self.acts.logits[..rows * self.config.padded_vocab_size].to_vec())
+    }
+
+    fn argmax(&mut self) -> Result<Vec<u32>> {
+        let (b, rows) = self
+            .last
+            .context("argmax() called before a successful forward()")?;
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        let per_row = rows / b;
+        Ok((0..b)
+            .map(|bi| {
+                let r = bi * per_row + per_row - 1;
+                argmax(&self.acts.logits[r * vp..r * vp + v])
+            })
+            .collect())
+    }
+}
+
+/// Index of the largest value (the lowest index among ties).
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in values.iter().enumerate() {
+        if x > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,311 @@
+//! CPU reference ops: the same names and argument orders as the GPU wrappers
+//! and kernels (see `docs/design.md`), with llm.c's semantics.
+//!
+//! Every op accumulates in f32, like llm.c's CPU code. Work is split over
+//! rows (tokens) or (token, head) pairs with rayon; each output element is
+//! computed by one task in a fixed order, so results do not depend on the
+//! number of threads, nor on how many rows a call holds (a row computed in a
+//! prefill equals the same row computed alone in a decode step).
+//!
+//! Sizes are checked with `assert!`: these are internal contracts between the
+//! forward pass and its ops, not user input (the forward pass validates that).
+
+use rayon::prelude::*;
+
+use crate::model::config::LAYERNORM_EPS;
+
+/// `sqrt(2 / pi)`, the constant of GPT-2's tanh-approximated GELU.
+const GELU_SCALE: f32 = 0.797_884_6;
+/// Cubic coefficient of the tanh-approximated GELU.
+const GELU_CUBIC: f32 = 0.044_715;
+
+/// Token plus position embedding: `out[b, t, :] = wte[inp[b, t], :] + wpe[pos0 + t, :]`.
+///
+/// `out` is `[B*T*C]`, `inp` `[B*T]`, `wte` `[Vp*C]`, `wpe` `[maxT*C]`.
+#[allow(clippy::too_many_arguments)]
+pub fn encoder_forward(
+    out: &mut [f32],
+    inp: &[u32],
+    wte: &[f32],
+    wpe: &[f32],
+    b: usize,
+    t: usize,
+    c: usize,
+    pos0: usize,
+) {
+    assert!(out.len() >= b * t * c && inp.len() >= b * t);
+    assert!(
+        wpe.len() >= (pos0 + t) * c,
+        "position {} is past the position table",
+        pos0 + t
+    );
+    out[..b * t * c]
+        .par_chunks_mut(c)
+        .enumerate()
+        .for_each(|(row, out_bt)| {
+            let token = inp[row] as usize;
+            let pos = pos0 + row % t;
+            let wte_ix = &wte[token * c..(token + 1) * c];
+            let wpe_p = &wpe[pos * c..(pos + 1) * c];
+            for i in 0..c {
+                out_bt[i] = wte_ix[i] + wpe_p[i];
+            }
+        });
+}
+
+/// Layer normalisation of each of the `n` rows of `c` channels:
+/// `out = (inp - mean) / sqrt(var + eps) * weight + bias`, biased variance,
+/// eps = [`LAYERNORM_EPS`].
+pub fn layernorm_forward(
+    out: &mut [f32],
+    inp: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    n: usize,
+    c: usize,
+) {
+    assert!(out.len() >= n * c && inp.len() >= n * c && weight.len() >= c && bias.len() >= c);
+    out[..n * c]
+        .par_chunks_mut(c)
+        .zip(inp[..n * c].par_chunks(c))
+        .for_each(|(out_row, x)| {
+            let mean = x.iter().sum::<f32>() / c as f32;
+            let var = x.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / c as f32;
+            let rstd = 1.0 / (var + LAYERNORM_EPS).sqrt();
+            for i in 0..c {
+                out_row[i] = (x[i] - mean) * rstd * weight[i] + bias[i];
+            }
+        });
+}
+
+/// Number of independent partial sums per dot product. Several accumulators
+/// let the compiler use SIMD lanes; the order of additions stays fixed.
+const DOT_LANES: usize = 8;
+/// Input rows that share one pass over a weight row (register blocking).
+const MATMUL_ROW_TILE: usize = 8;
+/// Output channels per parallel task: a block of weight rows that stays in
+/// cache while every input row is multiplied with it.
+const MATMUL_OC_BLOCK: usize = 64;
+
+/// `out[n, oc] = sum_i inp[n, i] * weight[oc, i] + bias[oc]`, weights stored
+/// (out, in) like llm.c and PyTorch's `nn.Linear`.
+///
+/// Parallel over blocks of output channels, each block computed for all rows
+/// and then copied into place. Each dot product is the same function of its
+/// two rows wherever it is computed (see [`dot_tile`]).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward(
+    out: &mut [f32],
+    inp: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    c: usize,
+    oc: usize,
+) {
+    assert!(out.len() >= n * oc && inp.len() >= n * c && weight.len() >= oc * c);
+    if let Some(bias) = bias {
+        assert!(bias.len() >= oc);
+    }
+    let blocks: Vec<(usize, Vec<f32>)> = (0..oc.div_ceil(MATMUL_OC_BLOCK))
+        .into_par_iter()
+        .map(|blk| {
+            let o0 = blk * MATMUL_OC_BLOCK;
+            let o1 = (o0 + MATMUL_OC_BLOCK).min(oc);
+            let width = o1 - o0;
+            // block[r * width + (o - o0)] = out[r, o]
+            let mut block = vec![0f32; n * width];
+            let mut r = 0;
+            while r < n {
+                let rows = (n - r).min(MATMUL_ROW_TILE);
+                for o in o0..o1 {
+                    let w = &weight[o * c..(o + 1) * c];
+                    let mut sums = [0f32; MATMUL_ROW_TILE];
+                    if rows == MATMUL_ROW_TILE {
+                        dot_tile::<MATMUL_ROW_TILE>(&mut sums, &inp[r * c..], w, c);
+                    } else {
+                        for k in 0..rows {
+                            dot_tile::<1>(
+                                (&mut sums[k..k + 1]).try_into().unwrap(),
+                                &inp[(r + k) * c..],
+                                w,
+                                c,
+                            );
+                        }
+                    }
+                    let b = bias.map_or(0.0, |b| b[o]);
+                    for k in 0..rows {
+                        block[(r + k) * width + (o - o0)] = sums[k] + b;
+                    }
+                }
+                r += rows;
+            }
+            (o0, block)
+        })
+        .collect();
+    for (o0, block) in blocks {
+        let width = block.len() / n.max(1);
+        for r in 0..n {
+            out[r * oc + o0..r * oc + o0 + width]
+                .copy_from_slice(&block[r * width..(r + 1) * width]);
+        }
+    }
+}
+
+/// `sums[k] = dot(inp[k*c..(k+1)*c], w)` for `R` consecutive rows of `inp`,
+/// each with [`DOT_LANES`] partial sums reduced in a fixed order, so a row's
+/// result is the same for every `R`.
+fn dot_tile<const R: usize>(sums: &mut [f32; R], inp: &[f32], w: &[f32], c: usize) {
+    let full = c - c % DOT_LANES;
+    let mut acc = [[0f32; DOT_LANES]; R];
+    for i in (0..full).step_by(DOT_LANES) {
+        let wl = &w[i..i + DOT_LANES];
+        for k in 0..R {
+            let x = &inp[k * c + i..k * c + i + DOT_LANES];
+            for l in 0..DOT_LANES {
+                acc[k][l] += x[l] * wl[l];
+            }
+        }
+    }
+    for k in 0..R {
+        let mut tail = 0f32;
+        for i in full..c {
+            tail += inp[k * c + i] * w[i];
+        }
+        sums[k] = acc[k].iter().sum::<f32>() + tail;
+    }
+}
+
+/// Causal multi-head attention with a KV cache of one layer.
+///
+/// `out` is `[B*T*C]`; `k_cache`, `v_cache` are `[B][NH][maxT][HS]`; `qkv` is
+/// `[B*T*3C]` with llm.c's row layout `[q | k | v]`. First the keys and values
+/// of this call's tokens are stored at positions `pos0..pos0+t`; then each
+/// query at absolute position `p` attends to the keys `max(0, p-window+1)..=p`
+/// (`window == 0`: all of `0..=p`) with scale `1/sqrt(HS)`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward(
+    out: &mut [f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    qkv: &[f32],
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+) {
+    let hs = c / nh;
+    assert!(hs * nh == c, "channels {c} not divisible by heads {nh}");
+    assert!(
+        pos0 + t <= max_t,
+        "positions {pos0}..{} exceed the cache ({max_t})",
+        pos0 + t
+    );
+    assert!(out.len() >= b * t * c && qkv.len() >= b * t * 3 * c);
+    assert!(k_cache.len() >= b * nh * max_t * hs && v_cache.len() >= b * nh * max_t * hs);
+
+    // 1. Append this call's keys and values: one task per (row, head) plane.
+    let plane = max_t * hs;
+    k_cache[..b * nh * plane]
+        .par_chunks_mut(plane)
+        .zip(v_cache[..b * nh * plane].par_chunks_mut(plane))
+        .enumerate()
+        .for_each(|(bh, (k_plane, v_plane))| {
+            let (bi, h) = (bh / nh, bh % nh);
+            for ti in 0..t {
+                let row = &qkv[(bi * t + ti) * 3 * c..(bi * t + ti + 1) * 3 * c];
+                let p = pos0 + ti;
+                k_plane[p * hs..(p + 1) * hs].copy_from_slice(&row[c + h * hs..c + (h + 1) * hs]);
+                v_plane[p * hs..(p + 1) * hs]
+                    .copy_from_slice(&row[2 * c + h * hs..2 * c + (h + 1) * hs]);
+            }
+        });
+
+    // 2. Each query token attends to its window of cached keys.
+    let k_cache = &*k_cache;
+    let v_cache = &*v_cache;
+    let scale = 1.0 / (hs as f32).sqrt();
+    out[..b * t * c]
+        .par_chunks_mut(c)
+        .enumerate()
+        .for_each(|(row, out_bt)| {
+            let (bi, ti) = (row / t, row % t);
+            let p = pos0 + ti;
+            let first = if window == 0 {
+                0
+            } else {
+                (p + 1).saturating_sub(window)
+            };
+            let mut att = vec![0f32; p + 1 - first];
+            for h in 0..nh {
+                let q = &qkv[row * 3 * c + h * hs..row * 3 * c + (h + 1) * hs];
+                let base = (bi * nh + h) * plane;
+                // scores, and their maximum for a stable softmax
+                let mut max = f32::NEG_INFINITY;
+                for (j, a) in att.iter_mut().enumerate() {
+                    let k = &k_cache[base + (first + j) * hs..base + (first + j + 1) * hs];
+                    let s = q.iter().zip(k).map(|(x, y)| x * y).sum::<f32>() * scale;
+                    *a = s;
+                    max = max.max(s);
+                }
+                let mut sum = 0f32;
+                for a in att.iter_mut() {
+                    *a = (*a - max).exp();
+                    sum += *a;
+                }
+                let inv = 1.0 / sum;
+                let o = &mut out_bt[h * hs..(h + 1) * hs];
+                o.fill(0.0);
+                for (j, a) in att.iter().enumerate() {
+                    let v = &v_cache[base + (first + j) * hs..base + (first + j + 1) * hs];
+                    let w = a * inv;
+                    for i in 0..hs {
+                        o[i] += w * v[i];
+                    }
+                }
+            }
+        });
+}
+
+/// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub fn gelu_forward(out: &mut [f32], inp: &[f32], n: usize) {
+    assert!(out.len() >= n && inp.len() >= n);
+    out[..n].par_iter_mut().zip(&inp[..n]).for_each(|(o, &x)| {
+        *o = 0.5 * x * (1.0 + (GELU_SCALE * (x + GELU_CUBIC * x * x * x)).tanh());
+    });
+}
+
+/// `out = inp1 + inp2`, elementwise.
+pub fn residual_forward(out: &mut [f32], inp1: &[f32], inp2: &[f32], n: usize) {
+    assert!(out.len() >= n && inp1.len() >= n && inp2.len() >= n);
+    out[..n]
+        .par_iter_mut()
+        .zip(&inp1[..n])
+        .zip(&inp2[..n])
+        .for_each(|((o, a), b)| *o = a + b);
+}
+
+/// Softmax of each of the `n` rows of `vp` logits over its first `v`
+/// entries; the padded entries `v..vp` get probability 0.
+pub fn softmax_forward(probs: &mut [f32], logits: &[f32], n: usize, v: usize, vp: usize) {
+    assert!(v <= vp && probs.len() >= n * vp && logits.len() >= n * vp);
+    probs[..n * vp]
+        .par_chunks_mut(vp)
+        .zip(logits[..n * vp].par_chunks(vp))
+        .for_each(|(p, l)| {
+            let max = l[..v].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for i in 0..v {
+                p[i] = (l[i] - max).exp();
+                sum += p[i];
+            }
+            let inv = 1.0 / sum;
+            for x in &mut p[..v] {
+                *x *= inv;
+            }
+            p[v..].fill(0.0);
+        });
+}
