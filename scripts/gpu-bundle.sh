@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Build everything the GPU machine runs into one ignored folder, gpu-out/.
+#
+# Why: the GPU machine has no Rust toolchain, so we build here (release,
+# x86-64, libcuda loaded at run time) and send the binaries along with the
+# working tree (`carry: ["gpu-out"]`). The tree and the carried folders travel
+# together under a 64 MiB cap, hence stripped binaries and a size check.
+#
+# Layout of gpu-out/:
+#   tests/<name>    test executables (`cargo test --release --no-run`)
+#   bin/<name>      the workspace's binaries (the CLI `host`, and bench/tune/
+#                   perplexity where they exist)
+#   scripts/        scripts/*.py and gpu-runner.sh, so the bundle is whole
+#   BUILD_INFO      commit, toolchain, GPU_KERNELS_ARCH, file list
+#
+# Then, on the GPU machine, from the repo root: bash scripts/gpu-runner.sh
+# Knobs: GPU_KERNELS_ARCH (passed to the build, default sm_80),
+#        BUNDLE_LIMIT_MIB (fail above this size, default 48: leaves room for
+#        the working tree inside the 64 MiB that travels).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+BUNDLE="$ROOT/gpu-out"
+BUNDLE_LIMIT_MIB="${BUNDLE_LIMIT_MIB:-48}"
+MIB=$((1024 * 1024))
+
+# Collect the executables cargo reports for one build command. For test
+# targets every test executable (profile.test) is taken; for binaries, every
+# target of kind "bin". Output: lines "<package-name> <target-name> <path>".
+executables() {
+    local want="$1"; shift
+    cargo "$@" --message-format=json-render-diagnostics | python3 -c '
+import json, sys
+want = sys.argv[1]
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+        continue
+    is_test = msg["profile"]["test"]
+    if (want == "test") != is_test:
+        continue
+    if want == "bin" and "bin" not in msg["target"]["kind"]:
+        continue
+    # package_id looks like "path+file:///dir#name@0.1.0" (or "...#0.1.0"
+    # when the directory is named like the package): take the name from
+    # the manifest path instead, which is unambiguous.
+    pkg = msg["manifest_path"].rstrip("/").split("/")[-2]
+    print(pkg, msg["target"]["name"], msg["executable"])
+' "$want"
+}
+
+echo "== building test executables (release)"
+TESTS="$(executables test test --release --workspace --no-run)"
+echo "== building binaries (release)"
+BINS="$(executables bin build --release --workspace --bins)"
+
+rm -rf "$BUNDLE"
+mkdir -p "$BUNDLE/tests" "$BUNDLE/bin" "$BUNDLE/scripts"
+
+# The root package's test targets (gpu, cpu) keep their plain names, so the
+# runner can find tests/gpu; others are prefixed with their package directory
+# to stay unique (e.g. host-host for host's unit tests).
+ROOT_DIR_NAME="$(basename "$ROOT")"
+while read -r pkg name path; do
+    [[ -n "$path" ]] || continue
+    if [[ "$pkg" == "$ROOT_DIR_NAME" ]]; then dest="$name"; else dest="$pkg-$name"; fi
+    cp "$path" "$BUNDLE/tests/$dest"
+done <<<"$TESTS"
+while read -r _pkg name path; do
+    [[ -n "$path" ]] || continue
+    cp "$path" "$BUNDLE/bin/$name"
+done <<<"$BINS"
+
+# The release profile already drops debug info; dropping the symbol table
+# too roughly halves what travels. Panics still print their message.
+strip --strip-all "$BUNDLE"/tests/* "$BUNDLE"/bin/*
+
+cp scripts/gpu-runner.sh "$BUNDLE/scripts/"
+shopt -s nullglob
+for py in scripts/*.py; do cp "$py" "$BUNDLE/scripts/"; done
+shopt -u nullglob
+
+{
+    echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "rustc: $(rustc --version)"
+    echo "GPU_KERNELS_ARCH: ${GPU_KERNELS_ARCH:-sm_80 (default)}"
+    echo "files:"
+    (cd "$BUNDLE" && find . -type f ! -name BUILD_INFO | sort | while read -r f; do
+        printf '  %-40s %8d KiB\n' "$f" $(( $(stat -c %s "$f") / 1024 ))
+    done)
+} >"$BUNDLE/BUILD_INFO"
+cat "$BUNDLE/BUILD_INFO"
+
+if [[ -z "$(ls -A "$BUNDLE/tests")" ]]; then
+    echo "error: no test executables were found" >&2
+    exit 1
+fi
+if [[ ! -x "$BUNDLE/tests/gpu" ]]; then
+    echo "error: the GPU test binary (tests/gpu) is missing from the bundle" >&2
+    exit 1
+fi
+
+bytes="$(du -sb "$BUNDLE" | cut -f1)"
+printf '== gpu-out: %d.%02d MiB (limit %d MiB)\n' $((bytes / MIB)) $(((bytes % MIB) * 100 / MIB)) "$BUNDLE_LIMIT_MIB"
+if (( bytes > BUNDLE_LIMIT_MIB * MIB )); then
+    echo "error: gpu-out is larger than $BUNDLE_LIMIT_MIB MiB" >&2
+    exit 1
+fi
+echo "== next, on the GPU machine (carry: [\"gpu-out\"]): bash scripts/gpu-runner.sh"

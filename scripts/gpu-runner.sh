@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Run the bundle made by scripts/gpu-bundle.sh on the GPU machine.
+#
+# Run from the repo root of the copied working tree, with gpu-out carried:
+#   bash scripts/gpu-runner.sh
+# The tests read workspace files (weights/gpt2 tokenizer files) relative to the
+# repo root, which is why they run from there and not from gpu-out/.
+#
+# Steps (each one's failure is recorded, the others still run; the exit status
+# is non-zero if any failed):
+#   1. device: nvidia-smi, driver, GPU name
+#   2. oracle: scripts/hf_reference.py writes a random-init GPT-2 checkpoint,
+#      token ids and transformers' logits into a directory
+#   3. tests: every test binary, GPT2_REQUIRE_GPU=1 (no skipping), with
+#      GPT2_ORACLE_DIR + GPT2_REQUIRE_ORACLE=1 when step 2 succeeded
+#   4. compute-sanitizer memcheck and racecheck over the GPU test binary
+#   5. (BENCH=1) scripts/torch_bench.py and the Rust bench binary, if any
+# Files written to $OUT (few on purpose: at most 8 come back):
+#   summary.txt tests.log sanitizer.log oracle.log bench.log bench-torch.json
+#   (BENCH_RUST_ARGS may name one more, e.g. --json "$OUT/bench-rust.json")
+#
+# Knobs (environment), defaults keep the whole run under ~8 minutes:
+#   GPU_OUT=gpu-out             the bundle
+#   TEST_TIMEOUT=240            seconds per test binary
+#   TEST_ARGS=                  extra libtest args for every test binary
+#   SANITIZE=1                  0 skips step 4
+#   SANITIZER_TOOLS="memcheck racecheck"
+#   SANITIZER_FILTERS=          libtest name filters for the sanitized run
+#                               (space-separated; empty = the whole binary)
+#   SANITIZER_TIMEOUT=240       seconds per sanitizer tool
+#   ORACLE=1                    0 skips step 2 (oracle tests then skip)
+#   ORACLE_TIMEOUT=240
+#   BENCH=0                     1 runs step 5
+#   BENCH_TIMEOUT=420
+#   BENCH_RUST_ARGS=            arguments for gpu-out/bin/bench
+set -uo pipefail   # no -e: a failing step is recorded, and the next one runs
+
+ROOT="$(pwd)"
+GPU_OUT="${GPU_OUT:-$ROOT/gpu-out}"
+OUT="${OUT:-/tmp/gpu-runner-out}"
+mkdir -p "$OUT"
+
+TEST_TIMEOUT="${TEST_TIMEOUT:-240}"
+TEST_ARGS="${TEST_ARGS:-}"
+SANITIZE="${SANITIZE:-1}"
+SANITIZER_TOOLS="${SANITIZER_TOOLS:-memcheck racecheck}"
+SANITIZER_FILTERS="${SANITIZER_FILTERS:-}"
+SANITIZER_TIMEOUT="${SANITIZER_TIMEOUT:-240}"
+ORACLE="${ORACLE:-1}"
+ORACLE_TIMEOUT="${ORACLE_TIMEOUT:-240}"
+BENCH="${BENCH:-0}"
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-420}"
+BENCH_RUST_ARGS="${BENCH_RUST_ARGS:-}"
+
+SUMMARY="$OUT/summary.txt"
+TESTS_LOG="$OUT/tests.log"
+SAN_LOG="$OUT/sanitizer.log"
+ORACLE_LOG="$OUT/oracle.log"
+BENCH_LOG="$OUT/bench.log"
+: >"$SUMMARY"; : >"$TESTS_LOG"
+FAILED=0
+START=$SECONDS
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+fail() { note "FAIL: $*"; FAILED=1; }
+banner() { printf '\n######## %s (%d s)\n' "$*" $((SECONDS - START)); }
+
+# Prefer the scripts in the bundle (built together with the binaries), fall back
+# to the working tree.
+if [[ -d "$GPU_OUT/scripts" ]]; then SCRIPTS="$GPU_OUT/scripts"; else SCRIPTS="$ROOT/scripts"; fi
+
+if [[ ! -d "$GPU_OUT/tests" ]]; then
+    echo "error: no bundle at $GPU_OUT: run scripts/gpu-bundle.sh first and carry gpu-out" >&2
+    exit 1
+fi
+# Carried files may lose their execute bit.
+chmod +x "$GPU_OUT"/tests/* "$GPU_OUT"/bin/* 2>/dev/null
+
+# ---------------------------------------------------------------- 1. device
+banner "device"
+nvidia-smi || fail "nvidia-smi"
+DEVICE="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)"
+note "device: ${DEVICE:-unknown}"
+note "bundle: $(grep -m1 '^commit:' "$GPU_OUT/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"
+note "kernels: $(grep -m1 '^GPU_KERNELS_ARCH:' "$GPU_OUT/BUILD_INFO" 2>/dev/null || echo '?')"
+
+# ---------------------------------------------------------------- 2. oracle
+ORACLE_DIR="$(mktemp -d /tmp/gpt2-oracle.XXXXXX)"
+ORACLE_OK=0
+if [[ "$ORACLE" == 1 ]]; then
+    banner "oracle: transformers reference"
+    if [[ ! -f "$SCRIPTS/hf_reference.py" ]]; then
+        fail "oracle: $SCRIPTS/hf_reference.py not found"
+    elif PYTHONUNBUFFERED=1 timeout "$ORACLE_TIMEOUT" python3 "$SCRIPTS/hf_reference.py" "$ORACLE_DIR" >"$ORACLE_LOG" 2>&1; then
+        ORACLE_OK=1
+        note "oracle: ok ($(ls "$ORACLE_DIR" | tr '\n' ' '))"
+    else
+        tail -n 20 "$ORACLE_LOG"
+        fail "oracle: hf_reference.py failed (see oracle.log); oracle tests run without it and skip"
+    fi
+fi
+
+# ---------------------------------------------------------------- 3. tests
+export GPT2_REQUIRE_GPU=1
+if (( ORACLE_OK )); then
+    export GPT2_ORACLE_DIR="$ORACLE_DIR" GPT2_REQUIRE_ORACLE=1
+fi
+
+# "test result: ok. 12 passed; 0 failed; 1 ignored; ..." -> "12 passed, 0 failed, 1 ignored"
+counts() {
+    grep -E '^test result:' "$1" | awk '{p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d ignored", p, f, i}'
+}
+
+for bin in "$GPU_OUT"/tests/*; do
+    name="$(basename "$bin")"
+    banner "tests: $name"
+    one="$(mktemp)"
+    # shellcheck disable=SC2086  # TEST_ARGS is a word list on purpose
+    timeout "$TEST_TIMEOUT" "$bin" $TEST_ARGS >"$one" 2>&1
+    rc=$?
+    cat "$one"
+    { echo "######## $name (exit $rc)"; cat "$one"; } >>"$TESTS_LOG"
+    if (( rc == 0 )); then
+        note "tests $name: ok, $(counts "$one")"
+    elif (( rc == 124 )); then
+        fail "tests $name: timed out after ${TEST_TIMEOUT}s, $(counts "$one")"
+    else
+        fail "tests $name: exit $rc, $(counts "$one"); failed: $(grep -E '^test .* FAILED$' "$one" | awk '{print $2}' | tr '\n' ' ')"
+    fi
+    rm -f "$one"
+done
+
+# ---------------------------------------------------------------- 4. sanitizer
+if [[ "$SANITIZE" == 1 ]]; then
+    SANITIZER="$(command -v compute-sanitizer || true)"
+    [[ -n "$SANITIZER" ]] || for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+        [[ -x "$c" ]] && SANITIZER="$c" && break
+    done
+    GPU_TEST="$GPU_OUT/tests/gpu"
+    : >"$SAN_LOG"
+    if [[ -z "$SANITIZER" ]]; then
+        fail "sanitizer: compute-sanitizer not found"
+    elif [[ ! -x "$GPU_TEST" ]]; then
+        fail "sanitizer: $GPU_TEST missing"
+    else
+        for tool in $SANITIZER_TOOLS; do
+            banner "compute-sanitizer --tool $tool ${SANITIZER_FILTERS:-(all GPU tests)}"
+            one="$(mktemp)"
+            # One test thread: the tools serialise kernels anyway, and the
+            # report is easier to read. --error-exitcode makes findings fail.
+            # shellcheck disable=SC2086
+            timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+                "$GPU_TEST" --test-threads=1 $SANITIZER_FILTERS >"$one" 2>&1
+            rc=$?
+            tail -n 40 "$one"
+            { echo "######## $tool (exit $rc)"; cat "$one"; } >>"$SAN_LOG"
+            # The tool's own last word, e.g. memcheck "ERROR SUMMARY: 0 errors",
+            # racecheck "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
+            errors="$(grep -E '(ERROR|RACECHECK) SUMMARY' "$one" | tail -n 1 | sed -E 's/^=+ *//')"
+            errors="${errors:-no sanitizer summary}"
+            tests_line="$(counts "$one")"
+            if (( rc == 0 )); then
+                note "sanitizer $tool: $errors; $tests_line"
+            elif (( rc == 124 )); then
+                fail "sanitizer $tool: timed out after ${SANITIZER_TIMEOUT}s ($errors; narrow SANITIZER_FILTERS or raise SANITIZER_TIMEOUT)"
+            else
+                fail "sanitizer $tool: exit $rc, $errors; $tests_line"
+            fi
+            rm -f "$one"
+        done
+    fi
+fi
+
+# ---------------------------------------------------------------- 5. bench
+if [[ "$BENCH" == 1 ]]; then
+    : >"$BENCH_LOG"
+    banner "bench: PyTorch reference"
+    if PYTHONUNBUFFERED=1 timeout "$BENCH_TIMEOUT" python3 "$SCRIPTS/torch_bench.py" "$OUT/bench-torch.json" 2>&1 | tee -a "$BENCH_LOG"; then
+        note "bench torch: ok (bench-torch.json)"
+    else
+        fail "bench torch: failed (see bench.log)"
+    fi
+    if [[ -x "$GPU_OUT/bin/bench" ]]; then
+        banner "bench: Rust engine"
+        # shellcheck disable=SC2086
+        if timeout "$BENCH_TIMEOUT" "$GPU_OUT/bin/bench" $BENCH_RUST_ARGS 2>&1 | tee -a "$BENCH_LOG"; then
+            note "bench rust: ok"
+        else
+            fail "bench rust: failed (see bench.log)"
+        fi
+    else
+        note "bench rust: no bench binary in the bundle"
+    fi
+fi
+
+rm -rf "$ORACLE_DIR"
+note "runner: $((SECONDS - START)) s, $( ((FAILED)) && echo 'SOME STEPS FAILED' || echo 'all steps passed')"
+echo
+echo "================ summary ================"
+cat "$SUMMARY"
+exit "$FAILED"
