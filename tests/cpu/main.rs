@@ -1,1 +1,2 @@
 //! Tests that need no GPU: loaders, tokenizer, CPU reference, sampling, CLI.
+mod checkpoint;

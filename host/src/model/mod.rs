@@ -5,3 +5,8 @@ pub mod weights;
 
 pub use config::ModelConfig;
 pub use weights::{DType, LayerWeights, Tensor, Weights};
+pub mod checkpoint;
+pub mod fixtures;
+pub mod llmc;
+pub mod safetensors;
+pub use checkpoint::{Checkpoint, CheckpointError, Format, FormatError};

@@ -1,0 +1,313 @@
+//! Opening a checkpoint file: memory-map it, detect its format (llm.c `.bin`
+//! or Hugging Face safetensors) and hand out zero-copy [`Weights`] views.
+//!
+//! The parsers themselves work on `&[u8]` ([`super::llmc::parse`],
+//! [`super::safetensors::parse`]) so they can be fuzzed without files.
+
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use safetensors::SafeTensorError;
+
+use super::config::ModelConfig;
+use super::llmc;
+use super::safetensors as st;
+use super::weights::{DType, Weights};
+
+/// Which on-disk format a checkpoint is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// llm.c's `gpt2_*.bin`: a 256-int32 header then the 16 parameter tensors.
+    Llmc,
+    /// Hugging Face `model.safetensors` (Conv1D weights stored (in, out)).
+    Safetensors,
+}
+
+/// What is wrong with a checkpoint's bytes (the file name is added by
+/// [`CheckpointError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("cannot read: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the file is empty")]
+    Empty,
+    #[error(
+        "file is {len} bytes, too short for an llm.c header ({} bytes)",
+        llmc::HEADER_BYTES
+    )]
+    TooShortForHeader { len: usize },
+    #[error(
+        "bad magic number {found} (llm.c model files start with {})",
+        llmc::MAGIC
+    )]
+    BadMagic { found: i32 },
+    #[error("this is an llm.c {what} file, not a model checkpoint")]
+    WrongLlmcFile { what: &'static str },
+    #[error(
+        "unsupported llm.c version {found} (supported: {} = fp32, {} = bf16)",
+        llmc::VERSION_F32,
+        llmc::VERSION_BF16
+    )]
+    UnsupportedVersion { found: i32 },
+    #[error("{field} = {value} is invalid: {reason}")]
+    BadSize {
+        field: &'static str,
+        value: i64,
+        reason: String,
+    },
+    #[error("sizes are too large (overflow computing {0})")]
+    Overflow(&'static str),
+    #[error("file is {actual} bytes but its header describes {expected} bytes ({})", if actual < expected { "truncated" } else { "trailing bytes" })]
+    LengthMismatch { expected: u64, actual: u64 },
+    #[error("not a valid safetensors file: {0}")]
+    Safetensors(#[source] SafeTensorError),
+    #[error("neither an llm.c checkpoint (magic {magic}) nor a safetensors file: {0}", magic = llmc::MAGIC)]
+    UnrecognizedFormat(#[source] SafeTensorError),
+    #[error("missing tensor {0}")]
+    MissingTensor(String),
+    #[error("unexpected tensor {0}")]
+    UnexpectedTensor(String),
+    #[error("tensor {name} has shape {actual:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
+    #[error("tensor {name} has unsupported dtype {dtype} (supported: F32, BF16, F16)")]
+    UnsupportedDtype { name: String, dtype: String },
+    #[error(
+        "tensor {name} is {found:?} but {first} is {expected:?}: all tensors must share one dtype"
+    )]
+    MixedDtypes {
+        name: String,
+        found: DType,
+        first: String,
+        expected: DType,
+    },
+    #[error("tensor {name} has {actual} dimensions, expected {expected}")]
+    TensorRank {
+        name: String,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("transformer layers must be numbered 0..L without gaps: {0}")]
+    LayerIndices(String),
+    #[error(
+        "number of attention heads unknown for width C = {channels}: put a config.json with n_head next to the checkpoint"
+    )]
+    UnknownHeadCount { channels: usize },
+    #[error("config.json: {0}")]
+    ConfigJson(String),
+}
+
+/// A checkpoint problem, naming the file.
+#[derive(Debug)]
+pub struct CheckpointError {
+    pub path: PathBuf,
+    pub kind: FormatError,
+}
+
+impl fmt::Display for CheckpointError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "checkpoint {}: {}", self.path.display(), self.kind)
+    }
+}
+
+impl std::error::Error for CheckpointError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.kind.source()
+    }
+}
+
+/// The checkpoint's bytes: a read-only file map, or a buffer (tests, fuzzing).
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// Thin wrapper around the one `unsafe` call of the loader.
+///
+/// Safety contract (memmap2's): the mapped file must not be modified or
+/// truncated by anyone while the map lives, or reads of it are undefined
+/// behaviour. A checkpoint is a read-only input that nothing in this program
+/// writes while it is open; users must not rewrite it during a run either.
+fn map_file(file: &File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: see the contract above; the map is read-only.
+    unsafe { memmap2::Mmap::map(file) }
+}
+
+/// An opened checkpoint: its bytes, format and validated config.
+pub struct Checkpoint {
+    path: PathBuf,
+    bytes: Bytes,
+    format: Format,
+    /// Head count from a `config.json` beside a safetensors file.
+    num_heads: Option<usize>,
+    config: ModelConfig,
+    dtype: DType,
+}
+
+impl fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("path", &self.path)
+            .field("format", &self.format)
+            .field("config", &self.config)
+            .field("dtype", &self.dtype)
+            .field("len", &self.bytes.as_slice().len())
+            .finish()
+    }
+}
+
+/// Name of the Hugging Face config file looked for next to a safetensors file.
+pub const HF_CONFIG_FILE: &str = "config.json";
+
+impl Checkpoint {
+    /// Memory-maps `path`, detects its format and validates it completely
+    /// (header, sizes, every tensor's presence, shape and dtype).
+    pub fn open(path: &Path) -> Result<Checkpoint, CheckpointError> {
+        let err = |kind: FormatError| CheckpointError {
+            path: path.to_path_buf(),
+            kind,
+        };
+        let file = File::open(path).map_err(|e| err(e.into()))?;
+        let len = file.metadata().map_err(|e| err(e.into()))?.len();
+        if len == 0 {
+            return Err(err(FormatError::Empty));
+        }
+        let map = map_file(&file).map_err(|e| err(e.into()))?;
+        let num_heads = match path.parent() {
+            Some(dir) => read_hf_num_heads(&dir.join(HF_CONFIG_FILE)).map_err(err)?,
+            None => None,
+        };
+        Self::build(path.to_path_buf(), Bytes::Mapped(map), num_heads)
+    }
+
+    /// A checkpoint held in memory (tests, fuzzing). `name` is used in error
+    /// messages; `num_heads` stands in for a safetensors `config.json`.
+    pub fn from_bytes(
+        bytes: Vec<u8>,
+        name: impl Into<PathBuf>,
+        num_heads: Option<usize>,
+    ) -> Result<Checkpoint, CheckpointError> {
+        Self::build(name.into(), Bytes::Owned(bytes), num_heads)
+    }
+
+    fn build(
+        path: PathBuf,
+        bytes: Bytes,
+        num_heads: Option<usize>,
+    ) -> Result<Checkpoint, CheckpointError> {
+        let (format, config, dtype) = match parse_any(bytes.as_slice(), num_heads) {
+            Ok((format, w)) => (format, w.config, w.wte.dtype),
+            Err(kind) => return Err(CheckpointError { path, kind }),
+        };
+        Ok(Checkpoint {
+            path,
+            bytes,
+            format,
+            num_heads,
+            config,
+            dtype,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The dtype shared by all tensors.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The raw bytes of the whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
+    /// Zero-copy views of every parameter.
+    pub fn weights(&self) -> Result<Weights<'_>, CheckpointError> {
+        let bytes = self.bytes.as_slice();
+        let parsed = match self.format {
+            Format::Llmc => llmc::parse(bytes),
+            Format::Safetensors => st::parse(bytes, self.num_heads),
+        };
+        parsed.map_err(|kind| CheckpointError {
+            path: self.path.clone(),
+            kind,
+        })
+    }
+}
+
+/// Detects the format of `bytes` and parses it. llm.c files are recognised
+/// by their magic number; anything else must be safetensors.
+pub fn parse_any(
+    bytes: &[u8],
+    num_heads: Option<usize>,
+) -> Result<(Format, Weights<'_>), FormatError> {
+    if bytes.is_empty() {
+        return Err(FormatError::Empty);
+    }
+    match llmc::first_int(bytes) {
+        Some(llmc::MAGIC) => return Ok((Format::Llmc, llmc::parse(bytes)?)),
+        Some(llmc::STATE_MAGIC) => {
+            return Err(FormatError::WrongLlmcFile {
+                what: "debug state",
+            });
+        }
+        Some(llmc::TOKENIZER_MAGIC) => {
+            return Err(FormatError::WrongLlmcFile { what: "tokenizer" });
+        }
+        _ => {}
+    }
+    match st::parse(bytes, num_heads) {
+        Ok(w) => Ok((Format::Safetensors, w)),
+        Err(FormatError::Safetensors(e)) => Err(FormatError::UnrecognizedFormat(e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads `n_head` from a Hugging Face `config.json` if the file exists (the
+/// other sizes are inferred from the tensors themselves). A config.json that
+/// exists but cannot be read or parsed is an error naming the file.
+pub fn read_hf_num_heads(path: &Path) -> Result<Option<usize>, FormatError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(FormatError::ConfigJson(format!("{}: {e}", path.display()))),
+    };
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| FormatError::ConfigJson(format!("{}: {e}", path.display())))?;
+    match value
+        .get("n_head")
+        .or_else(|| value.get("num_attention_heads"))
+    {
+        None => Ok(None),
+        Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+            Some(n) if n > 0 => Ok(Some(n)),
+            _ => Err(FormatError::ConfigJson(format!(
+                "{}: n_head = {v} is not a positive integer",
+                path.display()
+            ))),
+        },
+    }
+}
