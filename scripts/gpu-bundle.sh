@@ -11,12 +11,15 @@
 #   bin/<name>      the workspace's binaries (the CLI `host`, and bench/tune/
 #                   perplexity where they exist)
 #   scripts/        scripts/*.py and gpu-runner.sh, so the bundle is whole
+#   tests.list      '<test file> <package dir>': where each test runs from
 #   BUILD_INFO      commit, toolchain, GPU_KERNELS_ARCH, file list
 #
 # Then, on the GPU machine, from the repo root: bash scripts/gpu-runner.sh
 # Knobs: GPU_KERNELS_ARCH (passed to the build, default sm_80),
 #        BUNDLE_LIMIT_MIB (fail above this size, default 48: leaves room for
-#        the working tree inside the 64 MiB that travels).
+#        the working tree inside the 64 MiB that travels),
+#        BUNDLE_PROFILE (cargo profile, default release; `test` reuses the
+#        build of a plain `cargo test`, handy to try this script quickly).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,16 +27,17 @@ cd "$ROOT"
 
 BUNDLE="$ROOT/gpu-out"
 BUNDLE_LIMIT_MIB="${BUNDLE_LIMIT_MIB:-48}"
+BUNDLE_PROFILE="${BUNDLE_PROFILE:-release}"
 MIB=$((1024 * 1024))
 
 # Collect the executables cargo reports for one build command. For test
 # targets every test executable (profile.test) is taken; for binaries, every
-# target of kind "bin". Output: lines "<package-name> <target-name> <path>".
+# target of kind "bin". Output: lines "<package-dir> <target-name> <path>".
 executables() {
     local want="$1"; shift
     cargo "$@" --message-format=json-render-diagnostics | python3 -c '
-import json, sys
-want = sys.argv[1]
+import json, os, sys
+want, root = sys.argv[1], sys.argv[2]
 for line in sys.stdin:
     try:
         msg = json.loads(line)
@@ -46,30 +50,32 @@ for line in sys.stdin:
         continue
     if want == "bin" and "bin" not in msg["target"]["kind"]:
         continue
-    # package_id looks like "path+file:///dir#name@0.1.0" (or "...#0.1.0"
-    # when the directory is named like the package): take the name from
-    # the manifest path instead, which is unambiguous.
-    pkg = msg["manifest_path"].rstrip("/").split("/")[-2]
-    print(pkg, msg["target"]["name"], msg["executable"])
-' "$want"
+    # The package directory, relative to the workspace root ("." for the
+    # root package): it names the file, and cargo runs tests from there.
+    pkg_dir = os.path.relpath(os.path.dirname(msg["manifest_path"]), root)
+    print(pkg_dir, msg["target"]["name"], msg["executable"])
+' "$want" "$ROOT"
 }
 
-echo "== building test executables (release)"
-TESTS="$(executables test test --release --workspace --no-run)"
-echo "== building binaries (release)"
-BINS="$(executables bin build --release --workspace --bins)"
+echo "== building test executables (profile $BUNDLE_PROFILE)"
+TESTS="$(executables test test --profile "$BUNDLE_PROFILE" --workspace --no-run)"
+echo "== building binaries (profile $BUNDLE_PROFILE)"
+BINS="$(executables bin build --profile "$BUNDLE_PROFILE" --workspace --bins)"
 
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/tests" "$BUNDLE/bin" "$BUNDLE/scripts"
 
 # The root package's test targets (gpu, cpu) keep their plain names, so the
 # runner can find tests/gpu; others are prefixed with their package directory
-# to stay unique (e.g. host-host for host's unit tests).
-ROOT_DIR_NAME="$(basename "$ROOT")"
-while read -r pkg name path; do
+# to stay unique (e.g. host-host for host's unit tests). tests.list records
+# the directory each one runs from: cargo runs a test binary from its
+# package's directory, and tests may read files relative to it.
+: >"$BUNDLE/tests.list"
+while read -r pkg_dir name path; do
     [[ -n "$path" ]] || continue
-    if [[ "$pkg" == "$ROOT_DIR_NAME" ]]; then dest="$name"; else dest="$pkg-$name"; fi
+    if [[ "$pkg_dir" == "." ]]; then dest="$name"; else dest="$(basename "$pkg_dir")-$name"; fi
     cp "$path" "$BUNDLE/tests/$dest"
+    echo "$dest $pkg_dir" >>"$BUNDLE/tests.list"
 done <<<"$TESTS"
 while read -r _pkg name path; do
     [[ -n "$path" ]] || continue
@@ -89,9 +95,10 @@ shopt -u nullglob
     echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (with uncommitted changes)')"
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "rustc: $(rustc --version)"
+    echo "profile: $BUNDLE_PROFILE"
     echo "GPU_KERNELS_ARCH: ${GPU_KERNELS_ARCH:-sm_80 (default)}"
     echo "files:"
-    (cd "$BUNDLE" && find . -type f ! -name BUILD_INFO | sort | while read -r f; do
+    (cd "$BUNDLE" && find . -type f ! -name BUILD_INFO ! -name tests.list | sort | while read -r f; do
         printf '  %-40s %8d KiB\n' "$f" $(( $(stat -c %s "$f") / 1024 ))
     done)
 } >"$BUNDLE/BUILD_INFO"

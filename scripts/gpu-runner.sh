@@ -36,7 +36,11 @@
 set -uo pipefail   # no -e: a failing step is recorded, and the next one runs
 
 ROOT="$(pwd)"
-GPU_OUT="${GPU_OUT:-$ROOT/gpu-out}"
+if [[ ! -f "$ROOT/Cargo.toml" ]]; then
+    echo "error: run this from the repository root (no Cargo.toml in $ROOT)" >&2
+    exit 1
+fi
+GPU_OUT="$(cd "${GPU_OUT:-$ROOT/gpu-out}" 2>/dev/null && pwd || echo "${GPU_OUT:-$ROOT/gpu-out}")"
 OUT="${OUT:-/tmp/gpu-runner-out}"
 mkdir -p "$OUT"
 
@@ -69,7 +73,7 @@ banner() { printf '\n######## %s (%d s)\n' "$*" $((SECONDS - START)); }
 # to the working tree.
 if [[ -d "$GPU_OUT/scripts" ]]; then SCRIPTS="$GPU_OUT/scripts"; else SCRIPTS="$ROOT/scripts"; fi
 
-if [[ ! -d "$GPU_OUT/tests" ]]; then
+if [[ ! -f "$GPU_OUT/tests.list" ]]; then
     echo "error: no bundle at $GPU_OUT: run scripts/gpu-bundle.sh first and carry gpu-out" >&2
     exit 1
 fi
@@ -111,12 +115,15 @@ counts() {
     grep -E '^test result:' "$1" | awk '{p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d ignored", p, f, i}'
 }
 
-for bin in "$GPU_OUT"/tests/*; do
-    name="$(basename "$bin")"
-    banner "tests: $name"
+# tests.list: "<file> <package dir>"; like cargo, run each test binary from
+# its package's directory (the repo root for tests/gpu and tests/cpu).
+while read -r name pkg_dir; do
+    [[ -n "$name" ]] || continue
+    bin="$GPU_OUT/tests/$name"
+    banner "tests: $name (in $pkg_dir)"
     one="$(mktemp)"
     # shellcheck disable=SC2086  # TEST_ARGS is a word list on purpose
-    timeout "$TEST_TIMEOUT" "$bin" $TEST_ARGS >"$one" 2>&1
+    (cd "$ROOT/$pkg_dir" && timeout "$TEST_TIMEOUT" "$bin" $TEST_ARGS) >"$one" 2>&1
     rc=$?
     cat "$one"
     { echo "######## $name (exit $rc)"; cat "$one"; } >>"$TESTS_LOG"
@@ -128,7 +135,7 @@ for bin in "$GPU_OUT"/tests/*; do
         fail "tests $name: exit $rc, $(counts "$one"); failed: $(grep -E '^test .* FAILED$' "$one" | awk '{print $2}' | tr '\n' ' ')"
     fi
     rm -f "$one"
-done
+done <"$GPU_OUT/tests.list"
 
 # ---------------------------------------------------------------- 4. sanitizer
 if [[ "$SANITIZE" == 1 ]]; then
