@@ -5,3 +5,7 @@
 
 /// The PTX module holding every kernel of `gpu-kernels`.
 pub const GPU_KERNELS_PTX: &str = include_str!(env!("GPU_KERNELS_PTX_PATH"));
+
+/// The `examples/kernel-import` crate compiled to PTX: kernels written in
+/// another crate on `gpu_kernels::device` (the device layer's test kernels).
+pub const KERNEL_IMPORT_PTX: &str = include_str!(env!("KERNEL_IMPORT_PTX_PATH"));

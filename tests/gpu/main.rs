@@ -3,3 +3,4 @@
 //! `GPT2_REQUIRE_GPU=1` (the GPU runner sets it).
 
 mod pipeline;
+mod device;

@@ -17,7 +17,9 @@ use core::arch::asm;
 pub fn to_tf32(x: f32) -> u32 {
     let r: u32;
     // SAFETY: a register-only conversion.
-    unsafe { asm!("cvt.rna.tf32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x) }
+    unsafe {
+        asm!("cvt.rna.tf32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack))
+    }
     r
 }
 
@@ -35,6 +37,8 @@ pub fn mma_m16n8k8_tf32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
             b0 = in(reg32) b[0], b1 = in(reg32) b[1],
             c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+            // Registers only; not `pure`, so it is never speculated into divergent code.
+            options(nomem, nostack),
         );
     }
     d
@@ -48,7 +52,9 @@ pub fn mma_m16n8k8_tf32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
 pub unsafe fn shared_addr<T>(p: *const T) -> u32 {
     let r: u64;
     // SAFETY: cvta only converts the address; the caller promises it is shared.
-    unsafe { asm!("cvta.to.shared.u64 {r}, {p};", r = out(reg64) r, p = in(reg64) p) }
+    unsafe {
+        asm!("cvta.to.shared.u64 {r}, {p};", r = out(reg64) r, p = in(reg64) p, options(pure, nomem, nostack))
+    }
     r as u32
 }
 

@@ -11,8 +11,13 @@ pub mod shared;
 pub mod sync;
 pub mod warp;
 
+// Flat access (`device::warp_reduce_sum`) as well as by module.
 pub use index::*;
-pub use sync::sync_threads;
+pub use math::*;
+pub use mma::*;
+pub use shared::*;
+pub use sync::*;
+pub use warp::*;
 
 /// Lanes in a warp on every NVIDIA GPU this crate targets.
 pub const WARP_SIZE: u32 = 32;

@@ -28,3 +28,11 @@ pub fn thread_fence() {
     // SAFETY: a fence has no preconditions.
     unsafe { asm!("fence.acq_rel.gpu;") }
 }
+
+/// Abort the kernel (`trap`): the launch fails with an error the host sees
+/// at its next synchronisation. What a `#[panic_handler]` on the GPU calls.
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: trap ends the kernel; nothing runs after it.
+    unsafe { core::arch::nvptx::trap() }
+}

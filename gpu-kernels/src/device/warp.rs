@@ -2,6 +2,14 @@
 //!
 //! All functions assume every lane of the warp calls them together (full
 //! mask), which is how the kernels of this crate use them.
+//!
+//! The shuffles are inline PTX marked `nomem` (they touch registers only,
+//! so loads may move across them) but not `pure`: LLVM must neither
+//! speculate, merge nor drop them, since what a lane receives depends on the
+//! other lanes. rustc does not mark inline asm `convergent` the way clang
+//! does for CUDA, so LLVM could in principle tail-duplicate a shuffle into
+//! divergent branches; on sm_70+ that is still correct, because `shfl.sync`
+//! lanes named in the mask may meet at different instructions.
 
 use super::{FULL_MASK, WARP_SIZE};
 use core::arch::asm;
@@ -13,7 +21,8 @@ pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     // SAFETY: a register-only warp instruction; all lanes participate.
     unsafe {
         asm!("shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, {full};",
-             r = out(reg32) r, v = in(reg32) v, m = in(reg32) lane_mask, full = in(reg32) FULL_MASK)
+             r = out(reg32) r, v = in(reg32) v, m = in(reg32) lane_mask, full = in(reg32) FULL_MASK,
+             options(nomem, nostack))
     }
     r
 }
@@ -26,7 +35,8 @@ pub fn shfl_down_f32(v: f32, delta: u32) -> f32 {
     // SAFETY: as above.
     unsafe {
         asm!("shfl.sync.down.b32 {r}, {v}, {d}, 0x1f, {full};",
-             r = out(reg32) r, v = in(reg32) v, d = in(reg32) delta, full = in(reg32) FULL_MASK)
+             r = out(reg32) r, v = in(reg32) v, d = in(reg32) delta, full = in(reg32) FULL_MASK,
+             options(nomem, nostack))
     }
     r
 }
@@ -38,7 +48,8 @@ pub fn shfl_idx_f32(v: f32, src_lane: u32) -> f32 {
     // SAFETY: as above.
     unsafe {
         asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, {full};",
-             r = out(reg32) r, v = in(reg32) v, s = in(reg32) src_lane, full = in(reg32) FULL_MASK)
+             r = out(reg32) r, v = in(reg32) v, s = in(reg32) src_lane, full = in(reg32) FULL_MASK,
+             options(nomem, nostack))
     }
     r
 }
@@ -61,34 +72,94 @@ pub fn shfl_idx_u32(v: u32, src_lane: u32) -> u32 {
     f32::to_bits(shfl_idx_f32(f32::from_bits(v), src_lane))
 }
 
-/// Sum over the warp; every lane gets the result (butterfly reduction).
+/// [`shfl_xor_f32`] for signed 32-bit integers.
 #[inline(always)]
-pub fn warp_reduce_sum(mut v: f32) -> f32 {
+pub fn shfl_xor_i32(v: i32, lane_mask: u32) -> i32 {
+    shfl_xor_u32(v as u32, lane_mask) as i32
+}
+
+/// [`shfl_down_f32`] for signed 32-bit integers.
+#[inline(always)]
+pub fn shfl_down_i32(v: i32, delta: u32) -> i32 {
+    shfl_down_u32(v as u32, delta) as i32
+}
+
+/// [`shfl_idx_f32`] for signed 32-bit integers.
+#[inline(always)]
+pub fn shfl_idx_i32(v: i32, src_lane: u32) -> i32 {
+    shfl_idx_u32(v as u32, src_lane) as i32
+}
+
+/// Butterfly all-reduce: after log2(32) exchange rounds every lane holds
+/// `op` folded over the warp. `op` must be associative and commutative for
+/// all lanes to agree.
+#[inline(always)]
+fn warp_all_reduce<T: Copy>(mut v: T, shfl_xor: impl Fn(T, u32) -> T, op: impl Fn(T, T) -> T) -> T {
     let mut m = WARP_SIZE / 2;
     while m > 0 {
-        v += shfl_xor_f32(v, m);
+        v = op(v, shfl_xor(v, m));
         m /= 2;
     }
     v
 }
 
-/// Maximum over the warp; every lane gets the result.
+/// Sum over the warp; every lane gets the same result (butterfly
+/// reduction, so the rounding is that of a pairwise sum).
 #[inline(always)]
-pub fn warp_reduce_max(mut v: f32) -> f32 {
-    let mut m = WARP_SIZE / 2;
-    while m > 0 {
-        v = v.max(shfl_xor_f32(v, m));
-        m /= 2;
-    }
-    v
+pub fn warp_reduce_sum(v: f32) -> f32 {
+    warp_all_reduce(v, shfl_xor_f32, |a, b| a + b)
+}
+
+/// Maximum over the warp; every lane gets the result. NaN lanes are ignored
+/// (`max.f32` semantics) unless every lane is NaN.
+#[inline(always)]
+pub fn warp_reduce_max(v: f32) -> f32 {
+    warp_all_reduce(v, shfl_xor_f32, f32::max)
+}
+
+/// Minimum over the warp; every lane gets the result. NaN as in [`warp_reduce_max`].
+#[inline(always)]
+pub fn warp_reduce_min(v: f32) -> f32 {
+    warp_all_reduce(v, shfl_xor_f32, f32::min)
+}
+
+/// Wrapping sum of `u32`s over the warp; every lane gets the result.
+#[inline(always)]
+pub fn warp_reduce_sum_u32(v: u32) -> u32 {
+    warp_all_reduce(v, shfl_xor_u32, u32::wrapping_add)
+}
+
+/// Maximum of `u32`s over the warp; every lane gets the result.
+#[inline(always)]
+pub fn warp_reduce_max_u32(v: u32) -> u32 {
+    warp_all_reduce(v, shfl_xor_u32, u32::max)
+}
+
+/// `(max value, its index)` over the warp; every lane gets the result. Ties
+/// go to the smallest index, matching a first-wins CPU argmax (-0 and +0
+/// tie). Values must not be NaN (lanes could then disagree).
+#[inline(always)]
+pub fn warp_reduce_argmax(v: f32, idx: u32) -> (f32, u32) {
+    warp_all_reduce(
+        (v, idx),
+        |(v, i), m| (shfl_xor_f32(v, m), shfl_xor_u32(i, m)),
+        |(v, i), (ov, oi)| {
+            if ov > v || (ov == v && oi < i) {
+                (ov, oi)
+            } else {
+                (v, i)
+            }
+        },
+    )
 }
 
 /// Sum over a 1-D block; every thread gets the result.
 ///
 /// # Safety
-/// `scratch` points to at least 32 `f32`s of shared memory that no other code
-/// uses during the call; the block size is a multiple of 32 and at most 1024;
-/// every thread of the block calls this (it contains barriers).
+/// `scratch` points to at least [`BLOCK_REDUCE_SCRATCH`] `f32`s of shared
+/// memory that no other code uses during the call (it may be reused right
+/// after: the call ends with a barrier); the block size is a multiple of 32
+/// and at most 1024; every thread of the block calls this (it contains barriers).
 #[inline(always)]
 pub unsafe fn block_reduce_sum(v: f32, scratch: *mut f32) -> f32 {
     unsafe { block_reduce(v, scratch, warp_reduce_sum, 0.0) }
@@ -103,19 +174,49 @@ pub unsafe fn block_reduce_max(v: f32, scratch: *mut f32) -> f32 {
     unsafe { block_reduce(v, scratch, warp_reduce_max, f32::NEG_INFINITY) }
 }
 
+/// Minimum over a 1-D block; every thread gets the result.
+///
+/// # Safety
+/// As for [`block_reduce_sum`].
 #[inline(always)]
-unsafe fn block_reduce(v: f32, scratch: *mut f32, warp_op: fn(f32) -> f32, identity: f32) -> f32 {
+pub unsafe fn block_reduce_min(v: f32, scratch: *mut f32) -> f32 {
+    unsafe { block_reduce(v, scratch, warp_reduce_min, f32::INFINITY) }
+}
+
+/// `f32`s of shared scratch a block reduction needs: one per warp of the
+/// largest block (1024 threads).
+pub const BLOCK_REDUCE_SCRATCH: usize = 32;
+
+/// A block-wide all-reduce from a warp all-reduce: each warp reduces, warp
+/// results meet in `scratch`, and every warp reduces those again (so no
+/// second broadcast through shared memory is needed). `identity` pads the
+/// slots of warps the block does not have.
+///
+/// # Safety
+/// As for [`block_reduce_sum`].
+#[inline(always)]
+pub unsafe fn block_reduce(
+    v: f32,
+    scratch: *mut f32,
+    warp_op: impl Fn(f32) -> f32,
+    identity: f32,
+) -> f32 {
     let lane = super::lane_id();
     let warp = super::warp_id();
     let warps = super::block_dim_x() / WARP_SIZE;
     let w = warp_op(v);
-    // SAFETY (whole block): the caller guarantees 32 floats of scratch; warp < 32.
+    // SAFETY (whole block): the caller guarantees BLOCK_REDUCE_SCRATCH floats
+    // of scratch; warp < 32 because the block has at most 1024 threads.
     unsafe {
         if lane == 0 {
             *scratch.add(warp as usize) = w;
         }
         super::sync_threads();
-        let x = if lane < warps { *scratch.add(lane as usize) } else { identity };
+        let x = if lane < warps {
+            *scratch.add(lane as usize)
+        } else {
+            identity
+        };
         let r = warp_op(x);
         // The scratch may be reused right after return: wait until all have read it.
         super::sync_threads();

@@ -1,6 +1,6 @@
 //! Context, stream, module and typed kernel launches.
 //!
-//! `unsafe` lives in two places only: [`Gpu::launch`] (the kernel trusts the
+//! `unsafe` lives in two places only: [`Gpu::launch`]/[`Gpu::launch_in`] (the kernel trusts the
 //! pointers inside its parameter struct) and [`dptr`]/[`dptr_mut`] (turning a
 //! `CudaSlice` into the raw device address a parameter struct carries).
 
@@ -157,6 +157,57 @@ impl Gpu {
     /// Wait for all queued work; surfaces asynchronous kernel faults.
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.stream.synchronize().ctx("cuStreamSynchronize")
+    }
+}
+
+/// A further PTX module in a [`Gpu`]'s context: kernels of another crate
+/// (such as `gpt2::KERNEL_IMPORT_PTX`), launched with [`Gpu::launch_in`].
+pub struct Module {
+    module: Arc<CudaModule>,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+}
+
+impl Module {
+    /// A kernel of this module by name (looked up once, then cached).
+    pub fn function(&self, name: &'static str) -> Result<CudaFunction, GpuError> {
+        let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = fns.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module.load_function(name).map_err(|_| GpuError::MissingKernel(name))?;
+        fns.insert(name, f.clone());
+        Ok(f)
+    }
+}
+
+impl Gpu {
+    /// Load another PTX module into this GPU's context (the driver
+    /// JIT-compiles it); its kernels share the context and [`Gpu::stream`].
+    pub fn load_module(&self, ptx: &str) -> Result<Module, GpuError> {
+        let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(GpuError::ModuleLoad)?;
+        Ok(Module { module, functions: Mutex::new(HashMap::new()) })
+    }
+
+    /// [`Gpu::launch`] for a kernel of `module`.
+    ///
+    /// # Safety
+    /// As for [`Gpu::launch`]: `name` is the kernel of `module` whose
+    /// parameter type is `P`, the pointers in `params` are live allocations of
+    /// this context large enough for the kernel under `cfg`.
+    pub unsafe fn launch_in<P: KernelParams>(
+        &self,
+        module: &Module,
+        name: &'static str,
+        cfg: LaunchConfig,
+        params: P,
+    ) -> Result<(), GpuError> {
+        let f = module.function(name)?;
+        let block = ParamBlock(params);
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&block);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { args.launch(cfg) }.ctx(name)?;
+        Ok(())
     }
 }
 
