@@ -5,3 +5,4 @@ pub mod generate;
 pub mod cpu;
 pub mod sample;
 pub mod hub;
+pub mod tokenizer;

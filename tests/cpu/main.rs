@@ -1,2 +1,4 @@
 //! Tests that need no GPU: loaders, tokenizer, CPU reference, sampling, CLI.
 mod checkpoint;
+mod cpu_reference;
+mod tokenizer;
