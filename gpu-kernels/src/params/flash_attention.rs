@@ -1,0 +1,142 @@
+//! Flash attention (the `attention_forward` op, fused): parameter structs and
+//! PTX names of its kernels. Contract of the op: docs/design.md.
+//!
+//! Kernels (all in `ops::flash_attention`):
+//! - [`ATTENTION_FORWARD_FLASH_STORE_KV`]: append this call's K,V rows of `qkv`
+//!   to the layer's KV cache (the first half of the op's contract).
+//! - [`ATTENTION_FORWARD_FLASH_TF32`] / [`ATTENTION_FORWARD_FLASH_FP32`]:
+//!   prefill, one block per (query tile, head, batch row); tensor-core TF32
+//!   or exact FP32 (SIMT) products.
+//! - [`ATTENTION_FORWARD_FLASH_DECODE`] + [`ATTENTION_FORWARD_FLASH_COMBINE`]:
+//!   flash-decoding for a few queries over a long cache: each block reduces one
+//!   chunk of keys to a partial (max, sum, acc); the second kernel merges them.
+
+pub const ATTENTION_FORWARD_FLASH_STORE_KV: &str = "attention_forward_flash_store_kv";
+pub const ATTENTION_FORWARD_FLASH_TF32: &str = "attention_forward_flash_tf32";
+pub const ATTENTION_FORWARD_FLASH_FP32: &str = "attention_forward_flash_fp32";
+pub const ATTENTION_FORWARD_FLASH_DECODE: &str = "attention_forward_flash_decode";
+pub const ATTENTION_FORWARD_FLASH_COMBINE: &str = "attention_forward_flash_combine";
+
+/// Head size the kernels are written for (every GPT-2 size has 64).
+pub const FLASH_HEAD_SIZE: u32 = 64;
+
+/// Prefill tiles: queries per block (16 per warp: one m16 MMA row block).
+pub const FLASH_BLOCK_Q: u32 = 64;
+/// Prefill tiles: keys per shared-memory K/V tile.
+pub const FLASH_BLOCK_K: u32 = 64;
+/// Prefill threads per block: one warp per 16 queries.
+pub const FLASH_THREADS: u32 = 128;
+/// Floats per shared-memory row: HS plus 4 of padding, so that the fragment
+/// reads of a warp (rows g = lane/4, columns t = lane%4) fall in 32 distinct
+/// banks (row stride 68 = 4 mod 32), while rows stay 16-byte aligned for cp.async.
+pub const FLASH_SMEM_STRIDE: u32 = FLASH_HEAD_SIZE + 4;
+/// Floats of one shared-memory tile (Q, K, V or a P block).
+pub const FLASH_TILE_FLOATS: u32 = FLASH_BLOCK_K * FLASH_SMEM_STRIDE;
+/// K/V pipeline depth: the next tile loads while this one is used.
+pub const FLASH_STAGES: u32 = 2;
+/// Dynamic shared memory of the TF32 prefill kernel: Q + STAGES x (K, V).
+pub const FLASH_SMEM_BYTES_TF32: u32 = (1 + 2 * FLASH_STAGES) * FLASH_TILE_FLOATS * 4;
+/// Dynamic shared memory of the FP32 prefill kernel: as TF32, plus one
+/// 16-row P block per warp (the SIMT PV product reads whole P rows).
+pub const FLASH_SMEM_BYTES_FP32: u32 = FLASH_SMEM_BYTES_TF32 + FLASH_TILE_FLOATS * 4;
+
+/// Decode: keys per block (one chunk of the cache).
+pub const FLASH_DECODE_CHUNK: u32 = 64;
+/// Decode: threads per block.
+pub const FLASH_DECODE_THREADS: u32 = 64;
+/// Decode: lanes cooperating on one key (each holds 8 of the 64 dimensions).
+pub const FLASH_DECODE_LANES_PER_KEY: u32 = 8;
+/// Decode: partials each block writes (one per warp).
+pub const FLASH_DECODE_PARTS_PER_CHUNK: u32 = FLASH_DECODE_THREADS / 32;
+/// Largest `t` the wrapper sends to the decode kernels; longer calls use prefill.
+pub const FLASH_DECODE_MAX_T: u32 = 4;
+/// Combine: threads per block, one per head dimension.
+pub const FLASH_COMBINE_THREADS: u32 = FLASH_HEAD_SIZE;
+
+/// Store this call's keys and values into the cache: `k_cache[b][h][pos0+i][:] = qkv[b][i][C + h*HS ..]`, likewise V.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FlashStoreKvParams {
+    pub k_cache: *mut f32,
+    pub v_cache: *mut f32,
+    pub qkv: *const f32,
+    pub b: u32,
+    pub t: u32,
+    pub pos0: u32,
+    pub max_t: u32,
+    pub c: u32,
+    pub nh: u32,
+}
+
+/// Prefill flash attention (both precisions). Grid (ceil(t/BLOCK_Q), nh, b),
+/// [`FLASH_THREADS`] threads, [`FLASH_SMEM_BYTES_TF32`] / `_FP32` bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FlashAttentionParams {
+    /// [B, T, C]
+    pub out: *mut f32,
+    /// [B][NH][maxT][HS], positions 0..pos0+t filled.
+    pub k_cache: *const f32,
+    pub v_cache: *const f32,
+    /// [B, T, 3C]; only the Q third is read.
+    pub qkv: *const f32,
+    pub b: u32,
+    pub t: u32,
+    pub pos0: u32,
+    pub max_t: u32,
+    pub c: u32,
+    pub nh: u32,
+    /// 0 = unlimited; else each query sees its last `window` keys.
+    pub window: u32,
+    /// log2(e) / sqrt(HS): scores go straight to `exp2`.
+    pub scale_log2e: f32,
+}
+
+/// Flash-decoding, pass 1. Grid (max_chunks, nh, b * t), [`FLASH_DECODE_THREADS`] threads.
+/// Partial `i` of query row `r = (b*t + ti)*nh + h` lives at
+/// `part_acc[(r * parts_stride + i) * HS ..]` and `part_ml[(r * parts_stride + i) * 2 ..]` (max, sum),
+/// max in log2 units (scores already times `scale_log2e`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FlashDecodeParams {
+    pub part_acc: *mut f32,
+    pub part_ml: *mut f32,
+    pub k_cache: *const f32,
+    pub v_cache: *const f32,
+    pub qkv: *const f32,
+    pub b: u32,
+    pub t: u32,
+    pub pos0: u32,
+    pub max_t: u32,
+    pub c: u32,
+    pub nh: u32,
+    pub window: u32,
+    pub scale_log2e: f32,
+    /// Partials per query row that were written: gridDim.x * PARTS_PER_CHUNK.
+    pub parts: u32,
+    /// Row stride of the partial buffers, in partials (>= parts).
+    pub parts_stride: u32,
+}
+
+/// Flash-decoding, pass 2. Grid (b * t * nh), [`FLASH_COMBINE_THREADS`] threads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FlashCombineParams {
+    /// [B, T, C]
+    pub out: *mut f32,
+    pub part_acc: *const f32,
+    pub part_ml: *const f32,
+    pub b: u32,
+    pub t: u32,
+    pub c: u32,
+    pub nh: u32,
+    pub parts: u32,
+    pub parts_stride: u32,
+}
+
+crate::kernel_params!(
+    FlashStoreKvParams,
+    FlashAttentionParams,
+    FlashDecodeParams,
+    FlashCombineParams
+);
