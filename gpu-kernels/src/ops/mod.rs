@@ -2,3 +2,4 @@
 //! from [`crate::params`] and is exported under the name in [`crate::params::names`].
 
 pub mod saxpy;
+pub mod flash_attention;

@@ -28,3 +28,4 @@ pub use saxpy::SaxpyParams;
 pub mod names {
     pub use super::saxpy::SAXPY;
 }
+pub mod flash_attention;
