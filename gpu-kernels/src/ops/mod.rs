@@ -3,3 +3,15 @@
 
 pub mod saxpy;
 pub mod flash_attention;
+
+// Issue 4: the forward pass.
+pub mod argmax;
+pub mod attention;
+pub mod convert;
+pub mod encoder;
+pub mod gelu;
+pub mod layernorm;
+pub mod matmul;
+pub mod residual;
+pub mod softmax;
+pub mod vec4;

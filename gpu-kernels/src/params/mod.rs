@@ -29,3 +29,14 @@ pub mod names {
     pub use super::saxpy::SAXPY;
 }
 pub mod flash_attention;
+
+// Issue 4: the forward pass (one file per op; import as `params::<op>::*`).
+pub mod argmax;
+pub mod attention;
+pub mod convert;
+pub mod encoder;
+pub mod gelu;
+pub mod layernorm;
+pub mod matmul;
+pub mod residual;
+pub mod softmax;

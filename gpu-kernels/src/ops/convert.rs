@@ -1,0 +1,49 @@
+//! Checkpoint bytes to f32 (out, in) on the device.
+
+use crate::device::{global_idx_x, grid_stride_x};
+use crate::params::convert::{CONVERT_DTYPE_BF16, CONVERT_DTYPE_F16, ConvertParams};
+use core::arch::asm;
+
+/// IEEE half to f32 (exact; `cvt.f32.f16` handles subnormals, inf, NaN).
+#[inline(always)]
+fn f16_to_f32(bits: u16) -> f32 {
+    let r: f32;
+    // SAFETY: a register-only conversion.
+    unsafe {
+        asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) bits, options(pure, nomem, nostack))
+    }
+    r
+}
+
+/// One output element per thread: read element `(o, i)` from where it is
+/// stored (transposed or not), convert, write it at `o * cols + i`.
+/// Transposed reads are strided; this runs once per weight at load time.
+///
+/// # Safety
+/// `inp` holds `rows * cols` elements of `dtype`, aligned to the element
+/// size; `out` holds `rows * cols` floats.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn convert_to_f32(p: ConvertParams) {
+    let total = p.rows * p.cols;
+    let mut idx = global_idx_x();
+    while idx < total {
+        let (o, i) = (idx / p.cols, idx % p.cols);
+        let src = if p.transposed != 0 {
+            i * p.rows + o
+        } else {
+            idx
+        } as usize;
+        // SAFETY: src < rows*cols, the caller promises size and alignment.
+        unsafe {
+            let v = match p.dtype {
+                CONVERT_DTYPE_BF16 => {
+                    f32::from_bits((*(p.inp as *const u16).add(src) as u32) << 16)
+                }
+                CONVERT_DTYPE_F16 => f16_to_f32(*(p.inp as *const u16).add(src)),
+                _ => *(p.inp as *const f32).add(src),
+            };
+            *p.out.add(idx as usize) = v;
+        }
+        idx += grid_stride_x();
+    }
+}

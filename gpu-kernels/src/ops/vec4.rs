@@ -1,0 +1,37 @@
+//! 16-byte vector loads and stores (`ld.global.v4.f32`, `ld.shared.v4.f32`).
+//!
+//! A plain `[f32; 4]` has 4-byte alignment, so LLVM splits its loads into
+//! four scalar ones; reading through a 16-byte-aligned type tells it the
+//! address is aligned and yields one vector instruction.
+
+/// Four floats, 16-byte aligned.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct F4([f32; 4]);
+
+/// Floats per vector.
+pub const VEC: usize = 4;
+
+/// The 4 floats at `p`.
+///
+/// # Safety
+/// `p` is 16-byte aligned and 16 bytes at it are readable.
+#[inline(always)]
+pub unsafe fn load4(p: *const f32) -> [f32; 4] {
+    unsafe { (*(p as *const F4)).0 }
+}
+
+/// Write 4 floats at `p`.
+///
+/// # Safety
+/// `p` is 16-byte aligned and 16 bytes at it are writable.
+#[inline(always)]
+pub unsafe fn store4(p: *mut f32, v: [f32; 4]) {
+    unsafe { *(p as *mut F4) = F4(v) }
+}
+
+/// Whether `p` may be used with [`load4`]/[`store4`].
+#[inline(always)]
+pub fn aligned16<T>(p: *const T) -> bool {
+    p as usize % (VEC * 4) == 0
+}

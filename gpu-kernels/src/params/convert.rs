@@ -1,0 +1,30 @@
+//! Weight upload: raw checkpoint bytes (f32, bf16 or f16, maybe stored
+//! transposed) to f32 in llm.c's (out, in) layout, on the device.
+
+/// One thread per output element.
+pub const CONVERT_TO_F32: &str = "convert_to_f32";
+/// Threads per block.
+pub const CONVERT_BLOCK: u32 = 256;
+
+/// `ConvertParams::dtype` values.
+pub const CONVERT_DTYPE_F32: u32 = 0;
+pub const CONVERT_DTYPE_BF16: u32 = 1;
+pub const CONVERT_DTYPE_F16: u32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvertParams {
+    /// `[rows * cols]` f32, logical layout.
+    pub out: *mut f32,
+    /// Raw little-endian elements, `rows * cols` of them; when `transposed`
+    /// they are stored `(cols, rows)`.
+    pub inp: *const u8,
+    pub rows: u32,
+    pub cols: u32,
+    /// One of the `CONVERT_DTYPE_*` constants.
+    pub dtype: u32,
+    /// Nonzero: the input holds the transpose.
+    pub transposed: u32,
+}
+
+crate::kernel_params!(ConvertParams);

@@ -1,0 +1,29 @@
+//! Layernorm over the last axis: `out = (x - mean) / sqrt(var + eps) * weight + bias`.
+
+/// One warp per row, two-pass mean/variance, 16-byte loads where aligned.
+pub const LAYERNORM_FORWARD: &str = "layernorm_forward";
+/// Baseline: one thread per row (llm.c's kernel 1).
+pub const LAYERNORM_FORWARD_NAIVE: &str = "layernorm_forward_naive";
+/// Threads per block of `layernorm_forward`: 8 warps, so 8 rows per block.
+pub const LAYERNORM_BLOCK: u32 = 256;
+/// Threads per block of the naive kernel (one row per thread).
+pub const LAYERNORM_NAIVE_BLOCK: u32 = 128;
+/// GPT-2's epsilon.
+pub const LAYERNORM_EPS: f32 = 1e-5;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LayernormParams {
+    /// `[n * c]`
+    pub out: *mut f32,
+    /// `[n * c]`
+    pub inp: *const f32,
+    /// `[c]`
+    pub weight: *const f32,
+    /// `[c]`
+    pub bias: *const f32,
+    pub n: u32,
+    pub c: u32,
+}
+
+crate::kernel_params!(LayernormParams);
