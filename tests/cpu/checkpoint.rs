@@ -92,8 +92,17 @@ fn assert_same_values(a: &Weights<'_>, b: &Weights<'_>, round: impl Fn(f32) -> f
     }
 }
 
-fn configs() -> [ModelConfig; 2] {
-    [fixtures::tiny_config(), fixtures::odd_config()]
+fn configs() -> [ModelConfig; 3] {
+    // Degenerate but valid: one head of size 1, one token, one position.
+    let minimal = ModelConfig {
+        max_seq_len: 1,
+        vocab_size: 1,
+        padded_vocab_size: ModelConfig::pad_vocab(1),
+        num_layers: 1,
+        num_heads: 1,
+        channels: 1,
+    };
+    [fixtures::tiny_config(), fixtures::odd_config(), minimal]
 }
 
 #[test]
@@ -220,6 +229,10 @@ fn open_files_of_both_formats_with_config_json() {
     fixtures::write_llmc(&bin, &cfg, seed, DType::F32).unwrap();
     let ck = Checkpoint::open(&bin).unwrap();
     assert_eq!((ck.format(), *ck.config()), (Format::Llmc, cfg));
+    // llm.c files ignore a config.json beside them, even a broken one.
+    std::fs::write(dir.0.join("config.json"), "{ not json").unwrap();
+    assert_eq!(*Checkpoint::open(&bin).unwrap().config(), cfg);
+    std::fs::remove_file(dir.0.join("config.json")).unwrap();
 
     let sf = dir.0.join("model.safetensors");
     fixtures::write_safetensors(&sf, &cfg, seed, false).unwrap();

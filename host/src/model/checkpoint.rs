@@ -186,9 +186,12 @@ impl Checkpoint {
             return Err(err(FormatError::Empty));
         }
         let map = map_file(&file).map_err(|e| err(e.into()))?;
+        // Only safetensors needs config.json (for the head count).
         let num_heads = match path.parent() {
-            Some(dir) => read_hf_num_heads(&dir.join(HF_CONFIG_FILE)).map_err(err)?,
-            None => None,
+            Some(dir) if llmc::first_int(&map) != Some(llmc::MAGIC) => {
+                read_hf_num_heads(&dir.join(HF_CONFIG_FILE)).map_err(err)?
+            }
+            _ => None,
         };
         Self::build(path.to_path_buf(), Bytes::Mapped(map), num_heads)
     }

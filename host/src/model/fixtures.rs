@@ -17,7 +17,7 @@ use safetensors::{Dtype, tensor::TensorView};
 
 use super::config::ModelConfig;
 use super::llmc::{self, Header};
-use super::safetensors::{LAYER_TENSORS, PREFIX};
+use super::safetensors::{LAYER_TENSORS, PREFIX, layer_tensor_shapes};
 use super::weights::DType;
 
 /// Std of the token embeddings and of most linear weights (GPT-2's init).
@@ -228,6 +228,7 @@ pub fn hf_tensors(
         HfTensor::new(format!("{pre}ln_f.weight"), vec![c], &p.tensors[14], dtype),
         HfTensor::new(format!("{pre}ln_f.bias"), vec![c], &p.tensors[15], dtype),
     ];
+    let stored_shapes = layer_tensor_shapes(c);
     // llm.c index of each LAYER_TENSORS entry is 2 + k.
     for (k, (hf_name, (_, [rows, cols]))) in LAYER_TENSORS
         .iter()
@@ -239,7 +240,7 @@ pub fn hf_tensors(
         for layer in 0..l {
             let values = &stack[layer * per..(layer + 1) * per];
             let name = format!("{pre}h.{layer}.{hf_name}");
-            out.push(if *rows == 1 {
+            out.push(if stored_shapes[k].len() == 1 {
                 HfTensor::new(name, vec![*cols], values, dtype)
             } else {
                 // llm.c (out, in) -> Conv1D (in, out).
