@@ -82,7 +82,7 @@ pub fn layernorm_forward(
 /// let the compiler use SIMD lanes; the order of additions stays fixed.
 const DOT_LANES: usize = 8;
 /// Input rows that share one pass over a weight row (register blocking).
-const MATMUL_ROW_TILE: usize = 8;
+const MATMUL_ROW_TILE: usize = 4;
 /// Output channels per parallel task: a block of weight rows that stays in
 /// cache while every input row is multiplied with it.
 const MATMUL_OC_BLOCK: usize = 64;
