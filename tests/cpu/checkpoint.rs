@@ -276,6 +276,10 @@ fn open_files_of_both_formats_with_config_json() {
         matches!(err.kind, FormatError::Io(_)) && err.to_string().contains("nope.bin"),
         "{err}"
     );
+    assert!(matches!(
+        Checkpoint::open(&dir.0).unwrap_err().kind,
+        FormatError::NotAFile
+    ));
     let empty = dir.0.join("empty.bin");
     std::fs::write(&empty, b"").unwrap();
     assert!(matches!(
@@ -746,4 +750,58 @@ fn safetensors_tensor_set_is_checked() {
             Err(FormatError::MissingTensor(_))
         ));
     }
+}
+
+#[test]
+fn random_llmc_headers_never_panic() {
+    let cfg = fixtures::tiny_config();
+    let valid = fixtures::llmc_bytes(&cfg, fresh_seed(), DType::F32).unwrap();
+    let mut rng = rand::rng();
+    let interesting = [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        64,
+        128,
+        300,
+        384,
+        i32::MAX,
+        i32::MIN,
+        -1,
+        1 << 16,
+        1 << 20,
+        1 << 24,
+    ];
+    let mut accepted = 0;
+    for _ in 0..3000 {
+        let mut b = valid.clone();
+        // Rewrite one to three size fields with interesting or random values.
+        for _ in 0..rng.random_range(1..=3) {
+            let field = rng.random_range(llmc::field::MAX_SEQ_LEN..=llmc::field::PADDED_VOCAB_SIZE);
+            let v = if rng.random_bool(0.7) {
+                interesting[rng.random_range(0..interesting.len())]
+            } else {
+                rng.random()
+            };
+            b[field * 4..field * 4 + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        if rng.random_bool(0.3) {
+            b.truncate(rng.random_range(0..b.len()));
+        }
+        if let Ok(w) = llmc::parse(&b) {
+            accepted += 1;
+            let expected = Header {
+                config: w.config,
+                dtype: DType::F32,
+            }
+            .file_len()
+            .unwrap();
+            assert_eq!(expected, b.len());
+            assert!(named(&w).iter().all(|(_, t)| t.bytes.len() == t.len() * 4));
+        }
+    }
+    eprintln!("{accepted} mutated headers happened to be consistent");
 }

@@ -30,6 +30,8 @@ pub enum Format {
 pub enum FormatError {
     #[error("cannot read: {0}")]
     Io(#[from] std::io::Error),
+    #[error("not a regular file")]
+    NotAFile,
     #[error("the file is empty")]
     Empty,
     #[error(
@@ -181,8 +183,11 @@ impl Checkpoint {
             kind,
         };
         let file = File::open(path).map_err(|e| err(e.into()))?;
-        let len = file.metadata().map_err(|e| err(e.into()))?.len();
-        if len == 0 {
+        let meta = file.metadata().map_err(|e| err(e.into()))?;
+        if !meta.is_file() {
+            return Err(err(FormatError::NotAFile));
+        }
+        if meta.len() == 0 {
             return Err(err(FormatError::Empty));
         }
         let map = map_file(&file).map_err(|e| err(e.into()))?;
