@@ -1,0 +1,499 @@
+//! Flash attention: the `attention_forward` op (docs/design.md) as fused
+//! kernels that never hold a T x T matrix in memory.
+//!
+//! Three entry points, all with `attention_forward`'s arguments plus a
+//! [`FlashPrecision`] and a [`FlashWorkspace`]; each first appends this call's
+//! K,V to the cache (this module's own store kernel) and then attends:
+//! - [`attention_forward_flash`]: picks the path by `t`: flash-decoding for
+//!   `t <= FLASH_DECODE_MAX_T` (decode steps), prefill flash attention otherwise.
+//! - [`attention_forward_flash_prefill`]: always the prefill kernel.
+//! - [`attention_forward_flash_decode`]: always flash-decoding (`t <= FLASH_DECODE_MAX_T`).
+//!
+//! Precision: [`FlashPrecision::Tf32`] runs QKᵀ and PV of prefill on tensor
+//! cores (TF32 inputs, f32 accumulate); [`FlashPrecision::Fp32`] uses FP32
+//! FMAs (exact path). Flash-decoding is FP32 either way (it is memory-bound,
+//! tensor cores would not help). Softmax is FP32 with `ex2.approx` in both.
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::flash_attention::*;
+
+use crate::gpu::runtime::{Gpu, GpuError};
+
+/// Product precision of the prefill kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlashPrecision {
+    /// Tensor cores, TF32 inputs (10-bit mantissa), f32 accumulate.
+    Tf32,
+    /// FP32 FMAs: matches the CPU reference to float rounding.
+    Fp32,
+}
+
+/// Scratch of flash-decoding (the per-chunk partials), sized once for the
+/// largest batch, head count and cache length, so no call allocates. Creating
+/// it also raises the prefill kernels' shared-memory limit above 48 KiB.
+pub struct FlashWorkspace {
+    part_acc: cudarc::driver::CudaSlice<f32>,
+    part_ml: cudarc::driver::CudaSlice<f32>,
+    max_b: usize,
+    nh: usize,
+    max_t: usize,
+    parts_stride: usize,
+}
+
+/// Floats per partial's (max, sum) pair.
+const ML_FLOATS: usize = 2;
+
+impl FlashWorkspace {
+    pub fn new(gpu: &Gpu, max_b: usize, nh: usize, max_t: usize) -> Result<Self, GpuError> {
+        gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_TF32, FLASH_SMEM_BYTES_TF32)?;
+        gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_FP32, FLASH_SMEM_BYTES_FP32)?;
+        let parts_stride =
+            max_t.div_ceil(FLASH_DECODE_CHUNK as usize) * FLASH_DECODE_PARTS_PER_CHUNK as usize;
+        let rows = max_b * nh * FLASH_DECODE_MAX_T as usize;
+        Ok(Self {
+            part_acc: gpu.alloc(rows * parts_stride * FLASH_HEAD_SIZE as usize)?,
+            part_ml: gpu.alloc(rows * parts_stride * ML_FLOATS)?,
+            max_b,
+            nh,
+            max_t,
+            parts_stride,
+        })
+    }
+}
+
+/// The problem of one call, checked once.
+#[derive(Clone, Copy)]
+struct Shape {
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+}
+
+impl Shape {
+    fn check(&self, out: usize, k: usize, v: usize, qkv: usize) {
+        let Shape {
+            b,
+            t,
+            pos0,
+            max_t,
+            c,
+            nh,
+            ..
+        } = *self;
+        assert!(
+            b >= 1 && t >= 1,
+            "attention_forward_flash: empty batch (b={b}, t={t})"
+        );
+        assert!(
+            nh >= 1 && c == nh * FLASH_HEAD_SIZE as usize,
+            "attention_forward_flash: head size must be {FLASH_HEAD_SIZE} (c={c}, nh={nh})"
+        );
+        assert!(
+            pos0 + t <= max_t,
+            "attention_forward_flash: positions {pos0}..{} exceed the cache ({max_t})",
+            pos0 + t
+        );
+        assert!(
+            out >= b * t * c,
+            "attention_forward_flash: out has {out} floats, needs {}",
+            b * t * c
+        );
+        assert!(
+            qkv >= b * t * 3 * c,
+            "attention_forward_flash: qkv has {qkv} floats, needs {}",
+            b * t * 3 * c
+        );
+        let cache = b * nh * max_t * FLASH_HEAD_SIZE as usize;
+        assert!(
+            k >= cache && v >= cache,
+            "attention_forward_flash: caches have {k}/{v} floats, need {cache}"
+        );
+        assert!(
+            u32::try_from(b * nh * max_t * FLASH_HEAD_SIZE as usize * 3).is_ok(),
+            "attention_forward_flash: sizes exceed u32"
+        );
+    }
+
+    fn scale_log2e(&self) -> f32 {
+        std::f32::consts::LOG2_E / (FLASH_HEAD_SIZE as f32).sqrt()
+    }
+
+    /// Keys the last query of the call attends to (the longest range).
+    fn max_keys(&self) -> usize {
+        let n = self.pos0 + self.t;
+        if self.window > 0 {
+            n.min(self.window)
+        } else {
+            n
+        }
+    }
+}
+
+/// Launch configurations of every kernel of this op.
+mod configs {
+    use super::*;
+
+    /// Threads per block of the store kernel.
+    const STORE_THREADS: u32 = 256;
+
+    pub fn store_kv(s: &Shape) -> LaunchConfig {
+        let vecs = (s.b * s.t * s.c / 4) as u32;
+        LaunchConfig {
+            grid_dim: (vecs.div_ceil(STORE_THREADS), 1, 1),
+            block_dim: (STORE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    pub fn prefill(s: &Shape, precision: FlashPrecision) -> LaunchConfig {
+        let smem = match precision {
+            FlashPrecision::Tf32 => FLASH_SMEM_BYTES_TF32,
+            FlashPrecision::Fp32 => FLASH_SMEM_BYTES_FP32,
+        };
+        LaunchConfig {
+            grid_dim: (
+                (s.t as u32).div_ceil(FLASH_BLOCK_Q),
+                s.nh as u32,
+                s.b as u32,
+            ),
+            block_dim: (FLASH_THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        }
+    }
+
+    /// Chunks of the longest key range: every query's partials fit in them.
+    pub fn decode_chunks(s: &Shape) -> u32 {
+        (s.max_keys() as u32).div_ceil(FLASH_DECODE_CHUNK)
+    }
+
+    pub fn decode(s: &Shape) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (decode_chunks(s), s.nh as u32, (s.b * s.t) as u32),
+            block_dim: (FLASH_DECODE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    pub fn combine(s: &Shape) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: ((s.b * s.t * s.nh) as u32, 1, 1),
+            block_dim: (FLASH_COMBINE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+}
+
+/// Kernels read 16-byte vectors: every base address must be 16-byte aligned.
+const VEC_ALIGN: u64 = 16;
+
+fn addr<T: DevicePtr<f32>>(gpu: &Gpu, buf: &T) -> *const f32 {
+    let (p, _sync) = buf.device_ptr(&gpu.stream);
+    assert!(
+        p % VEC_ALIGN == 0,
+        "attention_forward_flash: buffer not 16-byte aligned"
+    );
+    p as *const f32
+}
+
+fn addr_mut<T: DevicePtrMut<f32>>(gpu: &Gpu, buf: &mut T) -> *mut f32 {
+    let (p, _sync) = buf.device_ptr_mut(&gpu.stream);
+    assert!(
+        p % VEC_ALIGN == 0,
+        "attention_forward_flash: buffer not 16-byte aligned"
+    );
+    p as *mut f32
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Auto,
+    Prefill,
+    Decode,
+}
+
+/// `attention_forward` with flash kernels: stores K,V, then prefill or
+/// flash-decoding by `t` (see the module docs). Panics on inconsistent sizes.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_flash<O, K, V, Q>(
+    gpu: &Gpu,
+    out: &mut O,
+    k_cache: &mut K,
+    v_cache: &mut V,
+    qkv: &Q,
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+    precision: FlashPrecision,
+    ws: &mut FlashWorkspace,
+) -> Result<(), GpuError>
+where
+    O: DevicePtrMut<f32>,
+    K: DevicePtrMut<f32>,
+    V: DevicePtrMut<f32>,
+    Q: DevicePtr<f32>,
+{
+    let s = Shape {
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    };
+    run(
+        gpu,
+        out,
+        k_cache,
+        v_cache,
+        qkv,
+        s,
+        precision,
+        ws,
+        Path::Auto,
+    )
+}
+
+/// [`attention_forward_flash`] forced onto the prefill kernel (any `t`).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_flash_prefill<O, K, V, Q>(
+    gpu: &Gpu,
+    out: &mut O,
+    k_cache: &mut K,
+    v_cache: &mut V,
+    qkv: &Q,
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+    precision: FlashPrecision,
+    ws: &mut FlashWorkspace,
+) -> Result<(), GpuError>
+where
+    O: DevicePtrMut<f32>,
+    K: DevicePtrMut<f32>,
+    V: DevicePtrMut<f32>,
+    Q: DevicePtr<f32>,
+{
+    let s = Shape {
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    };
+    run(
+        gpu,
+        out,
+        k_cache,
+        v_cache,
+        qkv,
+        s,
+        precision,
+        ws,
+        Path::Prefill,
+    )
+}
+
+/// [`attention_forward_flash`] forced onto flash-decoding (`t <= FLASH_DECODE_MAX_T`).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_flash_decode<O, K, V, Q>(
+    gpu: &Gpu,
+    out: &mut O,
+    k_cache: &mut K,
+    v_cache: &mut V,
+    qkv: &Q,
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+    ws: &mut FlashWorkspace,
+) -> Result<(), GpuError>
+where
+    O: DevicePtrMut<f32>,
+    K: DevicePtrMut<f32>,
+    V: DevicePtrMut<f32>,
+    Q: DevicePtr<f32>,
+{
+    let s = Shape {
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    };
+    run(
+        gpu,
+        out,
+        k_cache,
+        v_cache,
+        qkv,
+        s,
+        FlashPrecision::Fp32,
+        ws,
+        Path::Decode,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run<O, K, V, Q>(
+    gpu: &Gpu,
+    out: &mut O,
+    k_cache: &mut K,
+    v_cache: &mut V,
+    qkv: &Q,
+    s: Shape,
+    precision: FlashPrecision,
+    ws: &mut FlashWorkspace,
+    path: Path,
+) -> Result<(), GpuError>
+where
+    O: DevicePtrMut<f32>,
+    K: DevicePtrMut<f32>,
+    V: DevicePtrMut<f32>,
+    Q: DevicePtr<f32>,
+{
+    s.check(out.len(), k_cache.len(), v_cache.len(), qkv.len());
+    let decode = match path {
+        Path::Auto => s.t <= FLASH_DECODE_MAX_T as usize,
+        Path::Prefill => false,
+        Path::Decode => true,
+    };
+    if decode {
+        assert!(
+            s.t <= FLASH_DECODE_MAX_T as usize,
+            "attention_forward_flash_decode: t={} > {FLASH_DECODE_MAX_T}",
+            s.t
+        );
+        assert!(
+            s.b <= ws.max_b && s.nh == ws.nh && s.max_t <= ws.max_t,
+            "attention_forward_flash: workspace is for b<={}, nh={}, max_t<={}; call has b={}, nh={}, max_t={}",
+            ws.max_b,
+            ws.nh,
+            ws.max_t,
+            s.b,
+            s.nh,
+            s.max_t
+        );
+    }
+    let (k, v, q, o) = (
+        addr_mut(gpu, k_cache),
+        addr_mut(gpu, v_cache),
+        addr(gpu, qkv),
+        addr_mut(gpu, out),
+    );
+    let (b, t, pos0, max_t, c, nh, window) = (
+        s.b as u32,
+        s.t as u32,
+        s.pos0 as u32,
+        s.max_t as u32,
+        s.c as u32,
+        s.nh as u32,
+        s.window as u32,
+    );
+
+    let store = FlashStoreKvParams {
+        k_cache: k,
+        v_cache: v,
+        qkv: q,
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+    };
+    // SAFETY: sizes checked by `s.check` (cache >= b*nh*max_t*HS, pos0+t <= max_t, qkv >= b*t*3c), aligned.
+    unsafe {
+        gpu.launch(
+            ATTENTION_FORWARD_FLASH_STORE_KV,
+            configs::store_kv(&s),
+            store,
+        )?
+    };
+
+    if decode {
+        let chunks = configs::decode_chunks(&s);
+        let parts = chunks * FLASH_DECODE_PARTS_PER_CHUNK;
+        debug_assert!(parts as usize <= ws.parts_stride);
+        let (part_acc, part_ml) = (
+            addr_mut(gpu, &mut ws.part_acc),
+            addr_mut(gpu, &mut ws.part_ml),
+        );
+        let dp = FlashDecodeParams {
+            part_acc,
+            part_ml,
+            k_cache: k,
+            v_cache: v,
+            qkv: q,
+            b,
+            t,
+            pos0,
+            max_t,
+            c,
+            nh,
+            window,
+            scale_log2e: s.scale_log2e(),
+            parts,
+            parts_stride: ws.parts_stride as u32,
+        };
+        // SAFETY: as above; the workspace holds max_b*nh*DECODE_MAX_T rows of
+        // parts_stride partials, and b <= max_b, t <= DECODE_MAX_T, parts <= parts_stride
+        // (max_keys <= max_t <= ws.max_t).
+        unsafe { gpu.launch(ATTENTION_FORWARD_FLASH_DECODE, configs::decode(&s), dp)? };
+        let cp = FlashCombineParams {
+            out: o,
+            part_acc,
+            part_ml,
+            b,
+            t,
+            c,
+            nh,
+            parts,
+            parts_stride: ws.parts_stride as u32,
+        };
+        // SAFETY: reads the partials just written; out holds b*t*c floats.
+        unsafe { gpu.launch(ATTENTION_FORWARD_FLASH_COMBINE, configs::combine(&s), cp)? };
+    } else {
+        let name = match precision {
+            FlashPrecision::Tf32 => ATTENTION_FORWARD_FLASH_TF32,
+            FlashPrecision::Fp32 => ATTENTION_FORWARD_FLASH_FP32,
+        };
+        let pp = FlashAttentionParams {
+            out: o,
+            k_cache: k,
+            v_cache: v,
+            qkv: q,
+            b,
+            t,
+            pos0,
+            max_t,
+            c,
+            nh,
+            window,
+            scale_log2e: s.scale_log2e(),
+        };
+        // SAFETY: as above; the config gives the kernel its grid, 128 threads and
+        // the shared memory it lays out (limit raised by FlashWorkspace::new).
+        unsafe { gpu.launch(name, configs::prefill(&s, precision), pp)? };
+    }
+    Ok(())
+}
