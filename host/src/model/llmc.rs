@@ -107,7 +107,7 @@ pub fn validate_config(cfg: &ModelConfig) -> Result<(), FormatError> {
             return Err(bad(name, value, format!("exceeds the limit {limit}")));
         }
     }
-    if cfg.channels % cfg.num_heads != 0 {
+    if !cfg.channels.is_multiple_of(cfg.num_heads) {
         return Err(bad(
             "channels",
             cfg.channels,
