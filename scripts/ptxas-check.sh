@@ -71,8 +71,14 @@ if len(ids) != 1:
     sys.exit(f"expected one package with manifest {manifest}, found {len(ids)}")
 print(ids[0])
 ' "$ROOT_MANIFEST")"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
 # shellcheck disable=SC2086  # CARGO_PROFILE_ARGS is a word list on purpose
-OUT_DIR="$(cargo build --lib --package "$ROOT_ID" ${CARGO_PROFILE_ARGS:-} --message-format=json-render-diagnostics | python3 -c '
+if ! cargo build --lib --package "$ROOT_ID" ${CARGO_PROFILE_ARGS:-} --message-format=json-render-diagnostics >"$WORK/build.json"; then
+    echo "error: building the root package (and so the PTX) failed; cargo's errors are above" >&2
+    exit 1
+fi
+OUT_DIR="$(python3 -c '
 import json, sys
 want = sys.argv[1]
 dirs = []
@@ -86,7 +92,7 @@ for line in sys.stdin:
 if len(dirs) != 1:
     sys.exit(f"expected one build-script run of {want}, cargo reported {len(dirs)}")
 print(dirs[0])
-' "$ROOT_ID")"
+' "$ROOT_ID" <"$WORK/build.json")"
 echo "== PTX directory: $OUT_DIR"
 
 # The builder names its output <crate>.<arch>.ptx. Files of another arch in the
@@ -103,9 +109,6 @@ if [[ ! -f "$OUT_DIR/gpu_kernels.$ARCH.ptx" ]]; then
     echo "error: $OUT_DIR/gpu_kernels.$ARCH.ptx (the kernels the host embeds) is missing" >&2
     exit 1
 fi
-
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
 
 status=0
 for ptx in "${PTX_FILES[@]}"; do
