@@ -1,0 +1,202 @@
+//! `perplexity`: how well GPT-2 predicts a text file, by the sliding-window
+//! method (see `host::perplexity`).
+//!
+//! ```text
+//! cargo run --release -p host --bin perplexity -- tests/data/perplexity_sample.txt
+//! cargo run --release -p host --bin perplexity -- --cpu --window 256 --stride 128 FILE
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use host::cpu::CpuModel;
+use host::generate::Backend;
+use host::hub::{HubOptions, resolve_weights};
+use host::model::Weights;
+use host::model::checkpoint::Checkpoint;
+use host::perplexity::{MIN_TOKENS, PerplexityConfig, perplexity_with, plan_windows};
+use host::tokenizer::Gpt2Tokenizer;
+
+/// Windows per forward call on the GPU unless `--batch` says otherwise.
+const DEFAULT_GPU_BATCH: usize = 4;
+/// Windows per forward call on the CPU (batching gains nothing there).
+const DEFAULT_CPU_BATCH: usize = 1;
+/// Default stride as a fraction of the window: `window / STRIDE_DIVISOR`.
+const STRIDE_DIVISOR: usize = 2;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PrecisionArg {
+    /// Plain f32 everywhere (the default).
+    Fp32,
+    /// TF32 tensor cores for the matmuls (faster, ~1e-3 relative error).
+    Tf32,
+}
+
+/// Perplexity of GPT-2 (124M by default) on a text file, on the GPU or the CPU.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    /// UTF-8 text file to evaluate (tokenized with the GPT-2 tokenizer).
+    file: PathBuf,
+    /// Checkpoint (llm.c .bin or Hugging Face .safetensors). Default:
+    /// weights/gpt2/model.safetensors if present, else openai-community/gpt2
+    /// from the Hugging Face Hub (cached; HF_ENDPOINT and HF_HOME apply).
+    #[arg(long, value_name = "PATH")]
+    weights: Option<PathBuf>,
+    /// Tokens per window (default: the model's context, 1024 for GPT-2).
+    #[arg(long, value_name = "N")]
+    window: Option<usize>,
+    /// Tokens between window starts (default: half the window).
+    #[arg(long, value_name = "N")]
+    stride: Option<usize>,
+    /// Windows per forward call (default: 4 on the GPU, 1 on the CPU).
+    #[arg(long, value_name = "N")]
+    batch: Option<usize>,
+    /// Run on the CPU reference instead of the GPU.
+    #[arg(long)]
+    cpu: bool,
+    /// GPU matmul precision.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
+    precision: PrecisionArg,
+    /// GPU to use.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => e.exit(), // usage errors: message on stderr, exit code 2
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    // Check the flags that need no model before the slow parts.
+    if cli.window == Some(0) {
+        bail!("--window must be at least 1");
+    }
+    if cli.stride == Some(0) {
+        bail!("--stride must be at least 1");
+    }
+    if cli.batch == Some(0) {
+        bail!("--batch must be at least 1");
+    }
+    let text = std::fs::read_to_string(&cli.file)
+        .with_context(|| format!("reading {}", cli.file.display()))?;
+    if text.trim().is_empty() {
+        bail!("{} is empty (or only whitespace)", cli.file.display());
+    }
+    let tokenizer = Gpt2Tokenizer::default_files().context("loading the GPT-2 tokenizer")?;
+    let tokens = tokenizer
+        .encode(&text)
+        .with_context(|| format!("tokenizing {}", cli.file.display()))?;
+    if tokens.len() < MIN_TOKENS {
+        bail!(
+            "{} has {} token(s); at least {MIN_TOKENS} are needed to measure perplexity",
+            cli.file.display(),
+            tokens.len()
+        );
+    }
+
+    let path = resolve_weights(cli.weights.as_deref(), &HubOptions::from_env())?;
+    let checkpoint = Checkpoint::open(&path)?;
+    let weights = checkpoint.weights()?;
+    let context = weights.config.max_seq_len;
+    let window = cli.window.unwrap_or(context);
+    if window > context {
+        bail!("--window {window} is larger than the model's context of {context} tokens");
+    }
+    let stride = cli.stride.unwrap_or((window / STRIDE_DIVISOR).max(1));
+    if stride > window {
+        bail!("--stride {stride} is larger than the window of {window} tokens");
+    }
+    // Checks window >= 2 and every other combination before any allocation.
+    let windows = plan_windows(tokens.len(), window, stride)?;
+    let default_batch = if cli.cpu {
+        DEFAULT_CPU_BATCH
+    } else {
+        DEFAULT_GPU_BATCH
+    };
+    let batch = cli.batch.unwrap_or(default_batch).min(windows.len());
+    // No window is longer than the text, so the cache need not be either.
+    let seq_len = window.min(tokens.len());
+    let mut backend: Box<dyn Backend> = if cli.cpu {
+        Box::new(CpuModel::new(&weights, batch, seq_len)?)
+    } else {
+        gpu_backend(&cli, &weights, batch, seq_len)?
+    };
+    drop(weights);
+
+    eprintln!(
+        "{}: {} tokens, {} window(s) of {window} tokens, stride {stride}, {} on the {}",
+        cli.file.display(),
+        tokens.len(),
+        windows.len(),
+        if batch == 1 {
+            "one window per call".to_string()
+        } else {
+            format!("{batch} windows per call")
+        },
+        if cli.cpu { "CPU" } else { "GPU" },
+    );
+    let bar = ProgressBar::new(windows.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} windows [{elapsed_precise}]")
+            .context("progress bar template")?,
+    );
+    let config = PerplexityConfig {
+        window,
+        stride,
+        batch,
+    };
+    let report = perplexity_with(backend.as_mut(), &tokens, &config, |done, _| {
+        bar.set_position(done as u64)
+    });
+    bar.finish_and_clear();
+    let report = report?;
+
+    println!("perplexity: {:.4}", report.perplexity());
+    println!("mean NLL:   {:.6} nats/token", report.mean_nll());
+    println!(
+        "scored {} tokens in {} window(s) ({} positions run) in {:.2} s: {:.1} tokens/s",
+        report.tokens_scored,
+        report.windows,
+        report.positions,
+        report.elapsed.as_secs_f64(),
+        report.tokens_per_second()
+    );
+    Ok(())
+}
+
+/// The GPU engine (`host::gpu::engine`), on device `--device`.
+fn gpu_backend(
+    cli: &Cli,
+    weights: &Weights,
+    max_batch: usize,
+    max_seq_len: usize,
+) -> Result<Box<dyn Backend>> {
+    use host::gpu::engine::{GpuEngine, Precision};
+    let gpu = host::gpu::Gpu::new(cli.device)?;
+    let precision = match cli.precision {
+        PrecisionArg::Fp32 => Precision::Fp32,
+        PrecisionArg::Tf32 => Precision::Tf32,
+    };
+    Ok(Box::new(GpuEngine::new(
+        gpu,
+        weights,
+        max_batch,
+        max_seq_len,
+        precision,
+    )?))
+}
