@@ -6,3 +6,4 @@ pub mod cpu;
 pub mod sample;
 pub mod hub;
 pub mod tokenizer;
+pub mod perplexity;

@@ -2,3 +2,4 @@
 mod checkpoint;
 mod cpu_reference;
 mod tokenizer;
+mod perplexity;
