@@ -8,8 +8,9 @@
 //! speculate, merge nor drop them, since what a lane receives depends on the
 //! other lanes. rustc does not mark inline asm `convergent` the way clang
 //! does for CUDA, so LLVM could in principle tail-duplicate a shuffle into
-//! divergent branches; on sm_70+ that is still correct, because `shfl.sync`
-//! lanes named in the mask may meet at different instructions.
+//! divergent branches; the PTX ISA requires all lanes to execute the same
+//! `shfl.sync` only for sm_6x and below, and this crate targets sm_80+.
+//! Lane and delta arguments count modulo 32 (only their low 5 bits are read).
 
 use super::{FULL_MASK, WARP_SIZE};
 use core::arch::asm;
