@@ -4,3 +4,4 @@
 
 mod pipeline;
 mod device;
+mod flash_attention;

@@ -1,0 +1,284 @@
+//! Flash attention (`host::gpu::ops::flash_attention`) against the CPU
+//! reference `host::cpu::ops::attention_forward`.
+//!
+//! Every case draws fresh random qkv and cache prefixes, fills the cache past
+//! `pos0 + t` with NaN (the kernels must never read it) and the output with
+//! NaN (every element must be written), and checks the stored K,V bit for bit
+//! and the output within the precision's bar. Each case prints max abs error,
+//! RMSE and mismatches (`--nocapture`); failures are collected and reported
+//! together at the end of each test.
+//!
+//! Bars: FP32 |gpu - cpu| <= 1e-5 (outputs are convex combinations of V rows
+//! in [-1, 1], so this is 1e-5 relative to the data's scale); TF32 <= 1e-2
+//! (10-bit mantissas on Q, K, P and V; the measured errors are printed).
+
+use host::gpu::Gpu;
+use host::gpu::ops::flash_attention::{
+    FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_decode,
+    attention_forward_flash_prefill,
+};
+use rand::Rng;
+
+const HS: usize = 64;
+const FP32_TOL: f32 = 1e-5;
+const TF32_TOL: f32 = 1e-2;
+/// Cache rows past the call's last position (NaN-filled): an awkward, non-tile size.
+const CACHE_SLACK: usize = 5;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    Auto,
+    Prefill,
+    Decode,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    b: usize,
+    t: usize,
+    pos0: usize,
+    nh: usize,
+    window: usize,
+    precision: FlashPrecision,
+    path: Path,
+}
+
+/// Runs one case; `Err` describes a failure (printed summary either way).
+fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
+    let Case {
+        b,
+        t,
+        pos0,
+        nh,
+        window,
+        precision,
+        path,
+    } = k;
+    let c = nh * HS;
+    let max_t = pos0 + t + CACHE_SLACK;
+    let mut rng = rand::rng();
+    let qkv: Vec<f32> = (0..b * t * 3 * c)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let cache_len = b * nh * max_t * HS;
+    // Random prefix (positions < pos0), NaN from pos0 on (the store overwrites
+    // pos0..pos0+t; the rest must stay unread).
+    let mut prefix = || -> Vec<f32> {
+        (0..cache_len)
+            .map(|i| {
+                if (i / HS) % max_t < pos0 {
+                    rng.random_range(-1.0..1.0)
+                } else {
+                    f32::NAN
+                }
+            })
+            .collect()
+    };
+    let (mut k_cpu, mut v_cpu) = (prefix(), prefix());
+    let (k_init, v_init) = (k_cpu.clone(), v_cpu.clone());
+    let mut out_cpu = vec![0f32; b * t * c];
+    host::cpu::ops::attention_forward(
+        &mut out_cpu,
+        &mut k_cpu,
+        &mut v_cpu,
+        &qkv,
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    );
+
+    let mut ws = FlashWorkspace::new(gpu, b, nh, max_t).unwrap();
+    let d_qkv = gpu.upload(&qkv).unwrap();
+    let mut d_k = gpu.upload(&k_init).unwrap();
+    let mut d_v = gpu.upload(&v_init).unwrap();
+    let mut d_out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
+    let r = match path {
+        Path::Auto => attention_forward_flash(
+            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window,
+            precision, &mut ws,
+        ),
+        Path::Prefill => attention_forward_flash_prefill(
+            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window,
+            precision, &mut ws,
+        ),
+        Path::Decode => attention_forward_flash_decode(
+            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window, &mut ws,
+        ),
+    };
+    r.map_err(|e| format!("{k:?}: launch failed: {e}"))?;
+    gpu.synchronize()
+        .map_err(|e| format!("{k:?}: kernel fault: {e}"))?;
+    let out = gpu.download(&d_out).unwrap();
+    let (k_gpu, v_gpu) = (gpu.download(&d_k).unwrap(), gpu.download(&d_v).unwrap());
+
+    let cache_bad = k_gpu
+        .iter()
+        .zip(&k_cpu)
+        .chain(v_gpu.iter().zip(&v_cpu))
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let tol = match precision {
+        FlashPrecision::Fp32 => FP32_TOL,
+        FlashPrecision::Tf32 => TF32_TOL,
+    };
+    let (mut max_err, mut sq, mut bad, mut worst) = (0f32, 0f64, 0usize, 0usize);
+    for (i, (&g, &e)) in out.iter().zip(&out_cpu).enumerate() {
+        let err = (g - e).abs();
+        // NaN (unwritten or poisoned) counts as a mismatch of infinite size.
+        let err = if err.is_nan() { f32::INFINITY } else { err };
+        if err > max_err {
+            max_err = err;
+            worst = i;
+        }
+        sq += (err as f64) * (err as f64);
+        bad += (err > tol) as usize;
+    }
+    let rmse = (sq / out.len() as f64).sqrt();
+    println!(
+        "flash {k:?}: max abs err {max_err:.3e}, RMSE {rmse:.3e}, mismatches {bad}/{} (tol {tol:e}), cache mismatches {cache_bad}",
+        out.len()
+    );
+    if bad > 0 || cache_bad > 0 {
+        return Err(format!(
+            "{k:?}: {bad} outputs off by > {tol:e} (max {max_err:e} at {worst}: gpu {} cpu {}), {cache_bad} cache entries differ",
+            out[worst], out_cpu[worst]
+        ));
+    }
+    Ok(())
+}
+
+fn run_all(cases: impl IntoIterator<Item = Case>) {
+    let Some(gpu) = host::gpu::test_gpu() else {
+        return;
+    };
+    let failures: Vec<String> = cases
+        .into_iter()
+        .filter_map(|k| run_case(&gpu, k).err())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} failing cases:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// The brief's grid: B in {1, 3}, T in {1, 2, 63, 64, 65, 257, 1024}, with and
+/// without a cached prefix, window in {0, 128}, on the prefill kernel.
+fn prefill_grid(precision: FlashPrecision) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for b in [1, 3] {
+        for t in [1, 2, 63, 64, 65, 257, 1024] {
+            // pos0 = 0; a prefix not a multiple of the tile; a long one.
+            for pos0 in [0, 37, 700] {
+                for window in [0, 128] {
+                    let nh = if b == 1 { 3 } else { 2 };
+                    cases.push(Case {
+                        b,
+                        t,
+                        pos0,
+                        nh,
+                        window,
+                        precision,
+                        path: Path::Prefill,
+                    });
+                }
+            }
+        }
+    }
+    cases
+}
+
+#[test]
+fn flash_prefill_fp32_matches_cpu() {
+    run_all(prefill_grid(FlashPrecision::Fp32));
+}
+
+#[test]
+fn flash_prefill_tf32_matches_cpu() {
+    run_all(prefill_grid(FlashPrecision::Tf32));
+}
+
+/// Flash-decoding: t in 1..=4 over short and long caches, windowed and not.
+#[test]
+fn flash_decode_matches_cpu() {
+    let mut cases = Vec::new();
+    for b in [1, 3] {
+        for t in 1..=4 {
+            for pos0 in [0, 1, 63, 64, 200, 1019] {
+                for window in [0, 1, 128] {
+                    cases.push(Case {
+                        b,
+                        t,
+                        pos0,
+                        nh: 3,
+                        window,
+                        precision: FlashPrecision::Fp32,
+                        path: Path::Decode,
+                    });
+                }
+            }
+        }
+    }
+    run_all(cases);
+}
+
+/// GPT-2 124M's shape (12 heads) through the auto path: decode for t = 1, prefill for T = 1024.
+#[test]
+fn flash_auto_gpt2_shape_matches_cpu() {
+    let mut cases = Vec::new();
+    for precision in [FlashPrecision::Fp32, FlashPrecision::Tf32] {
+        for (b, t, pos0, window) in [
+            (1, 1024, 0, 0),
+            (4, 64, 0, 0),
+            (1, 1, 1023, 0),
+            (4, 1, 500, 0),
+            (1, 1024, 0, 128),
+            (2, 5, 300, 0),
+        ] {
+            cases.push(Case {
+                b,
+                t,
+                pos0,
+                nh: 12,
+                window,
+                precision,
+                path: Path::Auto,
+            });
+        }
+    }
+    run_all(cases);
+}
+
+/// No GPU needed: every kernel is in the PTX, and the hot kernels keep their
+/// fragments in registers (no local memory) and use the intended instructions.
+#[test]
+fn flash_ptx_shape() {
+    use gpu_kernels::params::flash_attention::*;
+    let ptx = gpt2::GPU_KERNELS_PTX;
+    let body = |name: &str| -> &str {
+        let start = ptx
+            .find(&format!(".entry {name}("))
+            .unwrap_or_else(|| panic!("no entry {name} in the PTX"));
+        let rest = &ptx[start..];
+        &rest[..rest.find("\n}").expect("unterminated entry")]
+    };
+    for name in [
+        ATTENTION_FORWARD_FLASH_STORE_KV,
+        ATTENTION_FORWARD_FLASH_TF32,
+        ATTENTION_FORWARD_FLASH_FP32,
+        ATTENTION_FORWARD_FLASH_DECODE,
+        ATTENTION_FORWARD_FLASH_COMBINE,
+    ] {
+        assert!(!body(name).contains(".local"), "{name} uses local memory");
+    }
+    let tf32 = body(ATTENTION_FORWARD_FLASH_TF32);
+    // 8x8 MMAs for QKᵀ and 8x8 for PV per tile, fully unrolled.
+    assert_eq!(tf32.matches("mma.sync.aligned.m16n8k8").count(), 128);
+    assert!(tf32.contains("cp.async"));
+    assert!(!body(ATTENTION_FORWARD_FLASH_FP32).contains("mma.sync"));
+}
