@@ -29,7 +29,7 @@ use crate::device::math::exp2_approx;
 use crate::device::mma::{
     cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, to_tf32,
 };
-use crate::device::shared::dynamic_shared;
+use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::shfl_xor_f32;
 use crate::device::{
     WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, global_idx_x, grid_dim_x, grid_stride_x,
@@ -210,7 +210,8 @@ unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
 
     // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_{TF32,FP32} of
     // dynamic shared memory, laid out Q | K stages | V stages | P blocks (FP32).
-    let smem = unsafe { dynamic_shared::<f32>() };
+    // 16-byte aligned: cp.async targets and ld.shared.v4 rows.
+    let smem = unsafe { dynamic_shared_align16::<f32>() };
     let q_s = smem;
     let k_s = unsafe { smem.add(TILE) };
     let v_s = unsafe { smem.add((1 + STAGES) * TILE) };
