@@ -136,7 +136,7 @@ pub unsafe extern "ptx-kernel" fn test_dynamic_shared(p: DynamicSharedParams) {
         *p.out.add(base + t) = *sh.add(bd - 1 - t);
         if t == 0 {
             let a = dynamic_shared_align16::<f32>();
-            let ok = a as usize % SHARED_ALIGN == 0 && a == sh;
+            let ok = (a as usize).is_multiple_of(SHARED_ALIGN) && a == sh;
             *p.align_ok.add(block_idx_x() as usize) = ok as u32;
         }
     }
@@ -200,7 +200,7 @@ pub unsafe extern "ptx-kernel" fn test_cp_async(p: CpAsyncParams) {
         if c < p.valid_chunks {
             let src = p.inp.add(c as usize * chunk);
             // Both entry points: the plain copy and zfill copying all 16 bytes.
-            if t % 2 == 0 {
+            if t.is_multiple_of(2) {
                 cp_async_16(dst, src);
             } else {
                 cp_async_16_zfill(dst, src, 16);

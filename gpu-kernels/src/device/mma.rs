@@ -51,9 +51,11 @@ pub fn mma_m16n8k8_tf32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
 #[inline(always)]
 pub unsafe fn shared_addr<T>(p: *const T) -> u32 {
     let r: u64;
+    // The address travels as an integer: cvta converts it and reads nothing.
+    let generic = p as u64;
     // SAFETY: cvta only converts the address; the caller promises it is shared.
     unsafe {
-        asm!("cvta.to.shared.u64 {r}, {p};", r = out(reg64) r, p = in(reg64) p, options(pure, nomem, nostack))
+        asm!("cvta.to.shared.u64 {r}, {p};", r = out(reg64) r, p = in(reg64) generic, options(pure, nomem, nostack))
     }
     r as u32
 }
