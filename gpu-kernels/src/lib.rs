@@ -21,7 +21,7 @@ pub mod params;
 #[cfg(target_arch = "nvptx64")]
 pub mod device;
 
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", feature = "kernels"))]
 pub mod ops;
 
 /// The kernels end in `trap` on panic (bounds checks, overflow checks in
