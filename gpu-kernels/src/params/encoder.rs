@@ -14,9 +14,9 @@ pub const ENCODER_BLOCK: u32 = 256;
 pub struct EncoderParams {
     /// `[b * t * c]`
     pub out: *mut f32,
-    /// Token ids `[b * t]`, each `< rows of wte` (the host checks).
+    /// Token ids `[b * t]`.
     pub inp: *const u32,
-    /// `[vp * c]`
+    /// `[wte_rows * c]`
     pub wte: *const f32,
     /// `[max_t * c]`, `pos0 + t <= max_t` (the host checks).
     pub wpe: *const f32,
@@ -24,6 +24,9 @@ pub struct EncoderParams {
     pub t: u32,
     pub c: u32,
     pub pos0: u32,
+    /// Rows of `wte`: a token id at or past it yields a NaN row instead of
+    /// an out-of-bounds read (the engine rejects such ids before upload).
+    pub wte_rows: u32,
 }
 
 crate::kernel_params!(EncoderParams);

@@ -2,3 +2,14 @@
 //! kernels). Each wrapper checks buffer sizes, computes its launch
 //! configuration, builds the kernel's parameter struct and launches.
 pub mod flash_attention;
+// Issue 4: the forward pass (FP32), plus shared argument checks.
+pub mod args;
+pub mod argmax;
+pub mod attention;
+pub mod convert;
+pub mod encoder;
+pub mod gelu;
+pub mod layernorm;
+pub mod matmul;
+pub mod residual;
+pub mod softmax;

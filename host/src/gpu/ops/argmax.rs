@@ -1,0 +1,54 @@
+//! `argmax_forward`: greedy token choice on the device, so only ids come
+//! back to the host. Twin of `cpu::forward::argmax` applied per row.
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::argmax::{ARGMAX_BLOCK, ARGMAX_FORWARD, ArgmaxParams};
+
+use super::args::{OpError, check_len, in_ptr, out_ptr, to_u32};
+use crate::gpu::Gpu;
+
+const OP: &str = "argmax_forward";
+/// Shared memory: 32 values and 32 indices (one pair per warp).
+const SHARED_BYTES: u32 = 2 * 32 * 4;
+
+/// Launch configuration: one block per row.
+pub fn launch_config(n: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n, 1, 1),
+        block_dim: (ARGMAX_BLOCK, 1, 1),
+        shared_mem_bytes: SHARED_BYTES,
+    }
+}
+
+/// `out[i] = argmax_{j < v} logits[i * row_stride + j]` for `i < n` (ties to
+/// the lowest id; NaN never wins).
+pub fn argmax_forward(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<u32>,
+    logits: &impl DevicePtr<f32>,
+    n: usize,
+    v: usize,
+    row_stride: usize,
+) -> Result<(), OpError> {
+    if v == 0 {
+        return Err(OpError::shape(OP, "empty vocabulary"));
+    }
+    check_len(OP, "out", out.len(), n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let need = (n - 1) * row_stride + v;
+    check_len(OP, "logits", logits.len(), need)?;
+    to_u32(OP, "logits span", need)?;
+    let params = ArgmaxParams {
+        out: out_ptr(gpu, out),
+        logits: in_ptr(gpu, logits),
+        n: to_u32(OP, "n", n)?,
+        v: v as u32,
+        row_stride: to_u32(OP, "row_stride", row_stride)?,
+    };
+    // SAFETY: out holds n ids, logits every row's first v entries (checked);
+    // the kernel gets its 64 words of shared memory.
+    unsafe { gpu.launch(ARGMAX_FORWARD, launch_config(params.n), params)? };
+    Ok(())
+}

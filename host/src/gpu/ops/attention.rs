@@ -1,0 +1,215 @@
+//! `attention_forward`: causal self-attention over the KV cache (twin of
+//! `cpu::ops::attention_forward`): stores this call's K,V at positions
+//! `pos0..pos0+t`, then attends.
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::attention::{
+    ATTENTION_BLOCK, ATTENTION_FORWARD, ATTENTION_FORWARD_NAIVE, ATTENTION_KV_STORE, ATTENTION_MAX_HEAD_SIZE,
+    ATTENTION_SIMPLE_BLOCK, AttentionParams,
+};
+
+use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use crate::gpu::Gpu;
+
+const OP: &str = "attention_forward";
+/// Threads per warp.
+const WARP: u32 = 32;
+/// Floats of block-reduction scratch at the start of the shared memory.
+const REDUCE_SCRATCH: u32 = 32;
+/// Dynamic shared memory a kernel may use without opting in.
+const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
+/// Largest grid y/z extent CUDA allows.
+const MAX_GRID_YZ: u32 = 65535;
+
+/// Shared memory of `attention_forward` (see the kernel's docs): reduction
+/// scratch, the query, one partial output per warp, and `span` scores.
+pub fn shared_bytes(hs: u32, span: u32) -> u32 {
+    let warps = ATTENTION_BLOCK / WARP;
+    (REDUCE_SCRATCH + hs + warps * hs + span) * 4
+}
+
+/// Most keys any query of a call attends to.
+pub fn max_span(pos0: u32, t: u32, window: u32) -> u32 {
+    let keys = pos0 + t;
+    if window == 0 { keys } else { keys.min(window) }
+}
+
+/// Launch configurations: the KV store (a grid-stride loop over b*t*c), and
+/// the attention kernel of `variant`.
+pub fn launch_config(variant: Variant, p: &AttentionParams) -> [(&'static str, LaunchConfig); 2] {
+    let hs = p.c / p.nh;
+    let store = LaunchConfig {
+        grid_dim: (blocks_for(p.b * p.t * p.c, ATTENTION_SIMPLE_BLOCK), 1, 1),
+        block_dim: (ATTENTION_SIMPLE_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let attend = match variant {
+        Variant::Best => (
+            ATTENTION_FORWARD,
+            LaunchConfig {
+                grid_dim: (p.t, p.nh, p.b),
+                block_dim: (ATTENTION_BLOCK, 1, 1),
+                shared_mem_bytes: shared_bytes(hs, max_span(p.pos0, p.t, p.window)),
+            },
+        ),
+        Variant::Naive => (
+            ATTENTION_FORWARD_NAIVE,
+            LaunchConfig {
+                grid_dim: (blocks_for(p.b * p.t * p.nh, ATTENTION_SIMPLE_BLOCK), 1, 1),
+                block_dim: (ATTENTION_SIMPLE_BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        ),
+    };
+    [(ATTENTION_KV_STORE, store), attend]
+}
+
+/// Store K,V of this call into one layer's caches, then attention of every
+/// query at positions `pos0..pos0+t` over keys `max(0, p-window+1)..=p`
+/// (`window == 0`: all), scale `1/sqrt(hs)`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+) -> Result<(), OpError> {
+    attention_forward_variant(
+        gpu,
+        Variant::Best,
+        out,
+        k_cache,
+        v_cache,
+        qkv,
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    )
+}
+
+/// [`attention_forward`] on the baseline kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_naive(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+) -> Result<(), OpError> {
+    attention_forward_variant(
+        gpu,
+        Variant::Naive,
+        out,
+        k_cache,
+        v_cache,
+        qkv,
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    )
+}
+
+/// [`attention_forward`] with the kernel chosen by `variant`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_variant(
+    gpu: &Gpu,
+    variant: Variant,
+    out: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+) -> Result<(), OpError> {
+    if nh == 0 || c % nh != 0 {
+        return Err(OpError::shape(
+            OP,
+            format!("channels {c} are not divisible by heads {nh}"),
+        ));
+    }
+    let hs = c / nh;
+    if pos0 + t > max_t {
+        return Err(OpError::shape(
+            OP,
+            format!("positions {pos0}..{} exceed the cache ({max_t})", pos0 + t),
+        ));
+    }
+    if variant == Variant::Best && hs > ATTENTION_MAX_HEAD_SIZE as usize {
+        return Err(OpError::shape(
+            OP,
+            format!("head size {hs} > {ATTENTION_MAX_HEAD_SIZE}"),
+        ));
+    }
+    count_u32(OP, "b * t * 3c", &[b, t, 3 * c])?;
+    count_u32(OP, "cache size", &[b, nh, max_t, hs])?;
+    check_len(OP, "out", out.len(), b * t * c)?;
+    check_len(OP, "qkv", qkv.len(), b * t * 3 * c)?;
+    check_len(OP, "k_cache", k_cache.len(), b * nh * max_t * hs)?;
+    check_len(OP, "v_cache", v_cache.len(), b * nh * max_t * hs)?;
+    if b == 0 || t == 0 || c == 0 {
+        return Ok(());
+    }
+    if nh > MAX_GRID_YZ as usize || b > MAX_GRID_YZ as usize {
+        return Err(OpError::TooLarge {
+            op: OP,
+            what: "b or nh (grid extent)",
+            value: b.max(nh),
+        });
+    }
+    let params = AttentionParams {
+        out: out_ptr(gpu, out),
+        k_cache: out_ptr(gpu, k_cache),
+        v_cache: out_ptr(gpu, v_cache),
+        qkv: in_ptr(gpu, qkv),
+        b: b as u32,
+        t: t as u32,
+        pos0: pos0 as u32,
+        max_t: to_u32(OP, "max_t", max_t)?,
+        c: c as u32,
+        nh: nh as u32,
+        window: to_u32(OP, "window", window)?,
+        scale: 1.0 / (hs as f32).sqrt(),
+    };
+    let [store, attend] = launch_config(variant, &params);
+    if attend.1.shared_mem_bytes > DEFAULT_SHARED_LIMIT {
+        // Long contexts: opt in to more shared memory (fails cleanly past the device's limit).
+        gpu.set_max_dynamic_shared(attend.0, attend.1.shared_mem_bytes)?;
+    }
+    // SAFETY: sizes checked above (out b*t*c, qkv b*t*3c, caches
+    // b*nh*max_t*hs, pos0 + t <= max_t, hs within the kernel's register
+    // budget); both launches are on one stream, so the store finishes before
+    // attention reads the cache; shared memory sized by `shared_bytes`.
+    unsafe {
+        gpu.launch(store.0, store.1, params)?;
+        gpu.launch(attend.0, attend.1, params)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! `convert_to_f32`: checkpoint bytes (f32/bf16/f16, maybe transposed) to
+//! f32 in (out, in) layout, on the device, so the host never converts or
+//! copies the mapped weights.
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::convert::{
+    CONVERT_BLOCK, CONVERT_DTYPE_BF16, CONVERT_DTYPE_F16, CONVERT_DTYPE_F32, CONVERT_TO_F32, ConvertParams,
+};
+
+use super::args::{OpError, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use crate::gpu::Gpu;
+use crate::model::DType;
+
+const OP: &str = "convert_to_f32";
+
+/// Launch configuration: a grid-stride loop over `work` elements.
+pub fn launch_config(work: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks_for(work, CONVERT_BLOCK), 1, 1),
+        block_dim: (CONVERT_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `out[o * cols + i]` = element `(o, i)` of the `rows x cols` tensor whose
+/// raw bytes are `inp` (stored `(cols, rows)` when `transposed`).
+pub fn convert_to_f32(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<u8>,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    transposed: bool,
+) -> Result<(), OpError> {
+    let total = count_u32(OP, "rows * cols", &[rows, cols])?;
+    check_len(OP, "out", out.len(), rows * cols)?;
+    check_len(OP, "inp (bytes)", inp.len(), rows * cols * dtype.size())?;
+    if total == 0 {
+        return Ok(());
+    }
+    let params = ConvertParams {
+        out: out_ptr(gpu, out),
+        inp: in_ptr(gpu, inp),
+        rows: to_u32(OP, "rows", rows)?,
+        cols: to_u32(OP, "cols", cols)?,
+        dtype: match dtype {
+            DType::F32 => CONVERT_DTYPE_F32,
+            DType::BF16 => CONVERT_DTYPE_BF16,
+            DType::F16 => CONVERT_DTYPE_F16,
+        },
+        transposed: transposed as u32,
+    };
+    if params.inp as usize % dtype.size() != 0 {
+        return Err(OpError::shape(OP, "input bytes are not aligned to the element size"));
+    }
+    // SAFETY: out holds rows*cols floats, inp rows*cols elements of dtype,
+    // aligned to the element size (checked).
+    unsafe { gpu.launch(CONVERT_TO_F32, launch_config(total), params)? };
+    Ok(())
+}

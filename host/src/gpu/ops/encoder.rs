@@ -1,0 +1,101 @@
+//! `encoder_forward`: token plus position embeddings (twin of `cpu::ops::encoder_forward`).
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::encoder::{ENCODER_BLOCK, ENCODER_FORWARD, ENCODER_FORWARD_NAIVE, EncoderParams};
+
+use super::args::{OpError, Variant, aligned16, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use crate::gpu::Gpu;
+
+const OP: &str = "encoder_forward";
+/// Channels per thread of the vectorised kernel.
+const VEC: usize = 4;
+
+/// Launch configuration: a grid-stride loop over `work` items.
+pub fn launch_config(work: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks_for(work, ENCODER_BLOCK), 1, 1),
+        block_dim: (ENCODER_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `out[b,t,:] = wte[inp[b,t],:] + wpe[pos0+t,:]`. Token ids at or past
+/// `wte`'s rows give NaN rows (never an out-of-bounds read).
+#[allow(clippy::too_many_arguments)]
+pub fn encoder_forward(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<u32>,
+    wte: &impl DevicePtr<f32>,
+    wpe: &impl DevicePtr<f32>,
+    b: usize,
+    t: usize,
+    c: usize,
+    pos0: usize,
+) -> Result<(), OpError> {
+    encoder_forward_variant(gpu, Variant::Best, out, inp, wte, wpe, b, t, c, pos0)
+}
+
+/// [`encoder_forward`] on the baseline kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn encoder_forward_naive(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<u32>,
+    wte: &impl DevicePtr<f32>,
+    wpe: &impl DevicePtr<f32>,
+    b: usize,
+    t: usize,
+    c: usize,
+    pos0: usize,
+) -> Result<(), OpError> {
+    encoder_forward_variant(gpu, Variant::Naive, out, inp, wte, wpe, b, t, c, pos0)
+}
+
+/// [`encoder_forward`] with the kernel chosen by `variant`.
+#[allow(clippy::too_many_arguments)]
+pub fn encoder_forward_variant(
+    gpu: &Gpu,
+    variant: Variant,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<u32>,
+    wte: &impl DevicePtr<f32>,
+    wpe: &impl DevicePtr<f32>,
+    b: usize,
+    t: usize,
+    c: usize,
+    pos0: usize,
+) -> Result<(), OpError> {
+    let total = count_u32(OP, "b * t * c", &[b, t, c])?;
+    check_len(OP, "out", out.len(), b * t * c)?;
+    check_len(OP, "inp", inp.len(), b * t)?;
+    check_len(OP, "wpe", wpe.len(), (pos0 + t) * c)?;
+    if c == 0 || total == 0 {
+        return Ok(());
+    }
+    let wte_rows = to_u32(OP, "rows of wte", wte.len() / c)?;
+    let params = EncoderParams {
+        out: out_ptr(gpu, out),
+        inp: in_ptr(gpu, inp),
+        wte: in_ptr(gpu, wte),
+        wpe: in_ptr(gpu, wpe),
+        b: b as u32,
+        t: t as u32,
+        c: c as u32,
+        pos0: to_u32(OP, "pos0", pos0)?,
+        wte_rows,
+    };
+    let vec = variant == Variant::Best
+        && c % VEC == 0
+        && aligned16(&[params.out as usize, params.wte as usize, params.wpe as usize]);
+    let (name, cfg) = if vec {
+        (ENCODER_FORWARD, launch_config(total / VEC as u32))
+    } else {
+        (ENCODER_FORWARD_NAIVE, launch_config(total))
+    };
+    // SAFETY: lengths checked above (out b*t*c, inp b*t, wpe (pos0+t)*c, wte
+    // wte_rows*c, and the kernel guards ids against wte_rows); the vector
+    // kernel only runs with c % 4 == 0 and aligned buffers.
+    unsafe { gpu.launch(name, cfg, params)? };
+    Ok(())
+}
