@@ -3,3 +3,4 @@ pub mod ops;
 pub mod runtime;
 
 pub use runtime::{Gpu, GpuError, require_gpu_env, test_gpu};
+pub mod engine;

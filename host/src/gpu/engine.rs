@@ -1,0 +1,458 @@
+//! The GPU engine: GPT-2 forward with a KV cache, every kernel in Rust.
+//!
+//! Weights are uploaded once, straight from the checkpoint's mapped bytes
+//! (converted or transposed on the device when needed). Activations and the
+//! KV cache are allocated once for `(max_batch, max_seq_len)`; a forward call
+//! allocates nothing on the device and synchronises with the host only when
+//! results are read back (`logits`, `argmax`).
+
+use anyhow::{Context, Result, bail, ensure};
+use cudarc::driver::{CudaSlice, DevicePtr};
+
+use crate::generate::{Backend, LogitsWanted};
+use crate::gpu::Gpu;
+use crate::gpu::ops::argmax::argmax_forward;
+use crate::gpu::ops::args::OpError;
+use crate::gpu::ops::attention::attention_forward;
+use crate::gpu::ops::convert::convert_to_f32;
+use crate::gpu::ops::encoder::encoder_forward;
+use crate::gpu::ops::gelu::gelu_forward;
+use crate::gpu::ops::layernorm::layernorm_forward;
+use crate::gpu::ops::matmul::{MatmulKernel, choose, matmul_forward_with};
+use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, matmul_forward_tf32};
+use crate::gpu::ops::residual::residual_forward;
+use crate::gpu::runtime::CudaContextExt;
+use crate::model::{DType, ModelConfig, Tensor, Weights};
+
+/// Arithmetic of the matmuls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// FP32 on the CUDA cores: logits within 1e-3 of the CPU reference.
+    #[default]
+    Fp32,
+    /// TF32 tensor cores for the large matmuls (prefill); decode-sized ones
+    /// (a few rows) stay on the FP32 GEMV kernel, which is faster there.
+    Tf32,
+}
+
+/// One transformer block's parameters on the device, f32, (out, in) layout.
+struct DeviceLayer {
+    ln1w: CudaSlice<f32>,
+    ln1b: CudaSlice<f32>,
+    qkvw: CudaSlice<f32>,
+    qkvb: CudaSlice<f32>,
+    attprojw: CudaSlice<f32>,
+    attprojb: CudaSlice<f32>,
+    ln2w: CudaSlice<f32>,
+    ln2b: CudaSlice<f32>,
+    fcw: CudaSlice<f32>,
+    fcb: CudaSlice<f32>,
+    fcprojw: CudaSlice<f32>,
+    fcprojb: CudaSlice<f32>,
+}
+
+/// All parameters on the device.
+struct DeviceParams {
+    /// `[Vp, C]`: rows past the file's vocabulary are zero.
+    wte: CudaSlice<f32>,
+    wpe: CudaSlice<f32>,
+    layers: Vec<DeviceLayer>,
+    lnfw: CudaSlice<f32>,
+    lnfb: CudaSlice<f32>,
+}
+
+/// Activations for up to `max_batch * max_seq_len` rows (llm.c's names).
+struct Activations {
+    tokens: CudaSlice<u32>,
+    residual: CudaSlice<f32>,
+    residual2: CudaSlice<f32>,
+    ln: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    atty: CudaSlice<f32>,
+    proj: CudaSlice<f32>,
+    fch: CudaSlice<f32>,
+    fch_gelu: CudaSlice<f32>,
+    /// `[max_batch, C]`: the last position of each row, for `LogitsWanted::Last`.
+    head_in: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    ids: CudaSlice<u32>,
+}
+
+/// What the last successful `forward` produced.
+#[derive(Clone, Copy, Debug)]
+struct Last {
+    b: usize,
+    /// Rows of logits: `b` for `Last`, `b * t` for `All`.
+    rows: usize,
+}
+
+/// GPT-2 on one GPU.
+pub struct GpuEngine {
+    gpu: Gpu,
+    config: ModelConfig,
+    precision: Precision,
+    max_batch: usize,
+    max_seq_len: usize,
+    /// Attention window (0 = unlimited, GPT-2's own behaviour).
+    window: usize,
+    params: DeviceParams,
+    /// Per layer: K and V caches, `[max_batch][NH][max_seq_len][HS]` each.
+    kv_cache: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
+    acts: Activations,
+    last: Option<Last>,
+}
+
+/// Bytes of one f32.
+const F32_BYTES: usize = 4;
+/// Bytes per mebibyte, for messages.
+const MIB: usize = 1 << 20;
+
+impl GpuEngine {
+    /// Upload `weights` and allocate activations and the KV cache for
+    /// batches of up to `max_batch` rows of up to `max_seq_len` positions.
+    pub fn new(
+        gpu: Gpu,
+        weights: &Weights,
+        max_batch: usize,
+        max_seq_len: usize,
+        precision: Precision,
+    ) -> Result<GpuEngine> {
+        let config = weights.config;
+        ensure!(max_batch > 0, "the batch size must be at least 1");
+        ensure!(max_seq_len > 0, "the sequence length must be at least 1");
+        ensure!(
+            max_seq_len <= config.max_seq_len,
+            "a sequence length of {max_seq_len} exceeds the model's context window of {} positions",
+            config.max_seq_len
+        );
+        ensure!(
+            config.num_heads > 0 && config.channels % config.num_heads == 0,
+            "channels {} are not divisible by heads {}",
+            config.channels,
+            config.num_heads
+        );
+        ensure!(
+            weights.layers.len() == config.num_layers,
+            "the checkpoint has {} layers, its config says {}",
+            weights.layers.len(),
+            config.num_layers
+        );
+        let needed = Self::device_bytes(&config, max_batch, max_seq_len);
+        let oom = |what: &str| {
+            format!(
+                "allocating {what} on {} (the engine needs about {} MiB in all: weights, activations for \
+                 {max_batch} x {max_seq_len} positions and the KV cache; try a smaller batch or sequence length)",
+                gpu.name(),
+                needed / MIB
+            )
+        };
+        let params = upload_params(&gpu, weights).with_context(|| oom("the weights"))?;
+        let (c, l) = (config.channels, config.num_layers);
+        let rows = max_batch * max_seq_len;
+        let cache_len = max_batch * max_seq_len * c;
+        let kv_cache = (0..l)
+            .map(|_| Ok((gpu.alloc::<f32>(cache_len)?, gpu.alloc::<f32>(cache_len)?)))
+            .collect::<Result<Vec<_>, crate::gpu::GpuError>>()
+            .with_context(|| oom("the KV cache"))?;
+        let alloc = |n: usize| gpu.alloc::<f32>(n);
+        let acts = (|| {
+            Ok::<_, crate::gpu::GpuError>(Activations {
+                tokens: gpu.alloc::<u32>(rows)?,
+                residual: alloc(rows * c)?,
+                residual2: alloc(rows * c)?,
+                ln: alloc(rows * c)?,
+                qkv: alloc(rows * 3 * c)?,
+                atty: alloc(rows * c)?,
+                proj: alloc(rows * c)?,
+                fch: alloc(rows * 4 * c)?,
+                fch_gelu: alloc(rows * 4 * c)?,
+                head_in: alloc(max_batch * c)?,
+                logits: alloc(rows * config.padded_vocab_size)?,
+                ids: gpu.alloc::<u32>(max_batch)?,
+            })
+        })()
+        .with_context(|| oom("the activations"))?;
+        gpu.synchronize().context("uploading the weights")?;
+        Ok(GpuEngine {
+            gpu,
+            config,
+            precision,
+            max_batch,
+            max_seq_len,
+            window: 0,
+            params,
+            kv_cache,
+            acts,
+            last: None,
+        })
+    }
+
+    /// Device memory the engine allocates, in bytes (weights padded to Vp).
+    pub fn device_bytes(config: &ModelConfig, max_batch: usize, max_seq_len: usize) -> usize {
+        let (c, l, vp) = (config.channels, config.num_layers, config.padded_vocab_size);
+        let rows = max_batch * max_seq_len;
+        let weights = config.num_parameters();
+        let kv = 2 * l * rows * c;
+        // residual, residual2, ln, atty, proj (C each), qkv (3C), fch, fch_gelu (4C each)
+        let acts = rows * (5 * c + 3 * c + 8 * c) + rows * vp + max_batch * c;
+        (weights + kv + acts) * F32_BYTES + rows * 4 + max_batch * 4
+    }
+
+    /// Limit attention to the last `window` positions (0 = unlimited).
+    pub fn set_attention_window(&mut self, window: usize) {
+        self.window = window;
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// The GPU this engine runs on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+}
+
+/// A linear layer, dispatched on precision and size.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    gpu: &Gpu,
+    precision: Precision,
+    out: &mut CudaSlice<f32>,
+    inp: &impl DevicePtr<f32>,
+    weight: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<(), OpError> {
+    let small = choose(n) == MatmulKernel::Gemv;
+    if precision == Precision::Tf32 && !small && c % TF32_C_MULTIPLE == 0 {
+        return matmul_forward_tf32(gpu, out, inp, weight, bias, n, c, oc, false)
+            .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
+    }
+    matmul_forward_with(gpu, MatmulKernel::Auto, false, out, inp, weight, bias, n, c, oc)
+}
+
+impl Backend for GpuEngine {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
+        let cfg = self.config;
+        let (c, nh, v, vp) = (cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size);
+        self.last = None;
+        ensure!(b > 0 && t > 0, "empty forward call (b = {b}, t = {t})");
+        ensure!(
+            b <= self.max_batch,
+            "batch of {b} rows exceeds the {} this engine was built for",
+            self.max_batch
+        );
+        ensure!(
+            pos0 + t <= self.max_seq_len,
+            "positions {pos0}..{} exceed the {} this engine was built for",
+            pos0 + t,
+            self.max_seq_len
+        );
+        ensure!(
+            tokens.len() == b * t,
+            "{} tokens given for b = {b}, t = {t}",
+            tokens.len()
+        );
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= v) {
+            bail!("token id {bad} is outside the vocabulary of {v}");
+        }
+
+        let n = b * t;
+        let (gpu, prec, p, a) = (&self.gpu, self.precision, &self.params, &mut self.acts);
+        gpu.stream
+            .memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
+            .ctx("uploading token ids")?;
+
+        encoder_forward(gpu, &mut a.residual, &a.tokens, &p.wte, &p.wpe, b, t, c, pos0)?;
+        for (lw, (k_cache, v_cache)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
+            // attention sub-block: x + attproj(attention(qkv(ln1(x))))
+            layernorm_forward(gpu, &mut a.ln, &a.residual, &lw.ln1w, &lw.ln1b, n, c)?;
+            matmul(gpu, prec, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * c)?;
+            attention_forward(
+                gpu,
+                &mut a.atty,
+                k_cache,
+                v_cache,
+                &a.qkv,
+                b,
+                t,
+                pos0,
+                self.max_seq_len,
+                c,
+                nh,
+                self.window,
+            )?;
+            matmul(
+                gpu,
+                prec,
+                &mut a.proj,
+                &a.atty,
+                &lw.attprojw,
+                Some(&lw.attprojb),
+                n,
+                c,
+                c,
+            )?;
+            residual_forward(gpu, &mut a.residual2, &a.residual, &a.proj, n * c)?;
+            // MLP sub-block: x + fcproj(gelu(fc(ln2(x))))
+            layernorm_forward(gpu, &mut a.ln, &a.residual2, &lw.ln2w, &lw.ln2b, n, c)?;
+            matmul(gpu, prec, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, 4 * c)?;
+            gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
+            matmul(
+                gpu,
+                prec,
+                &mut a.proj,
+                &a.fch_gelu,
+                &lw.fcprojw,
+                Some(&lw.fcprojb),
+                n,
+                4 * c,
+                c,
+            )?;
+            residual_forward(gpu, &mut a.residual, &a.residual2, &a.proj, n * c)?;
+        }
+        layernorm_forward(gpu, &mut a.ln, &a.residual, &p.lnfw, &p.lnfb, n, c)?;
+
+        // LM head (tied to wte, no bias) over the padded vocabulary, on the wanted rows only.
+        let rows = match want {
+            LogitsWanted::All => n,
+            LogitsWanted::Last => {
+                for bi in 0..b {
+                    let last = (bi * t + t - 1) * c;
+                    gpu.stream
+                        .memcpy_dtod(
+                            &a.ln.slice(last..last + c),
+                            &mut a.head_in.slice_mut(bi * c..(bi + 1) * c),
+                        )
+                        .ctx("gathering the last positions")?;
+                }
+                b
+            }
+        };
+        let head_in = match want {
+            LogitsWanted::All => &a.ln,
+            LogitsWanted::Last => &a.head_in,
+        };
+        matmul(gpu, prec, &mut a.logits, head_in, &p.wte, None, rows, c, vp)?;
+        self.last = Some(Last { b, rows });
+        Ok(())
+    }
+
+    fn logits(&mut self) -> Result<Vec<f32>> {
+        let last = self.last.context("logits() called before a successful forward()")?;
+        let n = last.rows * self.config.padded_vocab_size;
+        let mut out = vec![0f32; n];
+        self.gpu
+            .stream
+            .memcpy_dtoh(&self.acts.logits.slice(0..n), &mut out)
+            .ctx("reading the logits")?;
+        Ok(out)
+    }
+
+    fn argmax(&mut self) -> Result<Vec<u32>> {
+        let last = self.last.context("argmax() called before a successful forward()")?;
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        let per_row = last.rows / last.b;
+        // Row bi's last position is logits row bi * per_row + per_row - 1.
+        let first = (per_row - 1) * vp;
+        let a = &mut self.acts;
+        argmax_forward(&self.gpu, &mut a.ids, &a.logits.slice(first..), last.b, v, per_row * vp)?;
+        let mut ids = vec![0u32; last.b];
+        self.gpu
+            .stream
+            .memcpy_dtoh(&a.ids.slice(0..last.b), &mut ids)
+            .ctx("reading the argmax ids")?;
+        Ok(ids)
+    }
+}
+
+/// Upload every parameter (see [`upload_tensor`]).
+fn upload_params(gpu: &Gpu, w: &Weights) -> Result<DeviceParams> {
+    let cfg = &w.config;
+    let (c, vp) = (cfg.channels, cfg.padded_vocab_size);
+    ensure!(w.wte.shape[1] == c, "wte has {} columns, expected {c}", w.wte.shape[1]);
+    ensure!(
+        w.wte.shape[0] == cfg.vocab_size || w.wte.shape[0] == vp,
+        "wte has {} rows, expected {} or {vp}",
+        w.wte.shape[0],
+        cfg.vocab_size
+    );
+    let up = |t: &Tensor, name: &str| upload_tensor(gpu, t, t.shape[0]).with_context(|| format!("uploading {name}"));
+    let layers = w
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let up = |t: &Tensor, name: &str| up(t, &format!("layer {i} {name}"));
+            Ok(DeviceLayer {
+                ln1w: up(&l.ln1w, "ln1w")?,
+                ln1b: up(&l.ln1b, "ln1b")?,
+                qkvw: up(&l.qkvw, "qkvw")?,
+                qkvb: up(&l.qkvb, "qkvb")?,
+                attprojw: up(&l.attprojw, "attprojw")?,
+                attprojb: up(&l.attprojb, "attprojb")?,
+                ln2w: up(&l.ln2w, "ln2w")?,
+                ln2b: up(&l.ln2b, "ln2b")?,
+                fcw: up(&l.fcw, "fcw")?,
+                fcb: up(&l.fcb, "fcb")?,
+                fcprojw: up(&l.fcprojw, "fcprojw")?,
+                fcprojb: up(&l.fcprojb, "fcprojb")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(DeviceParams {
+        wte: upload_tensor(gpu, &w.wte, vp).context("uploading wte")?,
+        wpe: up(&w.wpe, "wpe")?,
+        layers,
+        lnfw: up(&w.lnfw, "lnfw")?,
+        lnfb: up(&w.lnfb, "lnfb")?,
+    })
+}
+
+/// One tensor to a new device buffer of `rows` logical rows (more than the
+/// tensor's own rows pads with zeros: wte to Vp). f32 in logical layout is
+/// copied as it is; other dtypes or transposed tensors are copied raw and
+/// converted by `convert_to_f32` on the device.
+fn upload_tensor(gpu: &Gpu, t: &Tensor, rows: usize) -> Result<CudaSlice<f32>> {
+    let [trows, cols] = t.shape;
+    ensure!(rows >= trows, "cannot fit {trows} rows into {rows}");
+    let nbytes = trows * cols * t.dtype.size();
+    ensure!(
+        t.bytes.len() == nbytes,
+        "tensor holds {} bytes, its shape needs {nbytes}",
+        t.bytes.len()
+    );
+    let mut out = gpu.alloc::<f32>(rows * cols)?;
+    if t.dtype == DType::F32 && !t.transposed {
+        // SAFETY: any bytes are valid f32 bits; the view covers the first
+        // trows*cols floats of `out` (transmute_mut checks the size).
+        let mut dst = unsafe { out.transmute_mut::<u8>(nbytes) }.context("upload view larger than the buffer")?;
+        gpu.stream
+            .memcpy_htod(t.bytes, &mut dst)
+            .ctx("copying weights to the GPU")?;
+    } else {
+        let mut raw = gpu.alloc::<u8>(nbytes)?;
+        gpu.stream
+            .memcpy_htod(t.bytes, &mut raw)
+            .ctx("copying weights to the GPU")?;
+        let mut dst = out.slice_mut(0..trows * cols);
+        convert_to_f32(gpu, &mut dst, &raw, trows, cols, t.dtype, t.transposed)?;
+        // `raw` is freed in stream order, after the conversion.
+    }
+    Ok(out)
+}
