@@ -1,1 +1,238 @@
-fn main() {}
+//! `host`: generate text with GPT-2 on the GPU (default) or the CPU reference.
+//!
+//! ```text
+//! cargo run --release -p host -- "The meaning of life is"
+//! cargo run --release -p host -- --cpu -n 20 --temperature 0 "Hello world"
+//! ```
+//!
+//! Sampling defaults follow llama.cpp: temperature 0.8, top-k 40, top-p 0.95;
+//! `--temperature 0` is greedy. One prompt streams its continuation as it is
+//! produced; several prompts run as one batch and each continuation is
+//! printed when the batch is done.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+
+use host::cpu::CpuModel;
+use host::generate::{Backend, StopReason, generate};
+use host::hub::{HubOptions, resolve_weights};
+use host::model::checkpoint::Checkpoint;
+use host::model::{ModelConfig, Weights};
+use host::sample::{Sampler, SamplingParams};
+use host::tokenizer::Gpt2Tokenizer;
+
+/// llama.cpp's default temperature.
+const DEFAULT_TEMPERATURE: f32 = 0.8;
+/// llama.cpp's default top-k.
+const DEFAULT_TOP_K: usize = 40;
+/// llama.cpp's default top-p.
+const DEFAULT_TOP_P: f32 = 0.95;
+/// Default number of tokens to generate per prompt.
+const DEFAULT_MAX_TOKENS: usize = 64;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PrecisionArg {
+    /// Plain f32 everywhere (the default).
+    Fp32,
+    /// TF32 tensor cores for the matmuls (faster, ~1e-3 relative error).
+    Tf32,
+}
+
+/// Generate text with GPT-2 (124M by default), on the GPU or the CPU.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Cli {
+    /// Prompt(s); several prompts run together as one batch.
+    prompts: Vec<String>,
+    /// Read a prompt from a file (the whole file is one prompt; repeatable).
+    #[arg(long, value_name = "PATH")]
+    prompt_file: Vec<PathBuf>,
+    /// Checkpoint (llm.c .bin or Hugging Face .safetensors). Default:
+    /// weights/gpt2/model.safetensors if present, else openai-community/gpt2
+    /// from the Hugging Face Hub (cached; HF_ENDPOINT and HF_HOME apply).
+    #[arg(long, value_name = "PATH")]
+    weights: Option<PathBuf>,
+    /// Tokens to generate per prompt.
+    #[arg(short = 'n', long, default_value_t = DEFAULT_MAX_TOKENS)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 = greedy (always the most likely token).
+    #[arg(long, default_value_t = DEFAULT_TEMPERATURE)]
+    temperature: f32,
+    /// Sample among the k most likely tokens only (0 = no limit).
+    #[arg(long, default_value_t = DEFAULT_TOP_K)]
+    top_k: usize,
+    /// Sample among the most likely tokens holding this probability mass (1 = no limit).
+    #[arg(long, default_value_t = DEFAULT_TOP_P)]
+    top_p: f32,
+    /// Random seed (default: drawn at random and printed, so a run can be repeated).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Run on the CPU reference instead of the GPU.
+    #[arg(long)]
+    cpu: bool,
+    /// GPU matmul precision.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
+    precision: PrecisionArg,
+    /// GPU to use.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => e.exit(), // usage errors: message on stderr, exit code 2
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    // Check everything about the request before the slow parts.
+    if cli.max_tokens == 0 {
+        bail!("--max-tokens must be at least 1");
+    }
+    let mut texts = cli.prompts.clone();
+    for path in &cli.prompt_file {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading prompt file {}", path.display()))?;
+        texts.push(text.strip_suffix('\n').unwrap_or(&text).to_string());
+    }
+    if texts.is_empty() {
+        bail!("no prompt given: pass the prompt as an argument (see --help)");
+    }
+    if let Some(i) = texts.iter().position(|t| t.is_empty()) {
+        bail!("prompt {} is empty", i + 1);
+    }
+    let mut sampler = Sampler::new(SamplingParams {
+        temperature: cli.temperature,
+        top_k: cli.top_k,
+        top_p: cli.top_p,
+        seed: cli.seed,
+    })?;
+    let tokenizer = Gpt2Tokenizer::default_files().context("loading the GPT-2 tokenizer")?;
+    let prompts: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| tokenizer.encode(t))
+        .collect::<Result<_, _>>()
+        .context("tokenizing the prompt")?;
+
+    let path = resolve_weights(cli.weights.as_deref(), &HubOptions::from_env())?;
+    let checkpoint = Checkpoint::open(&path)?;
+    let weights = checkpoint.weights()?;
+    let config = weights.config;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    for (i, p) in prompts.iter().enumerate() {
+        if p.len() > config.max_seq_len {
+            bail!(
+                "prompt {} is {} tokens long, more than the model's context window of {} tokens",
+                i + 1,
+                p.len(),
+                config.max_seq_len
+            );
+        }
+        if let Some(&bad) = p.iter().find(|&&id| id as usize >= config.vocab_size) {
+            bail!(
+                "prompt {} has token {bad}, outside this model's vocabulary of {}",
+                i + 1,
+                config.vocab_size
+            );
+        }
+    }
+    // The KV cache only needs room for the longest prompt and its continuation.
+    let max_seq_len = (longest + cli.max_tokens).min(config.max_seq_len);
+    let mut backend: Box<dyn Backend> = if cli.cpu {
+        Box::new(CpuModel::new(&weights, prompts.len(), max_seq_len)?)
+    } else {
+        gpu_backend(&cli, &weights, prompts.len(), max_seq_len)?
+    };
+    drop(weights);
+    if cli.seed.is_none() && !sampler.is_greedy() {
+        eprintln!(
+            "seed: {} (pass --seed {} to repeat this run)",
+            sampler.seed(),
+            sampler.seed()
+        );
+    }
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let streaming = prompts.len() == 1;
+    let mut stream = tokenizer.stream_decoder();
+    let mut write_error = None;
+    if streaming {
+        write!(out, "{}", texts[0])?;
+        out.flush()?;
+    }
+    let result = generate(backend.as_mut(), &prompts, cli.max_tokens, &mut sampler, |_row, id| {
+        if !streaming || write_error.is_some() {
+            return;
+        }
+        let piece = stream.push(id).unwrap_or_default();
+        if let Err(e) = write!(out, "{piece}").and_then(|_| out.flush()) {
+            write_error = Some(e);
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(e).context("writing to stdout");
+    }
+    if streaming {
+        writeln!(out, "{}", stream.finish().unwrap_or_default())?;
+    } else {
+        for (i, (text, ids)) in texts.iter().zip(&result.tokens).enumerate() {
+            writeln!(out, "--- prompt {} ---\n{text}{}", i + 1, tokenizer.decode(ids)?)?;
+        }
+    }
+    out.flush()?;
+
+    if result.hit_context_limit() {
+        eprintln!(
+            "stopped: reached the context window of {} tokens",
+            config_window(backend.config(), max_seq_len)
+        );
+    }
+    let ended = result.stop.iter().filter(|&&s| s == StopReason::EndOfText).count();
+    if ended > 0 && prompts.len() > 1 {
+        eprintln!("{ended} of {} rows ended with <|endoftext|>", prompts.len());
+    }
+    eprintln!(
+        "{} tokens generated ({:.1} tokens/s)",
+        result.generated,
+        result.tokens_per_second()
+    );
+    Ok(())
+}
+
+/// The context window that stopped generation (the model's own, since the
+/// cache is sized to fit the request otherwise).
+fn config_window(config: &ModelConfig, max_seq_len: usize) -> usize {
+    max_seq_len.min(config.max_seq_len)
+}
+
+/// The GPU engine (`host::gpu::engine`), on device `--device`.
+///
+/// NOTE for the lead: `host::gpu::engine::GpuEngine` had not landed when this
+/// was written. Once it exists, the body is:
+/// ```ignore
+/// use host::gpu::engine::{GpuEngine, Precision};
+/// let gpu = host::gpu::Gpu::new(cli.device)?;
+/// let precision = match cli.precision {
+///     PrecisionArg::Fp32 => Precision::Fp32,
+///     PrecisionArg::Tf32 => Precision::Tf32,
+/// };
+/// Ok(Box::new(GpuEngine::new(gpu, weights, max_batch, max_seq_len, precision)?))
+/// ```
+fn gpu_backend(cli: &Cli, weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<Box<dyn Backend>> {
+    // Opening the device first gives the clear "no GPU, use --cpu" errors.
+    let _gpu = host::gpu::Gpu::new(cli.device)?;
+    let _ = (weights, max_batch, max_seq_len, cli.precision);
+    bail!("the GPU engine is not built into this version yet; use --cpu")
+}
