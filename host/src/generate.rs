@@ -34,14 +34,7 @@ pub trait Backend {
     /// (`pos0 == 0` starts fresh). Errors (never panics) when `b` or
     /// `pos0 + t` exceed what the backend was built for, or an id is out of
     /// the vocabulary.
-    fn forward(
-        &mut self,
-        tokens: &[u32],
-        b: usize,
-        t: usize,
-        pos0: usize,
-        want: LogitsWanted,
-    ) -> anyhow::Result<()>;
+    fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> anyhow::Result<()>;
 
     /// Logits of the last `forward`: `[b, 1, Vp]` for `Last`, `[b, t, Vp]` for `All`.
     fn logits(&mut self) -> anyhow::Result<Vec<f32>>;
@@ -89,11 +82,7 @@ impl Generation {
     /// Generated tokens per second over the whole call.
     pub fn tokens_per_second(&self) -> f64 {
         let secs = (self.prefill_time + self.decode_time).as_secs_f64();
-        if secs > 0.0 {
-            self.generated as f64 / secs
-        } else {
-            0.0
-        }
+        if secs > 0.0 { self.generated as f64 / secs } else { 0.0 }
     }
 }
 
@@ -116,10 +105,7 @@ pub fn generate<B: Backend + ?Sized>(
 ) -> Result<Generation> {
     let b = prompts.len();
     let max_seq_len = backend.max_seq_len();
-    let (v, vp) = (
-        backend.config().vocab_size,
-        backend.config().padded_vocab_size,
-    );
+    let (v, vp) = (backend.config().vocab_size, backend.config().padded_vocab_size);
     if b == 0 {
         bail!("no prompt given");
     }
@@ -149,10 +135,7 @@ pub fn generate<B: Backend + ?Sized>(
     // Prefill the part every prompt has.
     let start = Instant::now();
     let shared = prompts.iter().map(Vec::len).min().unwrap_or(0);
-    let mut batch: Vec<u32> = prompts
-        .iter()
-        .flat_map(|p| p[..shared].iter().copied())
-        .collect();
+    let mut batch: Vec<u32> = prompts.iter().flat_map(|p| p[..shared].iter().copied()).collect();
     backend.forward(&batch, b, shared, 0, LogitsWanted::Last)?;
     result.prefill_time = start.elapsed();
     let decode_start = Instant::now();
@@ -160,6 +143,7 @@ pub fn generate<B: Backend + ?Sized>(
     // `pos`: position of the token chosen next (= tokens in the cache).
     let mut pos = shared;
     let mut active = vec![true; b];
+    let mut last_fed: Vec<u32> = prompts.iter().map(|p| p[shared - 1]).collect();
     loop {
         if pos >= max_seq_len {
             for row in 0..b {
@@ -207,8 +191,11 @@ pub fn generate<B: Backend + ?Sized>(
                 }
                 id
             } else {
-                EOT_TOKEN // finished rows ride along; their output is ignored
+                // A finished row rides along, fed its previous token again
+                // (always a valid id); its output is ignored.
+                last_fed[row]
             };
+            last_fed[row] = id;
             batch.push(id);
         }
         if !active.iter().any(|&a| a) {

@@ -27,7 +27,10 @@ fn assert_close(got: &[f32], want: &[f64], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (g as f64 - w).abs();
-        assert!(err <= tol as f64 * (1.0 + w.abs()), "{what}[{i}]: got {g}, want {w} (err {err:e})");
+        assert!(
+            err <= tol as f64 * (1.0 + w.abs()),
+            "{what}[{i}]: got {g}, want {w} (err {err:e})"
+        );
     }
 }
 
@@ -98,9 +101,19 @@ fn matmul_matches_naive_with_and_without_bias() {
         let bias = random_vec(oc, 1.0);
         let mut out = vec![f32::NAN; n * oc];
         matmul_forward(&mut out, &inp, &weight, Some(&bias), n, c, oc);
-        assert_close(&out, &naive_matmul(&inp, &weight, Some(&bias), n, c, oc), OP_TOL * 4.0, "matmul+bias");
+        assert_close(
+            &out,
+            &naive_matmul(&inp, &weight, Some(&bias), n, c, oc),
+            OP_TOL * 4.0,
+            "matmul+bias",
+        );
         matmul_forward(&mut out, &inp, &weight, None, n, c, oc);
-        assert_close(&out, &naive_matmul(&inp, &weight, None, n, c, oc), OP_TOL * 4.0, "matmul");
+        assert_close(
+            &out,
+            &naive_matmul(&inp, &weight, None, n, c, oc),
+            OP_TOL * 4.0,
+            "matmul",
+        );
     }
 }
 
@@ -131,8 +144,9 @@ fn naive_attention(qkv: &[f32], b: usize, t: usize, c: usize, nh: usize, window:
                 let k = |j: usize, i: usize| qkv[(bi * t + j) * 3 * c + c + h * hs + i] as f64;
                 let v = |j: usize, i: usize| qkv[(bi * t + j) * 3 * c + 2 * c + h * hs + i] as f64;
                 let lo = if window == 0 { 0 } else { (p + 1).saturating_sub(window) };
-                let scores: Vec<f64> =
-                    (lo..=p).map(|j| (0..hs).map(|i| q(i) * k(j, i)).sum::<f64>() / (hs as f64).sqrt()).collect();
+                let scores: Vec<f64> = (lo..=p)
+                    .map(|j| (0..hs).map(|i| q(i) * k(j, i)).sum::<f64>() / (hs as f64).sqrt())
+                    .collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let z: f64 = e.iter().sum();
@@ -156,7 +170,12 @@ fn attention_matches_naive_causal_and_windowed() {
         let mut kc = vec![f32::NAN; b * nh * max_t * (c / nh)];
         let mut vc = kc.clone();
         attention_forward(&mut out, &mut kc, &mut vc, &qkv, b, t, 0, max_t, c, nh, window);
-        assert_close(&out, &naive_attention(&qkv, b, t, c, nh, window), OP_TOL, &format!("attention window {window}"));
+        assert_close(
+            &out,
+            &naive_attention(&qkv, b, t, c, nh, window),
+            OP_TOL,
+            &format!("attention window {window}"),
+        );
     }
 }
 
@@ -167,7 +186,11 @@ fn attention_with_cache_equals_whole_sequence() {
     let mut rng = rand::rng();
     let (b, c, nh, max_t) = (3, 16, 2, 30);
     let t = rng.random_range(8..max_t);
-    let window = if rng.random_bool(0.5) { 0 } else { rng.random_range(1..6) };
+    let window = if rng.random_bool(0.5) {
+        0
+    } else {
+        rng.random_range(1..6)
+    };
     let qkv = random_vec(b * t * 3 * c, 1.0);
     let want = naive_attention(&qkv, b, t, c, nh, window);
     let mut kc = vec![f32::NAN; b * nh * max_t * (c / nh)];
@@ -210,7 +233,12 @@ fn windowed_attention_ignores_keys_outside_the_window() {
     let other = run(&changed);
     for p in 0..t {
         let same = base[p * c..(p + 1) * c] == other[p * c..(p + 1) * c];
-        assert_eq!(same, p >= window, "query {p}: window {window} {}", if same { "ignored key 0" } else { "saw key 0" });
+        assert_eq!(
+            same,
+            p >= window,
+            "query {p}: window {window} {}",
+            if same { "ignored key 0" } else { "saw key 0" }
+        );
     }
 }
 
@@ -269,16 +297,23 @@ fn kv_cache_decode_equals_full_recomputation() {
 
     let mut inc = tiny_model(&cfg, seed, b);
     let take = |from: usize, len: usize| -> Vec<u32> {
-        (0..b).flat_map(|bi| tokens[bi * t + from..bi * t + from + len].to_vec()).collect()
+        (0..b)
+            .flat_map(|bi| tokens[bi * t + from..bi * t + from + len].to_vec())
+            .collect()
     };
-    inc.forward(&take(0, prefill), b, prefill, 0, LogitsWanted::Last).unwrap();
+    inc.forward(&take(0, prefill), b, prefill, 0, LogitsWanted::Last)
+        .unwrap();
     for pos in prefill..=t {
         let got = inc.logits().unwrap();
         for bi in 0..b {
             let w = &want[(bi * t + pos - 1) * vp..(bi * t + pos) * vp];
             let g = &got[bi * vp..(bi + 1) * vp];
             let err = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(err <= KV_TOL, "row {bi}, position {}: max abs err {err:e} (T={t}, prefill={prefill})", pos - 1);
+            assert!(
+                err <= KV_TOL,
+                "row {bi}, position {}: max abs err {err:e} (T={t}, prefill={prefill})",
+                pos - 1
+            );
         }
         if pos < t {
             inc.forward(&take(pos, 1), b, 1, pos, LogitsWanted::Last).unwrap();
@@ -306,7 +341,10 @@ fn llmc_and_safetensors_fixtures_give_identical_logits() {
         m.forward(&tokens, b, t, 0, LogitsWanted::All).unwrap();
         logits.push(m.logits().unwrap());
     }
-    assert!(logits[0] == logits[1], "llm.c and safetensors checkpoints of seed {seed} differ");
+    assert!(
+        logits[0] == logits[1],
+        "llm.c and safetensors checkpoints of seed {seed} differ"
+    );
 }
 
 #[test]
@@ -317,7 +355,11 @@ fn padded_vocab_is_never_chosen_and_logits_are_zero_there() {
     let logits = m.logits().unwrap();
     let vp = cfg.padded_vocab_size;
     for bi in 0..2 {
-        assert!(logits[bi * vp + cfg.vocab_size..(bi + 1) * vp].iter().all(|&x| x == 0.0));
+        assert!(
+            logits[bi * vp + cfg.vocab_size..(bi + 1) * vp]
+                .iter()
+                .all(|&x| x == 0.0)
+        );
     }
     for id in m.argmax().unwrap() {
         assert!((id as usize) < cfg.vocab_size);
@@ -330,9 +372,13 @@ fn forward_rejects_bad_requests_with_errors() {
     let mut m = tiny_model(&cfg, 1, 2);
     let e = m.forward(&[1, 2, 3], 3, 1, 0, LogitsWanted::Last).unwrap_err();
     assert!(e.to_string().contains("batch"), "{e}");
-    let e = m.forward(&[1, 2], 1, 2, cfg.max_seq_len - 1, LogitsWanted::Last).unwrap_err();
+    let e = m
+        .forward(&[1, 2], 1, 2, cfg.max_seq_len - 1, LogitsWanted::Last)
+        .unwrap_err();
     assert!(e.to_string().contains("exceed"), "{e}");
-    let e = m.forward(&[cfg.vocab_size as u32], 1, 1, 0, LogitsWanted::Last).unwrap_err();
+    let e = m
+        .forward(&[cfg.vocab_size as u32], 1, 1, 0, LogitsWanted::Last)
+        .unwrap_err();
     assert!(e.to_string().contains("vocabulary"), "{e}");
     assert!(m.logits().is_err(), "logits after a failed forward");
 }
@@ -351,7 +397,10 @@ fn gpt2_124m_shape_runs_b4_t64() {
     let tokens: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
     let start = std::time::Instant::now();
     m.forward(&tokens, b, t, 0, LogitsWanted::All).unwrap();
-    eprintln!("124M forward B={b} T={t} on the CPU: {:.2} s", start.elapsed().as_secs_f64());
+    eprintln!(
+        "124M forward B={b} T={t} on the CPU: {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
     let logits = m.logits().unwrap();
     assert_eq!(logits.len(), b * t * cfg.padded_vocab_size);
     assert!(logits.iter().all(|x| x.is_finite()));
