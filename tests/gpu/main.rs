@@ -5,3 +5,4 @@
 mod pipeline;
 mod device;
 mod flash_attention;
+mod matmul_tf32;

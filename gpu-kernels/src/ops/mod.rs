@@ -15,3 +15,4 @@ pub mod matmul;
 pub mod residual;
 pub mod softmax;
 pub mod vec4;
+pub mod matmul_tf32;

@@ -40,3 +40,4 @@ pub mod layernorm;
 pub mod matmul;
 pub mod residual;
 pub mod softmax;
+pub mod matmul_tf32;

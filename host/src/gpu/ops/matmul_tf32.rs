@@ -1,0 +1,174 @@
+//! `matmul_forward_tf32`: the matmul of `cpu::ops::matmul_forward` on the
+//! TF32 tensor cores, with an optional fused GELU (for the MLP up-projection).
+//!
+//! Several tile shapes are compiled (`params::matmul_tf32::MATMUL_TF32_VARIANTS`);
+//! [`choose_tile`] picks one per GEMM shape, [`matmul_forward_tf32_with`]
+//! runs a given one (the `tune` and `bench` binaries sweep them).
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
+use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MatmulTf32Params, TileShape};
+
+use crate::gpu::runtime::{CudaContextExt, Gpu, GpuError};
+
+/// Floats per 16-byte `cp.async` copy: rows of `inp` and `W` are copied in
+/// such chunks, so `c` must be a multiple of it.
+pub const TF32_C_MULTIPLE: usize = 4;
+/// Byte alignment `cp.async` needs of the `inp` and `W` base addresses.
+const CP_ASYNC_ALIGN: u64 = 16;
+/// Blocks per SM the tile chooser wants before it accepts a larger tile
+/// (below that, a smaller tile fills the GPU better).
+const WAVES_WANTED: usize = 1;
+
+/// Why a TF32 matmul could not be launched.
+#[derive(Debug, thiserror::Error)]
+pub enum MatmulTf32Error {
+    #[error("matmul_forward_tf32 needs c % {TF32_C_MULTIPLE} == 0 (got c = {0}); use the FP32 matmul_forward")]
+    BadC(usize),
+    #[error("matmul_forward_tf32: buffer `{0}` holds {1} floats, {2} needed")]
+    TooSmall(&'static str, usize, usize),
+    #[error("matmul_forward_tf32: buffer `{0}` is not 16-byte aligned (cp.async needs it)")]
+    Misaligned(&'static str),
+    #[error("matmul_forward_tf32: n * max(c, oc) = {0} does not fit the kernel's 32-bit sizes")]
+    TooLarge(usize),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+/// Number of multiprocessors of the GPU (for the tile chooser).
+pub fn sm_count(gpu: &Gpu) -> Result<usize, GpuError> {
+    let n = gpu
+        .ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .ctx("cuDeviceGetAttribute")?;
+    Ok(n as usize)
+}
+
+/// Blocks a launch of `shape` needs for an `n x oc` output.
+pub fn tf32_blocks(shape: &TileShape, n: usize, oc: usize) -> usize {
+    n.div_ceil(shape.bm as usize) * oc.div_ceil(shape.bn as usize)
+}
+
+/// The largest tile that still gives every SM at least `WAVES_WANTED`
+/// block(s); the smallest tile when none does (small M: decode, short prompts).
+pub fn choose_tile(n: usize, oc: usize, sms: usize) -> TileShape {
+    // MATMUL_TF32_VARIANTS is ordered from the largest tile to the smallest.
+    MATMUL_TF32_VARIANTS
+        .iter()
+        .copied()
+        .find(|s| tf32_blocks(s, n, oc) >= WAVES_WANTED * sms)
+        .unwrap_or(MATMUL_TF32_VARIANTS[MATMUL_TF32_VARIANTS.len() - 1])
+}
+
+/// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
+/// `gelu`, in TF32 with f32 accumulation; the tile shape is chosen for the
+/// GEMM's size. `c` must be a multiple of 4.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_tf32<O, I, W, B>(
+    gpu: &Gpu,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+) -> Result<(), MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
+    let shape = choose_tile(n, oc, sm_count(gpu)?);
+    matmul_forward_tf32_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
+}
+
+/// [`matmul_forward_tf32`] with an explicit tile shape (one of `MATMUL_TF32_VARIANTS`).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_tf32_with<O, I, W, B>(
+    gpu: &Gpu,
+    shape: &TileShape,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+) -> Result<(), MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
+    if c % TF32_C_MULTIPLE != 0 {
+        return Err(MatmulTf32Error::BadC(c));
+    }
+    let check = |what, have: usize, need: usize| {
+        if have < need {
+            Err(MatmulTf32Error::TooSmall(what, have, need))
+        } else {
+            Ok(())
+        }
+    };
+    check("out", out.len(), n * oc)?;
+    check("inp", inp.len(), n * c)?;
+    check("weight", weight.len(), oc * c)?;
+    if let Some(b) = bias {
+        check("bias", b.len(), oc)?;
+    }
+    let biggest = n.max(oc) * c.max(oc).max(1);
+    if u32::try_from(n).is_err()
+        || u32::try_from(oc).is_err()
+        || u32::try_from(c).is_err()
+        || biggest > u32::MAX as usize
+    {
+        return Err(MatmulTf32Error::TooLarge(biggest));
+    }
+    let blocks = tf32_blocks(shape, n, oc);
+    if blocks == 0 {
+        return Ok(());
+    }
+
+    let stream = gpu.stream.clone();
+    let (inp_p, _g1) = inp.device_ptr(&stream);
+    let (w_p, _g2) = weight.device_ptr(&stream);
+    let bias_p = bias.map(|b| b.device_ptr(&stream));
+    let (out_p, _g3) = out.device_ptr_mut(&stream);
+    if inp_p % CP_ASYNC_ALIGN != 0 {
+        return Err(MatmulTf32Error::Misaligned("inp"));
+    }
+    if w_p % CP_ASYNC_ALIGN != 0 {
+        return Err(MatmulTf32Error::Misaligned("weight"));
+    }
+    // The epilogue's 16-byte stores (taken when oc % 4 == 0) need it too.
+    if out_p % CP_ASYNC_ALIGN != 0 {
+        return Err(MatmulTf32Error::Misaligned("out"));
+    }
+    let params = MatmulTf32Params {
+        out: out_p as *mut f32,
+        inp: inp_p as *const f32,
+        weight: w_p as *const f32,
+        bias: bias_p.as_ref().map_or(std::ptr::null(), |(p, _)| *p as *const f32),
+        n: n as u32,
+        c: c as u32,
+        oc: oc as u32,
+        gelu: gelu as u32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (shape.threads(), 1, 1),
+        shared_mem_bytes: shape.shared_bytes(),
+    };
+    gpu.set_max_dynamic_shared(shape.name, shape.shared_bytes())?;
+    // SAFETY: `shape.name` is the kernel compiled for `shape`, whose
+    // parameter type is MatmulTf32Params; the sizes of all four buffers were
+    // checked above, inp/weight are 16-byte aligned and c % 4 == 0 (the
+    // kernel's cp.async contract); grid, block and shared memory come from
+    // the same TileShape the kernel was compiled with.
+    unsafe { gpu.launch(shape.name, cfg, params)? };
+    Ok(())
+}

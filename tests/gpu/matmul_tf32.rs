@@ -1,0 +1,151 @@
+//! `matmul_forward_tf32` against the CPU reference `cpu::ops::matmul_forward`.
+//!
+//! Tolerance: TF32 rounds both operands to 10 mantissa bits (unit roundoff
+//! u = 2^-11), so each product carries a relative error of about `sqrt(2/3) u`
+//! and a dot product of `C` terms an absolute error with standard deviation
+//! about `sqrt(C) · rms(a·b) · 0.8 u`. The bounds below are in units of
+//! `scale = sqrt(C) · max|a| · max|b|`: max abs error ≤ 1e-3 · scale (about
+//! 7 standard deviations for uniform inputs) and RMSE ≤ 2.5e-4 · scale. The
+//! measured errors are printed (run with `--nocapture`) and recorded in
+//! docs/performance.md.
+
+use cudarc::driver::CudaSlice;
+use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, TileShape};
+use host::cpu::ops::matmul_forward;
+use host::gpu::Gpu;
+use host::gpu::ops::matmul_tf32::{MatmulTf32Error, matmul_forward_tf32, matmul_forward_tf32_with};
+use rand::Rng;
+
+const MAX_ABS_PER_SCALE: f64 = 1e-3;
+const RMSE_PER_SCALE: f64 = 2.5e-4;
+
+fn gelu(x: f32) -> f32 {
+    let mut o = [0f32];
+    host::cpu::ops::gelu_forward(&mut o, &[x], 1);
+    o[0]
+}
+
+fn random(n: usize, rng: &mut impl Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// Runs one case (with the chosen tile, or `shape`), checks every element
+/// and returns (max abs error, RMSE, scale).
+fn check(gpu: &Gpu, shape: Option<&TileShape>, n: usize, c: usize, oc: usize, bias: bool, act: bool) -> (f64, f64) {
+    let mut rng = rand::rng();
+    let inp = random(n * c, &mut rng);
+    let w = random(oc * c, &mut rng);
+    let b = bias.then(|| random(oc, &mut rng));
+    let mut want = vec![0f32; n * oc];
+    matmul_forward(&mut want, &inp, &w, b.as_deref(), n, c, oc);
+    if act {
+        want.iter_mut().for_each(|v| *v = gelu(*v));
+    }
+
+    let d_inp = gpu.upload(&inp).unwrap();
+    let d_w = gpu.upload(&w).unwrap();
+    let d_b = b.as_ref().map(|b| gpu.upload(b).unwrap());
+    let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
+    let d_b_ref: Option<&CudaSlice<f32>> = d_b.as_ref();
+    match shape {
+        Some(s) => matmul_forward_tf32_with(gpu, s, &mut d_out, &d_inp, &d_w, d_b_ref, n, c, oc, act).unwrap(),
+        None => matmul_forward_tf32(gpu, &mut d_out, &d_inp, &d_w, d_b_ref, n, c, oc, act).unwrap(),
+    }
+    let got = gpu.download(&d_out).unwrap();
+
+    let amax = inp.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+    let bmax = w.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+    let scale = (c as f64).sqrt() * amax * bmax;
+    let (mut max_abs, mut sq) = (0f64, 0f64);
+    for (i, (&g, &r)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            g.is_finite(),
+            "n={n} c={c} oc={oc}: element {i} (row {}, col {}) is {g}",
+            i / oc,
+            i % oc
+        );
+        let e = (g as f64 - r as f64).abs();
+        max_abs = max_abs.max(e);
+        sq += e * e;
+    }
+    let rmse = (sq / got.len().max(1) as f64).sqrt();
+    let name = shape.map_or("auto", |s| s.name);
+    eprintln!(
+        "matmul_tf32 {name:32} n={n:5} c={c:5} oc={oc:6} bias={bias:5} gelu={act:5}: max abs {max_abs:.3e} ({:.2e} scale), RMSE {rmse:.3e} ({:.2e} scale)",
+        max_abs / scale,
+        rmse / scale
+    );
+    assert!(
+        max_abs <= MAX_ABS_PER_SCALE * scale,
+        "max abs error {max_abs} > {} (n={n} c={c} oc={oc})",
+        MAX_ABS_PER_SCALE * scale
+    );
+    assert!(
+        rmse <= RMSE_PER_SCALE * scale,
+        "RMSE {rmse} > {} (n={n} c={c} oc={oc})",
+        RMSE_PER_SCALE * scale
+    );
+    (max_abs, rmse)
+}
+
+#[test]
+fn embedded_ptx_has_every_tf32_variant() {
+    for s in MATMUL_TF32_VARIANTS {
+        assert!(
+            gpt2::GPU_KERNELS_PTX.contains(&format!(".visible .entry {}(", s.name)),
+            "{} missing",
+            s.name
+        );
+    }
+}
+
+#[test]
+fn matmul_tf32_gpt2_shapes() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    // (n, c, oc, bias, gelu): GPT-2's four linear layers at several token
+    // counts, plus a slice of the LM head (oc = Vp = 50304, no bias).
+    let cases = [
+        (1, 768, 2304, true, false),
+        (3, 768, 768, true, false),
+        (64, 768, 3072, true, true),
+        (100, 3072, 768, true, false),
+        (1024, 768, 2304, true, false),
+        (1024, 768, 3072, true, true),
+        (1024, 3072, 768, true, false),
+        (3, 768, 50304, false, false),
+        (64, 768, 50304, false, false),
+    ];
+    for (n, c, oc, bias, act) in cases {
+        check(&gpu, None, n, c, oc, bias, act);
+    }
+}
+
+#[test]
+fn matmul_tf32_awkward_shapes_every_variant() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    // Edges everywhere: n, oc not multiples of any tile; c not a multiple of
+    // BK (a partial last k-tile) or smaller than it; oc odd (scalar stores).
+    let cases = [
+        (1, 768, 37, true, true),
+        (100, 772, 130, true, false),
+        (37, 12, 5, true, false),
+        (129, 36, 257, false, true),
+        (3, 3072, 769, true, false),
+    ];
+    for s in &MATMUL_TF32_VARIANTS {
+        for (n, c, oc, bias, act) in cases {
+            check(&gpu, Some(s), n, c, oc, bias, act);
+        }
+    }
+}
+
+#[test]
+fn matmul_tf32_rejects_c_not_multiple_of_4() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let (n, c, oc) = (2, 6, 3);
+    let inp = gpu.upload(&vec![1f32; n * c]).unwrap();
+    let w = gpu.upload(&vec![1f32; oc * c]).unwrap();
+    let mut out = gpu.alloc::<f32>(n * oc).unwrap();
+    let r = matmul_forward_tf32(&gpu, &mut out, &inp, &w, None::<&CudaSlice<f32>>, n, c, oc, false);
+    assert!(matches!(r, Err(MatmulTf32Error::BadC(6))), "{r:?}");
+}
