@@ -7,3 +7,4 @@ pub mod sample;
 pub mod hub;
 pub mod tokenizer;
 pub mod perplexity;
+pub mod bench;

@@ -5,7 +5,7 @@
 //! [`choose_tile`] picks one per GEMM shape, [`matmul_forward_tf32_with`]
 //! runs a given one (the `tune` and `bench` binaries sweep them).
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MatmulTf32Params, TileShape};
 
 use crate::gpu::runtime::{CudaContextExt, Gpu, GpuError};
