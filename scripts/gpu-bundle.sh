@@ -53,7 +53,13 @@ for line in sys.stdin:
     # The package directory, relative to the workspace root ("." for the
     # root package): it names the file, and cargo runs tests from there.
     pkg_dir = os.path.relpath(os.path.dirname(msg["manifest_path"]), root)
-    print(pkg_dir, msg["target"]["name"], msg["executable"])
+    # The lib and a bin of one package may share a name (host): for tests, tell
+    # them apart by kind, except integration tests ("test"), named as is.
+    name = msg["target"]["name"]
+    kind = msg["target"]["kind"][0]
+    if want == "test" and kind != "test":
+        name = f"{kind}-{name}"
+    print(pkg_dir, name, msg["executable"])
 ' "$want" "$ROOT"
 }
 
@@ -67,7 +73,7 @@ mkdir -p "$BUNDLE/tests" "$BUNDLE/bin" "$BUNDLE/scripts"
 
 # The root package's test targets (gpu, cpu) keep their plain names, so the
 # runner can find tests/gpu; others are prefixed with their package directory
-# to stay unique (e.g. host-host for host's unit tests). tests.list records
+# to stay unique (e.g. host-lib-host for host's library unit tests). tests.list records
 # the directory each one runs from: cargo runs a test binary from its
 # package's directory, and tests may read files relative to it.
 : >"$BUNDLE/tests.list"
@@ -92,7 +98,7 @@ for py in scripts/*.py; do cp "$py" "$BUNDLE/scripts/"; done
 shopt -u nullglob
 
 {
-    echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (with uncommitted changes)')"
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "rustc: $(rustc --version)"
     echo "profile: $BUNDLE_PROFILE"
