@@ -17,7 +17,7 @@
 #   5. (BENCH=1) scripts/torch_bench.py and the Rust bench binary, if any
 # Files written to $OUT (few on purpose: at most 8 come back):
 #   summary.txt tests.log sanitizer.log oracle.log bench.log bench-torch.json
-#   (BENCH_RUST_ARGS may name one more, e.g. --json "$OUT/bench-rust.json")
+#   bench-rust.json
 #
 # Knobs (environment), defaults keep the whole run under ~8 minutes:
 #   GPU_OUT=gpu-out             the bundle
@@ -32,7 +32,7 @@
 #   ORACLE_TIMEOUT=240
 #   BENCH=0                     1 runs step 5
 #   BENCH_TIMEOUT=420
-#   BENCH_RUST_ARGS=            arguments for gpu-out/bin/bench
+#   BENCH_RUST_ARGS="all --json $OUT/bench-rust.json"   arguments for gpu-out/bin/bench
 set -uo pipefail   # no -e: a failing step is recorded, and the next one runs
 
 ROOT="$(pwd)"
@@ -54,7 +54,7 @@ ORACLE="${ORACLE:-1}"
 ORACLE_TIMEOUT="${ORACLE_TIMEOUT:-240}"
 BENCH="${BENCH:-0}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-420}"
-BENCH_RUST_ARGS="${BENCH_RUST_ARGS:-}"
+BENCH_RUST_ARGS="${BENCH_RUST_ARGS:-all --json $OUT/bench-rust.json}"
 
 SUMMARY="$OUT/summary.txt"
 TESTS_LOG="$OUT/tests.log"
