@@ -203,15 +203,18 @@ impl Gpt2Tokenizer {
     }
 
     /// The directory holding `vocab.json` and `merges.txt` by default:
-    /// `$GPT2_TOKENIZER_DIR` if set, else the repository's `weights/gpt2`.
+    /// `$GPT2_TOKENIZER_DIR` if set, else `weights/gpt2` under the current
+    /// directory (the repository root, where `cargo run` and the GPU runner
+    /// start), else the `weights/gpt2` of the checkout this was built from.
     pub fn default_dir() -> PathBuf {
-        match std::env::var_os(DIR_ENV) {
-            Some(dir) => PathBuf::from(dir),
-            None => Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
-                .join("weights")
-                .join("gpt2"),
+        if let Some(dir) = std::env::var_os(DIR_ENV) {
+            return PathBuf::from(dir);
         }
+        let here = Path::new("weights").join("gpt2");
+        if here.join(VOCAB_FILE).is_file() {
+            return here;
+        }
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("weights").join("gpt2")
     }
 
     /// Loads `vocab.json` and `merges.txt` from `dir`.
