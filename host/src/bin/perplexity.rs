@@ -92,8 +92,7 @@ fn run(cli: Cli) -> Result<()> {
     if cli.batch == Some(0) {
         bail!("--batch must be at least 1");
     }
-    let text = std::fs::read_to_string(&cli.file)
-        .with_context(|| format!("reading {}", cli.file.display()))?;
+    let text = std::fs::read_to_string(&cli.file).with_context(|| format!("reading {}", cli.file.display()))?;
     if text.trim().is_empty() {
         bail!("{} is empty (or only whitespace)", cli.file.display());
     }
@@ -112,6 +111,15 @@ fn run(cli: Cli) -> Result<()> {
     let path = resolve_weights(cli.weights.as_deref(), &HubOptions::from_env())?;
     let checkpoint = Checkpoint::open(&path)?;
     let weights = checkpoint.weights()?;
+    let vocab = weights.config.vocab_size;
+    if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= vocab) {
+        bail!(
+            "{} tokenizes to id {bad}, outside the vocabulary of {vocab} of {} (the GPT-2 tokenizer needs a model with {} tokens)",
+            cli.file.display(),
+            path.display(),
+            tokenizer.vocab_size()
+        );
+    }
     let context = weights.config.max_seq_len;
     let window = cli.window.unwrap_or(context);
     if window > context {
@@ -123,11 +131,7 @@ fn run(cli: Cli) -> Result<()> {
     }
     // Checks window >= 2 and every other combination before any allocation.
     let windows = plan_windows(tokens.len(), window, stride)?;
-    let default_batch = if cli.cpu {
-        DEFAULT_CPU_BATCH
-    } else {
-        DEFAULT_GPU_BATCH
-    };
+    let default_batch = if cli.cpu { DEFAULT_CPU_BATCH } else { DEFAULT_GPU_BATCH };
     let batch = cli.batch.unwrap_or(default_batch).min(windows.len());
     // No window is longer than the text, so the cache need not be either.
     let seq_len = window.min(tokens.len());
@@ -155,11 +159,7 @@ fn run(cli: Cli) -> Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} windows [{elapsed_precise}]")
             .context("progress bar template")?,
     );
-    let config = PerplexityConfig {
-        window,
-        stride,
-        batch,
-    };
+    let config = PerplexityConfig { window, stride, batch };
     let report = perplexity_with(backend.as_mut(), &tokens, &config, |done, _| {
         bar.set_position(done as u64)
     });
@@ -180,12 +180,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// The GPU engine (`host::gpu::engine`), on device `--device`.
-fn gpu_backend(
-    cli: &Cli,
-    weights: &Weights,
-    max_batch: usize,
-    max_seq_len: usize,
-) -> Result<Box<dyn Backend>> {
+fn gpu_backend(cli: &Cli, weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<Box<dyn Backend>> {
     use host::gpu::engine::{GpuEngine, Precision};
     let gpu = host::gpu::Gpu::new(cli.device)?;
     let precision = match cli.precision {
