@@ -6,3 +6,5 @@ mod pipeline;
 mod device;
 mod flash_attention;
 mod matmul_tf32;
+mod kernels;
+mod forward;

@@ -2,8 +2,7 @@
 
 use crate::device::warp::{shfl_xor_f32, shfl_xor_u32};
 use crate::device::{
-    WARP_SIZE, block_dim_x, block_idx_x, dynamic_shared, lane_id, sync_threads, thread_idx_x,
-    warp_id,
+    WARP_SIZE, block_dim_x, block_idx_x, dynamic_shared, lane_id, sync_threads, thread_idx_x, warp_id,
 };
 use crate::params::argmax::ArgmaxParams;
 

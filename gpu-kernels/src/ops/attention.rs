@@ -11,8 +11,8 @@ use crate::device::math::exp_fast;
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::{block_reduce_max, block_reduce_sum};
 use crate::device::{
-    WARP_SIZE, block_dim_x, block_idx_x, block_idx_y, block_idx_z, global_idx_x, grid_stride_x,
-    lane_id, sync_threads, thread_idx_x, warp_id,
+    WARP_SIZE, block_dim_x, block_idx_x, block_idx_y, block_idx_z, global_idx_x, grid_stride_x, lane_id, sync_threads,
+    thread_idx_x, warp_id,
 };
 use crate::params::attention::{ATTENTION_MAX_HEAD_SIZE, AttentionParams};
 /// Floats of shared scratch the block reductions need (one per warp).

@@ -9,9 +9,7 @@ use core::arch::asm;
 fn f16_to_f32(bits: u16) -> f32 {
     let r: f32;
     // SAFETY: a register-only conversion.
-    unsafe {
-        asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) bits, options(pure, nomem, nostack))
-    }
+    unsafe { asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) bits, options(pure, nomem, nostack)) }
     r
 }
 
@@ -28,17 +26,11 @@ pub unsafe extern "ptx-kernel" fn convert_to_f32(p: ConvertParams) {
     let mut idx = global_idx_x();
     while idx < total {
         let (o, i) = (idx / p.cols, idx % p.cols);
-        let src = if p.transposed != 0 {
-            i * p.rows + o
-        } else {
-            idx
-        } as usize;
+        let src = if p.transposed != 0 { i * p.rows + o } else { idx } as usize;
         // SAFETY: src < rows*cols, the caller promises size and alignment.
         unsafe {
             let v = match p.dtype {
-                CONVERT_DTYPE_BF16 => {
-                    f32::from_bits((*(p.inp as *const u16).add(src) as u32) << 16)
-                }
+                CONVERT_DTYPE_BF16 => f32::from_bits((*(p.inp as *const u16).add(src) as u32) << 16),
                 CONVERT_DTYPE_F16 => f16_to_f32(*(p.inp as *const u16).add(src)),
                 _ => *(p.inp as *const f32).add(src),
             };

@@ -29,10 +29,7 @@ pub unsafe extern "ptx-kernel" fn gelu_forward(p: GeluParams) {
         unsafe {
             let e = i as usize * VEC;
             let a = load4(p.inp.add(e));
-            store4(
-                p.out.add(e),
-                [gelu(a[0]), gelu(a[1]), gelu(a[2]), gelu(a[3])],
-            );
+            store4(p.out.add(e), [gelu(a[0]), gelu(a[1]), gelu(a[2]), gelu(a[3])]);
         }
         i += grid_stride_x();
     }

@@ -10,11 +10,7 @@ use crate::params::layernorm::{LAYERNORM_EPS, LayernormParams};
 /// 16-byte loads of every row stay aligned.
 #[inline(always)]
 fn vectorisable(p: &LayernormParams) -> bool {
-    p.c as usize % VEC == 0
-        && aligned16(p.out)
-        && aligned16(p.inp)
-        && aligned16(p.weight)
-        && aligned16(p.bias)
+    p.c as usize % VEC == 0 && aligned16(p.out) && aligned16(p.inp) && aligned16(p.weight) && aligned16(p.bias)
 }
 
 /// One warp per row. Two passes over the row (mean, then the mean of squared
@@ -62,11 +58,7 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward(p: LayernormParams) {
             // SAFETY: as above; weight and bias hold c floats.
             unsafe {
                 let e = i * VEC;
-                let (v, w, b) = (
-                    load4(x.add(e)),
-                    load4(p.weight.add(e)),
-                    load4(p.bias.add(e)),
-                );
+                let (v, w, b) = (load4(x.add(e)), load4(p.weight.add(e)), load4(p.bias.add(e)));
                 let mut o = [0.0; 4];
                 for k in 0..VEC {
                     o[k] = (v[k] - mean) * rstd * w[k] + b[k];

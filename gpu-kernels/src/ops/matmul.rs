@@ -5,12 +5,11 @@ use super::vec4::{VEC, aligned16, load4, store4};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::warp_reduce_sum;
 use crate::device::{
-    WARP_SIZE, block_dim_x, block_idx_x, block_idx_y, lane_id, sync_threads, thread_idx_x,
-    thread_idx_y, warp_id,
+    WARP_SIZE, block_dim_x, block_idx_x, block_idx_y, lane_id, sync_threads, thread_idx_x, thread_idx_y, warp_id,
 };
 use crate::params::matmul::{
-    MATMUL_BLOCK, MATMUL_GEMV_MAX_ROWS, MATMUL_THREAD_M, MATMUL_THREAD_N, MATMUL_TILE_K,
-    MATMUL_TILE_M, MATMUL_TILE_N, MatmulParams,
+    MATMUL_BLOCK, MATMUL_GEMV_MAX_ROWS, MATMUL_THREAD_M, MATMUL_THREAD_N, MATMUL_TILE_K, MATMUL_TILE_M, MATMUL_TILE_N,
+    MatmulParams,
 };
 
 const TM: usize = MATMUL_TILE_M as usize;
@@ -54,16 +53,7 @@ fn vec_loads(p: &MatmulParams) -> bool {
 /// the 32 lanes of a warp then write 32 consecutive floats of one `dst[k]`
 /// (no bank conflicts), and each row's 64 bytes are read whole across warps.
 #[inline(always)]
-unsafe fn stage(
-    dst: *mut f32,
-    src: *const f32,
-    rows: usize,
-    r0: usize,
-    nrows: usize,
-    k0: usize,
-    c: usize,
-    vec: bool,
-) {
+unsafe fn stage(dst: *mut f32, src: *const f32, rows: usize, r0: usize, nrows: usize, k0: usize, c: usize, vec: bool) {
     let tid = thread_idx_x() as usize;
     let r = tid % rows;
     let kq = (tid / rows) * VEC;
@@ -129,12 +119,7 @@ pub unsafe extern "ptx-kernel" fn matmul_forward(p: MatmulParams) {
         for k in 0..TK {
             // SAFETY: ty*RM + 3 < TM and tx*RN + 3 < TN; 16-byte aligned
             // because TM, TN and RM, RN are multiples of 4.
-            let (a, b) = unsafe {
-                (
-                    load4(a_s.add(k * TM + ty * RM)),
-                    load4(b_s.add(k * TN + tx * RN)),
-                )
-            };
+            let (a, b) = unsafe { (load4(a_s.add(k * TM + ty * RM)), load4(b_s.add(k * TN + tx * RN))) };
             for i in 0..RM {
                 for j in 0..RN {
                     acc[i][j] += a[i] * b[j];

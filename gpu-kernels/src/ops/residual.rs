@@ -18,10 +18,7 @@ pub unsafe extern "ptx-kernel" fn residual_forward(p: ResidualParams) {
         unsafe {
             let e = i as usize * VEC;
             let (a, b) = (load4(p.inp1.add(e)), load4(p.inp2.add(e)));
-            store4(
-                p.out.add(e),
-                [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]],
-            );
+            store4(p.out.add(e), [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]);
         }
         i += grid_stride_x();
     }

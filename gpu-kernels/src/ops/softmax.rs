@@ -20,12 +20,7 @@ pub unsafe extern "ptx-kernel" fn softmax_forward(p: SoftmaxParams) {
     let (v, vp) = (p.v as usize, p.vp as usize);
     let (tid, threads) = (thread_idx_x() as usize, block_dim_x() as usize);
     // SAFETY: row < n.
-    let (x, y) = unsafe {
-        (
-            p.logits.add(row as usize * vp),
-            p.probs.add(row as usize * vp),
-        )
-    };
+    let (x, y) = unsafe { (p.logits.add(row as usize * vp), p.probs.add(row as usize * vp)) };
     // SAFETY: the launch provides 32 floats.
     let scratch = unsafe { dynamic_shared::<f32>() };
     let mut m = f32::NEG_INFINITY;
@@ -47,13 +42,7 @@ pub unsafe extern "ptx-kernel" fn softmax_forward(p: SoftmaxParams) {
     let mut j = tid;
     while j < vp {
         // SAFETY: j < vp.
-        unsafe {
-            *y.add(j) = if j < v {
-                exp_fast(*x.add(j) - m) * inv
-            } else {
-                0.0
-            }
-        };
+        unsafe { *y.add(j) = if j < v { exp_fast(*x.add(j) - m) * inv } else { 0.0 } };
         j += threads;
     }
 }
@@ -71,10 +60,7 @@ pub unsafe extern "ptx-kernel" fn softmax_forward_naive(p: SoftmaxParams) {
     let (v, vp) = (p.v as usize, p.vp as usize);
     // SAFETY: row < n; every index below is < vp.
     unsafe {
-        let (x, y) = (
-            p.logits.add(row as usize * vp),
-            p.probs.add(row as usize * vp),
-        );
+        let (x, y) = (p.logits.add(row as usize * vp), p.probs.add(row as usize * vp));
         let mut m = f32::NEG_INFINITY;
         for j in 0..v {
             m = m.max(*x.add(j));
@@ -84,11 +70,7 @@ pub unsafe extern "ptx-kernel" fn softmax_forward_naive(p: SoftmaxParams) {
             s += exp_fast(*x.add(j) - m);
         }
         for j in 0..vp {
-            *y.add(j) = if j < v {
-                exp_fast(*x.add(j) - m) / s
-            } else {
-                0.0
-            };
+            *y.add(j) = if j < v { exp_fast(*x.add(j) - m) / s } else { 0.0 };
         }
     }
 }

@@ -1,0 +1,332 @@
+//! The whole GPU forward pass: logits against the CPU reference
+//! (`test_gpt2` style, B=4 T=64), KV-cache decoding against full
+//! recomputation on the GPU, checkpoint dtypes/layouts, bad requests, and
+//! the transformers oracle when `GPT2_ORACLE_DIR` is set.
+
+use host::cpu::CpuModel;
+use host::generate::{Backend, LogitsWanted};
+use host::gpu::engine::{GpuEngine, Precision};
+use host::model::checkpoint::Checkpoint;
+use host::model::fixtures::{llmc_bytes, odd_config, safetensors_bytes, tiny_config};
+use host::model::{DType, ModelConfig};
+use rand::Rng;
+
+use crate::kernels::check;
+
+/// FP32 end-to-end bar against the CPU reference (max abs on logits).
+const FP32_LOGITS_TOL: f32 = 1e-3;
+/// KV-cache decode against full recomputation, same engine.
+const KV_TOL: f32 = 1e-3;
+
+fn checkpoint(cfg: &ModelConfig, seed: u64, dtype: DType, safetensors: bool) -> Checkpoint {
+    let bytes = if safetensors {
+        safetensors_bytes(cfg, seed, false, dtype).unwrap()
+    } else {
+        llmc_bytes(cfg, seed, dtype).unwrap()
+    };
+    let name = if safetensors {
+        "random.safetensors"
+    } else {
+        "random.bin"
+    };
+    Checkpoint::from_bytes(bytes, name, Some(cfg.num_heads)).unwrap()
+}
+
+fn random_tokens(n: usize, vocab: usize) -> Vec<u32> {
+    let mut rng = rand::rng();
+    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
+}
+
+/// GPU logits (all positions) against the CPU model's, for a random
+/// checkpoint (made only when a GPU is there: the 124M one is large).
+#[allow(clippy::too_many_arguments)]
+fn compare_with_cpu(
+    what: &str,
+    cfg: &ModelConfig,
+    dtype: DType,
+    safetensors: bool,
+    b: usize,
+    t: usize,
+    precision: Precision,
+    tol: f32,
+) {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let ckpt = checkpoint(cfg, rand::rng().random(), dtype, safetensors);
+    let w = ckpt.weights().unwrap();
+    let cfg = w.config;
+    let tokens = random_tokens(b * t, cfg.vocab_size);
+    let mut cpu = CpuModel::new(&w, b, t).unwrap();
+    cpu.forward(&tokens, b, t, 0, LogitsWanted::All).unwrap();
+    let want = cpu.logits().unwrap();
+    let mut eng = GpuEngine::new(gpu, &w, b, t, precision).unwrap();
+    eng.forward(&tokens, b, t, 0, LogitsWanted::All).unwrap();
+    let got = eng.logits().unwrap();
+    assert_eq!(got.len(), b * t * cfg.padded_vocab_size);
+    check(
+        &format!("{what} logits {precision:?} B={b} T={t}"),
+        &got,
+        &want,
+        tol,
+        0.0,
+    );
+    // greedy ids at the last positions agree too (unless two logits are within the error)
+    let ids = eng.argmax().unwrap();
+    let cpu_ids = cpu.argmax().unwrap();
+    let vp = cfg.padded_vocab_size;
+    for (bi, (&g, &c)) in ids.iter().zip(&cpu_ids).enumerate() {
+        let row = &want[((bi * t + t - 1) * vp)..((bi * t + t) * vp)];
+        assert!(
+            g == c || (row[g as usize] - row[c as usize]).abs() <= 2.0 * tol,
+            "row {bi}: gpu {g}, cpu {c}"
+        );
+        assert!((g as usize) < cfg.vocab_size);
+    }
+}
+
+#[test]
+fn logits_match_cpu_small_models() {
+    compare_with_cpu(
+        "tiny",
+        &tiny_config(),
+        DType::F32,
+        false,
+        4,
+        64,
+        Precision::Fp32,
+        FP32_LOGITS_TOL,
+    );
+    compare_with_cpu(
+        "odd",
+        &odd_config(),
+        DType::F32,
+        false,
+        3,
+        80,
+        Precision::Fp32,
+        FP32_LOGITS_TOL,
+    );
+}
+
+#[test]
+fn logits_match_cpu_from_transposed_and_half_checkpoints() {
+    // safetensors: Conv1D weights stored transposed, wte without padding rows
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let what = format!("tiny safetensors {dtype:?}");
+        compare_with_cpu(
+            &what,
+            &tiny_config(),
+            dtype,
+            true,
+            4,
+            64,
+            Precision::Fp32,
+            FP32_LOGITS_TOL,
+        );
+    }
+    compare_with_cpu(
+        "tiny llm.c bf16",
+        &tiny_config(),
+        DType::BF16,
+        false,
+        2,
+        33,
+        Precision::Fp32,
+        FP32_LOGITS_TOL,
+    );
+}
+
+#[test]
+fn logits_match_cpu_gpt2_124m_b4_t64() {
+    compare_with_cpu(
+        "gpt2-124M",
+        &ModelConfig::GPT2_124M,
+        DType::F32,
+        false,
+        4,
+        64,
+        Precision::Fp32,
+        FP32_LOGITS_TOL,
+    );
+}
+
+#[test]
+fn tf32_logits_are_close_to_cpu() {
+    // TF32 rounds inputs to 10 mantissa bits: a looser, documented bar.
+    compare_with_cpu(
+        "gpt2-124M",
+        &ModelConfig::GPT2_124M,
+        DType::F32,
+        false,
+        4,
+        64,
+        Precision::Tf32,
+        5e-2,
+    );
+}
+
+/// Prefill `prompt` tokens for `b` rows, decode `steps` greedy tokens one at
+/// a time, then recompute the whole sequence in one call: same tokens, and
+/// each step's logits equal the recomputed ones at that position.
+fn kv_decode_equals_recompute(cfg: &ModelConfig, b: usize, prompt: usize, steps: usize) {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let ck = checkpoint(cfg, rand::rng().random(), DType::F32, false);
+    let w = ck.weights().unwrap();
+    let (vp, total) = (cfg.padded_vocab_size, prompt + steps);
+    let mut eng = GpuEngine::new(gpu, &w, b, total, Precision::Fp32).unwrap();
+    let mut seqs: Vec<Vec<u32>> = (0..b).map(|_| random_tokens(prompt, cfg.vocab_size)).collect();
+    let flat: Vec<u32> = seqs.concat();
+    eng.forward(&flat, b, prompt, 0, LogitsWanted::Last).unwrap();
+    let mut step_logits = vec![eng.logits().unwrap()];
+    let mut next = eng.argmax().unwrap();
+    for s in 0..steps - 1 {
+        for (seq, &id) in seqs.iter_mut().zip(&next) {
+            seq.push(id);
+        }
+        eng.forward(&next, b, 1, prompt + s, LogitsWanted::Last).unwrap();
+        step_logits.push(eng.logits().unwrap());
+        next = eng.argmax().unwrap();
+    }
+    for (seq, &id) in seqs.iter_mut().zip(&next) {
+        seq.push(id);
+    }
+    // full recomputation of prompt + the first steps-1 generated tokens
+    let t = total - 1;
+    let flat: Vec<u32> = seqs.iter().flat_map(|s| s[..t].to_vec()).collect();
+    eng.forward(&flat, b, t, 0, LogitsWanted::All).unwrap();
+    let full = eng.logits().unwrap();
+    let mut got = Vec::new();
+    let mut want = Vec::new();
+    for (s, logits) in step_logits.iter().enumerate() {
+        let pos = prompt - 1 + s;
+        for bi in 0..b {
+            got.extend_from_slice(&logits[bi * vp..(bi + 1) * vp]);
+            let row = bi * t + pos;
+            let want_row = &full[row * vp..(row + 1) * vp];
+            want.extend_from_slice(want_row);
+            // the greedy token of the step is the argmax of the recomputed row
+            let id = seqs[bi][pos + 1];
+            let best = host::cpu::forward::argmax(&want_row[..cfg.vocab_size]);
+            assert!(
+                id == best || (want_row[id as usize] - want_row[best as usize]).abs() <= 2.0 * KV_TOL,
+                "row {bi} step {s}: decoded {id}, recompute says {best}"
+            );
+        }
+    }
+    check(
+        &format!(
+            "KV decode vs recompute L={} C={} B={b} {steps} steps",
+            cfg.num_layers, cfg.channels
+        ),
+        &got,
+        &want,
+        KV_TOL,
+        0.0,
+    );
+}
+
+#[test]
+fn kv_cache_decode_equals_full_recomputation_64_steps() {
+    kv_decode_equals_recompute(&tiny_config(), 3, 8, 64);
+    kv_decode_equals_recompute(&odd_config(), 1, 5, 64);
+}
+
+#[test]
+fn kv_cache_decode_equals_full_recomputation_124m() {
+    kv_decode_equals_recompute(&ModelConfig::GPT2_124M, 2, 16, 64);
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let cfg = tiny_config();
+    let ck = checkpoint(&cfg, 1, DType::F32, false);
+    let w = ck.weights().unwrap();
+    let mut eng = GpuEngine::new(gpu, &w, 2, 16, Precision::Fp32).unwrap();
+    assert!(eng.logits().is_err(), "logits before forward");
+    assert!(
+        eng.forward(&[1; 3 * 4], 3, 4, 0, LogitsWanted::Last).is_err(),
+        "b > max_batch"
+    );
+    assert!(
+        eng.forward(&[1; 2 * 4], 2, 4, 13, LogitsWanted::Last).is_err(),
+        "pos0 + t > max_seq_len"
+    );
+    assert!(
+        eng.forward(&[cfg.vocab_size as u32, 0], 1, 2, 0, LogitsWanted::Last)
+            .is_err(),
+        "id >= vocab"
+    );
+    assert!(
+        eng.forward(&[1; 3], 1, 2, 0, LogitsWanted::Last).is_err(),
+        "wrong token count"
+    );
+    // still usable after the errors
+    eng.forward(&[1, 2, 3, 4], 2, 2, 0, LogitsWanted::Last).unwrap();
+    assert_eq!(eng.argmax().unwrap().len(), 2);
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    assert!(
+        GpuEngine::new(gpu, &w, 1, cfg.max_seq_len + 1, Precision::Fp32).is_err(),
+        "longer than the model's context"
+    );
+}
+
+#[test]
+fn out_of_memory_is_an_error_that_says_how_much() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let cfg = tiny_config();
+    let ck = checkpoint(&cfg, 1, DType::F32, false);
+    let w = ck.weights().unwrap();
+    // A batch so large the logits alone need terabytes.
+    let err = match GpuEngine::new(gpu, &w, 1 << 22, cfg.max_seq_len, Precision::Fp32) {
+        Ok(_) => panic!("allocating terabytes succeeded"),
+        Err(e) => format!("{e:#}"),
+    };
+    println!("{err}");
+    assert!(err.contains("MiB"), "{err}");
+}
+
+/// `GPT2_ORACLE_DIR` holds what `scripts/hf_reference.py` writes (see
+/// `tests/cpu/oracle.rs` for the format): a random-init transformers model
+/// as `model.safetensors` (+ `config.json`), token ids and its logits.
+#[test]
+fn transformers_oracle() {
+    let Ok(dir) = std::env::var("GPT2_ORACLE_DIR") else {
+        eprintln!("skipped: GPT2_ORACLE_DIR is not set");
+        return;
+    };
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let dir = std::path::PathBuf::from(dir);
+    let ck = Checkpoint::open(&dir.join("model.safetensors")).unwrap();
+    let w = ck.weights().unwrap();
+    let ids: Vec<u32> = serde_json_ids(&dir.join("ids.json"));
+    let logits = read_f32(&dir.join("logits.f32"));
+    let (b, v) = (1, w.config.vocab_size);
+    let t = ids.len();
+    let mut eng = GpuEngine::new(gpu, &w, b, t, Precision::Fp32).unwrap();
+    eng.forward(&ids, b, t, 0, LogitsWanted::All).unwrap();
+    let got = eng.logits().unwrap();
+    let vp = w.config.padded_vocab_size;
+    let got: Vec<f32> = (0..t).flat_map(|r| got[r * vp..r * vp + v].to_vec()).collect();
+    check("transformers oracle logits", &got, &logits, FP32_LOGITS_TOL, 0.0);
+}
+
+/// Ids as a JSON array of integers.
+fn serde_json_ids(path: &std::path::Path) -> Vec<u32> {
+    let s = std::fs::read_to_string(path).unwrap();
+    s.trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| x.trim().parse().unwrap())
+        .collect()
+}
+
+/// Little-endian f32s, `[t, vocab_size]`.
+fn read_f32(path: &std::path::Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}

@@ -1,0 +1,459 @@
+//! Every forward-pass kernel (optimised and naive) against `host::cpu::ops`,
+//! llm.c's `test_gpt2_kernels` style: fresh random inputs each run, outputs
+//! poisoned with NaN before the kernel runs, awkward sizes, and a report of
+//! max abs error, RMSE and mismatch count per case.
+
+use cudarc::driver::CudaSlice;
+use host::cpu::ops as cpu;
+use host::gpu::Gpu;
+use host::gpu::ops::argmax::argmax_forward;
+use host::gpu::ops::args::Variant;
+use host::gpu::ops::attention::attention_forward_variant;
+use host::gpu::ops::convert::convert_to_f32;
+use host::gpu::ops::encoder::encoder_forward_variant;
+use host::gpu::ops::gelu::gelu_forward_variant;
+use host::gpu::ops::layernorm::layernorm_forward_variant;
+use host::gpu::ops::matmul::{MatmulKernel, matmul_forward_with};
+use host::gpu::ops::residual::residual_forward_variant;
+use host::gpu::ops::softmax::softmax_forward_variant;
+use host::model::fixtures::encode;
+use host::model::{DType, Tensor};
+use rand::Rng;
+
+/// Both variants of the ops that have them.
+const VARIANTS: [Variant; 2] = [Variant::Best, Variant::Naive];
+
+/// Uniform random values in `[-scale, scale)`, fresh each run.
+pub fn random_vec(n: usize, scale: f32) -> Vec<f32> {
+    let mut rng = rand::rng();
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// A device buffer of `n` NaNs: a kernel that skips an element leaves NaN,
+/// which every comparison below reports.
+pub fn poisoned(gpu: &Gpu, n: usize) -> CudaSlice<f32> {
+    gpu.upload(&vec![f32::NAN; n]).unwrap()
+}
+
+/// Error statistics of `got` against `want`.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub max_abs: f64,
+    pub rmse: f64,
+    pub mismatches: usize,
+}
+
+/// Compare with tolerance `atol + rtol * |want|` per element; NaN or a
+/// length difference counts as a mismatch.
+pub fn stats(got: &[f32], want: &[f32], atol: f32, rtol: f32) -> Stats {
+    let mut max_abs = 0f64;
+    let mut sq = 0f64;
+    let mut mismatches = want.len().abs_diff(got.len());
+    for (&g, &w) in got.iter().zip(want) {
+        let e = (g as f64 - w as f64).abs();
+        if e.is_nan() || e > (atol + rtol * w.abs()) as f64 {
+            mismatches += 1;
+        }
+        if e.is_nan() {
+            max_abs = f64::NAN;
+        } else if !max_abs.is_nan() {
+            max_abs = max_abs.max(e);
+        }
+        sq += e * e;
+    }
+    Stats {
+        max_abs,
+        rmse: (sq / want.len().max(1) as f64).sqrt(),
+        mismatches,
+    }
+}
+
+/// Print llm.c-style and fail on any mismatch.
+pub fn check(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) -> Stats {
+    let s = stats(got, want, atol, rtol);
+    println!(
+        "{what}: {} values, max abs err {:.3e}, rmse {:.3e}, mismatches {} (tol {atol:e} + {rtol:e}|x|)",
+        want.len(),
+        s.max_abs,
+        s.rmse,
+        s.mismatches
+    );
+    assert_eq!(
+        s.mismatches, 0,
+        "{what}: {} mismatches (max abs err {:e})",
+        s.mismatches, s.max_abs
+    );
+    s
+}
+
+fn down(gpu: &Gpu, buf: &CudaSlice<f32>) -> Vec<f32> {
+    gpu.download(buf).unwrap()
+}
+
+#[test]
+fn encoder_matches_cpu() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let mut rng = rand::rng();
+    let (vocab, max_t) = (517, 1024);
+    for &(b, t, c, pos0) in &[
+        (1, 1, 768, 0),
+        (3, 37, 768, 5),
+        (4, 64, 1024, 0),
+        (1, 1024, 768, 0),
+        (3, 5, 66, 900),
+    ] {
+        let wte = random_vec(vocab * c, 1.0);
+        let wpe = random_vec(max_t * c, 1.0);
+        let ids: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..vocab as u32)).collect();
+        let mut want = vec![0f32; b * t * c];
+        cpu::encoder_forward(&mut want, &ids, &wte, &wpe, b, t, c, pos0);
+        let (dwte, dwpe, dids) = (
+            gpu.upload(&wte).unwrap(),
+            gpu.upload(&wpe).unwrap(),
+            gpu.upload(&ids).unwrap(),
+        );
+        for v in VARIANTS {
+            let mut out = poisoned(&gpu, b * t * c);
+            encoder_forward_variant(&gpu, v, &mut out, &dids, &dwte, &dwpe, b, t, c, pos0).unwrap();
+            check(
+                &format!("encoder {v:?} b={b} t={t} c={c} pos0={pos0}"),
+                &down(&gpu, &out),
+                &want,
+                0.0,
+                0.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn encoder_rejects_short_buffers_and_guards_bad_ids() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let (vocab, c, max_t) = (10, 8, 4);
+    let (wte, wpe) = (
+        gpu.upload(&random_vec(vocab * c, 1.0)).unwrap(),
+        gpu.upload(&random_vec(max_t * c, 1.0)).unwrap(),
+    );
+    let ids = gpu.upload(&[3u32, 99]).unwrap();
+    let mut out = poisoned(&gpu, 2 * c);
+    // positions past the table: an error, not a read out of bounds
+    assert!(encoder_forward_variant(&gpu, Variant::Best, &mut out, &ids, &wte, &wpe, 1, 2, c, 3).is_err());
+    // an id past wte gives a NaN row, the other row is right
+    encoder_forward_variant(&gpu, Variant::Best, &mut out, &ids, &wte, &wpe, 1, 2, c, 0).unwrap();
+    let got = down(&gpu, &out);
+    assert!(got[..c].iter().all(|x| x.is_finite()) && got[c..].iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn layernorm_matches_cpu() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for &(n, c) in &[(1, 768), (3 * 37, 768), (4 * 64, 1024), (1024, 768), (7, 66), (5, 3)] {
+        // A large common offset: the two-pass variance must not cancel.
+        let inp: Vec<f32> = random_vec(n * c, 2.0).iter().map(|x| x + 10.0).collect();
+        let (w, bias) = (random_vec(c, 1.0), random_vec(c, 1.0));
+        let mut want = vec![0f32; n * c];
+        cpu::layernorm_forward(&mut want, &inp, &w, &bias, n, c);
+        let (di, dw, db) = (
+            gpu.upload(&inp).unwrap(),
+            gpu.upload(&w).unwrap(),
+            gpu.upload(&bias).unwrap(),
+        );
+        for v in VARIANTS {
+            let mut out = poisoned(&gpu, n * c);
+            layernorm_forward_variant(&gpu, v, &mut out, &di, &dw, &db, n, c).unwrap();
+            check(
+                &format!("layernorm {v:?} n={n} c={c}"),
+                &down(&gpu, &out),
+                &want,
+                1e-5,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_matches_cpu_all_kernels_and_edges() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let shapes = [
+        (1, 768, 2304),
+        (3, 768, 768),
+        (8, 1024, 3072),
+        (111, 768, 2304),
+        (256, 3072, 768),
+        (4 * 64, 768, 3072),
+        (77, 66, 130),
+        (65, 13, 63),
+        (9, 768, 50304),
+    ];
+    for &(n, c, oc) in &shapes {
+        let inp = random_vec(n * c, 1.0);
+        // weights scaled so outputs are O(1) whatever c is
+        let w = random_vec(oc * c, 1.0 / (c as f32).sqrt());
+        let bias = random_vec(oc, 1.0);
+        let (di, dw, db) = (
+            gpu.upload(&inp).unwrap(),
+            gpu.upload(&w).unwrap(),
+            gpu.upload(&bias).unwrap(),
+        );
+        for with_bias in [true, false] {
+            let mut want = vec![0f32; n * oc];
+            cpu::matmul_forward(&mut want, &inp, &w, with_bias.then_some(&bias[..]), n, c, oc);
+            let mut want_gelu = vec![0f32; n * oc];
+            cpu::gelu_forward(&mut want_gelu, &want, n * oc);
+            let mut kernels = vec![MatmulKernel::Tiled, MatmulKernel::Naive, MatmulKernel::Auto];
+            if n <= gpu_kernels::params::matmul::MATMUL_GEMV_MAX_ROWS as usize {
+                kernels.push(MatmulKernel::Gemv);
+            }
+            for k in kernels {
+                for gelu in [false, true] {
+                    let mut out = poisoned(&gpu, n * oc);
+                    let b = with_bias.then_some(&db);
+                    matmul_forward_with(&gpu, k, gelu, &mut out, &di, &dw, b, n, c, oc).unwrap();
+                    let what = format!("matmul {k:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
+                    check(
+                        &what,
+                        &down(&gpu, &out),
+                        if gelu { &want_gelu } else { &want },
+                        1e-4,
+                        1e-4,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_rejects_short_buffers() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let (di, dw) = (
+        gpu.upload(&random_vec(10, 1.0)).unwrap(),
+        gpu.upload(&random_vec(10, 1.0)).unwrap(),
+    );
+    let mut out = poisoned(&gpu, 4);
+    let r = matmul_forward_with(
+        &gpu,
+        MatmulKernel::Auto,
+        false,
+        &mut out,
+        &di,
+        &dw,
+        None::<&CudaSlice<f32>>,
+        2,
+        5,
+        3,
+    );
+    assert!(r.is_err(), "out holds 4 floats, 6 needed");
+}
+
+/// One attention case: prefill `t0` tokens, then `steps` single-token decode
+/// steps, each checked (output and caches) against the CPU.
+#[allow(clippy::too_many_arguments)]
+fn attention_case(
+    gpu: &Gpu,
+    v: Variant,
+    b: usize,
+    t0: usize,
+    steps: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+) {
+    let hs = c / nh;
+    let cache = b * nh * max_t * hs;
+    // Caches start as random garbage on both sides: positions not yet
+    // written must never be read.
+    let garbage = random_vec(cache, 1.0);
+    let (mut ck, mut cv) = (garbage.clone(), garbage.clone());
+    let (mut gk, mut gv) = (gpu.upload(&garbage).unwrap(), gpu.upload(&garbage).unwrap());
+    let mut pos0 = 0;
+    for (i, t) in std::iter::once(t0).chain(std::iter::repeat_n(1, steps)).enumerate() {
+        let qkv = random_vec(b * t * 3 * c, 1.5);
+        let mut want = vec![0f32; b * t * c];
+        cpu::attention_forward(&mut want, &mut ck, &mut cv, &qkv, b, t, pos0, max_t, c, nh, window);
+        let dq = gpu.upload(&qkv).unwrap();
+        let mut out = poisoned(gpu, b * t * c);
+        attention_forward_variant(
+            gpu, v, &mut out, &mut gk, &mut gv, &dq, b, t, pos0, max_t, c, nh, window,
+        )
+        .unwrap();
+        let what = format!("attention {v:?} b={b} t={t} pos0={pos0} c={c} nh={nh} window={window} (call {i})");
+        check(&what, &down(gpu, &out), &want, 1e-5, 1e-4);
+        pos0 += t;
+    }
+    check("k_cache", &down(gpu, &gk), &ck, 0.0, 0.0);
+    check("v_cache", &down(gpu, &gv), &cv, 0.0, 0.0);
+}
+
+#[test]
+fn attention_matches_cpu_prefill_and_decode() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for v in VARIANTS {
+        attention_case(&gpu, v, 1, 1, 3, 16, 768, 12, 0);
+        attention_case(&gpu, v, 3, 37, 4, 64, 768, 12, 0);
+        attention_case(&gpu, v, 4, 64, 2, 128, 768, 12, 0);
+        attention_case(&gpu, v, 1, 1021, 3, 1024, 768, 12, 0);
+        attention_case(&gpu, v, 3, 100, 2, 128, 1024, 16, 0);
+        attention_case(&gpu, v, 3, 29, 2, 40, 96, 3, 0); // head size 32
+        attention_case(&gpu, v, 2, 11, 2, 16, 60, 5, 0); // head size 12: no 16-byte loads
+    }
+}
+
+#[test]
+fn attention_windowed_matches_cpu() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for v in VARIANTS {
+        attention_case(&gpu, v, 3, 100, 5, 128, 768, 12, 16);
+        attention_case(&gpu, v, 1, 300, 3, 512, 768, 12, 128);
+    }
+}
+
+#[test]
+fn attention_rejects_positions_past_the_cache() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let (c, nh, max_t) = (64, 4, 8);
+    let mut k = poisoned(&gpu, max_t * c);
+    let mut v = poisoned(&gpu, max_t * c);
+    let q = gpu.upload(&random_vec(3 * 3 * c, 1.0)).unwrap();
+    let mut out = poisoned(&gpu, 3 * c);
+    assert!(
+        attention_forward_variant(
+            &gpu,
+            Variant::Best,
+            &mut out,
+            &mut k,
+            &mut v,
+            &q,
+            1,
+            3,
+            6,
+            max_t,
+            c,
+            nh,
+            0
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn gelu_and_residual_match_cpu() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for &n in &[1usize, 3, 4 * 64 * 3072 + 3, (1 << 20) + 1] {
+        let (x, y) = (random_vec(n + 1, 6.0), random_vec(n + 1, 6.0));
+        let mut want_g = vec![0f32; n];
+        cpu::gelu_forward(&mut want_g, &x, n);
+        let mut want_r = vec![0f32; n];
+        cpu::residual_forward(&mut want_r, &x, &y, n);
+        let (dx, dy) = (gpu.upload(&x).unwrap(), gpu.upload(&y).unwrap());
+        for v in VARIANTS {
+            let mut out = poisoned(&gpu, n);
+            gelu_forward_variant(&gpu, v, &mut out, &dx, n).unwrap();
+            check(&format!("gelu {v:?} n={n}"), &down(&gpu, &out), &want_g, 1e-6, 1e-5);
+            let mut out = poisoned(&gpu, n);
+            residual_forward_variant(&gpu, v, &mut out, &dx, &dy, n).unwrap();
+            check(&format!("residual {v:?} n={n}"), &down(&gpu, &out), &want_r, 0.0, 0.0);
+        }
+        // Misaligned views (offset by one float) take the scalar path.
+        let mut want_g1 = vec![0f32; n];
+        cpu::gelu_forward(&mut want_g1, &x[1..], n);
+        let mut out = poisoned(&gpu, n + 1);
+        gelu_forward_variant(&gpu, Variant::Best, &mut out.slice_mut(1..), &dx.slice(1..), n).unwrap();
+        check(
+            &format!("gelu misaligned n={n}"),
+            &down(&gpu, &out)[1..],
+            &want_g1,
+            1e-6,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn softmax_matches_cpu() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for &(n, v, vp) in &[(1, 50257, 50304), (5, 50257, 50304), (3, 517, 640), (2, 7, 7)] {
+        let logits = random_vec(n * vp, 8.0);
+        let mut want = vec![0f32; n * vp];
+        cpu::softmax_forward(&mut want, &logits, n, v, vp);
+        let dl = gpu.upload(&logits).unwrap();
+        for var in VARIANTS {
+            let mut out = poisoned(&gpu, n * vp);
+            softmax_forward_variant(&gpu, var, &mut out, &dl, n, v, vp).unwrap();
+            check(
+                &format!("softmax {var:?} n={n} v={v} vp={vp}"),
+                &down(&gpu, &out),
+                &want,
+                1e-7,
+                1e-4,
+            );
+        }
+    }
+}
+
+#[test]
+fn argmax_matches_cpu_with_ties_and_padding() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let mut rng = rand::rng();
+    let (v, vp) = (50257, 50304);
+    for &n in &[1usize, 4, 7] {
+        let mut logits = random_vec(n * vp, 4.0);
+        for r in 0..n {
+            let row = &mut logits[r * vp..(r + 1) * vp];
+            // padded entries are larger than any real one: they must be ignored
+            row[v..].fill(100.0);
+            // a tie between two ids: the lower must win
+            let (i, j) = (rng.random_range(0..v / 2), rng.random_range(v / 2..v));
+            row[i] = 50.0;
+            row[j] = 50.0;
+        }
+        let want: Vec<u32> = (0..n)
+            .map(|r| host::cpu::forward::argmax(&logits[r * vp..r * vp + v]))
+            .collect();
+        let dl = gpu.upload(&logits).unwrap();
+        let mut ids = gpu.upload(&vec![u32::MAX; n]).unwrap();
+        argmax_forward(&gpu, &mut ids, &dl, n, v, vp).unwrap();
+        let got = gpu.download(&ids).unwrap();
+        println!("argmax n={n}: got {got:?}, want {want:?}");
+        assert_eq!(got, want);
+        // strided rows: only the last of every 3 rows
+        if n >= 3 {
+            let rows = n / 3;
+            let want: Vec<u32> = (0..rows).map(|r| want[r * 3 + 2]).collect();
+            let mut ids = gpu.upload(&vec![u32::MAX; rows]).unwrap();
+            argmax_forward(&gpu, &mut ids, &dl.slice(2 * vp..), rows, v, 3 * vp).unwrap();
+            assert_eq!(gpu.download(&ids).unwrap(), want);
+        }
+    }
+}
+
+#[test]
+fn convert_matches_host_conversion() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for transposed in [false, true] {
+            let (rows, cols) = (37, 129);
+            let values = random_vec(rows * cols, 3.0);
+            let bytes = encode(&values, dtype);
+            let t = Tensor {
+                shape: [rows, cols],
+                dtype,
+                transposed,
+                bytes: &bytes,
+            };
+            let want = t.to_f32().into_owned();
+            let raw = gpu.upload(&bytes).unwrap();
+            let mut out = poisoned(&gpu, rows * cols);
+            convert_to_f32(&gpu, &mut out, &raw, rows, cols, dtype, transposed).unwrap();
+            check(
+                &format!("convert {dtype:?} transposed={transposed}"),
+                &down(&gpu, &out),
+                &want,
+                0.0,
+                0.0,
+            );
+        }
+    }
+}
