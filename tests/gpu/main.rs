@@ -8,3 +8,4 @@ mod flash_attention;
 mod matmul_tf32;
 mod kernels;
 mod forward;
+mod perplexity;
