@@ -3,3 +3,6 @@ mod checkpoint;
 mod cpu_reference;
 mod tokenizer;
 mod perplexity;
+mod sampling;
+mod oracle;
+mod cli;

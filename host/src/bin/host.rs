@@ -44,7 +44,7 @@ enum PrecisionArg {
 
 /// Generate text with GPT-2 (124M by default), on the GPU or the CPU.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Cli {
     /// Prompt(s); several prompts run together as one batch.
     prompts: Vec<String>,

@@ -1,0 +1,290 @@
+//! The `host` binary end to end on the CPU with a small random checkpoint of
+//! GPT-2's vocabulary: streaming output, exit codes and error messages.
+//!
+//! The binary is (re)built by `cargo build --profile test -p host --bin host`
+//! into this test's own target directory (so it is never stale); without
+//! cargo (a bundle copied to another machine) a `host` next to the test's
+//! profile directory is used, and the tests skip when there is none.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use host::cpu::CpuModel;
+use host::generate::generate;
+use host::model::checkpoint::Checkpoint;
+use host::model::fixtures::write_llmc;
+use host::model::{DType, ModelConfig};
+use host::sample::{Sampler, SamplingParams};
+use host::tokenizer::Gpt2Tokenizer;
+
+/// Small model with GPT-2's vocabulary, so the real tokenizer applies.
+fn cli_config() -> ModelConfig {
+    ModelConfig {
+        max_seq_len: 32,
+        vocab_size: 50257,
+        padded_vocab_size: 50304,
+        num_layers: 1,
+        num_heads: 2,
+        channels: 16,
+    }
+}
+
+/// target/<profile>/ of this test binary (which lives in target/<profile>/deps).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binary in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The `host` binary, built once per test run.
+fn host_bin() -> Option<&'static Path> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let profile_dir = profile_dir();
+        let bin = profile_dir.join(format!("host{}", std::env::consts::EXE_SUFFIX));
+        if let Ok(cargo) = std::env::var("CARGO") {
+            let target_dir = profile_dir.parent().expect("target dir");
+            let profile = if profile_dir.ends_with("release") {
+                "release"
+            } else {
+                "test"
+            };
+            let status = Command::new(cargo)
+                .args([
+                    "build",
+                    "--quiet",
+                    "--profile",
+                    profile,
+                    "-p",
+                    "host",
+                    "--bin",
+                    "host",
+                    "--target-dir",
+                ])
+                .arg(target_dir)
+                .status()
+                .expect("running cargo");
+            assert!(status.success(), "building the host binary failed");
+        }
+        if bin.is_file() {
+            Some(bin)
+        } else {
+            eprintln!("skipped: no host binary at {} and no cargo to build it", bin.display());
+            None
+        }
+    })
+    .as_deref()
+}
+
+/// A fixture checkpoint in a fresh temp dir (kept for the test's life).
+struct Fixture {
+    dir: PathBuf,
+    weights: PathBuf,
+}
+
+impl Fixture {
+    fn new(name: &str) -> Fixture {
+        let dir = std::env::temp_dir().join(format!("gpt2-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let weights = dir.join("model.bin");
+        write_llmc(&weights, &cli_config(), 42, DType::F32).unwrap();
+        Fixture { dir, weights }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn run(bin: &Path, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(args)
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .output()
+        .expect("running host")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn greedy_cpu_run_streams_the_same_text_as_the_library() {
+    let Some(bin) = host_bin() else { return };
+    let fx = Fixture::new("greedy");
+    let prompt = "Hello world, this is";
+    let n = 10;
+    let out = run(
+        bin,
+        &[
+            "--cpu",
+            "--weights",
+            fx.weights.to_str().unwrap(),
+            "--temperature",
+            "0",
+            "-n",
+            "10",
+            prompt,
+        ],
+    );
+    assert!(out.status.success(), "exit {:?}: {}", out.status, stderr(&out));
+
+    // The same generation through the library.
+    let tok = Gpt2Tokenizer::default_files().unwrap();
+    let ckpt = Checkpoint::open(&fx.weights).unwrap();
+    let ids = tok.encode(prompt).unwrap();
+    let mut model = CpuModel::new(&ckpt.weights().unwrap(), 1, ids.len() + n).unwrap();
+    let mut s = Sampler::new(SamplingParams::GREEDY).unwrap();
+    let g = generate(&mut model, &[ids], n, &mut s, |_, _| {}).unwrap();
+    let want = format!("{prompt}{}\n", tok.decode(&g.tokens[0]).unwrap());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("{} tokens generated (", g.generated)) && err.contains("tokens/s)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn seed_is_printed_and_repeats_the_run() {
+    let Some(bin) = host_bin() else { return };
+    let fx = Fixture::new("seed");
+    let w = fx.weights.to_str().unwrap();
+    let first = run(
+        bin,
+        &["--cpu", "--weights", w, "-n", "8", "--temperature", "1.5", "Once upon"],
+    );
+    assert!(first.status.success(), "{}", stderr(&first));
+    let err = stderr(&first);
+    let seed = err
+        .split_whitespace()
+        .skip_while(|w| *w != "--seed")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no seed printed: {err}"))
+        .trim_end_matches(|c: char| !c.is_ascii_digit());
+    let again = run(
+        bin,
+        &[
+            "--cpu",
+            "--weights",
+            w,
+            "-n",
+            "8",
+            "--temperature",
+            "1.5",
+            "--seed",
+            seed,
+            "Once upon",
+        ],
+    );
+    assert_eq!(first.stdout, again.stdout, "same seed, same text");
+}
+
+#[test]
+fn batch_of_prompts_prints_each_continuation() {
+    let Some(bin) = host_bin() else { return };
+    let fx = Fixture::new("batch");
+    let out = run(
+        bin,
+        &[
+            "--cpu",
+            "--weights",
+            fx.weights.to_str().unwrap(),
+            "-n",
+            "4",
+            "--seed",
+            "1",
+            "One",
+            "Two three",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("--- prompt 1 ---\nOne") && text.contains("--- prompt 2 ---\nTwo three"),
+        "{text}"
+    );
+}
+
+#[test]
+fn context_window_stops_with_a_message_not_an_error() {
+    let Some(bin) = host_bin() else { return };
+    let fx = Fixture::new("window");
+    let w = fx.weights.to_str().unwrap();
+    let prompt = "one two three four five six seven eight nine ten eleven twelve"; // 12 tokens
+    let out = run(
+        bin,
+        &["--cpu", "--weights", w, "-n", "100", "--temperature", "0", prompt],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("context window of 32"), "{err}");
+    assert!(err.contains("20 tokens generated"), "{err}");
+}
+
+#[test]
+fn bad_inputs_fail_with_clear_messages() {
+    let Some(bin) = host_bin() else { return };
+    let fx = Fixture::new("errors");
+    let w = fx.weights.to_str().unwrap();
+    let garbage = fx.dir.join("garbage.bin");
+    std::fs::write(&garbage, b"definitely not a checkpoint").unwrap();
+    let long_prompt = "word ".repeat(40).trim_end().to_string(); // 40 tokens > 32 positions
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["--cpu", "--weights", w, ""], 1, "empty"),
+        (vec!["--cpu", "--weights", w], 1, "no prompt"),
+        (vec!["--cpu", "--weights", w, "-n", "0", "hi"], 1, "at least 1"),
+        (vec!["--cpu", "--weights", w, "-n", "-3", "hi"], 2, "-3"),
+        (vec!["--cpu", "--weights", w, "--bogus", "hi"], 2, "--bogus"),
+        (
+            vec!["--cpu", "--weights", w, "--temperature", "-1", "hi"],
+            1,
+            "temperature",
+        ),
+        (vec!["--cpu", "--weights", w, "--top-p", "0", "hi"], 1, "top-p"),
+        (vec!["--cpu", "--weights", w, "--precision", "fp8", "hi"], 2, "fp8"),
+        (
+            vec!["--cpu", "--weights", "/definitely/missing.bin", "hi"],
+            1,
+            "does not exist",
+        ),
+        (
+            vec!["--cpu", "--weights", garbage.to_str().unwrap(), "hi"],
+            1,
+            "garbage.bin",
+        ),
+        (vec!["--cpu", "--weights", w, long_prompt.as_str()], 1, "40 tokens"),
+        (
+            vec!["--cpu", "--weights", w, "--prompt-file", "/definitely/missing.txt"],
+            1,
+            "missing.txt",
+        ),
+    ];
+    for (args, code, needle) in cases {
+        let out = run(bin, &args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: stderr lacks {needle:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+    // The long prompt's message names both numbers.
+    let err = stderr(&run(bin, &["--cpu", "--weights", w, long_prompt.as_str()]));
+    assert!(err.contains("32"), "{err}");
+}
+
+#[test]
+fn without_cpu_flag_a_missing_gpu_is_a_clear_error() {
+    let Some(bin) = host_bin() else { return };
+    let fx = Fixture::new("gpu");
+    let out = run(bin, &["--weights", fx.weights.to_str().unwrap(), "-n", "2", "hi"]);
+    if !out.status.success() {
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("--cpu") && !err.contains("panicked"), "{err}");
+    }
+}
