@@ -69,9 +69,12 @@ pub fn layernorm_forward(
         .par_chunks_mut(c)
         .zip(inp[..n * c].par_chunks(c))
         .for_each(|(out_row, x)| {
-            let mean = x.iter().sum::<f32>() / c as f32;
-            let var = x.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / c as f32;
-            let rstd = 1.0 / (var + LAYERNORM_EPS).sqrt();
+            // Statistics in f64: a sequential f32 sum over C values drifts by
+            // up to C ulps, which would make the oracle the noisier side.
+            let mean = x.iter().map(|&v| v as f64).sum::<f64>() / c as f64;
+            let var = x.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum::<f64>() / c as f64;
+            let rstd = (1.0 / (var + LAYERNORM_EPS as f64).sqrt()) as f32;
+            let mean = mean as f32;
             for i in 0..c {
                 out_row[i] = (x[i] - mean) * rstd * weight[i] + bias[i];
             }

@@ -203,6 +203,11 @@ impl GpuEngine {
         self.window = window;
     }
 
+    /// Switch the matmul precision; weights, caches and buffers serve both.
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
+    }
+
     pub fn precision(&self) -> Precision {
         self.precision
     }
