@@ -218,21 +218,18 @@ fn config_window(config: &ModelConfig, max_seq_len: usize) -> usize {
 }
 
 /// The GPU engine (`host::gpu::engine`), on device `--device`.
-///
-/// NOTE for the lead: `host::gpu::engine::GpuEngine` had not landed when this
-/// was written. Once it exists, the body is:
-/// ```ignore
-/// use host::gpu::engine::{GpuEngine, Precision};
-/// let gpu = host::gpu::Gpu::new(cli.device)?;
-/// let precision = match cli.precision {
-///     PrecisionArg::Fp32 => Precision::Fp32,
-///     PrecisionArg::Tf32 => Precision::Tf32,
-/// };
-/// Ok(Box::new(GpuEngine::new(gpu, weights, max_batch, max_seq_len, precision)?))
-/// ```
 fn gpu_backend(cli: &Cli, weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<Box<dyn Backend>> {
-    // Opening the device first gives the clear "no GPU, use --cpu" errors.
-    let _gpu = host::gpu::Gpu::new(cli.device)?;
-    let _ = (weights, max_batch, max_seq_len, cli.precision);
-    bail!("the GPU engine is not built into this version yet; use --cpu")
+    use host::gpu::engine::{GpuEngine, Precision};
+    let gpu = host::gpu::Gpu::new(cli.device)?;
+    let precision = match cli.precision {
+        PrecisionArg::Fp32 => Precision::Fp32,
+        PrecisionArg::Tf32 => Precision::Tf32,
+    };
+    Ok(Box::new(GpuEngine::new(
+        gpu,
+        weights,
+        max_batch,
+        max_seq_len,
+        precision,
+    )?))
 }
