@@ -6,3 +6,4 @@ mod perplexity;
 mod sampling;
 mod oracle;
 mod cli;
+mod hub;
