@@ -5,9 +5,19 @@
 //! KV cache are allocated once for `(max_batch, max_seq_len)`; a forward call
 //! allocates nothing on the device and synchronises with the host only when
 //! results are read back (`logits`, `argmax`).
+//!
+//! Attention runs on the flash kernels by default ([`AttentionKind::Flash`]:
+//! tiled prefill, on tensor cores under [`Precision::Tf32`], FP32 FMAs under
+//! [`Precision::Fp32`]; flash-decoding for decode steps); H4's unfused kernel
+//! stays selectable ([`AttentionKind::Unfused`]) for comparison, and is what
+//! runs for head sizes the flash kernels were not built for.
 
 use anyhow::{Context, Result, bail, ensure};
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::CudaSlice;
+use gpu_kernels::params::flash_attention::{
+    FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
+};
+use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_N};
 
 use crate::generate::{Backend, LogitsWanted};
 use crate::gpu::Gpu;
@@ -16,10 +26,11 @@ use crate::gpu::ops::args::OpError;
 use crate::gpu::ops::attention::attention_forward;
 use crate::gpu::ops::convert::convert_to_f32;
 use crate::gpu::ops::encoder::encoder_forward;
+use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::layernorm::layernorm_forward;
 use crate::gpu::ops::matmul::{MatmulKernel, choose, matmul_forward_with};
-use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, matmul_forward_tf32};
+use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, matmul_forward_tf32, sm_count};
 use crate::gpu::ops::residual::residual_forward;
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, ModelConfig, Tensor, Weights};
@@ -33,6 +44,22 @@ pub enum Precision {
     /// TF32 tensor cores for the large matmuls (prefill); decode-sized ones
     /// (a few rows) stay on the FP32 GEMV kernel, which is faster there.
     Tf32,
+}
+
+/// Which attention kernels the engine runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// Flash attention (`gpu::ops::flash_attention`): prefill in 64x64 tiles
+    /// that never materialise the T x T scores (TF32 tensor cores under
+    /// [`Precision::Tf32`], FP32 FMAs under [`Precision::Fp32`], so the FP32
+    /// path keeps its 1e-3 bar); flash-decoding (split over the cache, then a
+    /// combine) when a call has at most `FLASH_DECODE_MAX_T` positions. Only
+    /// for head size `FLASH_HEAD_SIZE`; other models run [`Self::Unfused`].
+    #[default]
+    Flash,
+    /// H4's `attention_forward`: one block per (query, head), each re-reading
+    /// its K/V range. Kept for comparison (tests, `bench`).
+    Unfused,
 }
 
 /// One transformer block's parameters on the device, f32, (out, in) layout.
@@ -95,6 +122,15 @@ pub struct GpuEngine {
     max_seq_len: usize,
     /// Attention window (0 = unlimited, GPT-2's own behaviour).
     window: usize,
+    /// Attention kernels asked for (see [`GpuEngine::attention_in_use`] for what runs).
+    attention: AttentionKind,
+    /// Flash-decoding scratch, sized for `(max_batch, NH, max_seq_len)` at
+    /// creation so that no forward call allocates; `None` when the model's
+    /// head size has no flash kernel.
+    flash: Option<FlashWorkspace>,
+    /// Streaming multiprocessors, read once: the FP32 matmul dispatch compares
+    /// the tiled kernel's block count against it.
+    sms: usize,
     params: DeviceParams,
     /// Per layer: K and V caches, `[max_batch][NH][max_seq_len][HS]` each.
     kv_cache: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
@@ -172,6 +208,15 @@ impl GpuEngine {
             })
         })()
         .with_context(|| oom("the activations"))?;
+        let flash = if flash_supported(&config, max_batch, max_seq_len) {
+            Some(
+                FlashWorkspace::new(&gpu, max_batch, config.num_heads, max_seq_len)
+                    .with_context(|| oom("the flash-attention workspace"))?,
+            )
+        } else {
+            None
+        };
+        let sms = sm_count(&gpu).context("reading the SM count")?;
         gpu.synchronize().context("uploading the weights")?;
         Ok(GpuEngine {
             gpu,
@@ -180,6 +225,9 @@ impl GpuEngine {
             max_batch,
             max_seq_len,
             window: 0,
+            attention: AttentionKind::default(),
+            flash,
+            sms,
             params,
             kv_cache,
             acts,
@@ -195,7 +243,32 @@ impl GpuEngine {
         let kv = 2 * l * rows * c;
         // residual, residual2, ln, atty, proj (C each), qkv (3C), fch, fch_gelu (4C each)
         let acts = rows * (5 * c + 3 * c + 8 * c) + rows * vp + max_batch * c;
-        (weights + kv + acts) * F32_BYTES + rows * 4 + max_batch * 4
+        let flash = if flash_supported(config, max_batch, max_seq_len) {
+            flash_workspace_floats(max_batch, config.num_heads, max_seq_len)
+        } else {
+            0
+        };
+        (weights + kv + acts + flash) * F32_BYTES + rows * 4 + max_batch * 4
+    }
+
+    /// Choose the attention kernels (no allocation: the flash workspace
+    /// exists from creation whenever the model can use it).
+    pub fn set_attention_kind(&mut self, kind: AttentionKind) {
+        self.attention = kind;
+    }
+
+    /// The attention kernels asked for.
+    pub fn attention_kind(&self) -> AttentionKind {
+        self.attention
+    }
+
+    /// The attention kernels that actually run: `Unfused` when asked for, or
+    /// when the model's head size has no flash kernel.
+    pub fn attention_in_use(&self) -> AttentionKind {
+        match (self.attention, &self.flash) {
+            (AttentionKind::Flash, Some(_)) => AttentionKind::Flash,
+            _ => AttentionKind::Unfused,
+        }
     }
 
     /// Limit attention to the last `window` positions (0 = unlimited).
@@ -222,13 +295,85 @@ impl GpuEngine {
     }
 }
 
-/// A linear layer, dispatched on precision and size.
+/// Whether the flash kernels serve this model and these sizes: they are
+/// built for one head size, and index the caches with 32-bit offsets (the
+/// wrapper asserts both; checking here turns the assert into a fallback).
+fn flash_supported(config: &ModelConfig, max_batch: usize, max_seq_len: usize) -> bool {
+    /// The wrapper's bound: q, k and v offsets of the largest cache fit in u32.
+    const QKV_PARTS: usize = 3;
+    let hs = FLASH_HEAD_SIZE as usize;
+    config.num_heads > 0
+        && config.channels == config.num_heads * hs
+        && u32::try_from(max_batch * config.num_heads * max_seq_len * hs * QKV_PARTS).is_ok()
+}
+
+/// Floats of a [`FlashWorkspace`] for these sizes (mirrors
+/// `FlashWorkspace::new`: per (row, head, query) of a decode call, one
+/// partial of HS accumulators plus (max, sum) per warp of each 64-key chunk).
+fn flash_workspace_floats(max_batch: usize, nh: usize, max_seq_len: usize) -> usize {
+    /// Running max and sum of each partial.
+    const ML_FLOATS: usize = 2;
+    let parts = max_seq_len.div_ceil(FLASH_DECODE_CHUNK as usize) * FLASH_DECODE_PARTS_PER_CHUNK as usize;
+    max_batch * nh * FLASH_DECODE_MAX_T as usize * parts * (FLASH_HEAD_SIZE as usize + ML_FLOATS)
+}
+
+/// Most rows the FP32 path sends through the GEMV kernel in chunks of
+/// `MATMUL_GEMV_MAX_ROWS` rather than through the 64x64 tiled kernel. At
+/// M = 64 the tiled kernel has 12-48 blocks for 132 SMs (0.7 TFLOP/s measured
+/// on 64x3072x768); eight GEMV launches each stream W once (from L2 after the
+/// first: the layer weights are 2.4-9.4 MB) with every SM busy. Past a few
+/// chunks the repeated launches and input re-reads cost more than the tiled
+/// kernel's idle SMs, so the rule stops here (`bench gemm` times both at M = 64:
+/// `ours_fp32_gemv_chunked` vs `ours_fp32_tiled`).
+pub const FP32_CHUNKED_GEMV_MAX_ROWS: usize = 64;
+
+/// Whether the FP32 matmul of `n x oc` outputs should run as chunked GEMV:
+/// few rows, and the tiled kernel would not even fill one wave of blocks
+/// (the LM head, with hundreds of column tiles, stays tiled).
+pub fn fp32_prefers_chunked_gemv(n: usize, oc: usize, sms: usize) -> bool {
+    let tiled_blocks = n.div_ceil(MATMUL_TILE_M as usize) * oc.div_ceil(MATMUL_TILE_N as usize);
+    n > MATMUL_GEMV_MAX_ROWS as usize && n <= FP32_CHUNKED_GEMV_MAX_ROWS && tiled_blocks < sms
+}
+
+/// FP32 `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias)` as GEMV launches
+/// over chunks of `MATMUL_GEMV_MAX_ROWS` rows (views of the same buffers: no
+/// allocation). Exact FP32 like the tiled kernel (same products, another
+/// summation order).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_fp32_gemv_chunked(
+    gpu: &Gpu,
+    out: &mut CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    weight: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<(), OpError> {
+    let rows = MATMUL_GEMV_MAX_ROWS as usize;
+    if out.len() < n * oc || inp.len() < n * c {
+        // Let the op's own checks word the error.
+        return matmul_forward_with(gpu, MatmulKernel::Tiled, false, out, inp, weight, bias, n, c, oc);
+    }
+    for r0 in (0..n).step_by(rows) {
+        let m = rows.min(n - r0);
+        let x = inp.slice(r0 * c..(r0 + m) * c);
+        let mut y = out.slice_mut(r0 * oc..(r0 + m) * oc);
+        matmul_forward_with(gpu, MatmulKernel::Gemv, false, &mut y, &x, weight, bias, m, c, oc)?;
+    }
+    Ok(())
+}
+
+/// A linear layer, dispatched on precision and size: TF32 tensor cores for
+/// prefill-sized TF32 calls; otherwise FP32 on GEMV (decode), chunked GEMV
+/// (short prompts, see [`fp32_prefers_chunked_gemv`]) or the tiled kernel.
 #[allow(clippy::too_many_arguments)]
 fn matmul(
     gpu: &Gpu,
     precision: Precision,
+    sms: usize,
     out: &mut CudaSlice<f32>,
-    inp: &impl DevicePtr<f32>,
+    inp: &CudaSlice<f32>,
     weight: &CudaSlice<f32>,
     bias: Option<&CudaSlice<f32>>,
     n: usize,
@@ -240,7 +385,45 @@ fn matmul(
         return matmul_forward_tf32(gpu, out, inp, weight, bias, n, c, oc, false)
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
     }
+    if fp32_prefers_chunked_gemv(n, oc, sms) {
+        return matmul_fp32_gemv_chunked(gpu, out, inp, weight, bias, n, c, oc);
+    }
     matmul_forward_with(gpu, MatmulKernel::Auto, false, out, inp, weight, bias, n, c, oc)
+}
+
+/// One layer's attention on the kernels chosen: flash when `flash` holds the
+/// workspace (prefill or flash-decoding, picked by `t` inside), else H4's
+/// unfused kernel. Same contract either way (docs/design.md).
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    gpu: &Gpu,
+    flash: Option<&mut FlashWorkspace>,
+    precision: Precision,
+    out: &mut CudaSlice<f32>,
+    k_cache: &mut CudaSlice<f32>,
+    v_cache: &mut CudaSlice<f32>,
+    qkv: &CudaSlice<f32>,
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_t: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+) -> Result<()> {
+    match flash {
+        Some(ws) => {
+            let fp = match precision {
+                Precision::Tf32 => FlashPrecision::Tf32,
+                Precision::Fp32 => FlashPrecision::Fp32,
+            };
+            attention_forward_flash(
+                gpu, out, k_cache, v_cache, qkv, b, t, pos0, max_t, c, nh, window, fp, ws,
+            )?
+        }
+        None => attention_forward(gpu, out, k_cache, v_cache, qkv, b, t, pos0, max_t, c, nh, window)?,
+    }
+    Ok(())
 }
 
 impl Backend for GpuEngine {
@@ -278,7 +461,11 @@ impl Backend for GpuEngine {
         }
 
         let n = b * t;
-        let (gpu, prec, p, a) = (&self.gpu, self.precision, &self.params, &mut self.acts);
+        let (gpu, prec, sms, p, a) = (&self.gpu, self.precision, self.sms, &self.params, &mut self.acts);
+        let mut flash = match self.attention {
+            AttentionKind::Flash => self.flash.as_mut(),
+            AttentionKind::Unfused => None,
+        };
         gpu.stream
             .memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
             .ctx("uploading token ids")?;
@@ -287,9 +474,11 @@ impl Backend for GpuEngine {
         for (lw, (k_cache, v_cache)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
             // attention sub-block: x + attproj(attention(qkv(ln1(x))))
             layernorm_forward(gpu, &mut a.ln, &a.residual, &lw.ln1w, &lw.ln1b, n, c)?;
-            matmul(gpu, prec, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * c)?;
-            attention_forward(
+            matmul(gpu, prec, sms, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * c)?;
+            attention(
                 gpu,
+                flash.as_deref_mut(),
+                prec,
                 &mut a.atty,
                 k_cache,
                 v_cache,
@@ -305,6 +494,7 @@ impl Backend for GpuEngine {
             matmul(
                 gpu,
                 prec,
+                sms,
                 &mut a.proj,
                 &a.atty,
                 &lw.attprojw,
@@ -316,11 +506,12 @@ impl Backend for GpuEngine {
             residual_forward(gpu, &mut a.residual2, &a.residual, &a.proj, n * c)?;
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x))))
             layernorm_forward(gpu, &mut a.ln, &a.residual2, &lw.ln2w, &lw.ln2b, n, c)?;
-            matmul(gpu, prec, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, 4 * c)?;
+            matmul(gpu, prec, sms, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, 4 * c)?;
             gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
             matmul(
                 gpu,
                 prec,
+                sms,
                 &mut a.proj,
                 &a.fch_gelu,
                 &lw.fcprojw,
@@ -353,7 +544,7 @@ impl Backend for GpuEngine {
             LogitsWanted::All => &a.ln,
             LogitsWanted::Last => &a.head_in,
         };
-        matmul(gpu, prec, &mut a.logits, head_in, &p.wte, None, rows, c, vp)?;
+        matmul(gpu, prec, sms, &mut a.logits, head_in, &p.wte, None, rows, c, vp)?;
         self.last = Some(Last { b, rows });
         Ok(())
     }
