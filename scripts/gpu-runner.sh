@@ -16,8 +16,8 @@
 #   4. compute-sanitizer memcheck and racecheck over the GPU test binary
 #   5. (BENCH=1) scripts/torch_bench.py and the Rust bench binary, if any
 # Files written to $OUT (few on purpose: at most 8 come back):
-#   summary.txt tests.log sanitizer.log oracle.log bench.log bench-torch.json
-#   bench-rust.json
+#   summary.txt tests.log sanitizer.log oracle.log programs.log bench.log
+#   bench-torch.json bench-rust.json
 #
 # Knobs (environment), defaults keep the whole run under ~8 minutes:
 #   GPU_OUT=gpu-out             the bundle
@@ -136,6 +136,37 @@ while read -r name pkg_dir; do
     fi
     rm -f "$one"
 done <"$GPU_OUT/tests.list"
+
+# ---------------------------------------------------------------- 3b. programs
+# The user-facing programs on the transformers checkpoint: the CLI streaming
+# greedy text on the GPU (both precisions) and on the CPU reference, and
+# perplexity on GPU vs CPU. Logged to programs.log; a non-zero exit fails.
+PROG_LOG="$OUT/programs.log"
+if (( ORACLE_OK )) && [[ -x "$GPU_OUT/bin/host" ]]; then
+    banner "programs: CLI and perplexity on the transformers checkpoint"
+    : >"$PROG_LOG"
+    W="$ORACLE_DIR/model.safetensors"
+    PROMPT="The quick brown fox"
+    run_prog() {  # label, command...
+        local label="$1"; shift
+        { echo "######## $label: $*"; } >>"$PROG_LOG"
+        if (cd "$ROOT" && timeout "$TEST_TIMEOUT" "$@") >>"$PROG_LOG" 2>&1; then
+            note "program $label: ok"
+        else
+            fail "program $label: exit $? (see programs.log)"
+        fi
+        echo >>"$PROG_LOG"
+    }
+    run_prog "cli gpu fp32" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 "$PROMPT"
+    run_prog "cli gpu tf32" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 --precision tf32 "$PROMPT"
+    run_prog "cli cpu" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 --cpu "$PROMPT"
+    run_prog "cli gpu sampled batch" "$GPU_OUT/bin/host" --weights "$W" -n 32 --seed 7 "$PROMPT" "Once upon a time, in a land far away"
+    if [[ -x "$GPU_OUT/bin/perplexity" ]]; then
+        run_prog "perplexity gpu" "$GPU_OUT/bin/perplexity" "$ROOT/tests/data/perplexity_sample.txt" --weights "$W" --window 256 --stride 128
+        run_prog "perplexity cpu" "$GPU_OUT/bin/perplexity" "$ROOT/tests/data/perplexity_sample.txt" --weights "$W" --window 256 --stride 128 --cpu
+    fi
+    grep -E 'tokens generated|perplexity|PPL' "$PROG_LOG" | tee -a "$SUMMARY"
+fi
 
 # ---------------------------------------------------------------- 4. sanitizer
 if [[ "$SANITIZE" == 1 ]]; then
