@@ -5,7 +5,7 @@
 
 use host::cpu::CpuModel;
 use host::generate::{Backend, LogitsWanted};
-use host::gpu::engine::{GpuEngine, Precision};
+use host::gpu::engine::{AttentionKind, GpuEngine, Precision};
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::{llmc_bytes, odd_config, safetensors_bytes, tiny_config};
 use host::model::{DType, ModelConfig};
@@ -15,6 +15,8 @@ use crate::kernels::check;
 
 /// FP32 end-to-end bar against the CPU reference (max abs on logits).
 const FP32_LOGITS_TOL: f32 = 1e-3;
+/// TF32 matmuls (and flash attention's tensor-core products) against the CPU's FP32.
+const TF32_LOGITS_TOL: f32 = 5e-2;
 /// KV-cache decode against full recomputation, same engine.
 const KV_TOL: f32 = 1e-3;
 
@@ -160,7 +162,7 @@ fn tf32_logits_are_close_to_cpu() {
         4,
         64,
         Precision::Tf32,
-        5e-2,
+        TF32_LOGITS_TOL,
     );
 }
 
@@ -233,6 +235,108 @@ fn kv_cache_decode_equals_full_recomputation_64_steps() {
 #[test]
 fn kv_cache_decode_equals_full_recomputation_124m() {
     kv_decode_equals_recompute(&ModelConfig::GPT2_124M, 2, 16, 64);
+}
+
+/// Flash attention (the default) and H4's unfused kernel on one random
+/// GPT-2 124M checkpoint (head size 64, so flash really runs): both within
+/// the FP32 bar of the CPU, and of each other. T = 160 is not a multiple of
+/// the 64-query tile; 4 decode steps then take the flash-decoding path.
+#[test]
+fn flash_and_unfused_attention_agree_124m() {
+    const B: usize = 2;
+    const T: usize = 160;
+    const STEPS: usize = 4;
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let cfg = ModelConfig::GPT2_124M;
+    let ck = checkpoint(&cfg, rand::rng().random(), DType::F32, false);
+    let w = ck.weights().unwrap();
+    let tokens = random_tokens(B * T, cfg.vocab_size);
+    let steps: Vec<Vec<u32>> = (0..STEPS).map(|_| random_tokens(B, cfg.vocab_size)).collect();
+    let mut cpu = CpuModel::new(&w, B, T + STEPS).unwrap();
+    cpu.forward(&tokens, B, T, 0, LogitsWanted::All).unwrap();
+    let mut want = vec![cpu.logits().unwrap()];
+    for (s, step) in steps.iter().enumerate() {
+        cpu.forward(step, B, 1, T + s, LogitsWanted::Last).unwrap();
+        want.push(cpu.logits().unwrap());
+    }
+    let mut eng = GpuEngine::new(gpu, &w, B, T + STEPS, Precision::Fp32).unwrap();
+    assert_eq!(eng.attention_kind(), AttentionKind::Flash, "flash is the default");
+    let mut got = Vec::new();
+    for kind in [AttentionKind::Flash, AttentionKind::Unfused] {
+        eng.set_attention_kind(kind);
+        assert_eq!(eng.attention_in_use(), kind, "GPT-2 124M has head size 64");
+        eng.forward(&tokens, B, T, 0, LogitsWanted::All).unwrap();
+        let mut per_kind = vec![eng.logits().unwrap()];
+        for (s, step) in steps.iter().enumerate() {
+            eng.forward(step, B, 1, T + s, LogitsWanted::Last).unwrap();
+            per_kind.push(eng.logits().unwrap());
+        }
+        for (i, (g, w)) in per_kind.iter().zip(&want).enumerate() {
+            assert_eq!(g.len(), w.len());
+            let what = if i == 0 { format!("prefill T={T}") } else { format!("decode step {i}") };
+            check(&format!("{kind:?} attention vs CPU, {what}"), g, w, FP32_LOGITS_TOL, 0.0);
+        }
+        got.push(per_kind);
+    }
+    for (i, (f, u)) in got[0].iter().zip(&got[1]).enumerate() {
+        check(&format!("flash vs unfused, call {i}"), f, u, FP32_LOGITS_TOL, 0.0);
+    }
+    // TF32 flash (tensor-core prefill) against the CPU, at the TF32 bar.
+    eng.set_precision(Precision::Tf32);
+    eng.set_attention_kind(AttentionKind::Flash);
+    eng.forward(&tokens, B, T, 0, LogitsWanted::All).unwrap();
+    check("flash TF32 vs CPU", &eng.logits().unwrap(), &want[0], TF32_LOGITS_TOL, 0.0);
+}
+
+/// Windowed attention end to end: engine with window W against CpuModel with
+/// the same window, prefill of T >> W then decode steps (every query sees
+/// only its last W keys), on both attention kinds. GPT-2 124M exercises the
+/// flash kernels (W = 48 straddles the 64-key tiles); the tiny model (head
+/// size 16) the unfused fallback.
+#[test]
+fn windowed_attention_matches_cpu() {
+    windowed_case(&ModelConfig::GPT2_124M, 1, 256, 48, 4);
+    windowed_case(&tiny_config(), 2, 100, 7, 8);
+}
+
+fn windowed_case(cfg: &ModelConfig, b: usize, t: usize, window: usize, steps: usize) {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let ck = checkpoint(cfg, rand::rng().random(), DType::F32, false);
+    let w = ck.weights().unwrap();
+    let tokens = random_tokens(b * t, cfg.vocab_size);
+    let step_tokens: Vec<Vec<u32>> = (0..steps).map(|_| random_tokens(b, cfg.vocab_size)).collect();
+    let mut cpu = CpuModel::new(&w, b, t + steps).unwrap();
+    cpu.set_attention_window(window);
+    cpu.forward(&tokens, b, t, 0, LogitsWanted::All).unwrap();
+    let mut want = vec![cpu.logits().unwrap()];
+    for (s, step) in step_tokens.iter().enumerate() {
+        cpu.forward(step, b, 1, t + s, LogitsWanted::Last).unwrap();
+        want.push(cpu.logits().unwrap());
+    }
+    let mut eng = GpuEngine::new(gpu, &w, b, t + steps, Precision::Fp32).unwrap();
+    eng.set_attention_window(window);
+    for kind in [AttentionKind::Flash, AttentionKind::Unfused] {
+        eng.set_attention_kind(kind);
+        eng.forward(&tokens, b, t, 0, LogitsWanted::All).unwrap();
+        let mut got = vec![eng.logits().unwrap()];
+        for (s, step) in step_tokens.iter().enumerate() {
+            eng.forward(step, b, 1, t + s, LogitsWanted::Last).unwrap();
+            got.push(eng.logits().unwrap());
+        }
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            check(
+                &format!(
+                    "window {window} C={} {kind:?} (runs {:?}) B={b} T={t} call {i}",
+                    cfg.channels,
+                    eng.attention_in_use()
+                ),
+                g,
+                w,
+                FP32_LOGITS_TOL,
+                0.0,
+            );
+        }
+    }
 }
 
 #[test]
@@ -317,9 +421,13 @@ fn transformers_oracle() {
         let got: Vec<f32> = (0..B * T).flat_map(|r| got[r * vp..r * vp + v].to_vec()).collect();
         match precision {
             // The FP32 path must meet the bar.
-            Precision::Fp32 => check("transformers oracle logits fp32", &got, &want, FP32_LOGITS_TOL, 0.0),
+            Precision::Fp32 => {
+                check("transformers oracle logits fp32", &got, &want, FP32_LOGITS_TOL, 0.0);
+            }
             // TF32 rounds matmul inputs to 10-bit mantissas: measured and reported, held to a loose bar.
-            Precision::Tf32 => check("transformers oracle logits tf32", &got, &want, TF32_ORACLE_TOL, 0.0),
+            Precision::Tf32 => {
+                check("transformers oracle logits tf32", &got, &want, TF32_ORACLE_TOL, 0.0);
+            }
         }
     }
 }
