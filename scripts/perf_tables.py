@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Turn one GPU run's bench JSON files into the markdown tables of docs/performance.md.
+
+usage: perf_tables.py BENCH_RUST_JSON [BENCH_TORCH_JSON]
+
+Both files come from the same gpu-runner.sh run (BENCH=1), so ratios compare
+numbers taken on one device in one session.
+"""
+import json
+import sys
+
+
+def gemm_table(rust):
+    rows = {}
+    for r in rust.get("gemm", []):
+        rows.setdefault((r["m"], r["n"], r["k"]), {})[r["variant"]] = r["timing"]["median_us"]
+    out = [
+        "| M | N | K | cuBLAS FP32 µs | cuBLAS TF32 µs | ours TF32 auto µs | ours TF32 best (tile) µs | auto / cuBLAS TF32 | ours FP32 auto µs | FP32 / cuBLAS FP32 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (m, n, k), v in sorted(rows.items()):
+        tf = {name: t for name, t in v.items() if name.startswith("ours_tf32_") and name != "ours_tf32_auto"}
+        best = min(tf.items(), key=lambda x: x[1]) if tf else ("-", float("nan"))
+        cf, ct = v.get("cublas_sgemm_fp32"), v.get("cublas_tf32")
+        auto, f32 = v.get("ours_tf32_auto"), v.get("ours_fp32_auto")
+        ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"
+        fmt = lambda x: f"{x:.1f}" if x else "-"
+        out.append(
+            f"| {m} | {n} | {k} | {fmt(cf)} | {fmt(ct)} | {fmt(auto)} | {best[1]:.1f} ({best[0].removeprefix('ours_tf32_')}) "
+            f"| {ratio(ct, auto)} | {fmt(f32)} | {ratio(cf, f32)} |"
+        )
+    return "\n".join(out)
+
+
+def e2e_table(rust, torch):
+    tp = {}
+    if torch:
+        for prec in ("fp32", "tf32"):
+            for r in torch["prefill"][prec]:
+                tp[("prefill", prec, r["batch"], r["seq"])] = r["median_ms"]
+            for r in torch["decode"][prec]:
+                tp[("decode", prec, r["batch"])] = r["ms_per_step"]
+    out = ["| what | precision | B | T or pos0 | extra | ours ms | PyTorch ms | PyTorch / ours |",
+           "|---|---|---|---|---|---|---|---|"]
+    skip = {"b", "t", "pos0", "median_ms", "median_ms_per_step", "precision", "samples", "what", "tokens_per_s"}
+    for r in rust.get("e2e", []):
+        prec = str(r.get("precision", "")).lower()
+        what = r.get("what", "")
+        extra = ", ".join(f"{k}={v}" for k, v in r.items() if k not in skip)
+        ours = r.get("median_ms", r.get("median_ms_per_step"))
+        key = ("prefill", prec, r["b"], r.get("t")) if what == "prefill" else ("decode", prec, r["b"])
+        theirs = tp.get(key)
+        ratio = f"{theirs / ours:.2f}x" if theirs and ours else "-"
+        theirs_s = f"{theirs:.3f}" if theirs else "-"
+        out.append(f"| {what} | {prec} | {r['b']} | {r.get('t', r.get('pos0'))} | {extra} | {ours:.3f} | {theirs_s} | {ratio} |")
+    return "\n".join(out)
+
+
+def attention_table(rust):
+    rows = rust.get("attention", [])
+    if not rows:
+        return "(no attention results)"
+    keys = [k for k in rows[0].keys() if k != "timing"]
+    out = ["| " + " | ".join(keys) + " | median µs |", "|" + "---|" * (len(keys) + 1)]
+    for r in rows:
+        t = r.get("timing", {}).get("median_us", r.get("median_us", float("nan")))
+        out.append("| " + " | ".join(str(r.get(k, "")) for k in keys) + f" | {t:.1f} |")
+    return "\n".join(out)
+
+
+def main():
+    rust = json.load(open(sys.argv[1]))
+    torch = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else None
+    print(f"Device: {rust.get('device')}\n")
+    print("### GEMM\n\n" + gemm_table(rust) + "\n")
+    print("### Attention\n\n" + attention_table(rust) + "\n")
+    print("### End to end (decode rows: ours ms = ms per step)\n\n" + e2e_table(rust, torch) + "\n")
+
+
+if __name__ == "__main__":
+    main()
