@@ -237,3 +237,46 @@ pub struct GemmResult {
 pub fn tf32_variants() -> &'static [TileShape] {
     &gpu_kernels::params::matmul_tf32::MATMUL_TF32_VARIANTS
 }
+
+/// One attention problem (`b` rows, `t` new positions, caches of `max_t`
+/// positions, `c` channels) and its rotated operand sets: each set has its
+/// own qkv, K and V caches and output, so consecutive calls never find the
+/// previous call's cache in L2. Caches start filled with random values, so a
+/// decode step (t = 1 at pos0 = max_t - 1) attends over a full cache.
+pub struct AttnSets {
+    pub qkv: Vec<CudaSlice<f32>>,
+    pub k: Vec<CudaSlice<f32>>,
+    pub v: Vec<CudaSlice<f32>>,
+    pub out: Vec<CudaSlice<f32>>,
+}
+
+impl AttnSets {
+    pub fn new(gpu: &Gpu, b: usize, t: usize, max_t: usize, c: usize) -> Result<Self, GpuError> {
+        /// q, k and v per token.
+        const QKV: usize = 3;
+        let (qkv_len, cache_len, out_len) = (b * t * QKV * c, b * max_t * c, b * t * c);
+        let bytes = 4 * (qkv_len + 2 * cache_len + out_len);
+        let sets = sets_for(bytes);
+        let mut s = Self {
+            qkv: vec![],
+            k: vec![],
+            v: vec![],
+            out: vec![],
+        };
+        // One random cache uploaded per set would take long for 64 sets of
+        // small shapes; values only need to be finite and varied, so the sets
+        // share host data (the device buffers are still distinct).
+        let (qkv, cache) = (fill_random(qkv_len, 11), fill_random(cache_len, 13));
+        for _ in 0..sets {
+            s.qkv.push(gpu.upload(&qkv)?);
+            s.k.push(gpu.upload(&cache)?);
+            s.v.push(gpu.upload(&cache)?);
+            s.out.push(gpu.upload(&vec![f32::NAN; out_len])?);
+        }
+        Ok(s)
+    }
+
+    pub fn sets(&self) -> usize {
+        self.qkv.len()
+    }
+}

@@ -1,5 +1,5 @@
-//! `bench`: speed of our kernels against cuBLAS, and (hooks) attention and
-//! the end-to-end engine. CUDA-event timing after warm-up, median of
+//! `bench`: speed of our kernels against cuBLAS, the attention kernels
+//! (unfused vs flash), and the end-to-end engine. CUDA-event timing after warm-up, median of
 //! `--samples` (≥ 20) samples, operands rotated among enough sets to exceed L2.
 //!
 //! Usage: `bench [gemm|attention|e2e|all]... [--json PATH] [--samples N] [--quick]`
@@ -11,11 +11,14 @@ use clap::Parser;
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::CUevent_flags;
 use host::bench::{
-    Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, l2_bytes, tf32_variants, time_calls,
+    AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, l2_bytes, tf32_variants,
+    time_calls,
 };
 use host::generate::{Backend, LogitsWanted};
 use host::gpu::Gpu;
-use host::gpu::engine::{GpuEngine, Precision};
+use host::gpu::engine::{AttentionKind, FP32_CHUNKED_GEMV_MAX_ROWS, GpuEngine, Precision, matmul_fp32_gemv_chunked};
+use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
+use host::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use host::gpu::ops::matmul::{MatmulKernel, matmul_forward_with};
 use host::gpu::ops::matmul_tf32::{MatmulTf32Error, matmul_forward_tf32, matmul_forward_tf32_with};
 use host::model::fixtures::llmc_bytes;
@@ -36,6 +39,22 @@ const E2E_PREFILL: [(usize, usize); 4] = [(1, 64), (4, 64), (1, 1024), (8, 1024)
 /// Batch sizes of the decode measurements, and the prompt they decode after.
 const E2E_DECODE_BATCH: [usize; 2] = [1, 8];
 const E2E_DECODE_PROMPT: usize = 64;
+/// (B, T) prefill shapes whose end-to-end time is also taken with the unfused
+/// attention, so the flash gain is visible.
+const E2E_COMPARE_KINDS: [(usize, usize); 1] = [(1, 1024)];
+/// Windowed prefill: (B, T, window).
+const E2E_WINDOWED: [(usize, usize, usize); 1] = [(1, 1024, 128)];
+/// Attention section: GPT-2 124M's shape.
+const ATTN_C: usize = 768;
+const ATTN_NH: usize = 12;
+/// Cache lengths T and batch sizes B of the attention section.
+const ATTN_T: [usize; 3] = [64, 256, 1024];
+const ATTN_B: [usize; 2] = [1, 8];
+/// Window of the windowed variants.
+const ATTN_WINDOW: usize = 128;
+/// H4's naive attention (one thread per query, uncoalesced) is timed only up
+/// to this T: past it one call takes milliseconds and says nothing new.
+const ATTN_NAIVE_MAX_T: usize = 256;
 /// The naive FP32 matmul is timed only up to this many rows (it is slow).
 const NAIVE_MAX_M: usize = 1024;
 /// `--quick`: one M only.
@@ -241,6 +260,15 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
         kernels.push(("ours_fp32_naive", MatmulKernel::Naive));
     }
     let mut res = Vec::new();
+    if m <= FP32_CHUNKED_GEMV_MAX_ROWS {
+        // What the engine's FP32 dispatch runs at small M (see `fp32_prefers_chunked_gemv`).
+        let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
+            let GemmSets { inp, w, out, .. } = &mut *sets;
+            matmul_fp32_gemv_chunked(gpu, &mut out[i], &inp[i], &w[i], None, m, k, n)?;
+            Ok(())
+        })?;
+        res.push(("ours_fp32_gemv_chunked".to_string(), t));
+    }
     for (name, kernel) in kernels {
         let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
             let GemmSets { inp, w, out, .. } = &mut *sets;
@@ -263,21 +291,145 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
     Ok(res)
 }
 
-/// HOOK (issue 5): H7's attention variants (`host::gpu::ops::attention`):
-/// time `attention_forward` (+ naive) at (B, T) = (4, 64), (1, 1024),
-/// (8, 1024) and decode (t = 1, pos0 = T-1); report µs and GB/s.
-fn bench_attention(_gpu: &Gpu, _args: &Args, report: &mut Report) -> anyhow::Result<()> {
-    let note = "attention: not benchmarked yet (hook in bench.rs::bench_attention waits for host::gpu::ops::attention)";
-    println!("\n== {note}");
-    report.notes.push(note.into());
+/// Attention variants at GPT-2 124M's shape (C = 768, NH = 12, HS = 64), for
+/// T in `ATTN_T` and B in `ATTN_B`: prefill (t = T at pos0 = 0) and one
+/// decode step (t = 1 at pos0 = T - 1 over a filled cache). Each call includes
+/// its K,V store, as in the engine. Operand sets (qkv, K/V caches, out) are
+/// rotated so one pass spans more than L2. Prefill reports TFLOP/s over the
+/// causal half (QKᵀ and PV: 4·B·NH·HS·T(T+1)/2 FLOPs); decode reports the
+/// GB/s of the K/V it reads. `flash/unfused` is the time ratio (< 1: flash
+/// is faster) against the unfused kernel with the same window.
+fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()> {
+    let (c, nh) = (ATTN_C, ATTN_NH);
+    let hs = c / nh;
+    println!(
+        "\n== attention, C={c} NH={nh}, median of {} samples (flash/unfused: time ratio vs unfused, same window)",
+        args.samples
+    );
+    println!(
+        "{:>7} {:>2} {:>5}  {:22} {:>10} {:>12} {:>14}",
+        "what", "B", "T", "variant", "time us", "TFLOP/s|GB/s", "flash/unfused"
+    );
+    #[derive(Clone, Copy, PartialEq)]
+    enum V {
+        Unfused,
+        Naive,
+        Flash(FlashPrecision),
+    }
+    for decode in [false, true] {
+        for &b in &ATTN_B {
+            for &t_cache in &ATTN_T {
+                let (t, pos0) = if decode { (1, t_cache - 1) } else { (t_cache, 0) };
+                let max_t = t_cache;
+                let mut sets = AttnSets::new(gpu, b, t, max_t, c)?;
+                let mut ws = FlashWorkspace::new(gpu, b, nh, max_t)?;
+                // (name, kernel, window): decode is FP32 flash-decoding either way, so one flash row.
+                let mut variants: Vec<(String, V, usize)> = vec![("unfused".into(), V::Unfused, 0)];
+                if t_cache <= ATTN_NAIVE_MAX_T {
+                    variants.push(("naive".into(), V::Naive, 0));
+                }
+                if decode {
+                    variants.push(("flash_decode".into(), V::Flash(FlashPrecision::Fp32), 0));
+                } else {
+                    variants.push(("flash_fp32".into(), V::Flash(FlashPrecision::Fp32), 0));
+                    variants.push(("flash_tf32".into(), V::Flash(FlashPrecision::Tf32), 0));
+                }
+                if t_cache > ATTN_WINDOW {
+                    variants.push((format!("unfused_w{ATTN_WINDOW}"), V::Unfused, ATTN_WINDOW));
+                    let (name, prec) = if decode {
+                        ("flash_decode", FlashPrecision::Fp32)
+                    } else {
+                        ("flash_tf32", FlashPrecision::Tf32)
+                    };
+                    variants.push((format!("{name}_w{ATTN_WINDOW}"), V::Flash(prec), ATTN_WINDOW));
+                }
+                let mut rows: Vec<(String, usize, Timing)> = Vec::new();
+                for (name, v, window) in variants {
+                    let timing = time_calls::<anyhow::Error>(gpu, sets.sets(), args.warmup, args.samples, |i| {
+                        let AttnSets { qkv, k, v: vc, out, .. } = &mut sets;
+                        let (o, kc, vcc, q) = (&mut out[i], &mut k[i], &mut vc[i], &qkv[i]);
+                        match v {
+                            V::Unfused => attention_forward(gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window)?,
+                            V::Naive => attention_forward_naive(gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window)?,
+                            V::Flash(p) => attention_forward_flash(
+                                gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window, p, &mut ws,
+                            )?,
+                        }
+                        Ok(())
+                    })?;
+                    rows.push((name, window, timing));
+                }
+                let unfused = |w: usize| {
+                    rows.iter()
+                        .find(|(n, win, _)| n.starts_with("unfused") && *win == w)
+                        .map(|r| r.2.median_us)
+                };
+                for (name, window, timing) in &rows {
+                    let us = timing.median_us;
+                    let keys = |p: usize| if *window == 0 { p + 1 } else { (p + 1).min(*window) };
+                    // Attended (query, key) pairs of one (row, head).
+                    let pairs: usize = (pos0..pos0 + t).map(keys).sum();
+                    let (rate, unit) = if decode {
+                        // K and V of every attended key, once per (row, head).
+                        let bytes = 2.0 * (b * nh * pairs * hs * 4) as f64;
+                        (bytes / (us * 1e-6) / 1e9, "GB/s")
+                    } else {
+                        (tflops(4.0 * (b * nh * hs * pairs) as f64, us), "TFLOP/s")
+                    };
+                    let ratio = match (name.starts_with("unfused"), unfused(*window)) {
+                        (false, Some(u)) => Some(us / u),
+                        _ => None,
+                    };
+                    let what = if decode { "decode" } else { "prefill" };
+                    println!(
+                        "{what:>7} {b:>2} {t_cache:>5}  {name:22} {us:>10.1} {rate:>7.1} {unit:<4} {:>14}",
+                        ratio.map_or("-".into(), |r| format!("{r:.3}"))
+                    );
+                    report.attention.push(serde_json::json!({
+                        "what": what, "b": b, "t_cache": t_cache, "t": t, "pos0": pos0, "c": c, "nh": nh,
+                        "variant": name, "window": window, "timing": timing, "rate": rate, "rate_unit": unit,
+                        "flash_over_unfused": ratio,
+                    }));
+                }
+            }
+        }
+    }
     Ok(())
 }
 
-/// End to end on H4's `GpuEngine` with a random GPT-2 124M checkpoint:
-/// prefill latency per (B, T) and decode tokens/s at batch 1 and 8, for
-/// both precisions. Each timed call is one `Backend::forward` between CUDA
-/// events (whatever host work it does in between is included: that is the
-/// latency a user sees).
+/// Median time of one `forward` call, between CUDA events, over warm-up +
+/// samples calls made by `call(i)`.
+fn time_forward(
+    engine: &mut GpuEngine,
+    args: &Args,
+    mut call: impl FnMut(&mut GpuEngine, usize) -> anyhow::Result<()>,
+) -> anyhow::Result<(f64, usize)> {
+    let mut samples = Vec::new();
+    for i in 0..args.warmup + args.samples {
+        let start = engine
+            .gpu()
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        call(engine, i)?;
+        let end = engine
+            .gpu()
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let ms = start.elapsed_ms(&end)? as f64;
+        if i >= args.warmup {
+            samples.push(ms);
+        }
+    }
+    Ok((median(&mut samples), samples.len()))
+}
+
+/// End to end on `GpuEngine` with a random GPT-2 124M checkpoint: prefill
+/// latency per (B, T) and decode tokens/s at batch 1 and 8, for both
+/// precisions, on the engine's default (flash) attention; prefill of
+/// `E2E_COMPARE_KINDS` also with the unfused attention, and windowed prefill
+/// (`E2E_WINDOWED`) on both. Each timed call is one `Backend::forward`
+/// between CUDA events (whatever host work it does in between is included:
+/// that is the latency a user sees).
 fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let config = ModelConfig::GPT2_124M;
     println!(
@@ -287,8 +439,8 @@ fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
     let bytes = llmc_bytes(&config, E2E_SEED, DType::F32)?;
     let weights = host::model::llmc::parse(&bytes)?;
     println!(
-        "{:>6} {:>10} {:>6} {:>6} {:>12} {:>12}",
-        "prec", "what", "B", "T", "median ms", "tokens/s"
+        "{:>6} {:>8} {:>7} {:>6} {:>6} {:>6} {:>12} {:>12}",
+        "prec", "attn", "what", "B", "T", "window", "median ms", "tokens/s"
     );
     for precision in [Precision::Fp32, Precision::Tf32] {
         let gpu = Gpu::new(args.device)?;
@@ -297,58 +449,49 @@ fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
         let mut tokens =
             |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..config.vocab_size as u32)).collect() };
         let prec = format!("{precision:?}");
-        for (b, t) in E2E_PREFILL {
+        // (attention, B, T, window) of every prefill measurement.
+        let mut prefills: Vec<(AttentionKind, usize, usize, usize)> = E2E_PREFILL
+            .iter()
+            .map(|&(b, t)| (AttentionKind::Flash, b, t, 0))
+            .collect();
+        prefills.extend(
+            E2E_COMPARE_KINDS
+                .iter()
+                .map(|&(b, t)| (AttentionKind::Unfused, b, t, 0)),
+        );
+        for &(b, t, w) in &E2E_WINDOWED {
+            prefills.push((AttentionKind::Flash, b, t, w));
+            prefills.push((AttentionKind::Unfused, b, t, w));
+        }
+        for (kind, b, t, window) in prefills {
+            engine.set_attention_kind(kind);
+            engine.set_attention_window(window);
+            let attn = format!("{:?}", engine.attention_in_use());
             let toks = tokens(b * t);
-            let mut samples = Vec::new();
-            for i in 0..args.warmup + args.samples {
-                let gpu = engine.gpu();
-                let start = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                engine.forward(&toks, b, t, 0, LogitsWanted::Last)?;
-                let end = engine
-                    .gpu()
-                    .stream
-                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                let ms = start.elapsed_ms(&end)? as f64;
-                if i >= args.warmup {
-                    samples.push(ms);
-                }
-            }
-            let med = median(&mut samples);
+            let (med, n) = time_forward(&mut engine, args, |e, _| e.forward(&toks, b, t, 0, LogitsWanted::Last))?;
             println!(
-                "{prec:>6} {:>10} {b:>6} {t:>6} {med:>12.3} {:>12.0}",
+                "{prec:>6} {attn:>8} {:>7} {b:>6} {t:>6} {window:>6} {med:>12.3} {:>12.0}",
                 "prefill",
                 (b * t) as f64 / (med * 1e-3)
             );
-            report.e2e.push(serde_json::json!({"precision": prec, "what": "prefill", "b": b, "t": t, "median_ms": med, "samples": samples.len()}));
+            report.e2e.push(serde_json::json!({"precision": prec, "attention": attn, "what": "prefill", "b": b, "t": t, "window": window, "median_ms": med, "samples": n}));
         }
+        engine.set_attention_kind(AttentionKind::Flash);
+        engine.set_attention_window(0);
+        let attn = format!("{:?}", engine.attention_in_use());
         for b in E2E_DECODE_BATCH {
             let toks = tokens(b * E2E_DECODE_PROMPT);
             engine.forward(&toks, b, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
             let step = tokens(b);
-            let mut samples = Vec::new();
-            for i in 0..args.warmup + args.samples {
-                let pos = E2E_DECODE_PROMPT + i;
-                let start = engine
-                    .gpu()
-                    .stream
-                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                engine.forward(&step, b, 1, pos, LogitsWanted::Last)?;
-                let end = engine
-                    .gpu()
-                    .stream
-                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                let ms = start.elapsed_ms(&end)? as f64;
-                if i >= args.warmup {
-                    samples.push(ms);
-                }
-            }
-            let med = median(&mut samples);
+            let (med, n) = time_forward(&mut engine, args, |e, i| {
+                e.forward(&step, b, 1, E2E_DECODE_PROMPT + i, LogitsWanted::Last)
+            })?;
             let tps = b as f64 / (med * 1e-3);
             println!(
-                "{prec:>6} {:>10} {b:>6} {:>6} {med:>12.3} {tps:>12.0}",
-                "decode", E2E_DECODE_PROMPT
+                "{prec:>6} {attn:>8} {:>7} {b:>6} {:>6} {:>6} {med:>12.3} {tps:>12.0}",
+                "decode", E2E_DECODE_PROMPT, 0
             );
-            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode", "b": b, "pos0": E2E_DECODE_PROMPT, "median_ms_per_step": med, "tokens_per_s": tps, "samples": samples.len()}));
+            report.e2e.push(serde_json::json!({"precision": prec, "attention": attn, "what": "decode", "b": b, "pos0": E2E_DECODE_PROMPT, "median_ms_per_step": med, "tokens_per_s": tps, "samples": n}));
         }
     }
     Ok(())
