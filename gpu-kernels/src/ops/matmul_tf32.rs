@@ -8,6 +8,15 @@
 //! - Both operands are stored K-contiguous (`inp` rows, `W` rows), which is
 //!   exactly the "row" A and "col" B operand of `mma.m16n8k8`; each shared
 //!   row is padded by 4 floats so fragment reads are bank-conflict free.
+//! - When a stage has landed, each thread rounds the chunks it copied to
+//!   TF32 in place (`cvt.rna`, once per element per block) before the
+//!   barrier that publishes the stage, so the inner loop has no conversions.
+//! - Fragments are read with 16-byte `ld.shared.v4`: lane `t` of a quad owns
+//!   words `[8t, 8t+8)` of every row of the 32-deep stage and feeds them to
+//!   the mma k-slots `t`/`t+4` of the four 8-deep steps (any k order is
+//!   valid as long as A and B agree; see `K_PER_LANE`). Per 16 mma (64x32
+//!   warp tile, one 8-deep step) that is 6 vector loads instead of 24
+//!   scalar loads and 24 `cvt`.
 //! - Each warp owns a `WM x WN` sub-tile: `MI = WM/16` by `NI = WN/8` mma
 //!   tiles, accumulated in registers in f32.
 //! - Epilogue: bias and optional GELU applied in registers, guarded stores.
@@ -32,6 +41,23 @@ const MMA_K: usize = 8;
 const MMA_M: usize = 16;
 const MMA_N: usize = 8;
 const GROUP_M: usize = MATMUL_TF32_GROUP_M as usize;
+/// Lanes sharing a fragment row (`t = lane % 4`), and the row offset of the
+/// second half of an A fragment (a1/a3 are rows g+8).
+const LANES_PER_ROW: usize = 4;
+const FRAG_ROW_HALF: usize = MMA_M / 2;
+/// k assignment: the mma only needs A's k-slot j and B's k-slot j to be the
+/// same k, so instead of "slot t = k t, slot t+4 = k t+4" of each 8-deep
+/// step, lane t owns the 8 consecutive words `[8t, 8t+8)` of every row of
+/// the 32-deep stage: in mma step `s` (0..4), its slot t is word `8t + 2s`
+/// and its slot t+4 is word `8t + 2s + 1`. Over t and s that is every word
+/// once, and each lane reads its words with two 16-byte loads per row
+/// (bank-conflict free with the 36-word row stride: the 8 lanes of a
+/// quarter-warp hit 8 distinct 16-byte bank groups).
+const K_PER_LANE: usize = BK / LANES_PER_ROW;
+const VECS_PER_LANE: usize = K_PER_LANE / CHUNK;
+/// mma steps fed by one 16-byte vector (two words per step: slots t, t+4).
+const STEPS_PER_VEC: usize = CHUNK / 2;
+const _: () = assert!(K_PER_LANE * LANES_PER_ROW == BK && VECS_PER_LANE * STEPS_PER_VEC * MMA_K == BK);
 
 /// Asking for the dynamic shared memory as this type makes its base 16-byte
 /// aligned, which `cp.async` of 16 bytes needs.
@@ -107,6 +133,91 @@ unsafe fn load_slab<const ROWS: usize, const THREADS: usize>(
     }
 }
 
+/// Round to TF32, in place, the chunks of one `ROWS x BK` slab that this
+/// thread copied with [`load_slab`] (same chunk assignment). Zero-filled
+/// chunks stay zero; the padding words are never read.
+///
+/// # Safety
+/// `dst` is the slab's shared memory as given to `load_slab` by the same
+/// thread, whose copies into it have completed (`cp.async.wait_group`).
+#[inline(always)]
+unsafe fn round_slab<const ROWS: usize, const THREADS: usize>(dst: *mut f32, tid: usize) {
+    for i in 0..(ROWS * CHUNKS_PER_ROW) / THREADS {
+        let chunk = tid + i * THREADS;
+        let row = chunk / CHUNKS_PER_ROW;
+        let col = (chunk % CHUNKS_PER_ROW) * CHUNK;
+        let p = unsafe { dst.add(row * LDS + col) }.cast::<F4>();
+        let v = unsafe { *p }.0;
+        unsafe { *p = F4(v.map(|x| f32::from_bits(to_tf32(x)))) };
+    }
+}
+
+/// Four consecutive shared-memory words as TF32 bit patterns, one 16-byte
+/// load (`ld.shared.v4`).
+///
+/// # Safety
+/// `p` is 16-byte aligned and points to 4 readable floats.
+#[inline(always)]
+unsafe fn load_u4(p: *const f32) -> [u32; CHUNK] {
+    unsafe { *p.cast::<F4>() }.0.map(f32::to_bits)
+}
+
+/// Most iterations [`unroll_below!`] writes out.
+const UNROLL_MAX: usize = 8;
+
+/// Repeat `$body` for `$i` = 0, 1, ... while `$i < $n` (a constant, at most
+/// `UNROLL_MAX`), with `$i` a constant each time. The fragment and
+/// accumulator arrays must be indexed by constants to stay in registers, and
+/// LLVM's unroller gives up on the larger MMA nests (it leaves a loop over a
+/// local-memory array).
+macro_rules! unroll_below {
+    ($i:ident < $n:expr => $body:block) => {
+        unroll_below!(@ $i $n, $body; 0 1 2 3 4 5 6 7)
+    };
+    (@ $i:ident $n:expr, $body:block; $($k:literal)*) => {
+        $( if $k < $n { let $i: usize = $k; $body } )*
+    };
+}
+
+/// One 16-byte vector of k per fragment row: loads it for the warp's MI A
+/// tiles (rows g and g+8) and NI B tiles (row g), at word `k` of each row,
+/// and runs the `STEPS_PER_VEC` mma steps it holds (see `K_PER_LANE`).
+///
+/// # Safety
+/// `sa`/`sb` point to the warp's A and B rows of a staged, TF32-rounded
+/// tile (row stride `LDS`), and `k + CHUNK <= BK`, `k % CHUNK == 0`.
+#[inline(always)]
+unsafe fn mma_vector<const MI: usize, const NI: usize>(
+    acc: &mut [[[f32; 4]; NI]; MI],
+    sa: *const f32,
+    sb: *const f32,
+    g: usize,
+    k: usize,
+) {
+    const { assert!(MI <= UNROLL_MAX && NI <= UNROLL_MAX) };
+    // a[mi] = (row g, row g+8) of mma tile mi; b[ni] = row g of tile ni.
+    let mut a = [[[0u32; CHUNK]; 2]; MI];
+    unroll_below!(mi < MI => {
+        let base = unsafe { sa.add((mi * MMA_M + g) * LDS + k) };
+        unsafe { a[mi] = [load_u4(base), load_u4(base.add(FRAG_ROW_HALF * LDS))] };
+    });
+    let mut b = [[0u32; CHUNK]; NI];
+    unroll_below!(ni < NI => {
+        b[ni] = unsafe { load_u4(sb.add((ni * MMA_N + g) * LDS + k)) };
+    });
+    unroll_below!(s < STEPS_PER_VEC => {
+        // Slot t of this step is word 2s of the vector, slot t+4 word 2s+1.
+        let (lo, hi) = (2 * s, 2 * s + 1);
+        unroll_below!(mi < MI => {
+            let [top, bottom] = a[mi];
+            let af = [top[lo], bottom[lo], top[hi], bottom[hi]];
+            unroll_below!(ni < NI => {
+                acc[mi][ni] = mma_m16n8k8_tf32(af, [b[ni][lo], b[ni][hi]], acc[mi][ni]);
+            });
+        });
+    });
+}
+
 /// The kernel body for one tile shape. `MI`/`NI` are `WM/16` and `WN/8`
 /// (passed explicitly: array lengths cannot be computed from generics).
 ///
@@ -166,6 +277,13 @@ unsafe fn matmul_tf32_body<
         load_slab::<BN, THREADS>(sb, p.weight, n0, kt * BK, oc, c, tid);
     };
 
+    let round_stage = |stage: usize| unsafe {
+        let sa = smem.add(stage * stage_floats);
+        let sb = sa.add(BM * LDS);
+        round_slab::<BM, THREADS>(sa, tid);
+        round_slab::<BN, THREADS>(sb, tid);
+    };
+
     let ktiles = c.div_ceil(BK);
     // Prologue: fill STAGES-1 stages (always commit, so group counts line up).
     for s in 0..STAGES - 1 {
@@ -180,8 +298,11 @@ unsafe fn matmul_tf32_body<
     let mut write_stage = STAGES - 1;
     for kt in 0..ktiles {
         wait_for_oldest_stage::<STAGES>();
-        // Tile kt is visible to all; and every warp is done with the stage
-        // consumed last iteration, which the prefetch below overwrites.
+        // This thread's copies of tile kt have landed (visible to it alone):
+        // round them to TF32 in place, once, instead of at every fragment read.
+        round_stage(read_stage);
+        // Tile kt (rounded) is visible to all; and every warp is done with the
+        // stage consumed last iteration, which the prefetch below overwrites.
         sync_threads();
         if kt + STAGES - 1 < ktiles {
             load_stage(write_stage, kt + STAGES - 1);
@@ -190,29 +311,15 @@ unsafe fn matmul_tf32_body<
 
         let sa = unsafe { smem.add(read_stage * stage_floats + warp_m * WM * LDS) };
         let sb = unsafe { smem.add(read_stage * stage_floats + BM * LDS + warp_n * WN * LDS) };
-        for kk in 0..BK / MMA_K {
-            let mut af = [[0u32; 4]; MI];
-            for (mi, a) in af.iter_mut().enumerate() {
-                let base = unsafe { sa.add((mi * MMA_M + g) * LDS + kk * MMA_K + t) };
-                unsafe {
-                    *a = [
-                        to_tf32(*base),
-                        to_tf32(*base.add(8 * LDS)),
-                        to_tf32(*base.add(4)),
-                        to_tf32(*base.add(8 * LDS + 4)),
-                    ];
-                }
-            }
-            let mut bf = [[0u32; 2]; NI];
-            for (ni, b) in bf.iter_mut().enumerate() {
-                let base = unsafe { sb.add((ni * MMA_N + g) * LDS + kk * MMA_K + t) };
-                unsafe { *b = [to_tf32(*base), to_tf32(*base.add(4))] };
-            }
-            for mi in 0..MI {
-                for ni in 0..NI {
-                    acc[mi][ni] = mma_m16n8k8_tf32(af[mi], bf[ni], acc[mi][ni]);
-                }
-            }
+        // Each lane reads its own K_PER_LANE consecutive words of a row as
+        // 16-byte vectors; vector `h` feeds mma steps 2h and 2h+1 (see
+        // `K_PER_LANE`). The data were rounded to TF32 when staged. Written
+        // out for both vectors (LLVM leaves a loop over them rolled), so
+        // ptxas can overlap the second vector's loads with the first's mma.
+        const { assert!(VECS_PER_LANE == 2) };
+        unsafe {
+            mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE);
+            mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE + CHUNK);
         }
         read_stage = if read_stage + 1 == STAGES { 0 } else { read_stage + 1 };
         write_stage = if write_stage + 1 == STAGES { 0 } else { write_stage + 1 };
@@ -227,16 +334,17 @@ unsafe fn matmul_tf32_body<
     cp_async_wait_group::<0>();
     sync_threads(); // all warps done reading the pipeline stages
     let ldo = BN + EPI_PAD;
-    for (mi, acc_m) in acc.iter().enumerate() {
-        for (ni, frag) in acc_m.iter().enumerate() {
+    unroll_below!(mi < MI => {
+        unroll_below!(ni < NI => {
+            let frag = acc[mi][ni];
             let r = warp_m * WM + mi * MMA_M + g;
             let col = warp_n * WN + ni * MMA_N + 2 * t;
             unsafe {
                 *smem.add(r * ldo + col).cast::<F2>() = F2([frag[0], frag[1]]);
                 *smem.add((r + 8) * ldo + col).cast::<F2>() = F2([frag[2], frag[3]]);
             }
-        }
-    }
+        });
+    });
     sync_threads();
 
     let has_bias = !p.bias.is_null();
