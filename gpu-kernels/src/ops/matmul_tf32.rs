@@ -304,10 +304,6 @@ unsafe fn matmul_tf32_body<
         // Tile kt (rounded) is visible to all; and every warp is done with the
         // stage consumed last iteration, which the prefetch below overwrites.
         sync_threads();
-        if kt + STAGES - 1 < ktiles {
-            load_stage(write_stage, kt + STAGES - 1);
-        }
-        cp_async_commit();
 
         let sa = unsafe { smem.add(read_stage * stage_floats + warp_m * WM * LDS) };
         let sb = unsafe { smem.add(read_stage * stage_floats + BM * LDS + warp_n * WN * LDS) };
@@ -316,11 +312,16 @@ unsafe fn matmul_tf32_body<
         // `K_PER_LANE`). The data were rounded to TF32 when staged. Written
         // out for both vectors (LLVM leaves a loop over them rolled), so
         // ptxas can overlap the second vector's loads with the first's mma.
+        // The prefetch of tile kt + STAGES - 1 is issued between them: the
+        // first fragment loads go out right after the barrier, and the copy
+        // instructions issue while the tensor cores work.
         const { assert!(VECS_PER_LANE == 2) };
-        unsafe {
-            mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE);
-            mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE + CHUNK);
+        unsafe { mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE) };
+        if kt + STAGES - 1 < ktiles {
+            load_stage(write_stage, kt + STAGES - 1);
         }
+        cp_async_commit();
+        unsafe { mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE + CHUNK) };
         read_stage = if read_stage + 1 == STAGES { 0 } else { read_stage + 1 };
         write_stage = if write_stage + 1 == STAGES { 0 } else { write_stage + 1 };
     }
