@@ -13,7 +13,9 @@ use cudarc::driver::CudaSlice;
 use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, TileShape};
 use host::cpu::ops::matmul_forward;
 use host::gpu::Gpu;
-use host::gpu::ops::matmul_tf32::{MatmulTf32Error, matmul_forward_tf32, matmul_forward_tf32_with};
+use host::gpu::ops::matmul_tf32::{
+    MatmulTf32Error, choose_tile, matmul_forward_tf32, matmul_forward_tf32_with, predicted_cost, tf32_blocks,
+};
 use rand::Rng;
 
 const MAX_ABS_PER_SCALE: f64 = 1e-3;
@@ -135,6 +137,60 @@ fn matmul_tf32_awkward_shapes_every_variant() {
     for s in &MATMUL_TF32_VARIANTS {
         for (n, c, oc, bias, act) in cases {
             check(&gpu, Some(s), n, c, oc, bias, act);
+        }
+    }
+}
+
+/// The chooser's `blocks_per_sm` (from ptxas for sm_90) against the
+/// driver's occupancy calculator for the PTX it actually JIT-compiled. A
+/// mismatch only makes the chooser's predictions wrong, so it is printed
+/// loudly; it fails the test only where the shape cannot even fit once.
+#[test]
+fn matmul_tf32_blocks_per_sm_matches_driver() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for s in &MATMUL_TF32_VARIANTS {
+        gpu.set_max_dynamic_shared(s.name, s.shared_bytes()).unwrap();
+        let f = gpu.function(s.name).unwrap();
+        let got = f
+            .occupancy_max_active_blocks_per_multiprocessor(s.threads(), s.shared_bytes() as usize, None)
+            .unwrap();
+        let regs = f
+            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
+            .unwrap();
+        let local = f
+            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+            .unwrap();
+        let note = if got == s.blocks_per_sm {
+            ""
+        } else {
+            "  <-- MISMATCH: update blocks_per_sm"
+        };
+        eprintln!(
+            "{:32} {} threads, {} B shared, {regs} registers, {local} B local: {got} blocks/SM (expected {}){note}",
+            s.name,
+            s.threads(),
+            s.shared_bytes(),
+            s.blocks_per_sm
+        );
+        assert!(got >= 1, "{} cannot be resident at all", s.name);
+    }
+}
+
+/// The tile chooser always returns a compiled variant, and prints its
+/// choice and predicted wave use for GPT-2's GEMMs (no GPU needed).
+#[test]
+fn matmul_tf32_chooser_choices() {
+    const SMS: usize = 132;
+    for m in [1, 64, 1024, 8192] {
+        for (oc, c) in [(2304, 768), (768, 768), (3072, 768), (768, 3072), (50304, 768)] {
+            let s = choose_tile(m, oc, SMS);
+            assert!(MATMUL_TF32_VARIANTS.contains(&s));
+            eprintln!(
+                "M={m:5} N={oc:6} K={c:5}: {:30} {:6} blocks, cost {}",
+                s.name,
+                tf32_blocks(&s, m, oc),
+                predicted_cost(&s, m, oc, SMS)
+            );
         }
     }
 }

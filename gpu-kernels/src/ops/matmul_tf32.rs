@@ -410,6 +410,7 @@ macro_rules! matmul_tf32_kernel {
     };
 }
 
+matmul_tf32_kernel!(matmul_forward_tf32_128x192, MATMUL_TF32_128X192);
 matmul_tf32_kernel!(matmul_forward_tf32_128x128, MATMUL_TF32_128X128);
 matmul_tf32_kernel!(matmul_forward_tf32_128x64, MATMUL_TF32_128X64);
 matmul_tf32_kernel!(matmul_forward_tf32_64x64, MATMUL_TF32_64X64);

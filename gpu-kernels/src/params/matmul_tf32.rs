@@ -32,6 +32,12 @@ pub struct TileShape {
     pub wm: u32,
     pub wn: u32,
     pub stages: u32,
+    /// Blocks of this shape expected to be resident on one sm_90 SM: the
+    /// smaller of what its registers (ptxas 13 `-v` for sm_90, x threads;
+    /// 64 Ki registers per SM) and its shared memory (228 KiB per SM) allow.
+    /// Only the host's tile chooser reads it; `tests/gpu/matmul_tf32.rs`
+    /// checks it against the driver's occupancy calculator.
+    pub blocks_per_sm: u32,
 }
 
 impl TileShape {
@@ -50,6 +56,19 @@ impl TileShape {
     }
 }
 
+/// 128x192 block, 8 warps of 64x48, 3 stages (138.2 KiB shared): the
+/// largest tile (least shared-memory traffic per mma: 112 words per 6x4
+/// mma step); one wave of it covers M=1024 x N=2304 or 3072 in 96 or 128
+/// blocks, where 128x128 needs two waves of 144 or 192 on 132 SMs.
+pub const MATMUL_TF32_128X192: TileShape = TileShape {
+    name: "matmul_forward_tf32_128x192",
+    bm: 128,
+    bn: 192,
+    wm: 64,
+    wn: 48,
+    stages: 3,
+    blocks_per_sm: 1,
+};
 /// 128x128 block, 8 warps of 64x32, 4 stages (147.5 KiB shared): large GEMMs.
 /// One block per SM (ptxas: ~172 registers x 256 threads), so the pipeline is
 /// one stage deeper than the smaller tiles' to cover DRAM latency alone.
@@ -60,6 +79,7 @@ pub const MATMUL_TF32_128X128: TileShape = TileShape {
     wm: 64,
     wn: 32,
     stages: 4,
+    blocks_per_sm: 1,
 };
 /// 128x64 block, 4 warps of 64x32, 4 stages (110.6 KiB): two blocks per SM.
 pub const MATMUL_TF32_128X64: TileShape = TileShape {
@@ -69,6 +89,7 @@ pub const MATMUL_TF32_128X64: TileShape = TileShape {
     wm: 64,
     wn: 32,
     stages: 4,
+    blocks_per_sm: 2,
 };
 /// 64x64 block, 4 warps of 32x32, 3 stages (55.3 KiB): medium GEMMs.
 pub const MATMUL_TF32_64X64: TileShape = TileShape {
@@ -78,6 +99,7 @@ pub const MATMUL_TF32_64X64: TileShape = TileShape {
     wm: 32,
     wn: 32,
     stages: 3,
+    blocks_per_sm: 4,
 };
 /// 32x64 block, 4 warps of 16x32, 4 stages (55.3 KiB): small M (decode, short
 /// prompts), where more blocks are needed to fill the GPU.
@@ -88,10 +110,12 @@ pub const MATMUL_TF32_32X64: TileShape = TileShape {
     wm: 16,
     wn: 32,
     stages: 4,
+    blocks_per_sm: 4,
 };
 
 /// Every compiled tile shape, for tuning sweeps.
-pub const MATMUL_TF32_VARIANTS: [TileShape; 4] = [
+pub const MATMUL_TF32_VARIANTS: [TileShape; 5] = [
+    MATMUL_TF32_128X192,
     MATMUL_TF32_128X128,
     MATMUL_TF32_128X64,
     MATMUL_TF32_64X64,

@@ -15,10 +15,6 @@ use crate::gpu::runtime::{CudaContextExt, Gpu, GpuError};
 pub const TF32_C_MULTIPLE: usize = 4;
 /// Byte alignment `cp.async` needs of the `inp` and `W` base addresses.
 const CP_ASYNC_ALIGN: u64 = 16;
-/// Blocks per SM the tile chooser wants before it accepts a larger tile
-/// (below that, a smaller tile fills the GPU better).
-const WAVES_WANTED: usize = 1;
-
 /// Why a TF32 matmul could not be launched.
 #[derive(Debug, thiserror::Error)]
 pub enum MatmulTf32Error {
@@ -48,15 +44,44 @@ pub fn tf32_blocks(shape: &TileShape, n: usize, oc: usize) -> usize {
     n.div_ceil(shape.bm as usize) * oc.div_ceil(shape.bn as usize)
 }
 
-/// The largest tile that still gives every SM at least `WAVES_WANTED`
-/// block(s); the smallest tile when none does (small M: decode, short prompts).
+/// Relative cost of one block of `shape`: its output elements times the
+/// shared-memory words its warps read per output element and k step,
+/// `(wm + wn) / (wm · wn)` (the inner loop is bound by shared-memory
+/// traffic, so bigger warp tiles are cheaper per element). In units of
+/// 1/`(wm · wn)`, kept integral.
+fn block_cost(shape: &TileShape) -> u64 {
+    let (bm, bn, wm, wn) = (shape.bm as u64, shape.bn as u64, shape.wm as u64, shape.wn as u64);
+    // Common denominator of every variant's wm·wn (all are powers of two
+    // times 3 at most), so the integer division is exact.
+    const DENOM: u64 = 64 * 64 * 3;
+    bm * bn * (wm + wn) * DENOM / (wm * wn)
+}
+
+/// Predicted time of an `n x oc` GEMM with `shape` on `sms` SMs, in the
+/// units of [`block_cost`]: the busiest SM holds `ceil(blocks / sms)`
+/// blocks, runs them `blocks_per_sm` at a time, and a round of
+/// `blocks_per_sm` blocks takes as long whether or not it is full (a lone
+/// block gets about its share of the SM, not all of it).
+pub fn predicted_cost(shape: &TileShape, n: usize, oc: usize, sms: usize) -> u64 {
+    let per_sm = tf32_blocks(shape, n, oc).div_ceil(sms.max(1)) as u64;
+    let bps = shape.blocks_per_sm.max(1) as u64;
+    per_sm.div_ceil(bps) * bps * block_cost(shape)
+}
+
+/// The tile with the least [`predicted_cost`] (wave quantisation and
+/// inner-loop efficiency together); on a tie, the one that keeps more blocks
+/// running at once (more SMs busy, more bandwidth for small M), then the
+/// smaller tile (less work on zero-filled edge rows).
 pub fn choose_tile(n: usize, oc: usize, sms: usize) -> TileShape {
-    // MATMUL_TF32_VARIANTS is ordered from the largest tile to the smallest.
+    let key = |s: &TileShape| {
+        let running = tf32_blocks(s, n, oc).min(sms * s.blocks_per_sm as usize);
+        (predicted_cost(s, n, oc, sms), std::cmp::Reverse(running), s.bm * s.bn)
+    };
     MATMUL_TF32_VARIANTS
         .iter()
         .copied()
-        .find(|s| tf32_blocks(s, n, oc) >= WAVES_WANTED * sms)
-        .unwrap_or(MATMUL_TF32_VARIANTS[MATMUL_TF32_VARIANTS.len() - 1])
+        .min_by_key(key)
+        .expect("MATMUL_TF32_VARIANTS is not empty")
 }
 
 /// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
