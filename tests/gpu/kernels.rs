@@ -172,21 +172,50 @@ fn layernorm_matches_cpu() {
     }
 }
 
+/// `(n, c, oc)` cases of the matmul tests. Besides GPT-2's shapes, the
+/// tiled kernel's edges: n and oc not multiples of either block tile (128 or
+/// 64 rows, 128 columns), c not a multiple of the k-slice (8) but a multiple
+/// of 4 (vector loads, partial last slice), and c % 4 != 0 (scalar loads),
+/// each on both tile variants (see `matmul_tiled_shapes_cover_both_tiles`).
+const MATMUL_SHAPES: [(usize, usize, usize); 14] = [
+    (1, 768, 2304),
+    (3, 768, 768),
+    (8, 1024, 3072),
+    (111, 768, 2304),
+    (256, 3072, 768),
+    (4 * 64, 768, 3072),
+    (77, 66, 130),
+    (65, 13, 63),
+    (9, 768, 50304),
+    // mid-size tile: vector loads with a partial k-slice; scalar loads
+    (129, 20, 257),
+    (200, 13, 131),
+    // large tile (>= 132 blocks of 128x128): row and column edges with a
+    // partial k-slice (516 = 64 * 8 + 4), and scalar loads (c = 37)
+    (257, 516, 5700),
+    (260, 37, 5627),
+    (1000, 768, 2304),
+];
+
+/// The shape list reaches both tiled variants (needs no GPU: it checks the
+/// launch choice only).
+#[test]
+fn matmul_tiled_shapes_cover_both_tiles() {
+    use gpu_kernels::params::matmul::{MATMUL_FORWARD, MATMUL_FORWARD_MID};
+    use host::gpu::ops::matmul::launch_config;
+    let names: Vec<&str> = MATMUL_SHAPES
+        .iter()
+        .map(|&(n, _, oc)| launch_config(MatmulKernel::Tiled, n as u32, oc as u32).unwrap().0)
+        .collect();
+    for want in [MATMUL_FORWARD, MATMUL_FORWARD_MID] {
+        assert!(names.contains(&want), "no matmul test shape runs {want}: {names:?}");
+    }
+}
+
 #[test]
 fn matmul_matches_cpu_all_kernels_and_edges() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let shapes = [
-        (1, 768, 2304),
-        (3, 768, 768),
-        (8, 1024, 3072),
-        (111, 768, 2304),
-        (256, 3072, 768),
-        (4 * 64, 768, 3072),
-        (77, 66, 130),
-        (65, 13, 63),
-        (9, 768, 50304),
-    ];
-    for &(n, c, oc) in &shapes {
+    for &(n, c, oc) in &MATMUL_SHAPES {
         let inp = random_vec(n * c, 1.0);
         // weights scaled so outputs are O(1) whatever c is
         let w = random_vec(oc * c, 1.0 / (c as f32).sqrt());
@@ -221,6 +250,43 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
                 }
             }
         }
+    }
+}
+
+/// The tiled kernel with operands that are not 16-byte aligned (views one
+/// float into their buffers) although c % 4 == 0: it must take the scalar
+/// load path, on both tile variants.
+#[test]
+fn matmul_tiled_unaligned_operands() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for (n, c, oc) in [(129, 64, 257), (260, 68, 5627)] {
+        let inp = random_vec(n * c + 1, 1.0);
+        let w = random_vec(oc * c + 1, 1.0 / (c as f32).sqrt());
+        let bias = random_vec(oc, 1.0);
+        let (di, dw, db) = (
+            gpu.upload(&inp).unwrap(),
+            gpu.upload(&w).unwrap(),
+            gpu.upload(&bias).unwrap(),
+        );
+        let mut want = vec![0f32; n * oc];
+        cpu::matmul_forward(&mut want, &inp[1..], &w[1..], Some(&bias[..]), n, c, oc);
+        let mut out = poisoned(&gpu, n * oc);
+        let (vi, vw) = (di.slice(1..), dw.slice(1..));
+        matmul_forward_with(
+            &gpu,
+            MatmulKernel::Tiled,
+            false,
+            &mut out,
+            &vi,
+            &vw,
+            Some(&db),
+            n,
+            c,
+            oc,
+        )
+        .unwrap();
+        let what = format!("matmul Tiled unaligned n={n} c={c} oc={oc}");
+        check(&what, &down(&gpu, &out), &want, 1e-4, 1e-4);
     }
 }
 

@@ -8,23 +8,33 @@ use crate::device::{
     WARP_SIZE, block_dim_x, block_idx_x, block_idx_y, lane_id, sync_threads, thread_idx_x, thread_idx_y, warp_id,
 };
 use crate::params::matmul::{
-    MATMUL_BLOCK, MATMUL_GEMV_MAX_ROWS, MATMUL_THREAD_M, MATMUL_THREAD_N, MATMUL_TILE_K, MATMUL_TILE_M, MATMUL_TILE_N,
-    MatmulParams,
+    MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_GEMV_MAX_ROWS, MATMUL_SMEM_PAD, MATMUL_STAGES, MATMUL_THREAD_M,
+    MATMUL_THREAD_N, MATMUL_TILE_K, MATMUL_TILE_M, MATMUL_TILE_M_MID, MATMUL_TILE_N, MatmulParams,
 };
 
-const TM: usize = MATMUL_TILE_M as usize;
 const TN: usize = MATMUL_TILE_N as usize;
 const TK: usize = MATMUL_TILE_K as usize;
 const RM: usize = MATMUL_THREAD_M as usize;
 const RN: usize = MATMUL_THREAD_N as usize;
-const THREADS: usize = MATMUL_BLOCK as usize;
+const PAD: usize = MATMUL_SMEM_PAD as usize;
+const STAGES: usize = MATMUL_STAGES as usize;
 /// Threads along the tile's columns.
 const THREADS_N: usize = TN / RN;
+/// 16-byte chunks per k-slice of one row (global loads walk a row's slice
+/// in this many consecutive chunks).
+const CHUNKS_K: usize = TK / VEC;
+/// Most 16-byte chunks one thread loads per operand per k-slice (B of the
+/// mid-size tile: 128 rows x 8 deep over 128 threads).
+const MAX_LOADS: usize = 2;
 
-// The loaders below move one 16-byte vector per thread per operand per
-// k-step, and the compute loop reads 4-wide vectors from shared memory.
-const _: () = assert!(TM * TK == THREADS * VEC && TN * TK == THREADS * VEC);
-const _: () = assert!(RM == VEC && RN == VEC && TM % 32 == 0 && TN % 32 == 0);
+// A thread's patch is two 4x4 quadrants per dimension, half a tile apart
+// (rows `ty*4..+4` and `BM/2 + ty*4..+4`): each quadrant row is one
+// `ld.shared.v4`, and a warp's 16 column-threads read 16 consecutive vectors.
+const _: () = assert!(RM == 2 * VEC && RN == 2 * VEC && TK % VEC == 0);
+const _: () = assert!(MATMUL_BLOCK as usize == (MATMUL_TILE_M as usize / RM) * THREADS_N);
+const _: () = assert!(MATMUL_BLOCK_MID as usize == (MATMUL_TILE_M_MID as usize / RM) * THREADS_N);
+// Padded rows stay 16-byte aligned (vector reads and writes).
+const _: () = assert!(PAD % VEC == 0);
 
 /// Bias then the optional GELU: the epilogue shared by every variant.
 #[inline(always)]
@@ -44,24 +54,30 @@ fn vec_loads(p: &MatmulParams) -> bool {
     p.c as usize % VEC == 0 && aligned16(p.inp) && aligned16(p.weight)
 }
 
-/// Stage a `rows x TK` slice (rows `r0..`, depth `k0..`) of a row-major
-/// `[nrows, c]` matrix into shared memory transposed (`dst[k][row]`), so the
-/// compute loop reads 4 consecutive rows as one vector. Out-of-range
-/// elements become 0, which leaves the dot products unchanged.
-///
-/// Thread `tid` loads row `tid % rows`, depth `k0 + (tid / rows) * 4 ..+4`:
-/// the 32 lanes of a warp then write 32 consecutive floats of one `dst[k]`
-/// (no bank conflicts), and each row's 64 bytes are read whole across warps.
+/// `a * b + c` with one rounding (`fma.rn.f32`): one FFMA per multiply-add,
+/// where `a * b + c` in Rust is a separate `mul.rn` and `add.rn` (Rust does
+/// not contract floating-point expressions).
 #[inline(always)]
-unsafe fn stage(dst: *mut f32, src: *const f32, rows: usize, r0: usize, nrows: usize, k0: usize, c: usize, vec: bool) {
-    let tid = thread_idx_x() as usize;
-    let r = tid % rows;
-    let kq = (tid / rows) * VEC;
-    let (gr, gk) = (r0 + r, k0 + kq);
+fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::intrinsics::fmaf32(a, b, c)
+}
+
+/// Global read of 16-byte chunk `q` of a `rows x TK` slice (rows `r0..`,
+/// depth `k0..`) of a row-major `[nrows, c]` matrix. Chunk `q` is row
+/// `q / CHUNKS_K`, depth `(q % CHUNKS_K) * 4`: consecutive threads read
+/// consecutive 16 bytes of a row. Out-of-range elements are 0, which leaves
+/// the dot products unchanged.
+///
+/// # Safety
+/// `src` holds `nrows * c` floats; with `vec`, `c % 4 == 0` and `src` is
+/// 16-byte aligned.
+#[inline(always)]
+unsafe fn fetch(src: *const f32, q: usize, r0: usize, nrows: usize, k0: usize, c: usize, vec: bool) -> [f32; VEC] {
+    let (gr, gk) = (r0 + q / CHUNKS_K, k0 + (q % CHUNKS_K) * VEC);
     let mut v = [0.0f32; VEC];
     if gr < nrows {
         // SAFETY: gr < nrows; with `vec` c % 4 == 0, so gk < c means the whole
-        // vector is in the row, and the pointer is 16-byte aligned.
+        // vector is in the row, and the address is 16-byte aligned.
         unsafe {
             let row = src.add(gr * c);
             if vec {
@@ -77,88 +93,226 @@ unsafe fn stage(dst: *mut f32, src: *const f32, rows: usize, r0: usize, nrows: u
             }
         }
     }
+    v
+}
+
+/// Store chunk `q` (as read by [`fetch`]) transposed into a shared tile
+/// `dst[k][row]` with row stride `ld`, so the compute loop reads 4
+/// consecutive rows of one k as a vector. A warp writes 16 rows x 2
+/// k-halves; the pad makes the halves 16 banks apart: conflict-free.
+///
+/// # Safety
+/// `dst` holds `TK * ld` floats and the chunk's row is `< ld`.
+#[inline(always)]
+unsafe fn put(dst: *mut f32, ld: usize, q: usize, v: [f32; VEC]) {
+    let (r, kq) = (q / CHUNKS_K, (q % CHUNKS_K) * VEC);
     for (e, x) in v.iter().enumerate() {
-        // SAFETY: kq + e < TK and r < rows: inside the rows x TK tile.
-        unsafe { *dst.add((kq + e) * rows + r) = *x };
+        // SAFETY: kq + e < TK and r < ld.
+        unsafe { *dst.add((kq + e) * ld + r) = *x };
     }
 }
 
-/// Tiled matmul: a block computes a `TILE_M x TILE_N` tile of `out`; per
-/// k-step it stages `TILE_K`-deep slices of `inp` and `weight` in shared
-/// memory, and each thread accumulates a `THREAD_M x THREAD_N` patch in
-/// registers from 4-wide shared-memory reads. Edges in n, oc and c are
-/// handled by zero-filled staging and guarded stores.
+/// The tiled matmul for a `BM x TN` block tile with `THREADS` threads.
+///
+/// Per k-slice of `TK`: the block's `inp` rows and `weight` rows are staged
+/// transposed in shared memory (`[TK][BM + PAD]`, `[TK][TN + PAD]`); each
+/// thread accumulates its 8x8 patch as outer products of 8 `inp` values and
+/// 8 `weight` values (4 `ld.shared.v4`, 64 FFMA per k). Double buffered with
+/// a register prefetch: the next slice's global loads are issued before the
+/// current slice's math and stored to the other buffer after it, so one
+/// barrier per slice suffices (the barrier ending slice t orders both the
+/// reads of buffer t%2 before its rewrite at t+1 and the writes of buffer
+/// (t+1)%2 before their reads).
+///
+/// # Safety
+/// Buffers as documented on [`MatmulParams`]; `THREADS` threads; grid
+/// `(ceil(oc / TN), ceil(n / BM))`; `matmul_shared_bytes(BM)` bytes of
+/// dynamic shared memory.
+#[inline(always)]
+unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
+    let lda = BM + PAD;
+    let ldb = TN + PAD;
+    let a_loads = BM * CHUNKS_K / THREADS;
+    let b_loads = TN * CHUNKS_K / THREADS;
+    // Every chunk of both tiles is loaded by exactly one thread, in at most
+    // MAX_LOADS rounds; the thread grid matches the 8x8 patches.
+    const {
+        assert!(BM * CHUNKS_K % THREADS == 0 && TN * CHUNKS_K % THREADS == 0);
+        assert!(BM * CHUNKS_K / THREADS <= MAX_LOADS && TN * CHUNKS_K / THREADS <= MAX_LOADS);
+        assert!(THREADS == (BM / RM) * THREADS_N && BM % (2 * VEC) == 0);
+    }
+    let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
+    let m0 = block_idx_y() as usize * BM;
+    let n0 = block_idx_x() as usize * TN;
+    let tid = thread_idx_x() as usize;
+    let (ty, tx) = (tid / THREADS_N, tid % THREADS_N);
+    let vec = vec_loads(p);
+    // SAFETY: the launch provides STAGES * TK * (lda + ldb) floats.
+    let (a_s, b_s) = unsafe {
+        let s = dynamic_shared_align16::<f32>();
+        (s, s.add(STAGES * TK * lda))
+    };
+    let mut ra = [[0.0f32; VEC]; MAX_LOADS];
+    let mut rb = [[0.0f32; VEC]; MAX_LOADS];
+    // Constant trip counts with a monomorphic-constant guard: unrolled, so
+    // `ra`/`rb` are indexed by constants and stay in registers.
+    macro_rules! fetch_all {
+        ($k0:expr) => {
+            for l in 0..MAX_LOADS {
+                // SAFETY: sources as documented on MatmulParams; vec checked.
+                unsafe {
+                    if l < a_loads {
+                        ra[l] = fetch(p.inp, tid + l * THREADS, m0, n, $k0, c, vec);
+                    }
+                    if l < b_loads {
+                        rb[l] = fetch(p.weight, tid + l * THREADS, n0, oc, $k0, c, vec);
+                    }
+                }
+            }
+        };
+    }
+    macro_rules! put_all {
+        ($buf:expr) => {
+            for l in 0..MAX_LOADS {
+                // SAFETY: buffer `$buf < STAGES` of each operand; chunk rows
+                // are < BM (resp. TN) because a_loads * THREADS chunks cover
+                // exactly the tile.
+                unsafe {
+                    if l < a_loads {
+                        put(a_s.add($buf * TK * lda), lda, tid + l * THREADS, ra[l]);
+                    }
+                    if l < b_loads {
+                        put(b_s.add($buf * TK * ldb), ldb, tid + l * THREADS, rb[l]);
+                    }
+                }
+            }
+        };
+    }
+
+    let mut acc = [[0.0f32; RN]; RM];
+    let tiles = c.div_ceil(TK);
+    fetch_all!(0);
+    put_all!(0);
+    sync_threads();
+    let mut t = 0;
+    while t < tiles {
+        let cur = t % STAGES;
+        let more = t + 1 < tiles;
+        if more {
+            fetch_all!((t + 1) * TK);
+        }
+        // SAFETY: buffer `cur` of each operand; quadrant offsets + 4 <= BM/TN.
+        let (a, b) = unsafe { (a_s.add(cur * TK * lda + ty * VEC), b_s.add(cur * TK * ldb + tx * VEC)) };
+        // One k of the slice: 4 `ld.shared.v4`, 64 FFMA. Expanded for every
+        // k below rather than looped: LLVM leaves a loop over 8 such steps
+        // rolled, and ptxas then cannot issue step k+1's shared loads under
+        // step k's FFMAs (the load latency is exposed once per step).
+        macro_rules! k_step {
+            ($k:expr) => {
+                // SAFETY: $k < TK rows of the buffer; see above.
+                unsafe {
+                    let (ka, kb) = (a.add($k * lda), b.add($k * ldb));
+                    let (a0, a1) = (load4(ka), load4(ka.add(BM / 2)));
+                    let (b0, b1) = (load4(kb), load4(kb.add(TN / 2)));
+                    let av = [a0[0], a0[1], a0[2], a0[3], a1[0], a1[1], a1[2], a1[3]];
+                    let bv = [b0[0], b0[1], b0[2], b0[3], b1[0], b1[1], b1[2], b1[3]];
+                    for i in 0..RM {
+                        for j in 0..RN {
+                            acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+                        }
+                    }
+                }
+            };
+        }
+        const _: () = assert!(TK == 8, "k_step is expanded once per k of the slice");
+        k_step!(0);
+        k_step!(1);
+        k_step!(2);
+        k_step!(3);
+        k_step!(4);
+        k_step!(5);
+        k_step!(6);
+        k_step!(7);
+        if more {
+            put_all!((t + 1) % STAGES);
+        }
+        sync_threads();
+        t += 1;
+    }
+
+    // Rows ty*4 + {0..3} and BM/2 + ty*4 + {0..3}; columns likewise in two
+    // halves. Written out, not looped: LLVM does not unroll a loop over this
+    // large epilogue, and a rolled loop indexes `acc` dynamically, which
+    // moves it to local memory.
+    let (r0, r1) = (m0 + ty * VEC, m0 + BM / 2 + ty * VEC);
+    let (c0, c1) = (n0 + tx * VEC, n0 + TN / 2 + tx * VEC);
+    // SAFETY: rows and columns are bounds-checked inside.
+    unsafe {
+        store_row8(p, acc[0], r0, c0, c1);
+        store_row8(p, acc[1], r0 + 1, c0, c1);
+        store_row8(p, acc[2], r0 + 2, c0, c1);
+        store_row8(p, acc[3], r0 + 3, c0, c1);
+        store_row8(p, acc[4], r1, c0, c1);
+        store_row8(p, acc[5], r1 + 1, c0, c1);
+        store_row8(p, acc[6], r1 + 2, c0, c1);
+        store_row8(p, acc[7], r1 + 3, c0, c1);
+    }
+}
+
+/// Tiled matmul, `MATMUL_TILE_M x MATMUL_TILE_N` block tile (see [`tiled`]).
 ///
 /// Launch: grid `(ceil(oc / TILE_N), ceil(n / TILE_M))`, `MATMUL_BLOCK`
-/// threads, `(TILE_M + TILE_N) * TILE_K * 4` bytes of dynamic shared memory.
+/// threads, `matmul_shared_bytes(MATMUL_TILE_M)` bytes of dynamic shared memory.
 ///
 /// # Safety
 /// Buffers as documented on [`MatmulParams`]; launch as above.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn matmul_forward(p: MatmulParams) {
-    let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
-    let m0 = block_idx_y() as usize * TM;
-    let n0 = block_idx_x() as usize * TN;
-    let tid = thread_idx_x() as usize;
-    let (ty, tx) = (tid / THREADS_N, tid % THREADS_N);
-    let vec = vec_loads(&p);
-    // SAFETY: the launch provides (TM + TN) * TK floats of shared memory.
-    let (a_s, b_s) = unsafe {
-        let s = dynamic_shared_align16::<f32>();
-        (s, s.add(TM * TK))
-    };
-    let mut acc = [[0.0f32; RN]; RM];
-    let mut k0 = 0;
-    while k0 < c {
-        // SAFETY: tiles fit the shared allocation; sources as documented.
-        unsafe {
-            stage(a_s, p.inp, TM, m0, n, k0, c, vec);
-            stage(b_s, p.weight, TN, n0, oc, k0, c, vec);
-        }
-        sync_threads();
-        for k in 0..TK {
-            // SAFETY: ty*RM + 3 < TM and tx*RN + 3 < TN; 16-byte aligned
-            // because TM, TN and RM, RN are multiples of 4.
-            let (a, b) = unsafe { (load4(a_s.add(k * TM + ty * RM)), load4(b_s.add(k * TN + tx * RN))) };
-            for i in 0..RM {
-                for j in 0..RN {
-                    acc[i][j] += a[i] * b[j];
-                }
-            }
-        }
-        // The next staging overwrites the tiles others may still be reading.
-        sync_threads();
-        k0 += TK;
-    }
-    let col0 = n0 + tx * RN;
-    // Written out, not looped: LLVM does not unroll a loop over this large
-    // epilogue, and a rolled loop indexes `acc` dynamically, which moves it
-    // to local memory.
-    const _: () = assert!(RM == 4);
-    let row0 = m0 + ty * RM;
-    // SAFETY: rows and columns are bounds-checked inside.
+    // SAFETY: forwarded contract.
+    unsafe { tiled::<{ MATMUL_TILE_M as usize }, { MATMUL_BLOCK as usize }>(&p) }
+}
+
+/// Tiled matmul, `MATMUL_TILE_M_MID x MATMUL_TILE_N` block tile.
+///
+/// Launch: grid `(ceil(oc / TILE_N), ceil(n / TILE_M_MID))`,
+/// `MATMUL_BLOCK_MID` threads, `matmul_shared_bytes(MATMUL_TILE_M_MID)` bytes
+/// of dynamic shared memory.
+///
+/// # Safety
+/// Buffers as documented on [`MatmulParams`]; launch as above.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn matmul_forward_mid(p: MatmulParams) {
+    // SAFETY: forwarded contract.
+    unsafe { tiled::<{ MATMUL_TILE_M_MID as usize }, { MATMUL_BLOCK_MID as usize }>(&p) }
+}
+
+/// One thread's row of 8 results: columns `c0..c0+4` and `c1..c1+4`.
+///
+/// # Safety
+/// `p.out` holds `n * oc` floats.
+#[inline(always)]
+unsafe fn store_row8(p: &MatmulParams, v: [f32; RN], row: usize, c0: usize, c1: usize) {
+    // SAFETY: forwarded contract.
     unsafe {
-        store_row(&p, acc[0], row0, col0);
-        store_row(&p, acc[1], row0 + 1, col0);
-        store_row(&p, acc[2], row0 + 2, col0);
-        store_row(&p, acc[3], row0 + 3, col0);
+        store_row(p, [v[0], v[1], v[2], v[3]], row, c0);
+        store_row(p, [v[4], v[5], v[6], v[7]], row, c1);
     }
 }
 
-/// Epilogue of one thread's row of results: bias, optional GELU, and a
+/// Epilogue of 4 consecutive results of a row: bias, optional GELU, and a
 /// 16-byte store when the whole vector is in range and aligned, else guarded
 /// scalar stores.
 ///
 /// # Safety
 /// `p.out` holds `n * oc` floats.
 #[inline(always)]
-unsafe fn store_row(p: &MatmulParams, vals: [f32; RN], row: usize, col0: usize) {
+unsafe fn store_row(p: &MatmulParams, vals: [f32; VEC], row: usize, col0: usize) {
     let (n, oc) = (p.n as usize, p.oc as usize);
     if row >= n {
         return;
     }
-    let mut o = [0.0f32; RN];
-    for j in 0..RN {
+    let mut o = [0.0f32; VEC];
+    for j in 0..VEC {
         if col0 + j < oc {
             o[j] = epilogue(p, vals[j], col0 + j);
         }
@@ -166,7 +320,7 @@ unsafe fn store_row(p: &MatmulParams, vals: [f32; RN], row: usize, col0: usize) 
     // SAFETY: row < n; only columns < oc are written.
     unsafe {
         let dst = p.out.add(row * oc + col0);
-        if RN == VEC && oc % VEC == 0 && col0 + RN <= oc && aligned16(dst) {
+        if oc % VEC == 0 && col0 + VEC <= oc && aligned16(dst) {
             store4(dst, o);
         } else {
             for (j, v) in o.iter().enumerate() {

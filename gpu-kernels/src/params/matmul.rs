@@ -1,27 +1,48 @@
 //! `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ + bias[oc]`, optionally followed by GELU.
 
-/// Shared-memory + register tiled kernel: each block computes a
-/// `MATMUL_TILE_M x MATMUL_TILE_N` tile of `out`, each thread
-/// `MATMUL_THREAD_M x MATMUL_THREAD_N` of it.
+/// Shared-memory + register tiled kernel, `MATMUL_TILE_M x MATMUL_TILE_N`
+/// block tile (`MATMUL_BLOCK` threads, each `MATMUL_THREAD_M x
+/// MATMUL_THREAD_N` outputs).
 pub const MATMUL_FORWARD: &str = "matmul_forward";
+/// The same kernel with a `MATMUL_TILE_M_MID x MATMUL_TILE_N` block tile
+/// (`MATMUL_BLOCK_MID` threads): twice the blocks, for shapes where the large
+/// tile would leave SMs idle.
+pub const MATMUL_FORWARD_MID: &str = "matmul_forward_mid";
 /// Decode path for few rows (`n <= MATMUL_GEMV_MAX_ROWS`): one warp per
 /// output column streams its weight row once for every input row.
 pub const MATMUL_FORWARD_GEMV: &str = "matmul_forward_gemv";
 /// Baseline: one thread per output element (llm.c's kernel 1).
 pub const MATMUL_FORWARD_NAIVE: &str = "matmul_forward_naive";
 
-/// Rows of `out` per block tile.
-pub const MATMUL_TILE_M: u32 = 64;
-/// Columns of `out` per block tile.
-pub const MATMUL_TILE_N: u32 = 64;
+/// Rows of `out` per block tile (large variant).
+pub const MATMUL_TILE_M: u32 = 128;
+/// Rows of `out` per block tile (mid-size variant).
+pub const MATMUL_TILE_M_MID: u32 = 64;
+/// Columns of `out` per block tile (both variants).
+pub const MATMUL_TILE_N: u32 = 128;
 /// Depth of the slice of `c` staged in shared memory per step.
-pub const MATMUL_TILE_K: u32 = 16;
+pub const MATMUL_TILE_K: u32 = 8;
 /// Rows of `out` per thread.
-pub const MATMUL_THREAD_M: u32 = 4;
+pub const MATMUL_THREAD_M: u32 = 8;
 /// Columns of `out` per thread.
-pub const MATMUL_THREAD_N: u32 = 4;
-/// Threads per block of the tiled kernel: one per `THREAD_M x THREAD_N` patch.
+pub const MATMUL_THREAD_N: u32 = 8;
+/// Threads per block of the large variant: one per `THREAD_M x THREAD_N` patch.
 pub const MATMUL_BLOCK: u32 = (MATMUL_TILE_M / MATMUL_THREAD_M) * (MATMUL_TILE_N / MATMUL_THREAD_N);
+/// Threads per block of the mid-size variant.
+pub const MATMUL_BLOCK_MID: u32 = (MATMUL_TILE_M_MID / MATMUL_THREAD_M) * (MATMUL_TILE_N / MATMUL_THREAD_N);
+/// Floats of padding after each k-row of a shared tile: makes the transposed
+/// stores of the two k-halves of a warp land in different banks, and keeps
+/// rows 16-byte aligned for `ld.shared.v4`.
+pub const MATMUL_SMEM_PAD: u32 = 4;
+/// Shared-memory buffers per operand (double buffering: one is read while
+/// the next k-slice is written to the other).
+pub const MATMUL_STAGES: u32 = 2;
+
+/// Dynamic shared memory, in bytes, of the tiled kernel with `tile_m` rows.
+pub const fn matmul_shared_bytes(tile_m: u32) -> u32 {
+    let floats = MATMUL_STAGES * MATMUL_TILE_K * ((tile_m + MATMUL_SMEM_PAD) + (MATMUL_TILE_N + MATMUL_SMEM_PAD));
+    floats * core::mem::size_of::<f32>() as u32
+}
 
 /// Most input rows the GEMV kernel keeps accumulators for.
 pub const MATMUL_GEMV_MAX_ROWS: u32 = 8;

@@ -3,8 +3,9 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul::{
-    MATMUL_BLOCK, MATMUL_FORWARD, MATMUL_FORWARD_GEMV, MATMUL_FORWARD_NAIVE, MATMUL_GEMV_BLOCK, MATMUL_GEMV_MAX_ROWS,
-    MATMUL_NAIVE_SIDE, MATMUL_TILE_K, MATMUL_TILE_M, MATMUL_TILE_N, MatmulParams,
+    MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_FORWARD, MATMUL_FORWARD_GEMV, MATMUL_FORWARD_MID, MATMUL_FORWARD_NAIVE,
+    MATMUL_GEMV_BLOCK, MATMUL_GEMV_MAX_ROWS, MATMUL_NAIVE_SIDE, MATMUL_TILE_M, MATMUL_TILE_M_MID, MATMUL_TILE_N,
+    MatmulParams, matmul_shared_bytes,
 };
 
 use super::args::{OpError, check_len, count_u32, in_ptr, out_ptr, to_u32};
@@ -15,6 +16,27 @@ const OP: &str = "matmul_forward";
 const WARP: u32 = 32;
 /// Largest grid y/z extent CUDA allows.
 const MAX_GRID_YZ: u32 = 65535;
+/// SMs of the GPUs we tune for (H100 SXM and H200 SXM both have 132): below
+/// this many large tiles the tiled kernel switches to the mid-size tile,
+/// which doubles the blocks so the first wave fills more SMs.
+const FILL_SMS: u32 = 132;
+
+/// Rows per block tile of the tiled kernel [`launch_config`] picks for an
+/// `n x oc` output: the 128x128 tile when it gives at least one block per
+/// SM, else the 64x128 one.
+pub fn tiled_tile_m(n: u32, oc: u32) -> u32 {
+    let large_blocks = n.div_ceil(MATMUL_TILE_M) * oc.div_ceil(MATMUL_TILE_N);
+    if large_blocks >= FILL_SMS {
+        MATMUL_TILE_M
+    } else {
+        MATMUL_TILE_M_MID
+    }
+}
+
+/// Blocks the tiled kernel launches for an `n x oc` output.
+pub fn tiled_blocks(n: u32, oc: u32) -> u32 {
+    n.div_ceil(tiled_tile_m(n, oc)) * oc.div_ceil(MATMUL_TILE_N)
+}
 
 /// Which matmul kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,14 +61,22 @@ pub fn choose(n: usize) -> MatmulKernel {
 pub fn launch_config(kernel: MatmulKernel, n: u32, oc: u32) -> Result<(&'static str, LaunchConfig), OpError> {
     let cfg = match kernel {
         MatmulKernel::Auto => return launch_config(choose(n as usize), n, oc),
-        MatmulKernel::Tiled => (
-            MATMUL_FORWARD,
-            LaunchConfig {
-                grid_dim: (oc.div_ceil(MATMUL_TILE_N), n.div_ceil(MATMUL_TILE_M), 1),
-                block_dim: (MATMUL_BLOCK, 1, 1),
-                shared_mem_bytes: (MATMUL_TILE_M + MATMUL_TILE_N) * MATMUL_TILE_K * 4,
-            },
-        ),
+        MatmulKernel::Tiled => {
+            let tile_m = tiled_tile_m(n, oc);
+            let (name, threads) = if tile_m == MATMUL_TILE_M {
+                (MATMUL_FORWARD, MATMUL_BLOCK)
+            } else {
+                (MATMUL_FORWARD_MID, MATMUL_BLOCK_MID)
+            };
+            (
+                name,
+                LaunchConfig {
+                    grid_dim: (oc.div_ceil(MATMUL_TILE_N), n.div_ceil(tile_m), 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: matmul_shared_bytes(tile_m),
+                },
+            )
+        }
         MatmulKernel::Gemv => {
             if n > MATMUL_GEMV_MAX_ROWS {
                 return Err(OpError::shape(
