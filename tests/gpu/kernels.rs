@@ -144,6 +144,9 @@ fn encoder_rejects_short_buffers_and_guards_bad_ids() {
     assert!(got[..c].iter().all(|x| x.is_finite()) && got[c..].iter().all(|x| x.is_nan()));
 }
 
+/// Absolute bar for the naive layernorm (sequential f32 statistics), see below.
+const LAYERNORM_NAIVE_ATOL: f32 = 5e-5;
+
 #[test]
 fn layernorm_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
@@ -161,13 +164,12 @@ fn layernorm_matches_cpu() {
         for v in VARIANTS {
             let mut out = poisoned(&gpu, n * c);
             layernorm_forward_variant(&gpu, v, &mut out, &di, &dw, &db, n, c).unwrap();
-            check(
-                &format!("layernorm {v:?} n={n} c={c}"),
-                &down(&gpu, &out),
-                &want,
-                1e-5,
-                1e-5,
-            );
+            // The naive baseline sums each row sequentially in f32 (as llm.c's
+            // CPU code does), which drifts by up to ~C ulps of the sum on the
+            // +10 offset used here; the optimised kernel reduces in a tree and
+            // is held to the tight bar against the f64-statistics reference.
+            let atol = if v == Variant::Naive { LAYERNORM_NAIVE_ATOL } else { 1e-5 };
+            check(&format!("layernorm {v:?} n={n} c={c}"), &down(&gpu, &out), &want, atol, 1e-5);
         }
     }
 }
