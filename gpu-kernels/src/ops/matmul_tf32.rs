@@ -133,23 +133,66 @@ unsafe fn load_slab<const ROWS: usize, const THREADS: usize>(
     }
 }
 
-/// Round to TF32, in place, the chunks of one `ROWS x BK` slab that this
-/// thread copied with [`load_slab`] (same chunk assignment). Zero-filled
-/// chunks stay zero; the padding words are never read.
+/// Most iterations [`unroll_below!`] writes out.
+const UNROLL_MAX: usize = 16;
+
+/// Repeat `$body` for `$i` = 0, 1, ... while `$i < $n` (a constant, at most
+/// `UNROLL_MAX`), with `$i` a constant each time. The fragment and
+/// accumulator arrays must be indexed by constants to stay in registers, and
+/// LLVM's unroller gives up on the larger MMA nests (it leaves a loop over a
+/// local-memory array).
+macro_rules! unroll_below {
+    ($i:ident < $n:expr => $body:block) => {
+        unroll_below!(@ $i $n, $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@ $i:ident $n:expr, $body:block; $($k:literal)*) => {
+        $( if $k < $n { let $i: usize = $k; $body } )*
+    };
+}
+
+/// Most 16-byte chunks one thread rounds per stage ([`round_stage`]).
+const ROUND_MAX_CHUNKS: usize = UNROLL_MAX * ROUND_BATCH;
+/// Chunks [`round_stage`] loads before it stores any: enough loads in flight
+/// to cover most of the shared-memory latency, few enough registers (16)
+/// not to raise the kernels' register counts (8 raised 64x64's from 119 to
+/// 132, i.e. from 4 to 3 blocks per SM).
+const ROUND_BATCH: usize = 4;
+
+/// Round to TF32, in place, the chunks of one stage (A rows then B rows,
+/// `rows = BM + BN` rows of `LDS` floats, contiguous) that this thread
+/// copied with [`load_slab`]: chunks `tid + i * THREADS`, which is the same
+/// set for the A and B slabs taken separately because `BM * CHUNKS_PER_ROW`
+/// is a multiple of `THREADS`. All loads are issued before any store (the
+/// compiler cannot tell the chunks apart, so a load-round-store loop would
+/// serialise on shared-memory latency), in batches of `ROUND_BATCH`. Zero-filled chunks stay zero; the
+/// padding words are never read.
 ///
 /// # Safety
-/// `dst` is the slab's shared memory as given to `load_slab` by the same
-/// thread, whose copies into it have completed (`cp.async.wait_group`).
+/// `stage` is a stage's shared memory as filled by this thread's
+/// `load_slab` calls, whose copies have completed (`cp.async.wait_group`);
+/// `rows * CHUNKS_PER_ROW` is a multiple of `THREADS`, at most
+/// `ROUND_MAX_CHUNKS * THREADS`.
 #[inline(always)]
-unsafe fn round_slab<const ROWS: usize, const THREADS: usize>(dst: *mut f32, tid: usize) {
-    for i in 0..(ROWS * CHUNKS_PER_ROW) / THREADS {
+unsafe fn round_stage<const THREADS: usize>(stage: *mut f32, rows: usize, tid: usize) {
+    let n = rows * CHUNKS_PER_ROW / THREADS;
+    let at = |i: usize| {
         let chunk = tid + i * THREADS;
-        let row = chunk / CHUNKS_PER_ROW;
-        let col = (chunk % CHUNKS_PER_ROW) * CHUNK;
-        let p = unsafe { dst.add(row * LDS + col) }.cast::<F4>();
-        let v = unsafe { *p }.0;
-        unsafe { *p = F4(v.map(|x| f32::from_bits(to_tf32(x)))) };
-    }
+        unsafe { stage.add((chunk / CHUNKS_PER_ROW) * LDS + (chunk % CHUNKS_PER_ROW) * CHUNK) }.cast::<F4>()
+    };
+    unroll_below!(batch < n.div_ceil(ROUND_BATCH) => {
+        let first = batch * ROUND_BATCH;
+        let mut v = [F4([0.0; CHUNK]); ROUND_BATCH];
+        unroll_below!(j < ROUND_BATCH => {
+            if first + j < n {
+                v[j] = unsafe { *at(first + j) };
+            }
+        });
+        unroll_below!(j < ROUND_BATCH => {
+            if first + j < n {
+                unsafe { *at(first + j) = F4(v[j].0.map(|x| f32::from_bits(to_tf32(x)))) };
+            }
+        });
+    });
 }
 
 /// Four consecutive shared-memory words as TF32 bit patterns, one 16-byte
@@ -160,23 +203,6 @@ unsafe fn round_slab<const ROWS: usize, const THREADS: usize>(dst: *mut f32, tid
 #[inline(always)]
 unsafe fn load_u4(p: *const f32) -> [u32; CHUNK] {
     unsafe { *p.cast::<F4>() }.0.map(f32::to_bits)
-}
-
-/// Most iterations [`unroll_below!`] writes out.
-const UNROLL_MAX: usize = 8;
-
-/// Repeat `$body` for `$i` = 0, 1, ... while `$i < $n` (a constant, at most
-/// `UNROLL_MAX`), with `$i` a constant each time. The fragment and
-/// accumulator arrays must be indexed by constants to stay in registers, and
-/// LLVM's unroller gives up on the larger MMA nests (it leaves a loop over a
-/// local-memory array).
-macro_rules! unroll_below {
-    ($i:ident < $n:expr => $body:block) => {
-        unroll_below!(@ $i $n, $body; 0 1 2 3 4 5 6 7)
-    };
-    (@ $i:ident $n:expr, $body:block; $($k:literal)*) => {
-        $( if $k < $n { let $i: usize = $k; $body } )*
-    };
 }
 
 /// One 16-byte vector of k per fragment row: loads it for the warp's MI A
@@ -277,12 +303,11 @@ unsafe fn matmul_tf32_body<
         load_slab::<BN, THREADS>(sb, p.weight, n0, kt * BK, oc, c, tid);
     };
 
-    let round_stage = |stage: usize| unsafe {
-        let sa = smem.add(stage * stage_floats);
-        let sb = sa.add(BM * LDS);
-        round_slab::<BM, THREADS>(sa, tid);
-        round_slab::<BN, THREADS>(sb, tid);
+    const {
+        assert!((BM * CHUNKS_PER_ROW) % THREADS == 0);
+        assert!((BM + BN) * CHUNKS_PER_ROW <= ROUND_MAX_CHUNKS * THREADS);
     };
+    let round_stage = |stage: usize| unsafe { round_stage::<THREADS>(smem.add(stage * stage_floats), BM + BN, tid) };
 
     let ktiles = c.div_ceil(BK);
     // Prologue: fill STAGES-1 stages (always commit, so group counts line up).
