@@ -162,10 +162,10 @@ const ROUND_BATCH: usize = 4;
 /// `rows = BM + BN` rows of `LDS` floats, contiguous) that this thread
 /// copied with [`load_slab`]: chunks `tid + i * THREADS`, which is the same
 /// set for the A and B slabs taken separately because `BM * CHUNKS_PER_ROW`
-/// is a multiple of `THREADS`. All loads are issued before any store (the
-/// compiler cannot tell the chunks apart, so a load-round-store loop would
-/// serialise on shared-memory latency), in batches of `ROUND_BATCH`. Zero-filled chunks stay zero; the
-/// padding words are never read.
+/// is a multiple of `THREADS`. In batches of `ROUND_BATCH`, all loads are
+/// issued before any store (the compiler cannot tell the chunks apart, so a
+/// load-round-store loop would serialise on shared-memory latency).
+/// Zero-filled chunks stay zero; the padding words are never read.
 ///
 /// # Safety
 /// `stage` is a stage's shared memory as filled by this thread's
