@@ -17,7 +17,7 @@ use cudarc::driver::CudaSlice;
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
-use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_N};
+use gpu_kernels::params::matmul::MATMUL_GEMV_MAX_ROWS;
 
 use crate::generate::{Backend, LogitsWanted};
 use crate::gpu::Gpu;
@@ -331,8 +331,8 @@ pub const FP32_CHUNKED_GEMV_MAX_ROWS: usize = 64;
 /// few rows, and the tiled kernel would not even fill one wave of blocks
 /// (the LM head, with hundreds of column tiles, stays tiled).
 pub fn fp32_prefers_chunked_gemv(n: usize, oc: usize, sms: usize) -> bool {
-    let tiled_blocks = n.div_ceil(MATMUL_TILE_M as usize) * oc.div_ceil(MATMUL_TILE_N as usize);
-    n > MATMUL_GEMV_MAX_ROWS as usize && n <= FP32_CHUNKED_GEMV_MAX_ROWS && tiled_blocks < sms
+    let blocks = crate::gpu::ops::matmul::tiled_blocks(n as u32, oc as u32) as usize;
+    n > MATMUL_GEMV_MAX_ROWS as usize && n <= FP32_CHUNKED_GEMV_MAX_ROWS && blocks < sms
 }
 
 /// FP32 `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias)` as GEMV launches
