@@ -27,6 +27,7 @@
 #   SANITIZER_TOOLS="memcheck racecheck"
 #   SANITIZER_FILTERS=          libtest name filters for the sanitized run
 #                               (space-separated; empty = the whole binary)
+#   MEMCHECK_FILTERS=, RACECHECK_FILTERS=   per-tool filters, override the above
 #   SANITIZER_TIMEOUT=240       seconds per sanitizer tool
 #   ORACLE=1                    0 skips step 2 (oracle tests then skip)
 #   ORACLE_TIMEOUT=240
@@ -182,13 +183,17 @@ if [[ "$SANITIZE" == 1 ]]; then
         fail "sanitizer: $GPU_TEST missing"
     else
         for tool in $SANITIZER_TOOLS; do
-            banner "compute-sanitizer --tool $tool ${SANITIZER_FILTERS:-(all GPU tests)}"
+            banner "compute-sanitizer --tool $tool"
             one="$(mktemp)"
             # One test thread: the tools serialise kernels anyway, and the
             # report is easier to read. --error-exitcode makes findings fail.
             # shellcheck disable=SC2086
+            # Per-tool filters (MEMCHECK_FILTERS, RACECHECK_FILTERS, ...) override
+            # SANITIZER_FILTERS: racecheck is much slower than memcheck.
+            filters_var="$(echo "$tool" | tr '[:lower:]' '[:upper:]')_FILTERS"
+            filters="${!filters_var:-$SANITIZER_FILTERS}"
             timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
-                "$GPU_TEST" --test-threads=1 $SANITIZER_FILTERS >"$one" 2>&1
+                "$GPU_TEST" --test-threads=1 $filters >"$one" 2>&1
             rc=$?
             tail -n 40 "$one"
             { echo "######## $tool (exit $rc)"; cat "$one"; } >>"$SAN_LOG"
