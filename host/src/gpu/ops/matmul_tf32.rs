@@ -129,7 +129,7 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    if c % TF32_C_MULTIPLE != 0 {
+    if !c.is_multiple_of(TF32_C_MULTIPLE) {
         return Err(MatmulTf32Error::BadC(c));
     }
     let check = |what, have: usize, need: usize| {
