@@ -8,3 +8,4 @@ pub mod hub;
 pub mod tokenizer;
 pub mod perplexity;
 pub mod bench;
+pub mod cli;

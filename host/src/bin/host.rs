@@ -15,13 +15,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
-use host::cpu::CpuModel;
-use host::generate::{Backend, StopReason, generate};
-use host::hub::{HubOptions, resolve_weights};
-use host::model::checkpoint::Checkpoint;
-use host::model::{ModelConfig, Weights};
+use host::cli::{BackendArgs, WeightsArgs};
+use host::generate::{StopReason, generate};
+use host::model::ModelConfig;
 use host::sample::{Sampler, SamplingParams};
 use host::tokenizer::Gpt2Tokenizer;
 
@@ -34,14 +32,6 @@ const DEFAULT_TOP_P: f32 = 0.95;
 /// Default number of tokens to generate per prompt.
 const DEFAULT_MAX_TOKENS: usize = 64;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum PrecisionArg {
-    /// Plain f32 everywhere (the default).
-    Fp32,
-    /// TF32 tensor cores for the matmuls (faster, ~1e-3 relative error).
-    Tf32,
-}
-
 /// Generate text with GPT-2 (124M by default), on the GPU or the CPU.
 #[derive(Parser, Debug)]
 #[command(version, allow_negative_numbers = true)]
@@ -51,11 +41,8 @@ struct Cli {
     /// Read a prompt from a file (the whole file is one prompt; repeatable).
     #[arg(long, value_name = "PATH")]
     prompt_file: Vec<PathBuf>,
-    /// Checkpoint (llm.c .bin or Hugging Face .safetensors). Default:
-    /// weights/gpt2/model.safetensors if present, else openai-community/gpt2
-    /// from the Hugging Face Hub (cached; HF_ENDPOINT and HF_HOME apply).
-    #[arg(long, value_name = "PATH")]
-    weights: Option<PathBuf>,
+    #[command(flatten)]
+    weights: WeightsArgs,
     /// Tokens to generate per prompt.
     #[arg(short = 'n', long, default_value_t = DEFAULT_MAX_TOKENS)]
     max_tokens: usize,
@@ -71,15 +58,8 @@ struct Cli {
     /// Random seed (default: drawn at random and printed, so a run can be repeated).
     #[arg(long)]
     seed: Option<u64>,
-    /// Run on the CPU reference instead of the GPU.
-    #[arg(long)]
-    cpu: bool,
-    /// GPU matmul precision.
-    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
-    precision: PrecisionArg,
-    /// GPU to use.
-    #[arg(long, default_value_t = 0)]
-    device: usize,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 fn main() -> ExitCode {
@@ -125,8 +105,7 @@ fn run(cli: Cli) -> Result<()> {
         .collect::<Result<_, _>>()
         .context("tokenizing the prompt")?;
 
-    let path = resolve_weights(cli.weights.as_deref(), &HubOptions::from_env())?;
-    let checkpoint = Checkpoint::open(&path)?;
+    let (_, checkpoint) = cli.weights.open()?;
     let weights = checkpoint.weights()?;
     let config = weights.config;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
@@ -149,11 +128,7 @@ fn run(cli: Cli) -> Result<()> {
     }
     // The KV cache only needs room for the longest prompt and its continuation.
     let max_seq_len = (longest + cli.max_tokens).min(config.max_seq_len);
-    let mut backend: Box<dyn Backend> = if cli.cpu {
-        Box::new(CpuModel::new(&weights, prompts.len(), max_seq_len)?)
-    } else {
-        gpu_backend(&cli, &weights, prompts.len(), max_seq_len)?
-    };
+    let mut backend = cli.backend.backend(&weights, prompts.len(), max_seq_len)?;
     drop(weights);
     if cli.seed.is_none() && !sampler.is_greedy() {
         eprintln!(
@@ -215,21 +190,4 @@ fn run(cli: Cli) -> Result<()> {
 /// cache is sized to fit the request otherwise).
 fn config_window(config: &ModelConfig, max_seq_len: usize) -> usize {
     max_seq_len.min(config.max_seq_len)
-}
-
-/// The GPU engine (`host::gpu::engine`), on device `--device`.
-fn gpu_backend(cli: &Cli, weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<Box<dyn Backend>> {
-    use host::gpu::engine::{GpuEngine, Precision};
-    let gpu = host::gpu::Gpu::new(cli.device)?;
-    let precision = match cli.precision {
-        PrecisionArg::Fp32 => Precision::Fp32,
-        PrecisionArg::Tf32 => Precision::Tf32,
-    };
-    Ok(Box::new(GpuEngine::new(
-        gpu,
-        weights,
-        max_batch,
-        max_seq_len,
-        precision,
-    )?))
 }

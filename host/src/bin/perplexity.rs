@@ -10,14 +10,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use host::cpu::CpuModel;
-use host::generate::Backend;
-use host::hub::{HubOptions, resolve_weights};
-use host::model::Weights;
-use host::model::checkpoint::Checkpoint;
+use host::cli::{BackendArgs, WeightsArgs};
 use host::perplexity::{MIN_TOKENS, PerplexityConfig, perplexity_with, plan_windows};
 use host::tokenizer::Gpt2Tokenizer;
 
@@ -28,25 +24,14 @@ const DEFAULT_CPU_BATCH: usize = 1;
 /// Default stride as a fraction of the window: `window / STRIDE_DIVISOR`.
 const STRIDE_DIVISOR: usize = 2;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum PrecisionArg {
-    /// Plain f32 everywhere (the default).
-    Fp32,
-    /// TF32 tensor cores for the matmuls (faster, ~1e-3 relative error).
-    Tf32,
-}
-
 /// Perplexity of GPT-2 (124M by default) on a text file, on the GPU or the CPU.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
     /// UTF-8 text file to evaluate (tokenized with the GPT-2 tokenizer).
     file: PathBuf,
-    /// Checkpoint (llm.c .bin or Hugging Face .safetensors). Default:
-    /// weights/gpt2/model.safetensors if present, else openai-community/gpt2
-    /// from the Hugging Face Hub (cached; HF_ENDPOINT and HF_HOME apply).
-    #[arg(long, value_name = "PATH")]
-    weights: Option<PathBuf>,
+    #[command(flatten)]
+    weights: WeightsArgs,
     /// Tokens per window (default: the model's context, 1024 for GPT-2).
     #[arg(long, value_name = "N")]
     window: Option<usize>,
@@ -56,15 +41,8 @@ struct Cli {
     /// Windows per forward call (default: 4 on the GPU, 1 on the CPU).
     #[arg(long, value_name = "N")]
     batch: Option<usize>,
-    /// Run on the CPU reference instead of the GPU.
-    #[arg(long)]
-    cpu: bool,
-    /// GPU matmul precision.
-    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
-    precision: PrecisionArg,
-    /// GPU to use.
-    #[arg(long, default_value_t = 0)]
-    device: usize,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 fn main() -> ExitCode {
@@ -108,8 +86,7 @@ fn run(cli: Cli) -> Result<()> {
         );
     }
 
-    let path = resolve_weights(cli.weights.as_deref(), &HubOptions::from_env())?;
-    let checkpoint = Checkpoint::open(&path)?;
+    let (path, checkpoint) = cli.weights.open()?;
     let weights = checkpoint.weights()?;
     let vocab = weights.config.vocab_size;
     if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= vocab) {
@@ -131,15 +108,15 @@ fn run(cli: Cli) -> Result<()> {
     }
     // Checks window >= 2 and every other combination before any allocation.
     let windows = plan_windows(tokens.len(), window, stride)?;
-    let default_batch = if cli.cpu { DEFAULT_CPU_BATCH } else { DEFAULT_GPU_BATCH };
+    let default_batch = if cli.backend.cpu {
+        DEFAULT_CPU_BATCH
+    } else {
+        DEFAULT_GPU_BATCH
+    };
     let batch = cli.batch.unwrap_or(default_batch).min(windows.len());
     // No window is longer than the text, so the cache need not be either.
     let seq_len = window.min(tokens.len());
-    let mut backend: Box<dyn Backend> = if cli.cpu {
-        Box::new(CpuModel::new(&weights, batch, seq_len)?)
-    } else {
-        gpu_backend(&cli, &weights, batch, seq_len)?
-    };
+    let mut backend = cli.backend.backend(&weights, batch, seq_len)?;
     drop(weights);
 
     eprintln!(
@@ -152,7 +129,7 @@ fn run(cli: Cli) -> Result<()> {
         } else {
             format!("{batch} windows per call")
         },
-        if cli.cpu { "CPU" } else { "GPU" },
+        if cli.backend.cpu { "CPU" } else { "GPU" },
     );
     let bar = ProgressBar::new(windows.len() as u64);
     bar.set_style(
@@ -177,21 +154,4 @@ fn run(cli: Cli) -> Result<()> {
         report.tokens_per_second()
     );
     Ok(())
-}
-
-/// The GPU engine (`host::gpu::engine`), on device `--device`.
-fn gpu_backend(cli: &Cli, weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<Box<dyn Backend>> {
-    use host::gpu::engine::{GpuEngine, Precision};
-    let gpu = host::gpu::Gpu::new(cli.device)?;
-    let precision = match cli.precision {
-        PrecisionArg::Fp32 => Precision::Fp32,
-        PrecisionArg::Tf32 => Precision::Tf32,
-    };
-    Ok(Box::new(GpuEngine::new(
-        gpu,
-        weights,
-        max_batch,
-        max_seq_len,
-        precision,
-    )?))
 }
