@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Result, bail, ensure};
 
 use crate::model::ModelConfig;
 use crate::model::config::EOT_TOKEN;
@@ -43,6 +43,42 @@ pub trait Backend {
     /// over the real vocabulary only (padded entries are never chosen; ties
     /// go to the lowest id).
     fn argmax(&mut self) -> anyhow::Result<Vec<u32>>;
+}
+
+/// The argument checks every [`Backend::forward`] makes before touching its
+/// buffers: a non-empty call of `b` rows of `t` ids, within the `max_batch`
+/// rows and `max_seq_len` positions it was built for (`built` names what was
+/// built in the message: "model", "engine"), every id below `vocab_size`.
+#[allow(clippy::too_many_arguments)]
+pub fn check_forward_args(
+    tokens: &[u32],
+    b: usize,
+    t: usize,
+    pos0: usize,
+    max_batch: usize,
+    max_seq_len: usize,
+    vocab_size: usize,
+    built: &str,
+) -> Result<()> {
+    ensure!(b > 0 && t > 0, "empty forward call (b = {b}, t = {t})");
+    ensure!(
+        b <= max_batch,
+        "batch of {b} rows exceeds the {max_batch} this {built} was built for"
+    );
+    ensure!(
+        pos0 + t <= max_seq_len,
+        "positions {pos0}..{} exceed the {max_seq_len} this {built} was built for",
+        pos0 + t
+    );
+    ensure!(
+        tokens.len() == b * t,
+        "{} tokens given for b = {b}, t = {t}",
+        tokens.len()
+    );
+    if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= vocab_size) {
+        bail!("token id {bad} is outside the vocabulary of {vocab_size}");
+    }
+    Ok(())
 }
 
 /// Why a row stopped.

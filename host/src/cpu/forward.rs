@@ -2,12 +2,12 @@
 //! paper's order, with a KV cache. It implements [`Backend`], so the
 //! generation loop runs on it exactly as on the GPU engine.
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 
 use super::ops::{
     attention_forward, encoder_forward, layernorm_forward, matmul_forward, residual_forward,
 };
-use crate::generate::{Backend, LogitsWanted};
+use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::model::{ModelConfig, Tensor, Weights};
 
 /// One transformer block's parameters as f32, linear weights (out, in).
@@ -217,26 +217,7 @@ impl Backend for CpuModel {
             cfg.padded_vocab_size,
         );
         self.last = None;
-        ensure!(b > 0 && t > 0, "empty forward call (b = {b}, t = {t})");
-        ensure!(
-            b <= self.max_batch,
-            "batch of {b} rows exceeds the {} this model was built for",
-            self.max_batch
-        );
-        ensure!(
-            pos0 + t <= self.max_seq_len,
-            "positions {pos0}..{} exceed the {} this model was built for",
-            pos0 + t,
-            self.max_seq_len
-        );
-        ensure!(
-            tokens.len() == b * t,
-            "{} tokens given for b = {b}, t = {t}",
-            tokens.len()
-        );
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= v) {
-            bail!("token id {bad} is outside the vocabulary of {v}");
-        }
+        check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "model")?;
 
         let n = b * t;
         let p = &self.params;

@@ -12,14 +12,14 @@
 //! stays selectable ([`AttentionKind::Unfused`]) for comparison, and is what
 //! runs for head sizes the flash kernels were not built for.
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use cudarc::driver::CudaSlice;
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
 use gpu_kernels::params::matmul::MATMUL_GEMV_MAX_ROWS;
 
-use crate::generate::{Backend, LogitsWanted};
+use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::gpu::Gpu;
 use crate::gpu::ops::argmax::argmax_forward;
 use crate::gpu::ops::args::OpError;
@@ -439,26 +439,7 @@ impl Backend for GpuEngine {
         let cfg = self.config;
         let (c, nh, v, vp) = (cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size);
         self.last = None;
-        ensure!(b > 0 && t > 0, "empty forward call (b = {b}, t = {t})");
-        ensure!(
-            b <= self.max_batch,
-            "batch of {b} rows exceeds the {} this engine was built for",
-            self.max_batch
-        );
-        ensure!(
-            pos0 + t <= self.max_seq_len,
-            "positions {pos0}..{} exceed the {} this engine was built for",
-            pos0 + t,
-            self.max_seq_len
-        );
-        ensure!(
-            tokens.len() == b * t,
-            "{} tokens given for b = {b}, t = {t}",
-            tokens.len()
-        );
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= v) {
-            bail!("token id {bad} is outside the vocabulary of {v}");
-        }
+        check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "engine")?;
 
         let n = b * t;
         let (gpu, prec, sms, p, a) = (&self.gpu, self.precision, self.sms, &self.params, &mut self.acts);
