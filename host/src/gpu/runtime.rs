@@ -59,8 +59,8 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     /// A non-default stream: work on it can be captured into CUDA graphs.
     pub stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// The `gpu-kernels` PTX module.
+    kernels: Module,
 }
 
 impl Gpu {
@@ -85,7 +85,7 @@ impl Gpu {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(gpt2::GPU_KERNELS_PTX))
             .map_err(GpuError::ModuleLoad)?;
-        Ok(Self { ctx, stream, module, functions: Mutex::new(HashMap::new()) })
+        Ok(Self { ctx, stream, kernels: Module::new(module) })
     }
 
     /// The device's name, e.g. "NVIDIA H200".
@@ -95,13 +95,7 @@ impl Gpu {
 
     /// A kernel of the module by name (looked up once, then cached).
     pub fn function(&self, name: &'static str) -> Result<CudaFunction, GpuError> {
-        let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = fns.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self.module.load_function(name).map_err(|_| GpuError::MissingKernel(name))?;
-        fns.insert(name, f.clone());
-        Ok(f)
+        self.kernels.function(name)
     }
 
     /// Launch kernel `name` with its parameter struct, on [`Gpu::stream`].
@@ -118,13 +112,9 @@ impl Gpu {
         cfg: LaunchConfig,
         params: P,
     ) -> Result<(), GpuError> {
-        let f = self.function(name)?;
-        let block = ParamBlock(params);
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&block);
-        // SAFETY: forwarded from this function's contract.
-        unsafe { args.launch(cfg) }.ctx(name)?;
-        Ok(())
+        // SAFETY: forwarded from this function's contract (`name` is a kernel
+        // of the `gpu-kernels` module).
+        unsafe { self.launch_in(&self.kernels, name, cfg, params) }
     }
 
     /// Raise a kernel's dynamic shared-memory limit above the default 48 KiB.
@@ -160,14 +150,20 @@ impl Gpu {
     }
 }
 
-/// A further PTX module in a [`Gpu`]'s context: kernels of another crate
-/// (such as `gpt2::KERNEL_IMPORT_PTX`), launched with [`Gpu::launch_in`].
+/// A PTX module in a [`Gpu`]'s context, its kernels looked up once: the
+/// `gpu-kernels` module every `Gpu` holds, or a further one with kernels of
+/// another crate (such as `gpt2::KERNEL_IMPORT_PTX`), loaded with
+/// [`Gpu::load_module`] and launched with [`Gpu::launch_in`].
 pub struct Module {
     module: Arc<CudaModule>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
 }
 
 impl Module {
+    fn new(module: Arc<CudaModule>) -> Module {
+        Module { module, functions: Mutex::new(HashMap::new()) }
+    }
+
     /// A kernel of this module by name (looked up once, then cached).
     pub fn function(&self, name: &'static str) -> Result<CudaFunction, GpuError> {
         let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
@@ -185,7 +181,7 @@ impl Gpu {
     /// JIT-compiles it); its kernels share the context and [`Gpu::stream`].
     pub fn load_module(&self, ptx: &str) -> Result<Module, GpuError> {
         let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(GpuError::ModuleLoad)?;
-        Ok(Module { module, functions: Mutex::new(HashMap::new()) })
+        Ok(Module::new(module))
     }
 
     /// [`Gpu::launch`] for a kernel of `module`.
