@@ -17,6 +17,7 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::flash_attention::*;
 
+use super::args::{aligned16, in_ptr, out_ptr};
 use crate::gpu::runtime::{Gpu, GpuError};
 
 /// Product precision of the prefill kernel.
@@ -47,8 +48,7 @@ impl FlashWorkspace {
     pub fn new(gpu: &Gpu, max_b: usize, nh: usize, max_t: usize) -> Result<Self, GpuError> {
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_TF32, FLASH_SMEM_BYTES_TF32)?;
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_FP32, FLASH_SMEM_BYTES_FP32)?;
-        let parts_stride =
-            max_t.div_ceil(FLASH_DECODE_CHUNK as usize) * FLASH_DECODE_PARTS_PER_CHUNK as usize;
+        let parts_stride = max_t.div_ceil(FLASH_DECODE_CHUNK as usize) * FLASH_DECODE_PARTS_PER_CHUNK as usize;
         let rows = max_b * nh * FLASH_DECODE_MAX_T as usize;
         Ok(Self {
             part_acc: gpu.alloc(rows * parts_stride * FLASH_HEAD_SIZE as usize)?,
@@ -84,10 +84,7 @@ impl Shape {
             nh,
             ..
         } = *self;
-        assert!(
-            b >= 1 && t >= 1,
-            "attention_forward_flash: empty batch (b={b}, t={t})"
-        );
+        assert!(b >= 1 && t >= 1, "attention_forward_flash: empty batch (b={b}, t={t})");
         assert!(
             nh >= 1 && c == nh * FLASH_HEAD_SIZE as usize,
             "attention_forward_flash: head size must be {FLASH_HEAD_SIZE} (c={c}, nh={nh})"
@@ -125,11 +122,7 @@ impl Shape {
     /// Keys the last query of the call attends to (the longest range).
     fn max_keys(&self) -> usize {
         let n = self.pos0 + self.t;
-        if self.window > 0 {
-            n.min(self.window)
-        } else {
-            n
-        }
+        if self.window > 0 { n.min(self.window) } else { n }
     }
 }
 
@@ -155,11 +148,7 @@ mod configs {
             FlashPrecision::Fp32 => FLASH_SMEM_BYTES_FP32,
         };
         LaunchConfig {
-            grid_dim: (
-                (s.t as u32).div_ceil(FLASH_BLOCK_Q),
-                s.nh as u32,
-                s.b as u32,
-            ),
+            grid_dim: ((s.t as u32).div_ceil(FLASH_BLOCK_Q), s.nh as u32, s.b as u32),
             block_dim: (FLASH_THREADS, 1, 1),
             shared_mem_bytes: smem,
         }
@@ -188,24 +177,22 @@ mod configs {
 }
 
 /// Kernels read 16-byte vectors: every base address must be 16-byte aligned.
-const VEC_ALIGN: u64 = 16;
-
-fn addr<T: DevicePtr<f32>>(gpu: &Gpu, buf: &T) -> *const f32 {
-    let (p, _sync) = buf.device_ptr(&gpu.stream);
-    assert!(
-        p % VEC_ALIGN == 0,
-        "attention_forward_flash: buffer not 16-byte aligned"
-    );
-    p as *const f32
+fn assert_aligned(p: usize) {
+    assert!(aligned16(&[p]), "attention_forward_flash: buffer not 16-byte aligned");
 }
 
+/// Device address of an input buffer, checked aligned.
+fn addr<T: DevicePtr<f32>>(gpu: &Gpu, buf: &T) -> *const f32 {
+    let p = in_ptr(gpu, buf);
+    assert_aligned(p as usize);
+    p
+}
+
+/// Device address of an output buffer, checked aligned.
 fn addr_mut<T: DevicePtrMut<f32>>(gpu: &Gpu, buf: &mut T) -> *mut f32 {
-    let (p, _sync) = buf.device_ptr_mut(&gpu.stream);
-    assert!(
-        p % VEC_ALIGN == 0,
-        "attention_forward_flash: buffer not 16-byte aligned"
-    );
-    p as *mut f32
+    let p = out_ptr(gpu, buf);
+    assert_aligned(p as usize);
+    p
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -249,17 +236,7 @@ where
         nh,
         window,
     };
-    run(
-        gpu,
-        out,
-        k_cache,
-        v_cache,
-        qkv,
-        s,
-        precision,
-        ws,
-        Path::Auto,
-    )
+    run(gpu, out, k_cache, v_cache, qkv, s, precision, ws, Path::Auto)
 }
 
 /// [`attention_forward_flash`] forced onto the prefill kernel (any `t`).
@@ -295,17 +272,7 @@ where
         nh,
         window,
     };
-    run(
-        gpu,
-        out,
-        k_cache,
-        v_cache,
-        qkv,
-        s,
-        precision,
-        ws,
-        Path::Prefill,
-    )
+    run(gpu, out, k_cache, v_cache, qkv, s, precision, ws, Path::Prefill)
 }
 
 /// [`attention_forward_flash`] forced onto flash-decoding (`t <= FLASH_DECODE_MAX_T`).
@@ -422,22 +389,13 @@ where
         nh,
     };
     // SAFETY: sizes checked by `s.check` (cache >= b*nh*max_t*HS, pos0+t <= max_t, qkv >= b*t*3c), aligned.
-    unsafe {
-        gpu.launch(
-            ATTENTION_FORWARD_FLASH_STORE_KV,
-            configs::store_kv(&s),
-            store,
-        )?
-    };
+    unsafe { gpu.launch(ATTENTION_FORWARD_FLASH_STORE_KV, configs::store_kv(&s), store)? };
 
     if decode {
         let chunks = configs::decode_chunks(&s);
         let parts = chunks * FLASH_DECODE_PARTS_PER_CHUNK;
         debug_assert!(parts as usize <= ws.parts_stride);
-        let (part_acc, part_ml) = (
-            addr_mut(gpu, &mut ws.part_acc),
-            addr_mut(gpu, &mut ws.part_ml),
-        );
+        let (part_acc, part_ml) = (addr_mut(gpu, &mut ws.part_acc), addr_mut(gpu, &mut ws.part_ml));
         let dp = FlashDecodeParams {
             part_acc,
             part_ml,
