@@ -60,11 +60,14 @@ def attention_table(rust):
     rows = rust.get("attention", [])
     if not rows:
         return "(no attention results)"
-    keys = [k for k in rows[0].keys() if k != "timing"]
-    out = ["| " + " | ".join(keys) + " | median µs |", "|" + "---|" * (len(keys) + 1)]
+    out = ["| what | B | T | window | variant | median µs | rate | time / unfused |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        t = r.get("timing", {}).get("median_us", r.get("median_us", float("nan")))
-        out.append("| " + " | ".join(str(r.get(k, "")) for k in keys) + f" | {t:.1f} |")
+        t = r["timing"]["median_us"]
+        ratio = r.get("flash_over_unfused")
+        out.append(
+            f"| {r['what']} | {r['b']} | {r['t_cache'] if r['what'] == 'decode' else r['t']} | {r['window']} | {r['variant']} "
+            f"| {t:.1f} | {r['rate']:.1f} {r['rate_unit']} | {f'{ratio:.3f}' if ratio is not None else '-'} |"
+        )
     return "\n".join(out)
 
 
