@@ -1,39 +1,18 @@
 //! Checkpoint loaders (llm.c and safetensors) and the random-checkpoint fixtures.
 
-use std::path::PathBuf;
-
 use host::model::fixtures::{self, HfTensor};
 use host::model::llmc::{self, Header};
 use host::model::safetensors as st;
 use host::model::{Checkpoint, DType, Format, FormatError, ModelConfig, Tensor, Weights};
 use rand::Rng;
 
+use crate::common::Scratch;
+
 /// A fresh seed per run, printed so a failure can be replayed.
 fn fresh_seed() -> u64 {
     let seed = rand::rng().random();
     eprintln!("fixture seed {seed}");
     seed
-}
-
-/// A private scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "gpt2-ckpt-test-{}-{:016x}",
-            std::process::id(),
-            rand::rng().random::<u64>()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Every tensor with a name, in a fixed order.
@@ -222,19 +201,19 @@ fn seeds_change_values_and_scales_are_gpt2_like() {
 
 #[test]
 fn open_files_of_both_formats_with_config_json() {
-    let dir = Scratch::new();
+    let dir = Scratch::new("ckpt-test");
     let cfg = fixtures::odd_config();
     let seed = fresh_seed();
-    let bin = dir.0.join("model.bin");
+    let bin = dir.path().join("model.bin");
     fixtures::write_llmc(&bin, &cfg, seed, DType::F32).unwrap();
     let ck = Checkpoint::open(&bin).unwrap();
     assert_eq!((ck.format(), *ck.config()), (Format::Llmc, cfg));
     // llm.c files ignore a config.json beside them, even a broken one.
-    std::fs::write(dir.0.join("config.json"), "{ not json").unwrap();
+    std::fs::write(dir.path().join("config.json"), "{ not json").unwrap();
     assert_eq!(*Checkpoint::open(&bin).unwrap().config(), cfg);
-    std::fs::remove_file(dir.0.join("config.json")).unwrap();
+    std::fs::remove_file(dir.path().join("config.json")).unwrap();
 
-    let sf = dir.0.join("model.safetensors");
+    let sf = dir.path().join("model.safetensors");
     fixtures::write_safetensors(&sf, &cfg, seed, false).unwrap();
     // C = 96 is no standard GPT-2 width: without config.json the head count is unknown.
     let err = Checkpoint::open(&sf).unwrap_err();
@@ -243,25 +222,25 @@ fn open_files_of_both_formats_with_config_json() {
         "{err}"
     );
     assert!(err.to_string().contains("model.safetensors"), "{err}");
-    fixtures::write_hf_config(&dir.0, &cfg).unwrap();
+    fixtures::write_hf_config(dir.path(), &cfg).unwrap();
     let hf = Checkpoint::open(&sf).unwrap();
     assert_eq!(*hf.config(), cfg);
     assert_same_values(&ck.weights().unwrap(), &hf.weights().unwrap(), |x| x);
 
     // A broken config.json is reported, naming it.
-    std::fs::write(dir.0.join("config.json"), "{ not json").unwrap();
+    std::fs::write(dir.path().join("config.json"), "{ not json").unwrap();
     let err = Checkpoint::open(&sf).unwrap_err();
     assert!(
         matches!(err.kind, FormatError::ConfigJson(ref m) if m.contains("config.json")),
         "{err}"
     );
-    std::fs::write(dir.0.join("config.json"), r#"{"n_head": -3}"#).unwrap();
+    std::fs::write(dir.path().join("config.json"), r#"{"n_head": -3}"#).unwrap();
     assert!(matches!(
         Checkpoint::open(&sf).unwrap_err().kind,
         FormatError::ConfigJson(_)
     ));
     // A config.json whose head count does not divide C.
-    std::fs::write(dir.0.join("config.json"), r#"{"n_head": 5}"#).unwrap();
+    std::fs::write(dir.path().join("config.json"), r#"{"n_head": 5}"#).unwrap();
     assert!(matches!(
         Checkpoint::open(&sf).unwrap_err().kind,
         FormatError::BadSize {
@@ -270,17 +249,17 @@ fn open_files_of_both_formats_with_config_json() {
         }
     ));
 
-    let missing = dir.0.join("nope.bin");
+    let missing = dir.path().join("nope.bin");
     let err = Checkpoint::open(&missing).unwrap_err();
     assert!(
         matches!(err.kind, FormatError::Io(_)) && err.to_string().contains("nope.bin"),
         "{err}"
     );
     assert!(matches!(
-        Checkpoint::open(&dir.0).unwrap_err().kind,
+        Checkpoint::open(dir.path()).unwrap_err().kind,
         FormatError::NotAFile
     ));
-    let empty = dir.0.join("empty.bin");
+    let empty = dir.path().join("empty.bin");
     std::fs::write(&empty, b"").unwrap();
     assert!(matches!(
         Checkpoint::open(&empty).unwrap_err().kind,

@@ -18,6 +18,8 @@ use host::model::{DType, ModelConfig};
 use host::sample::{Sampler, SamplingParams};
 use host::tokenizer::Gpt2Tokenizer;
 
+use crate::common::Scratch;
+
 /// Small model with GPT-2's vocabulary, so the real tokenizer applies.
 fn cli_config() -> ModelConfig {
     ModelConfig {
@@ -81,23 +83,16 @@ fn host_bin() -> Option<&'static Path> {
 
 /// A fixture checkpoint in a fresh temp dir (kept for the test's life).
 struct Fixture {
-    dir: PathBuf,
+    dir: Scratch,
     weights: PathBuf,
 }
 
 impl Fixture {
     fn new(name: &str) -> Fixture {
-        let dir = std::env::temp_dir().join(format!("gpt2-cli-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let weights = dir.join("model.bin");
+        let dir = Scratch::new(&format!("cli-{name}"));
+        let weights = dir.path().join("model.bin");
         write_llmc(&weights, &cli_config(), 42, DType::F32).unwrap();
         Fixture { dir, weights }
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -232,7 +227,7 @@ fn bad_inputs_fail_with_clear_messages() {
     let Some(bin) = host_bin() else { return };
     let fx = Fixture::new("errors");
     let w = fx.weights.to_str().unwrap();
-    let garbage = fx.dir.join("garbage.bin");
+    let garbage = fx.dir.path().join("garbage.bin");
     std::fs::write(&garbage, b"definitely not a checkpoint").unwrap();
     let long_prompt = "word ".repeat(40).trim_end().to_string(); // 40 tokens > 32 positions
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![

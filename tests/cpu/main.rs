@@ -1,5 +1,6 @@
 //! Tests that need no GPU: loaders, tokenizer, CPU reference, sampling, CLI.
 mod checkpoint;
+mod common;
 mod cpu_reference;
 mod tokenizer;
 mod perplexity;

@@ -5,6 +5,8 @@ use std::sync::OnceLock;
 
 use host::tokenizer::{Gpt2Tokenizer, MERGES_FILE, TokenizerError, VOCAB_FILE};
 use rand::Rng;
+
+use crate::common::Scratch;
 use sha2::{Digest, Sha256};
 
 const VOCAB_SHA256: &str = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783";
@@ -183,31 +185,10 @@ fn bad_ids_are_errors_not_panics() {
     assert_eq!(dec.push(15496).as_deref(), Some("Hello"));
 }
 
-/// A private scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "gpt2-tok-test-{}-{:016x}",
-            std::process::id(),
-            rand::rng().random::<u64>()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn missing_or_corrupt_files_name_the_file() {
-    let dir = Scratch::new();
-    let (v, m) = (dir.0.join(VOCAB_FILE), dir.0.join(MERGES_FILE));
+    let dir = Scratch::new("tok-test");
+    let (v, m) = (dir.path().join(VOCAB_FILE), dir.path().join(MERGES_FILE));
     let load = || Gpt2Tokenizer::from_files(&v, &m).unwrap_err();
     let names = |e: &TokenizerError, file: &str| assert!(e.to_string().contains(file), "{e}");
 
