@@ -1,12 +1,13 @@
-//! Command-line pieces shared by the `host` and `perplexity` binaries: the
-//! `--weights` lookup and the choice of backend (`--cpu`, `--precision`,
-//! `--device`). Each is a clap `Args` struct to `#[command(flatten)]` into a
-//! binary's own `Cli`.
+//! Command-line pieces shared by the `host` and `perplexity` binaries: their
+//! `main` ([`main_with`]), the `--weights` lookup and the choice of backend
+//! (`--cpu`, `--precision`, `--device`). The flags are clap `Args` structs to
+//! `#[command(flatten)]` into a binary's own `Cli`.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Args, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
 
 use crate::cpu::CpuModel;
 use crate::generate::Backend;
@@ -14,6 +15,23 @@ use crate::gpu::engine::{GpuEngine, Precision};
 use crate::hub::{HubOptions, resolve_weights};
 use crate::model::Weights;
 use crate::model::checkpoint::Checkpoint;
+
+/// A tool's `main`: parse its `Cli` (a usage error prints clap's message on
+/// stderr and exits with code 2), then `run` it; an error prints as
+/// `error: <chain>` on stderr with exit code 1.
+pub fn main_with<C: Parser>(run: impl FnOnce(C) -> Result<()>) -> ExitCode {
+    let cli = match C::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// `--precision`: the arithmetic of the GPU matmuls.
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 
-use host::cli::{BackendArgs, WeightsArgs};
+use host::cli::{BackendArgs, WeightsArgs, main_with};
 use host::generate::{StopReason, generate};
 use host::model::ModelConfig;
 use host::sample::{Sampler, SamplingParams};
@@ -63,17 +63,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => e.exit(), // usage errors: message on stderr, exit code 2
-    };
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    main_with(run)
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use host::cli::{BackendArgs, WeightsArgs};
+use host::cli::{BackendArgs, WeightsArgs, main_with};
 use host::perplexity::{MIN_TOKENS, PerplexityConfig, perplexity_with, plan_windows};
 use host::tokenizer::Gpt2Tokenizer;
 
@@ -46,17 +46,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => e.exit(), // usage errors: message on stderr, exit code 2
-    };
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    main_with(run)
 }
 
 fn run(cli: Cli) -> Result<()> {
