@@ -442,6 +442,39 @@ fn check_close(name: &str, x: f32, got: f32, exact: f64, bound: Bound, worst: &m
     );
 }
 
+/// [`check_close`] over every input `x` of one row of the math kernel, with
+/// `exact(x)` and the bound `rel(x)`, `abs`, `tiny`; returns the worst
+/// errors seen. Where the exact value (within the relative bound) passes
+/// `f32::MAX`, the result must be `+inf`, or may be either `+inf` or within
+/// the bound near the threshold.
+fn sweep(
+    name: &str,
+    inp: &[f32],
+    got: &[f32],
+    exact: impl Fn(f32) -> f64,
+    rel: impl Fn(f32) -> f64,
+    abs: f64,
+    tiny: f64,
+) -> Worst {
+    let f32_max = f32::MAX as f64;
+    let mut w = Worst::default();
+    for (&x, &got) in inp.iter().zip(got) {
+        let (exact, rel) = (exact(x), rel(x));
+        if exact * (1.0 - rel) > f32_max {
+            assert_eq!(got, f32::INFINITY, "{name}({x:e})");
+        } else if exact * (1.0 + rel) > f32_max {
+            // Near the overflow threshold rounding may go either way.
+            assert!(
+                got == f32::INFINITY || (got as f64 - exact).abs() <= rel * exact,
+                "{name}({x:e}) = {got:e}"
+            );
+        } else {
+            check_close(name, x, got, exact, Bound { rel, abs, tiny }, &mut w);
+        }
+    }
+    w
+}
+
 #[test]
 fn math_functions_within_documented_bounds() {
     let Some((gpu, module)) = setup() else { return };
@@ -460,36 +493,18 @@ fn math_functions_within_documented_bounds() {
     let out = gpu.download(&out).unwrap();
     let row = |r: u32| &out[r as usize * n..(r as usize + 1) * n];
     let min_normal = f32::MIN_POSITIVE as f64;
-    let f32_max = f32::MAX as f64;
     let inf = f64::INFINITY;
 
     // Bounds as documented in gpu_kernels::device::math.
-    let mut w = Worst::default();
-    for (&x, &got) in inp.iter().zip(row(MATH_EXP2_APPROX)) {
-        let exact = (ftz(x) as f64).exp2();
-        let rel = 2f64.powi(-21);
-        if exact * (1.0 - rel) > f32_max {
-            assert_eq!(got, f32::INFINITY, "exp2_approx({x:e})");
-        } else if exact * (1.0 + rel) > f32_max {
-            assert!(
-                got == f32::INFINITY || (got as f64 - exact).abs() <= rel * exact,
-                "exp2_approx({x:e}) = {got:e}"
-            );
-        } else {
-            check_close(
-                "exp2_approx",
-                x,
-                got,
-                exact,
-                Bound {
-                    rel,
-                    abs: inf,
-                    tiny: min_normal,
-                },
-                &mut w,
-            );
-        }
-    }
+    let w = sweep(
+        "exp2_approx",
+        &inp,
+        row(MATH_EXP2_APPROX),
+        |x| (ftz(x) as f64).exp2(),
+        |_| 2f64.powi(-21),
+        inf,
+        min_normal,
+    );
     println!(
         "exp2_approx: max rel error {:.3e} at {:e} (bound 2^-21 = {:.3e})",
         w.rel,
@@ -497,33 +512,16 @@ fn math_functions_within_documented_bounds() {
         2f64.powi(-21)
     );
 
-    let mut w = Worst::default();
-    for (&x, &got) in inp.iter().zip(row(MATH_EXP_FAST)) {
-        let exact = (ftz(x) as f64).exp();
-        let rel = 2f64.powi(-21) + (x.abs() as f64) * 2f64.powi(-23);
-        if exact * (1.0 - rel) > f32_max {
-            assert_eq!(got, f32::INFINITY, "exp_fast({x:e})");
-        } else if exact * (1.0 + rel) > f32_max {
-            // Near the overflow threshold rounding may go either way.
-            assert!(
-                got == f32::INFINITY || (got as f64 - exact).abs() <= rel * exact,
-                "exp_fast({x:e}) = {got:e}"
-            );
-        } else {
-            check_close(
-                "exp_fast",
-                x,
-                got,
-                exact,
-                Bound {
-                    rel,
-                    abs: inf,
-                    tiny: min_normal,
-                },
-                &mut w,
-            );
-        }
-    }
+    let exp_rel = |x: f32| 2f64.powi(-21) + (x.abs() as f64) * 2f64.powi(-23);
+    let w = sweep(
+        "exp_fast",
+        &inp,
+        row(MATH_EXP_FAST),
+        |x| (ftz(x) as f64).exp(),
+        exp_rel,
+        inf,
+        min_normal,
+    );
     println!(
         "exp_fast: max rel error {:.3e} at {:e} (bound 2^-21 + |x| 2^-23, {:.3e} there)",
         w.rel,
@@ -531,65 +529,46 @@ fn math_functions_within_documented_bounds() {
         2f64.powi(-21) + (w.rel_at.abs() as f64) * 2f64.powi(-23)
     );
 
-    let mut w = Worst::default();
     let tanh_approx_rel = 2f64.powf(-10.987);
-    for (&x, &got) in inp.iter().zip(row(MATH_TANH_APPROX)) {
-        check_close(
-            "tanh_approx",
-            x,
-            got,
-            (x as f64).tanh(),
-            Bound {
-                rel: tanh_approx_rel,
-                abs: inf,
-                tiny: min_normal,
-            },
-            &mut w,
-        );
-    }
+    let w = sweep(
+        "tanh_approx",
+        &inp,
+        row(MATH_TANH_APPROX),
+        |x| (x as f64).tanh(),
+        |_| tanh_approx_rel,
+        inf,
+        min_normal,
+    );
     println!(
         "tanh_approx: max rel error {:.3e} at {:e} (bound 2^-10.987 = {tanh_approx_rel:.3e})",
         w.rel, w.rel_at
     );
 
-    let mut w = Worst::default();
     let (tp_rel, tp_abs) = (2f64.powi(-18), 2f64.powi(-21));
-    for (&x, &got) in inp.iter().zip(row(MATH_TANH_PRECISE)) {
-        check_close(
-            "tanh_precise",
-            x,
-            got,
-            (x as f64).tanh(),
-            Bound {
-                rel: tp_rel,
-                abs: tp_abs,
-                tiny: 0.0,
-            },
-            &mut w,
-        );
-    }
+    let w = sweep(
+        "tanh_precise",
+        &inp,
+        row(MATH_TANH_PRECISE),
+        |x| (x as f64).tanh(),
+        |_| tp_rel,
+        tp_abs,
+        0.0,
+    );
     println!(
         "tanh_precise: max rel error {:.3e} at {:e} (bound 2^-18 = {tp_rel:.3e}), max abs error {:.3e} at {:e} (bound 2^-21 = {tp_abs:.3e})",
         w.rel, w.rel_at, w.abs, w.abs_at
     );
 
-    let mut w = Worst::default();
-    for (&x, &got) in inp.iter().zip(row(MATH_RSQRT_APPROX)) {
-        // ftz: a subnormal x is read as ±0, giving ±inf.
-        let exact = 1.0 / (ftz(x) as f64).sqrt();
-        check_close(
-            "rsqrt_approx",
-            x,
-            got,
-            exact,
-            Bound {
-                rel: 2f64.powi(-21),
-                abs: inf,
-                tiny: 0.0,
-            },
-            &mut w,
-        );
-    }
+    // ftz: a subnormal x is read as ±0, giving ±inf.
+    let w = sweep(
+        "rsqrt_approx",
+        &inp,
+        row(MATH_RSQRT_APPROX),
+        |x| 1.0 / (ftz(x) as f64).sqrt(),
+        |_| 2f64.powi(-21),
+        inf,
+        0.0,
+    );
     println!(
         "rsqrt_approx: max rel error {:.3e} at {:e} (bound 2^-21 = {:.3e})",
         w.rel,
@@ -597,23 +576,17 @@ fn math_functions_within_documented_bounds() {
         2f64.powi(-21)
     );
 
-    let mut w = Worst::default();
     // Two roundings of at most 2^-24 each; the slack covers their product.
     let rp_rel = 2f64.powi(-23) * (1.0 + 1e-6);
-    for (&x, &got) in inp.iter().zip(row(MATH_RSQRT_PRECISE)) {
-        check_close(
-            "rsqrt_precise",
-            x,
-            got,
-            1.0 / (x as f64).sqrt(),
-            Bound {
-                rel: rp_rel,
-                abs: inf,
-                tiny: 0.0,
-            },
-            &mut w,
-        );
-    }
+    let w = sweep(
+        "rsqrt_precise",
+        &inp,
+        row(MATH_RSQRT_PRECISE),
+        |x| 1.0 / (x as f64).sqrt(),
+        |_| rp_rel,
+        inf,
+        0.0,
+    );
     println!(
         "rsqrt_precise: max rel error {:.3e} at {:e} (bound 2^-23 = {:.3e})",
         w.rel,
