@@ -19,6 +19,8 @@ use host::gpu::ops::flash_attention::{
 };
 use rand::Rng;
 
+use crate::kernels::{random_vec, stats};
+
 const HS: usize = 64;
 const FP32_TOL: f32 = 1e-5;
 const TF32_TOL: f32 = 1e-2;
@@ -57,9 +59,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     let c = nh * HS;
     let max_t = pos0 + t + CACHE_SLACK;
     let mut rng = rand::rng();
-    let qkv: Vec<f32> = (0..b * t * 3 * c)
-        .map(|_| rng.random_range(-1.0..1.0))
-        .collect();
+    let qkv = random_vec(b * t * 3 * c, 1.0);
     let cache_len = b * nh * max_t * HS;
     // Random prefix (positions < pos0), NaN from pos0 on (the store overwrites
     // pos0..pos0+t; the rest must stay unread).
@@ -125,27 +125,18 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
         FlashPrecision::Fp32 => FP32_TOL,
         FlashPrecision::Tf32 => TF32_TOL,
     };
-    let (mut max_err, mut sq, mut bad, mut worst) = (0f32, 0f64, 0usize, 0usize);
-    for (i, (&g, &e)) in out.iter().zip(&out_cpu).enumerate() {
-        let err = (g - e).abs();
-        // NaN (unwritten or poisoned) counts as a mismatch of infinite size.
-        let err = if err.is_nan() { f32::INFINITY } else { err };
-        if err > max_err {
-            max_err = err;
-            worst = i;
-        }
-        sq += (err as f64) * (err as f64);
-        bad += (err > tol) as usize;
-    }
-    let rmse = (sq / out.len() as f64).sqrt();
+    let s = stats(&out, &out_cpu, tol, 0.0);
     println!(
-        "flash {k:?}: max abs err {max_err:.3e}, RMSE {rmse:.3e}, mismatches {bad}/{} (tol {tol:e}), cache mismatches {cache_bad}",
+        "flash {k:?}: max abs err {:.3e}, RMSE {:.3e}, mismatches {}/{} (tol {tol:e}), cache mismatches {cache_bad}",
+        s.max_abs,
+        s.rmse,
+        s.mismatches,
         out.len()
     );
-    if bad > 0 || cache_bad > 0 {
+    if s.mismatches > 0 || cache_bad > 0 {
         return Err(format!(
-            "{k:?}: {bad} outputs off by > {tol:e} (max {max_err:e} at {worst}: gpu {} cpu {}), {cache_bad} cache entries differ",
-            out[worst], out_cpu[worst]
+            "{k:?}: {} outputs off by > {tol:e} (max {:e} at {}: gpu {} cpu {}), {cache_bad} cache entries differ",
+            s.mismatches, s.max_abs, s.worst, out[s.worst], out_cpu[s.worst]
         ));
     }
     Ok(())

@@ -41,6 +41,8 @@ pub struct Stats {
     pub max_abs: f64,
     pub rmse: f64,
     pub mismatches: usize,
+    /// Index of the largest error (the first NaN, if any).
+    pub worst: usize,
 }
 
 /// Compare with tolerance `atol + rtol * |want|` per element; NaN or a
@@ -49,15 +51,18 @@ pub fn stats(got: &[f32], want: &[f32], atol: f32, rtol: f32) -> Stats {
     let mut max_abs = 0f64;
     let mut sq = 0f64;
     let mut mismatches = want.len().abs_diff(got.len());
-    for (&g, &w) in got.iter().zip(want) {
+    let mut worst = 0;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let e = (g as f64 - w as f64).abs();
         if e.is_nan() || e > (atol + rtol * w.abs()) as f64 {
             mismatches += 1;
         }
         if e.is_nan() {
-            max_abs = f64::NAN;
-        } else if !max_abs.is_nan() {
-            max_abs = max_abs.max(e);
+            if !max_abs.is_nan() {
+                (max_abs, worst) = (f64::NAN, i);
+            }
+        } else if e > max_abs {
+            (max_abs, worst) = (e, i);
         }
         sq += e * e;
     }
@@ -65,6 +70,7 @@ pub fn stats(got: &[f32], want: &[f32], atol: f32, rtol: f32) -> Stats {
         max_abs,
         rmse: (sq / want.len().max(1) as f64).sqrt(),
         mismatches,
+        worst,
     }
 }
 
