@@ -4,6 +4,8 @@ use gpu_kernels::params::{SaxpyParams, names};
 use host::gpu::runtime::{dptr, dptr_mut};
 use rand::Rng;
 
+use crate::kernels::random_vec;
+
 #[test]
 fn embedded_ptx_has_every_kernel_entry() {
     assert!(gpt2::GPU_KERNELS_PTX.contains(".visible .entry saxpy("));
@@ -14,8 +16,7 @@ fn saxpy_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let n = 1_000_003usize;
     let mut rng = rand::rng();
-    let x: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let y: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let (x, y) = (random_vec(n, 1.0), random_vec(n, 1.0));
     let a: f32 = rng.random_range(-2.0..2.0);
     let dx = gpu.upload(&x).unwrap();
     let dy = gpu.upload(&y).unwrap();
