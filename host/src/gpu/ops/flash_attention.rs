@@ -205,12 +205,12 @@ enum Path {
 /// `attention_forward` with flash kernels: stores K,V, then prefill or
 /// flash-decoding by `t` (see the module docs). Panics on inconsistent sizes.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_forward_flash<O, K, V, Q>(
+pub fn attention_forward_flash(
     gpu: &Gpu,
-    out: &mut O,
-    k_cache: &mut K,
-    v_cache: &mut V,
-    qkv: &Q,
+    out: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
     b: usize,
     t: usize,
     pos0: usize,
@@ -220,13 +220,7 @@ pub fn attention_forward_flash<O, K, V, Q>(
     window: usize,
     precision: FlashPrecision,
     ws: &mut FlashWorkspace,
-) -> Result<(), GpuError>
-where
-    O: DevicePtrMut<f32>,
-    K: DevicePtrMut<f32>,
-    V: DevicePtrMut<f32>,
-    Q: DevicePtr<f32>,
-{
+) -> Result<(), GpuError> {
     let s = Shape {
         b,
         t,
@@ -241,12 +235,12 @@ where
 
 /// [`attention_forward_flash`] forced onto the prefill kernel (any `t`).
 #[allow(clippy::too_many_arguments)]
-pub fn attention_forward_flash_prefill<O, K, V, Q>(
+pub fn attention_forward_flash_prefill(
     gpu: &Gpu,
-    out: &mut O,
-    k_cache: &mut K,
-    v_cache: &mut V,
-    qkv: &Q,
+    out: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
     b: usize,
     t: usize,
     pos0: usize,
@@ -256,13 +250,7 @@ pub fn attention_forward_flash_prefill<O, K, V, Q>(
     window: usize,
     precision: FlashPrecision,
     ws: &mut FlashWorkspace,
-) -> Result<(), GpuError>
-where
-    O: DevicePtrMut<f32>,
-    K: DevicePtrMut<f32>,
-    V: DevicePtrMut<f32>,
-    Q: DevicePtr<f32>,
-{
+) -> Result<(), GpuError> {
     let s = Shape {
         b,
         t,
@@ -277,12 +265,12 @@ where
 
 /// [`attention_forward_flash`] forced onto flash-decoding (`t <= FLASH_DECODE_MAX_T`).
 #[allow(clippy::too_many_arguments)]
-pub fn attention_forward_flash_decode<O, K, V, Q>(
+pub fn attention_forward_flash_decode(
     gpu: &Gpu,
-    out: &mut O,
-    k_cache: &mut K,
-    v_cache: &mut V,
-    qkv: &Q,
+    out: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
     b: usize,
     t: usize,
     pos0: usize,
@@ -291,13 +279,7 @@ pub fn attention_forward_flash_decode<O, K, V, Q>(
     nh: usize,
     window: usize,
     ws: &mut FlashWorkspace,
-) -> Result<(), GpuError>
-where
-    O: DevicePtrMut<f32>,
-    K: DevicePtrMut<f32>,
-    V: DevicePtrMut<f32>,
-    Q: DevicePtr<f32>,
-{
+) -> Result<(), GpuError> {
     let s = Shape {
         b,
         t,
@@ -321,23 +303,17 @@ where
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run<O, K, V, Q>(
+fn run(
     gpu: &Gpu,
-    out: &mut O,
-    k_cache: &mut K,
-    v_cache: &mut V,
-    qkv: &Q,
+    out: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
     s: Shape,
     precision: FlashPrecision,
     ws: &mut FlashWorkspace,
     path: Path,
-) -> Result<(), GpuError>
-where
-    O: DevicePtrMut<f32>,
-    K: DevicePtrMut<f32>,
-    V: DevicePtrMut<f32>,
-    Q: DevicePtr<f32>,
-{
+) -> Result<(), GpuError> {
     s.check(out.len(), k_cache.len(), v_cache.len(), qkv.len());
     let decode = match path {
         Path::Auto => s.t <= FLASH_DECODE_MAX_T as usize,
