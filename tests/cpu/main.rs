@@ -8,3 +8,4 @@ mod sampling;
 mod oracle;
 mod cli;
 mod hub;
+mod tune_cache;

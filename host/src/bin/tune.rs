@@ -1,16 +1,18 @@
 //! `tune`: sweep the TF32 matmul tile shapes per GEMM shape and write the
-//! fastest to a JSON cache (`--out`, default `tune-matmul-tf32.json`).
+//! fastest to a JSON cache (`--out`, default `weights/tune/<gpu>.json`, where
+//! the engine looks for it; `GPT2_TUNE_CACHE` points the engine elsewhere).
 //!
 //! The cache maps "M,N,K" to the winning kernel name plus every variant's
-//! median time, so `host::gpu::ops::matmul_tf32::choose_tile`'s heuristic can
-//! be checked against it (or replaced by a lookup). Timing as in `bench`.
+//! median time; `matmul_forward_tf32` uses the winner for shapes in the cache
+//! and `choose_tile`'s heuristic (printed beside it) for the rest. Timing as
+//! in `bench`.
 
 use anyhow::Context;
 use clap::Parser;
 use cudarc::driver::CudaSlice;
 use host::bench::{DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmSets, tf32_variants, time_calls};
 use host::gpu::Gpu;
-use host::gpu::ops::matmul_tf32::{MatmulTf32Error, choose_tile, matmul_forward_tf32_with, sm_count};
+use host::gpu::ops::matmul_tf32::{MatmulTf32Error, TuneCache, choose_tile, matmul_forward_tf32_with, sm_count};
 
 /// Token counts swept: decode batches, short prompts, full contexts.
 const TUNE_M: [usize; 7] = [1, 8, 64, 256, 1024, 4096, 8192];
@@ -20,8 +22,9 @@ const TUNE_NK: [(usize, usize); 5] = [(2304, 768), (768, 768), (3072, 768), (768
 #[derive(Parser)]
 #[command(about = "Sweep TF32 matmul tile shapes per GEMM shape; write the winners as JSON")]
 struct Args {
-    #[arg(long, default_value = "tune-matmul-tf32.json")]
-    out: std::path::PathBuf,
+    /// Output file; default `weights/tune/<gpu name>.json`, read by the engine.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
     #[arg(long, default_value_t = DEFAULT_SAMPLES)]
     samples: usize,
     #[arg(long, default_value_t = 0)]
@@ -79,8 +82,11 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let doc = serde_json::json!({"device": gpu.name(), "sms": sms, "shapes": cache});
-    std::fs::write(&args.out, serde_json::to_string_pretty(&doc)?)
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    println!("written to {}", args.out.display());
+    let out = args.out.unwrap_or_else(|| TuneCache::default_path(&gpu.name()));
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&doc)?).with_context(|| format!("writing {}", out.display()))?;
+    println!("written to {}", out.display());
     Ok(())
 }

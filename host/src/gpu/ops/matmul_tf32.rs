@@ -5,6 +5,10 @@
 //! [`choose_tile`] picks one per GEMM shape, [`matmul_forward_tf32_with`]
 //! runs a given one (the `tune` and `bench` binaries sweep them).
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MatmulTf32Params, TileShape};
 
@@ -105,8 +109,96 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    let shape = choose_tile(n, oc, sm_count(gpu)?);
+    let shape = match tune_cache(gpu).and_then(|t| t.tile(n, oc, c)) {
+        Some(tuned) => tuned,
+        None => choose_tile(n, oc, sm_count(gpu)?),
+    };
     matmul_forward_tf32_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
+}
+
+/// Environment variable naming a tune cache (the JSON the `tune` binary writes).
+pub const TUNE_CACHE_ENV: &str = "GPT2_TUNE_CACHE";
+/// Where the engine looks for a tune cache when the variable is unset:
+/// `weights/tune/<device>.json` under the working directory, `<device>` the
+/// GPU's name in lower case with spaces as dashes (e.g. `nvidia-h200`).
+pub const TUNE_CACHE_DIR: &str = "weights/tune";
+
+/// Measured best tile per GEMM shape for one GPU model: `tune`'s output.
+#[derive(Debug, Clone)]
+pub struct TuneCache {
+    /// The GPU the sweep ran on; the cache applies only to the same model.
+    pub device: String,
+    tiles: HashMap<(usize, usize, usize), TileShape>,
+}
+
+impl TuneCache {
+    /// Parse `tune`'s JSON: `{"device": .., "shapes": {"M,N,K": {"best": "<kernel name>", ..}}}`.
+    /// Unknown kernel names are an error (the cache is from another build).
+    pub fn parse(json: &str) -> Result<TuneCache, String> {
+        let doc: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        let device = doc["device"].as_str().ok_or("no \"device\" string")?.to_string();
+        let shapes = doc["shapes"].as_object().ok_or("no \"shapes\" object")?;
+        let mut tiles = HashMap::new();
+        for (key, entry) in shapes {
+            let dims: Vec<usize> = key.split(',').map(|d| d.trim().parse::<usize>()).collect::<Result<_, _>>()
+                .map_err(|_| format!("shape key {key:?} is not \"M,N,K\""))?;
+            let [m, n, k] = dims[..] else { return Err(format!("shape key {key:?} is not \"M,N,K\"")) };
+            let best = entry["best"].as_str().ok_or_else(|| format!("{key}: no \"best\""))?;
+            let shape = MATMUL_TF32_VARIANTS
+                .iter()
+                .find(|v| v.name == best)
+                .ok_or_else(|| format!("{key}: unknown kernel {best:?} (cache from another build?)"))?;
+            tiles.insert((m, n, k), *shape);
+        }
+        Ok(TuneCache { device, tiles })
+    }
+
+    /// Read and parse a cache file.
+    pub fn load(path: &Path) -> Result<TuneCache, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The tuned tile for an `m x n` output with inner size `k`, if swept.
+    pub fn tile(&self, m: usize, n: usize, k: usize) -> Option<TileShape> {
+        self.tiles.get(&(m, n, k)).copied()
+    }
+
+    /// The default cache path for a GPU name (see [`TUNE_CACHE_DIR`]).
+    pub fn default_path(device: &str) -> PathBuf {
+        Path::new(TUNE_CACHE_DIR).join(format!("{}.json", device.to_lowercase().replace(' ', "-")))
+    }
+}
+
+/// The tune cache for this process's GPU, read once: `$GPT2_TUNE_CACHE`, else
+/// [`TuneCache::default_path`] if it exists. A cache that cannot be read, or
+/// that was swept on another GPU model, is reported once on stderr and
+/// ignored: the heuristic [`choose_tile`] then decides, as without a cache.
+fn tune_cache(gpu: &Gpu) -> Option<&'static TuneCache> {
+    static CACHE: OnceLock<Option<TuneCache>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| {
+            let device = gpu.name();
+            let path = match std::env::var_os(TUNE_CACHE_ENV) {
+                Some(p) => PathBuf::from(p),
+                None => TuneCache::default_path(&device),
+            };
+            if std::env::var_os(TUNE_CACHE_ENV).is_none() && !path.is_file() {
+                return None;
+            }
+            match TuneCache::load(&path) {
+                Ok(cache) if cache.device == device => Some(cache),
+                Ok(cache) => {
+                    eprintln!("note: ignoring tune cache {} (swept on {}, this GPU is {device})", path.display(), cache.device);
+                    None
+                }
+                Err(e) => {
+                    eprintln!("note: ignoring tune cache: {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()
 }
 
 /// [`matmul_forward_tf32`] with an explicit tile shape (one of `MATMUL_TF32_VARIANTS`).
