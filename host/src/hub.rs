@@ -50,10 +50,7 @@ impl HubOptions {
 
 /// The download URL of a file on the public Hub (for error messages).
 pub fn file_url(endpoint: &str, repo: &str, file: &str) -> String {
-    format!(
-        "{}/{repo}/resolve/main/{file}",
-        endpoint.trim_end_matches('/')
-    )
+    format!("{}/{repo}/resolve/main/{file}", endpoint.trim_end_matches('/'))
 }
 
 /// `file` of model repository `repo`: from the cache if present, else

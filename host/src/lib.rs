@@ -1,11 +1,11 @@
 //! GPT-2 inference on the GPU with kernels written in Rust.
-pub mod gpu;
-pub mod model;
-pub mod generate;
-pub mod cpu;
-pub mod sample;
-pub mod hub;
-pub mod tokenizer;
-pub mod perplexity;
 pub mod bench;
 pub mod cli;
+pub mod cpu;
+pub mod generate;
+pub mod gpu;
+pub mod hub;
+pub mod model;
+pub mod perplexity;
+pub mod sample;
+pub mod tokenizer;

@@ -128,11 +128,7 @@ pub fn plan_windows(n_tokens: usize, window: usize, stride: usize) -> Result<Vec
         let score_from = prev_end.max(begin + 1);
         // A last window of one token (stride == window) has nothing to score.
         if score_from < end {
-            windows.push(Window {
-                begin,
-                end,
-                score_from,
-            });
+            windows.push(Window { begin, end, score_from });
         }
         if end == n_tokens {
             break;
@@ -176,16 +172,9 @@ pub fn perplexity_with<B: Backend + ?Sized>(
     config: &PerplexityConfig,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<PerplexityReport> {
-    let PerplexityConfig {
-        window,
-        stride,
-        batch,
-    } = *config;
+    let PerplexityConfig { window, stride, batch } = *config;
     let max_seq_len = backend.max_seq_len();
-    let (v, vp) = (
-        backend.config().vocab_size,
-        backend.config().padded_vocab_size,
-    );
+    let (v, vp) = (backend.config().vocab_size, backend.config().padded_vocab_size);
     ensure!(batch > 0, "the batch size must be at least 1");
     ensure!(
         window <= max_seq_len,
@@ -209,11 +198,7 @@ pub fn perplexity_with<B: Backend + ?Sized>(
     while done < windows.len() {
         // A group of consecutive windows of one length (all full ones but the last).
         let t = windows[done].len();
-        let rows = windows[done..]
-            .iter()
-            .take(batch)
-            .take_while(|w| w.len() == t)
-            .count();
+        let rows = windows[done..].iter().take(batch).take_while(|w| w.len() == t).count();
         let group = &windows[done..done + rows];
         input.clear();
         for w in group {
@@ -232,9 +217,7 @@ pub fn perplexity_with<B: Backend + ?Sized>(
         let targets: Vec<(usize, u32)> = group
             .iter()
             .enumerate()
-            .flat_map(|(r, w)| {
-                (w.score_from..w.end).map(move |j| (r * t + (j - 1 - w.begin), tokens[j]))
-            })
+            .flat_map(|(r, w)| (w.score_from..w.end).map(move |j| (r * t + (j - 1 - w.begin), tokens[j])))
             .collect();
         let nll: f64 = targets
             .par_iter()

@@ -28,10 +28,7 @@ const REPLACEMENT: char = char::REPLACEMENT_CHARACTER;
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     #[error("cannot read tokenizer file {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("tokenizer file {}: {msg}", path.display())]
     Invalid { path: PathBuf, msg: String },
     #[error("cannot build the BPE tokenizer from {} and {}: {msg}", vocab.display(), merges.display())]
@@ -110,16 +107,11 @@ fn parse_merges(path: &Path, text: &str) -> Result<Vec<(String, String)>, Tokeni
         }
         let mut parts = line.split(' ');
         match (parts.next(), parts.next(), parts.next()) {
-            (Some(a), Some(b), None) if !a.is_empty() && !b.is_empty() => {
-                merges.push((a.to_string(), b.to_string()))
-            }
+            (Some(a), Some(b), None) if !a.is_empty() && !b.is_empty() => merges.push((a.to_string(), b.to_string())),
             _ => {
                 return Err(invalid(
                     path,
-                    format!(
-                        "line {}: expected two tokens separated by a space: {line:?}",
-                        i + 1
-                    ),
+                    format!("line {}: expected two tokens separated by a space: {line:?}", i + 1),
                 ));
             }
         }
@@ -132,10 +124,7 @@ fn parse_merges(path: &Path, text: &str) -> Result<Vec<(String, String)>, Tokeni
 
 impl Gpt2Tokenizer {
     /// Loads the tokenizer from OpenAI/Hugging Face `vocab.json` and `merges.txt`.
-    pub fn from_files(
-        vocab_path: &Path,
-        merges_path: &Path,
-    ) -> Result<Gpt2Tokenizer, TokenizerError> {
+    pub fn from_files(vocab_path: &Path, merges_path: &Path) -> Result<Gpt2Tokenizer, TokenizerError> {
         let vocab: HashMap<String, u32> = serde_json::from_str(&read(vocab_path)?)
             .map_err(|e| invalid(vocab_path, format!("not a JSON object of token -> id: {e}")))?;
         let merges = parse_merges(merges_path, &read(merges_path)?)?;
@@ -163,8 +152,7 @@ impl Gpt2Tokenizer {
             .get(EOT_TEXT)
             .ok_or_else(|| invalid(vocab_path, format!("no {EOT_TEXT} token")))?;
         let table = byte_to_char_table();
-        let char_to_byte: HashMap<char, u8> =
-            (0..=255u8).map(|b| (table[usize::from(b)], b)).collect();
+        let char_to_byte: HashMap<char, u8> = (0..=255u8).map(|b| (table[usize::from(b)], b)).collect();
         // Every slot is filled: n distinct ids below n.
         let token_bytes = by_id
             .iter()
@@ -214,7 +202,10 @@ impl Gpt2Tokenizer {
         if here.join(VOCAB_FILE).is_file() {
             return here;
         }
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("weights").join("gpt2")
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("weights")
+            .join("gpt2")
     }
 
     /// Loads `vocab.json` and `merges.txt` from `dir`.

@@ -45,7 +45,10 @@ pub enum BuildError {
     /// A tool could not be started.
     Spawn(String, std::io::Error),
     /// The nested `cargo rustc` failed; its stderr is attached.
-    Compile { hint: Option<&'static str>, stderr: String },
+    Compile {
+        hint: Option<&'static str>,
+        stderr: String,
+    },
     /// The build ran but no PTX file was found where rustc writes it.
     NoPtx(PathBuf),
     Io(PathBuf, std::io::Error),
@@ -92,7 +95,11 @@ impl PtxBuilder {
     /// `crate_dir` holds the kernel crate's `Cargo.toml`; relative paths are
     /// taken from the calling package's directory (`CARGO_MANIFEST_DIR`).
     pub fn new(crate_dir: impl Into<PathBuf>) -> Self {
-        Self { crate_dir: crate_dir.into(), arch: None, features: Vec::new() }
+        Self {
+            crate_dir: crate_dir.into(),
+            arch: None,
+            features: Vec::new(),
+        }
     }
 
     /// Target architecture, e.g. `"sm_90a"`. Without this call the
@@ -110,7 +117,10 @@ impl PtxBuilder {
 
     /// The architecture this builder will compile for.
     pub fn resolved_arch(&self) -> String {
-        self.arch.clone().or_else(|| env::var(ARCH_ENV).ok()).unwrap_or_else(|| DEFAULT_ARCH.to_string())
+        self.arch
+            .clone()
+            .or_else(|| env::var(ARCH_ENV).ok())
+            .unwrap_or_else(|| DEFAULT_ARCH.to_string())
     }
 
     /// Compile the crate and return the path of the PTX file (inside `OUT_DIR`).
@@ -134,7 +144,15 @@ impl PtxBuilder {
         let target_dir = out_dir.join("ptx-target");
         let mut cmd = Command::new(&cargo);
         cmd.current_dir(&crate_dir)
-            .args(["rustc", "--lib", "--release", "--crate-type", "cdylib", "--target", TARGET])
+            .args([
+                "rustc",
+                "--lib",
+                "--release",
+                "--crate-type",
+                "cdylib",
+                "--target",
+                TARGET,
+            ])
             .arg("-Zbuild-std=core")
             .args(["--config", "profile.release.lto=\"fat\""])
             .args(["--config", "profile.release.codegen-units=1"])
@@ -147,15 +165,27 @@ impl PtxBuilder {
         if !self.features.is_empty() {
             cmd.arg("--features").arg(self.features.join(","));
         }
-        cmd.args(["--", "--emit=asm", "-Clinker=true"]).arg(format!("-Ctarget-cpu={arch}"));
+        cmd.args(["--", "--emit=asm", "-Clinker=true"])
+            .arg(format!("-Ctarget-cpu={arch}"));
         // Flags meant for the host build must not leak into the device build.
-        for v in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "RUSTC_WORKSPACE_WRAPPER"] {
+        for v in [
+            "RUSTFLAGS",
+            "CARGO_ENCODED_RUSTFLAGS",
+            "CARGO_BUILD_TARGET",
+            "CARGO_TARGET_DIR",
+            "RUSTC_WORKSPACE_WRAPPER",
+        ] {
             cmd.env_remove(v);
         }
-        let out = cmd.output().map_err(|e| BuildError::Spawn(format!("{cargo} rustc"), e))?;
+        let out = cmd
+            .output()
+            .map_err(|e| BuildError::Spawn(format!("{cargo} rustc"), e))?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            return Err(BuildError::Compile { hint: hint_for(&stderr), stderr });
+            return Err(BuildError::Compile {
+                hint: hint_for(&stderr),
+                stderr,
+            });
         }
 
         let deps = target_dir.join(TARGET).join("release").join("deps");
@@ -178,7 +208,11 @@ fn check_rust_src(rustc: &str) -> Result<(), BuildError> {
         .map_err(|e| BuildError::Spawn(format!("{rustc} --print sysroot"), e))?;
     let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     let core = sysroot.join("lib/rustlib/src/rust/library/core");
-    if core.is_dir() { Ok(()) } else { Err(BuildError::MissingRustSrc(core)) }
+    if core.is_dir() {
+        Ok(())
+    } else {
+        Err(BuildError::MissingRustSrc(core))
+    }
 }
 
 fn hint_for(stderr: &str) -> Option<&'static str> {
@@ -220,7 +254,9 @@ fn newest_asm(deps: &Path, stem: &str) -> Result<PathBuf, BuildError> {
         .map(|e| e.path())
         .filter(|p| {
             p.extension().is_some_and(|x| x == "s")
-                && p.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s == stem || s.starts_with(&format!("{stem}-")))
+                && p.file_stem()
+                    .and_then(|s| s.to_str())
+                    .is_some_and(|s| s == stem || s.starts_with(&format!("{stem}-")))
         })
         .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
         .ok_or_else(|| BuildError::NoPtx(deps.to_path_buf()))

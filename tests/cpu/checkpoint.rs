@@ -58,10 +58,7 @@ fn assert_same_values(a: &Weights<'_>, b: &Weights<'_>, round: impl Fn(f32) -> f
                 "padded rows of llm.c wte are zero"
             );
             let fa = &fa[..v * c];
-            assert!(
-                fa.iter().zip(fb.iter()).all(|(x, y)| round(*x) == *y),
-                "{name} differs"
-            );
+            assert!(fa.iter().zip(fb.iter()).all(|(x, y)| round(*x) == *y), "{name} differs");
             continue;
         }
         assert_eq!(ta.shape, tb.shape, "{name} shape");
@@ -88,12 +85,8 @@ fn configs() -> [ModelConfig; 3] {
 fn llmc_and_safetensors_loaders_agree() {
     for cfg in configs() {
         let seed = fresh_seed();
-        let llmc = Checkpoint::from_bytes(
-            fixtures::llmc_bytes(&cfg, seed, DType::F32).unwrap(),
-            "a.bin",
-            None,
-        )
-        .unwrap();
+        let llmc =
+            Checkpoint::from_bytes(fixtures::llmc_bytes(&cfg, seed, DType::F32).unwrap(), "a.bin", None).unwrap();
         assert_eq!(llmc.format(), Format::Llmc);
         assert_eq!(*llmc.config(), cfg);
         let wl = llmc.weights().unwrap();
@@ -106,18 +99,8 @@ fn llmc_and_safetensors_loaders_agree() {
             assert_same_values(&wl, &wh, |x| x);
             // Conv1D weights are transposed, vectors and embeddings are not.
             let l0 = &wh.layers[0];
-            assert!(
-                l0.qkvw.transposed
-                    && l0.attprojw.transposed
-                    && l0.fcw.transposed
-                    && l0.fcprojw.transposed
-            );
-            assert!(
-                !l0.qkvb.transposed
-                    && !l0.ln1w.transposed
-                    && !wh.wte.transposed
-                    && !wh.wpe.transposed
-            );
+            assert!(l0.qkvw.transposed && l0.attprojw.transposed && l0.fcw.transposed && l0.fcprojw.transposed);
+            assert!(!l0.qkvb.transposed && !l0.ln1w.transposed && !wh.wte.transposed && !wh.wpe.transposed);
             assert!(named(&wl).iter().all(|(_, t)| !t.transposed));
         }
     }
@@ -131,12 +114,7 @@ fn bf16_and_f16_checkpoints_hold_rounded_values() {
     let base = Checkpoint::from_bytes(f32_bytes, "f32.bin", None).unwrap();
     let wb = base.weights().unwrap();
 
-    let bf = Checkpoint::from_bytes(
-        fixtures::llmc_bytes(&cfg, seed, DType::BF16).unwrap(),
-        "bf16.bin",
-        None,
-    )
-    .unwrap();
+    let bf = Checkpoint::from_bytes(fixtures::llmc_bytes(&cfg, seed, DType::BF16).unwrap(), "bf16.bin", None).unwrap();
     assert_eq!(bf.dtype(), DType::BF16);
     let to_bf16 = |x: f32| half::bf16::from_f32(x).to_f32();
     let wbf = bf.weights().unwrap();
@@ -145,10 +123,7 @@ fn bf16_and_f16_checkpoints_hold_rounded_values() {
         assert_eq!(b.dtype, DType::BF16);
         assert_eq!(b.bytes.len(), a.len() * 2);
         assert!(
-            a.to_f32()
-                .iter()
-                .zip(b.to_f32().iter())
-                .all(|(x, y)| to_bf16(*x) == *y),
+            a.to_f32().iter().zip(b.to_f32().iter()).all(|(x, y)| to_bf16(*x) == *y),
             "{name}"
         );
     }
@@ -159,10 +134,7 @@ fn bf16_and_f16_checkpoints_hold_rounded_values() {
 
     for (dtype, round) in [
         (DType::BF16, to_bf16 as fn(f32) -> f32),
-        (
-            DType::F16,
-            (|x| half::f16::from_f32(x).to_f32()) as fn(f32) -> f32,
-        ),
+        (DType::F16, (|x| half::f16::from_f32(x).to_f32()) as fn(f32) -> f32),
     ] {
         let bytes = fixtures::safetensors_bytes(&cfg, seed, true, dtype).unwrap();
         let hf = Checkpoint::from_bytes(bytes, "h.safetensors", Some(cfg.num_heads)).unwrap();
@@ -189,10 +161,7 @@ fn seeds_change_values_and_scales_are_gpt2_like() {
     let names = llmc::TENSOR_NAMES;
     let idx = |n: &str| names.iter().position(|x| *x == n).unwrap();
     let (m, s) = stats(&a.tensors[idx("qkvw")]);
-    assert!(
-        m.abs() < 0.002 && (s - 0.02).abs() < 0.002,
-        "qkvw mean {m} std {s}"
-    );
+    assert!(m.abs() < 0.002 && (s - 0.02).abs() < 0.002, "qkvw mean {m} std {s}");
     let (m, s) = stats(&a.tensors[idx("ln1w")]);
     assert!((m - 1.0).abs() < 0.05 && s > 0.01, "ln1w mean {m} std {s}");
     let (_, s) = stats(&a.tensors[idx("fcb")]);
@@ -243,10 +212,7 @@ fn open_files_of_both_formats_with_config_json() {
     std::fs::write(dir.path().join("config.json"), r#"{"n_head": 5}"#).unwrap();
     assert!(matches!(
         Checkpoint::open(&sf).unwrap_err().kind,
-        FormatError::BadSize {
-            field: "channels",
-            ..
-        }
+        FormatError::BadSize { field: "channels", .. }
     ));
 
     let missing = dir.path().join("nope.bin");
@@ -261,10 +227,7 @@ fn open_files_of_both_formats_with_config_json() {
     ));
     let empty = dir.path().join("empty.bin");
     std::fs::write(&empty, b"").unwrap();
-    assert!(matches!(
-        Checkpoint::open(&empty).unwrap_err().kind,
-        FormatError::Empty
-    ));
+    assert!(matches!(Checkpoint::open(&empty).unwrap_err().kind, FormatError::Empty));
 }
 
 #[test]
@@ -315,18 +278,11 @@ fn header_of_every_gpt2_size_parses_without_the_body() {
             assert_eq!(parsed, header, "{name}");
             // Independent count: sum of the 16 shapes.
             let c = cfg.channels;
-            let per_layer =
-                2 * c + 3 * c * c + 3 * c + c * c + c + 2 * c + 4 * c * c + 4 * c + 4 * c * c + c;
-            let n = cfg.padded_vocab_size * c
-                + cfg.max_seq_len * c
-                + cfg.num_layers * per_layer
-                + 2 * c;
+            let per_layer = 2 * c + 3 * c * c + 3 * c + c * c + c + 2 * c + 4 * c * c + 4 * c + 4 * c * c + c;
+            let n = cfg.padded_vocab_size * c + cfg.max_seq_len * c + cfg.num_layers * per_layer + 2 * c;
             assert_eq!(llmc::num_parameters(&cfg).unwrap(), n);
             assert_eq!(n, cfg.num_parameters());
-            assert_eq!(
-                parsed.file_len().unwrap(),
-                llmc::HEADER_BYTES + n * dtype.size()
-            );
+            assert_eq!(parsed.file_len().unwrap(), llmc::HEADER_BYTES + n * dtype.size());
             // The header alone is a truncated file.
             match llmc::parse(&bytes) {
                 Err(FormatError::LengthMismatch { expected, actual }) => {
@@ -392,10 +348,7 @@ fn bad_llmc_headers_give_specific_errors() {
     // Sizes that disagree with each other.
     assert!(matches!(
         f(llmc::field::NUM_HEADS, 3),
-        Err(FormatError::BadSize {
-            field: "channels",
-            ..
-        })
+        Err(FormatError::BadSize { field: "channels", .. })
     ));
     assert!(matches!(
         f(llmc::field::PADDED_VOCAB_SIZE, 299),
@@ -407,20 +360,10 @@ fn bad_llmc_headers_give_specific_errors() {
     // Valid but different sizes: the body no longer matches.
     let mut bytes = fixtures::llmc_bytes(&cfg, fresh_seed(), DType::F32).unwrap();
     bytes[..llmc::HEADER_BYTES].copy_from_slice(&header_with(&cfg, llmc::field::NUM_LAYERS, 3));
-    assert!(matches!(
-        llmc::parse(&bytes),
-        Err(FormatError::LengthMismatch { .. })
-    ));
+    assert!(matches!(llmc::parse(&bytes), Err(FormatError::LengthMismatch { .. })));
     // A bf16 header on an f32 body.
-    bytes[..llmc::HEADER_BYTES].copy_from_slice(&header_with(
-        &cfg,
-        llmc::field::VERSION,
-        llmc::VERSION_BF16,
-    ));
-    assert!(matches!(
-        llmc::parse(&bytes),
-        Err(FormatError::LengthMismatch { .. })
-    ));
+    bytes[..llmc::HEADER_BYTES].copy_from_slice(&header_with(&cfg, llmc::field::VERSION, llmc::VERSION_BF16));
+    assert!(matches!(llmc::parse(&bytes), Err(FormatError::LengthMismatch { .. })));
 
     // Through format detection: other llm.c files and unknown magics.
     let other = |magic: i32| {
@@ -430,19 +373,14 @@ fn bad_llmc_headers_give_specific_errors() {
     };
     assert!(matches!(
         other(llmc::STATE_MAGIC).kind,
-        FormatError::WrongLlmcFile {
-            what: "debug state"
-        }
+        FormatError::WrongLlmcFile { what: "debug state" }
     ));
     assert!(matches!(
         other(llmc::TOKENIZER_MAGIC).kind,
         FormatError::WrongLlmcFile { what: "tokenizer" }
     ));
     let err = other(20240301);
-    assert!(
-        matches!(err.kind, FormatError::UnrecognizedFormat(_)),
-        "{err}"
-    );
+    assert!(matches!(err.kind, FormatError::UnrecognizedFormat(_)), "{err}");
     assert!(err.to_string().contains("x.bin"));
 }
 
@@ -460,20 +398,14 @@ fn truncated_or_extended_llmc_files_are_rejected() {
         let r = Checkpoint::from_bytes(full[..cut].to_vec(), "cut.bin", None);
         assert!(r.is_err(), "truncated at {cut} of {} accepted", full.len());
         if cut >= llmc::HEADER_BYTES {
-            assert!(matches!(
-                r.unwrap_err().kind,
-                FormatError::LengthMismatch { .. }
-            ));
+            assert!(matches!(r.unwrap_err().kind, FormatError::LengthMismatch { .. }));
         }
     }
     for extra in [1, 2, 3, 4, 1000] {
         let mut longer = full.clone();
         longer.extend((0..extra).map(|_| rng.random::<u8>()));
         let err = Checkpoint::from_bytes(longer, "long.bin", None).unwrap_err();
-        assert!(
-            matches!(err.kind, FormatError::LengthMismatch { .. }),
-            "{err}"
-        );
+        assert!(matches!(err.kind, FormatError::LengthMismatch { .. }), "{err}");
         assert!(err.to_string().contains("trailing"), "{err}");
     }
 }
@@ -512,10 +444,7 @@ fn truncated_or_corrupted_safetensors_are_rejected() {
 }
 
 /// Parses hand-edited tensor lists.
-fn parse_tensors(
-    tensors: &[HfTensor],
-    num_heads: Option<usize>,
-) -> Result<ModelConfig, FormatError> {
+fn parse_tensors(tensors: &[HfTensor], num_heads: Option<usize>) -> Result<ModelConfig, FormatError> {
     let bytes = fixtures::serialize_safetensors(tensors).unwrap();
     st::parse(&bytes, num_heads).map(|w| w.config)
 }
@@ -549,11 +478,7 @@ fn safetensors_tensor_set_is_checked() {
             }
         }
         // A whole layer 0 missing while layer 1 exists.
-        let no_layer0: Vec<HfTensor> = base
-            .iter()
-            .filter(|t| !t.name.contains("h.0."))
-            .cloned()
-            .collect();
+        let no_layer0: Vec<HfTensor> = base.iter().filter(|t| !t.name.contains("h.0.")).cloned().collect();
         assert!(matches!(
             parse_tensors(&no_layer0, nh),
             Err(FormatError::LayerIndices(_))
@@ -563,19 +488,9 @@ fn safetensors_tensor_set_is_checked() {
         let c = cfg.channels;
         let vals = |n: usize| -> Vec<f32> { (0..n).map(|i| i as f32 * 0.5 + 1.0).collect() };
         // Extra tensors.
-        for name in [
-            "foo.weight",
-            "h.0.attn.c_attn.extra",
-            "h.00.ln_1.weight",
-            "ln_g.weight",
-        ] {
+        for name in ["foo.weight", "h.0.attn.c_attn.extra", "h.00.ln_1.weight", "ln_g.weight"] {
             match parse_tensors(
-                &with(HfTensor::new(
-                    format!("{pre}{name}"),
-                    vec![c],
-                    &vals(c),
-                    DType::F32,
-                )),
+                &with(HfTensor::new(format!("{pre}{name}"), vec![c], &vals(c), DType::F32)),
                 nh,
             ) {
                 Err(FormatError::UnexpectedTensor(n)) => assert!(n.contains(name), "{n}"),
@@ -584,12 +499,7 @@ fn safetensors_tensor_set_is_checked() {
         }
         // Duplicate under the other naming.
         let other_pre = if prefix { "" } else { st::PREFIX };
-        let dup = HfTensor::new(
-            format!("{other_pre}ln_f.bias"),
-            vec![c],
-            &vals(c),
-            DType::F32,
-        );
+        let dup = HfTensor::new(format!("{other_pre}ln_f.bias"), vec![c], &vals(c), DType::F32);
         assert!(matches!(
             parse_tensors(&with(dup), nh),
             Err(FormatError::UnexpectedTensor(_))
@@ -645,11 +555,7 @@ fn safetensors_tensor_set_is_checked() {
         };
         let qkv = HfTensor::new("", vec![3 * c, c], &vals(3 * c * c), DType::F32);
         match parse_tensors(&replace("h.1.attn.c_attn.weight", qkv), nh) {
-            Err(FormatError::TensorShape {
-                name,
-                expected,
-                actual,
-            }) => {
+            Err(FormatError::TensorShape { name, expected, actual }) => {
                 assert!(name.ends_with("h.1.attn.c_attn.weight"));
                 assert_eq!((expected, actual), (vec![c, 3 * c], vec![3 * c, c]));
             }
@@ -660,12 +566,7 @@ fn safetensors_tensor_set_is_checked() {
             parse_tensors(&replace("ln_f.bias", bias_2d), nh),
             Err(FormatError::TensorShape { .. })
         ));
-        let wte_3d = HfTensor::new(
-            "",
-            vec![1, cfg.vocab_size, c],
-            &vals(cfg.vocab_size * c),
-            DType::F32,
-        );
+        let wte_3d = HfTensor::new("", vec![1, cfg.vocab_size, c], &vals(cfg.vocab_size * c), DType::F32);
         assert!(matches!(
             parse_tensors(&replace("wte.weight", wte_3d), nh),
             Err(FormatError::TensorRank { .. })
@@ -724,10 +625,7 @@ fn safetensors_tensor_set_is_checked() {
             Err(FormatError::UnknownHeadCount { channels: 64 })
         ));
         // An empty file (header only).
-        assert!(matches!(
-            parse_tensors(&[], nh),
-            Err(FormatError::MissingTensor(_))
-        ));
+        assert!(matches!(parse_tensors(&[], nh), Err(FormatError::MissingTensor(_))));
     }
 }
 

@@ -1,11 +1,11 @@
 //! Tests that need no GPU: loaders, tokenizer, CPU reference, sampling, CLI.
 mod checkpoint;
+mod cli;
 mod common;
 mod cpu_reference;
-mod tokenizer;
+mod hub;
+mod oracle;
 mod perplexity;
 mod sampling;
-mod oracle;
-mod cli;
-mod hub;
+mod tokenizer;
 mod tune_cache;

@@ -19,12 +19,7 @@ const SUM_TOL: f64 = 1e-9;
 const MODEL_SEED: u64 = 5;
 
 fn tiny_model(config: &ModelConfig, max_batch: usize) -> CpuModel {
-    let ckpt = Checkpoint::from_bytes(
-        llmc_bytes(config, MODEL_SEED, DType::F32).unwrap(),
-        "tiny.bin",
-        None,
-    )
-    .unwrap();
+    let ckpt = Checkpoint::from_bytes(llmc_bytes(config, MODEL_SEED, DType::F32).unwrap(), "tiny.bin", None).unwrap();
     CpuModel::new(&ckpt.weights().unwrap(), max_batch, config.max_seq_len).unwrap()
 }
 
@@ -37,21 +32,13 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 /// (two passes, no shared helper).
 fn naive_nll(row: &[f32], v: usize, target: u32) -> f64 {
     let max = row[..v].iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let log_z = max
-        + row[..v]
-            .iter()
-            .map(|&x| (x as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
+    let log_z = max + row[..v].iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
     log_z - row[target as usize] as f64
 }
 
 fn assert_rel(got: f64, want: f64, tol: f64, what: &str) {
     let err = (got - want).abs() / want.abs().max(f64::MIN_POSITIVE);
-    assert!(
-        err <= tol,
-        "{what}: got {got}, want {want} (relative error {err:e})"
-    );
+    assert!(err <= tol, "{what}: got {got}, want {want} (relative error {err:e})");
 }
 
 #[test]
@@ -85,11 +72,7 @@ fn windows_score_every_token_once_after_the_first() {
                         w.len() <= window && w.end <= n,
                         "{n}/{window}/{stride}: window {k} {w:?}"
                     );
-                    assert_eq!(
-                        w.begin,
-                        k * stride,
-                        "{n}/{window}/{stride}: window {k} start"
-                    );
+                    assert_eq!(w.begin, k * stride, "{n}/{window}/{stride}: window {k} start");
                     assert!(
                         w.begin < w.score_from && w.score_from < w.end,
                         "{n}/{window}/{stride}: {w:?}"
@@ -150,18 +133,10 @@ fn stride_equal_to_window_matches_independent_chunks() {
         }
     }
     assert_eq!(report.tokens_scored, scored);
-    assert_eq!(
-        report.tokens_scored,
-        tokens.len() - tokens.len().div_ceil(window)
-    );
+    assert_eq!(report.tokens_scored, tokens.len() - tokens.len().div_ceil(window));
     assert_eq!(report.windows, tokens.len().div_ceil(window));
     assert_rel(report.total_nll, total, SUM_TOL, "total NLL");
-    assert_rel(
-        report.perplexity(),
-        (total / scored as f64).exp(),
-        SUM_TOL,
-        "PPL",
-    );
+    assert_rel(report.perplexity(), (total / scored as f64).exp(), SUM_TOL, "PPL");
 }
 
 #[test]
@@ -180,9 +155,7 @@ fn overlapping_windows_match_per_token_contexts() {
     for j in 1..n {
         let k = (0..).find(|k| (k * stride + window).min(n) > j).unwrap();
         let context = &tokens[k * stride..j];
-        model
-            .forward(context, 1, context.len(), 0, LogitsWanted::Last)
-            .unwrap();
+        model.forward(context, 1, context.len(), 0, LogitsWanted::Last).unwrap();
         total += naive_nll(&model.logits().unwrap()[..vp], v, tokens[j]);
     }
     assert_eq!(report.tokens_scored, n - 1);
@@ -196,9 +169,7 @@ fn window_covering_the_text_equals_one_forward() {
     let tokens = random_tokens(cfg.max_seq_len - 5, v, 3);
     let mut model = tiny_model(&cfg, 1);
     let report = perplexity(&mut model, &tokens, cfg.max_seq_len, 1).unwrap();
-    model
-        .forward(&tokens, 1, tokens.len(), 0, LogitsWanted::All)
-        .unwrap();
+    model.forward(&tokens, 1, tokens.len(), 0, LogitsWanted::All).unwrap();
     let logits = model.logits().unwrap();
     let total: f64 = (1..tokens.len())
         .map(|i| naive_nll(&logits[(i - 1) * vp..i * vp], v, tokens[i]))
@@ -261,8 +232,7 @@ fn bad_inputs_are_clear_errors() {
     let cfg = tiny_config();
     let mut model = tiny_model(&cfg, 1);
     let tokens = random_tokens(50, cfg.vocab_size, 7);
-    let err =
-        |r: anyhow::Result<host::perplexity::PerplexityReport>| format!("{:#}", r.unwrap_err());
+    let err = |r: anyhow::Result<host::perplexity::PerplexityReport>| format!("{:#}", r.unwrap_err());
 
     assert!(err(perplexity(&mut model, &[], 16, 8)).contains("0 token"));
     assert!(err(perplexity(&mut model, &tokens[..1], 16, 8)).contains("1 token"));
@@ -272,8 +242,7 @@ fn bad_inputs_are_clear_errors() {
     assert!(err(perplexity(&mut model, &tokens, 16, 17)).contains("stride of 17"));
     let long = err(perplexity(&mut model, &tokens, cfg.max_seq_len + 1, 8));
     assert!(
-        long.contains(&format!("{}", cfg.max_seq_len + 1))
-            && long.contains(&format!("{}", cfg.max_seq_len)),
+        long.contains(&format!("{}", cfg.max_seq_len + 1)) && long.contains(&format!("{}", cfg.max_seq_len)),
         "{long}"
     );
     let mut bad = tokens.clone();

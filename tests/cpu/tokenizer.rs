@@ -29,10 +29,7 @@ fn repo_dir() -> PathBuf {
 fn tokenizer_files_are_pinned() {
     for (file, want) in [(VOCAB_FILE, VOCAB_SHA256), (MERGES_FILE, MERGES_SHA256)] {
         let bytes = std::fs::read(repo_dir().join(file)).unwrap();
-        let got: String = Sha256::digest(&bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let got: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(got, want, "{file}");
     }
 }
@@ -172,13 +169,8 @@ fn stream_matches_lossy_decode_of_cut_sequences() {
 fn bad_ids_are_errors_not_panics() {
     let t = tok();
     let bad = GPT2_VOCAB_SIZE as u32;
-    assert!(
-        matches!(t.decode(&[15496, bad]), Err(TokenizerError::UnknownId { id, .. }) if id == bad)
-    );
-    assert!(matches!(
-        t.decode(&[u32::MAX]),
-        Err(TokenizerError::UnknownId { .. })
-    ));
+    assert!(matches!(t.decode(&[15496, bad]), Err(TokenizerError::UnknownId { id, .. }) if id == bad));
+    assert!(matches!(t.decode(&[u32::MAX]), Err(TokenizerError::UnknownId { .. })));
     let mut dec = t.stream_decoder();
     assert!(dec.try_push(bad).is_err());
     assert_eq!(dec.push(bad).as_deref(), Some("\u{FFFD}"));
@@ -226,10 +218,7 @@ fn missing_or_corrupt_files_name_the_file() {
     ] {
         std::fs::write(&v, corrupt).unwrap();
         let e = load();
-        assert!(
-            matches!(e, TokenizerError::Invalid { .. }),
-            "{corrupt}: {e}"
-        );
+        assert!(matches!(e, TokenizerError::Invalid { .. }), "{corrupt}: {e}");
         names(&e, VOCAB_FILE);
     }
     // Truncated at random points: an error, never a panic.

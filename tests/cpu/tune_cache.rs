@@ -11,13 +11,19 @@ fn committed_h200_cache_parses() {
     assert_eq!(cache.device, "NVIDIA H200");
     let tile = cache.tile(8192, 2304, 768).expect("8192,2304,768 was swept");
     assert!(tile.name.starts_with("matmul_forward_tf32_"), "{}", tile.name);
-    assert!(cache.tile(8192, 2304, 769).is_none(), "unswept shapes fall back to the heuristic");
+    assert!(
+        cache.tile(8192, 2304, 769).is_none(),
+        "unswept shapes fall back to the heuristic"
+    );
 }
 
 #[test]
 fn bad_caches_are_errors() {
     let ok = r#"{"device": "X", "shapes": {"1,2,3": {"best": "matmul_forward_tf32_32x64"}}}"#;
-    assert_eq!(TuneCache::parse(ok).unwrap().tile(1, 2, 3).unwrap().name, "matmul_forward_tf32_32x64");
+    assert_eq!(
+        TuneCache::parse(ok).unwrap().tile(1, 2, 3).unwrap().name,
+        "matmul_forward_tf32_32x64"
+    );
     for bad in [
         "not json",
         r#"{"shapes": {}}"#,

@@ -66,12 +66,7 @@ fn kernel_import_ptx_has_the_intended_instructions() {
         // No stack frame: everything stays in registers.
         assert!(!body.contains(".local"), "{name} uses local memory");
     }
-    let has = |name: &str, insn: &str| {
-        assert!(
-            entry_body(ptx, name).contains(insn),
-            "{name} lacks `{insn}`"
-        )
-    };
+    let has = |name: &str, insn: &str| assert!(entry_body(ptx, name).contains(insn), "{name} lacks `{insn}`");
     has(SHFL_XOR, "shfl.sync.bfly.b32");
     has(SHFL_DOWN, "shfl.sync.down.b32");
     has(SHFL_IDX, "shfl.sync.idx.b32");
@@ -82,10 +77,7 @@ fn kernel_import_ptx_has_the_intended_instructions() {
     has(MATH, "rsqrt.approx.ftz.f32");
     has(MATH, "cvt.rna.tf32.f32");
     has(DYNAMIC_SHARED, "bar.sync");
-    has(
-        MMA_TF32,
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
-    );
+    has(MMA_TF32, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32");
     has(CP_ASYNC, "cp.async.cg.shared.global");
     has(CP_ASYNC, "cp.async.commit_group");
     has(CP_ASYNC, "cp.async.wait_group 0");
@@ -107,9 +99,7 @@ fn check_shuffle(kernel: &'static str, src_lane: fn(usize, usize) -> usize) {
     let inp_f32: Vec<f32> = (0..n).map(|_| rng.random_range(-1e3..1e3)).collect();
     let inp_u32: Vec<u32> = (0..n).map(|_| rng.random()).collect();
     // 0..64: only the low 5 bits of the lane argument count (PTX ISA).
-    let lane_arg: Vec<u32> = (0..n)
-        .map(|_| rng.random_range(0..2 * WARP as u32))
-        .collect();
+    let lane_arg: Vec<u32> = (0..n).map(|_| rng.random_range(0..2 * WARP as u32)).collect();
     let (d_f32, d_u32, d_arg) = (
         gpu.upload(&inp_f32).unwrap(),
         gpu.upload(&inp_u32).unwrap(),
@@ -128,10 +118,7 @@ fn check_shuffle(kernel: &'static str, src_lane: fn(usize, usize) -> usize) {
         n: n as u32,
     };
     // SAFETY: inputs hold n elements, outputs SHFL_ROWS * n; n = grid * block, a multiple of 32.
-    unsafe {
-        gpu.launch_in(&module, kernel, cfg(grid, block, 0), p)
-            .unwrap()
-    };
+    unsafe { gpu.launch_in(&module, kernel, cfg(grid, block, 0), p).unwrap() };
     let (g_f32, g_u32, g_i32) = (
         gpu.download(&o_f32).unwrap(),
         gpu.download(&o_u32).unwrap(),
@@ -153,10 +140,7 @@ fn check_shuffle(kernel: &'static str, src_lane: fn(usize, usize) -> usize) {
                 "{kernel} f32 row {row} thread {i}"
             );
             assert_eq!(g_u32[o], inp_u32[src], "{kernel} u32 row {row} thread {i}");
-            assert_eq!(
-                g_i32[o], inp_u32[src] as i32,
-                "{kernel} i32 row {row} thread {i}"
-            );
+            assert_eq!(g_i32[o], inp_u32[src] as i32, "{kernel} i32 row {row} thread {i}");
         }
     }
     println!("{kernel}: {} values exact (f32, u32, i32)", 3 * rows * n);
@@ -170,10 +154,7 @@ fn shfl_xor_exact() {
 #[test]
 fn shfl_down_exact() {
     // Lanes whose source would be past lane 31 keep their own value.
-    check_shuffle(
-        SHFL_DOWN,
-        |lane, d| if lane + d < WARP { lane + d } else { lane },
-    );
+    check_shuffle(SHFL_DOWN, |lane, d| if lane + d < WARP { lane + d } else { lane });
 }
 
 #[test]
@@ -208,10 +189,8 @@ fn warp_reductions() {
         gpu.upload(&inp_u32).unwrap(),
         gpu.upload(&inp_argmax).unwrap(),
     );
-    let [mut sum, mut max, mut min, mut am_val] =
-        std::array::from_fn(|_| filled(&gpu, f32::NAN, n));
-    let [mut sum_u32, mut max_u32, mut am_idx] =
-        std::array::from_fn(|_| filled(&gpu, POISON_U32, n));
+    let [mut sum, mut max, mut min, mut am_val] = std::array::from_fn(|_| filled(&gpu, f32::NAN, n));
+    let [mut sum_u32, mut max_u32, mut am_idx] = std::array::from_fn(|_| filled(&gpu, POISON_U32, n));
     let p = WarpReduceParams {
         sum: dptr_mut(&mut sum),
         max: dptr_mut(&mut max),
@@ -226,10 +205,7 @@ fn warp_reductions() {
         n: n as u32,
     };
     // SAFETY: every buffer holds n elements; n = grid * block, a multiple of 32.
-    unsafe {
-        gpu.launch_in(&module, WARP_REDUCE, cfg(grid, block, 0), p)
-            .unwrap()
-    };
+    unsafe { gpu.launch_in(&module, WARP_REDUCE, cfg(grid, block, 0), p).unwrap() };
     let [sum, max, min, am_val] = [sum, max, min, am_val].map(|b| gpu.download(&b).unwrap());
     let [sum_u32, max_u32, am_idx] = [sum_u32, max_u32, am_idx].map(|b| gpu.download(&b).unwrap());
 
@@ -241,19 +217,14 @@ fn warp_reductions() {
         let xs = &inp[r.clone()];
         let want_max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let want_min = xs.iter().copied().fold(f32::INFINITY, f32::min);
-        let want_su = inp_u32[r.clone()]
-            .iter()
-            .fold(0u32, |a, &b| a.wrapping_add(b));
+        let want_su = inp_u32[r.clone()].iter().fold(0u32, |a, &b| a.wrapping_add(b));
         let want_mu = *inp_u32[r.clone()].iter().max().unwrap();
         let am = &inp_argmax[r.clone()];
         let best = am.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let best_idx = (r.start + am.iter().position(|&v| v == best).unwrap()) as u32;
         let err = sum_error(sum[r.start], xs);
         worst = worst.max(err);
-        assert!(
-            err <= bound,
-            "warp {w}: sum error {err:e} > {bound:e} (of sum|x|)"
-        );
+        assert!(err <= bound, "warp {w}: sum error {err:e} > {bound:e} (of sum|x|)");
         for i in r {
             // Every lane gets the same bits: the butterfly is symmetric.
             assert_eq!(
@@ -265,16 +236,10 @@ fn warp_reductions() {
             assert_eq!(min[i], want_min, "min, thread {i}");
             assert_eq!(sum_u32[i], want_su, "sum_u32, thread {i}");
             assert_eq!(max_u32[i], want_mu, "max_u32, thread {i}");
-            assert_eq!(
-                (am_val[i], am_idx[i]),
-                (best, best_idx),
-                "argmax, thread {i}"
-            );
+            assert_eq!((am_val[i], am_idx[i]), (best, best_idx), "argmax, thread {i}");
         }
     }
-    println!(
-        "warp_reduce_sum: max error {worst:.3e} of sum|x| (bound {bound:.3e}); max/min/u32/argmax exact"
-    );
+    println!("warp_reduce_sum: max error {worst:.3e} of sum|x| (bound {bound:.3e}); max/min/u32/argmax exact");
 }
 
 #[test]
@@ -326,9 +291,7 @@ fn block_reductions_at_every_block_size() {
                 assert_eq!(min[i], want_min, "block {block}: min, thread {i}");
             }
         }
-        println!(
-            "block_reduce_sum, block {block}: max error {worst:.3e} of sum|x| (bound {bound:.3e}); max/min exact"
-        );
+        println!("block_reduce_sum, block {block}: max error {worst:.3e} of sum|x| (bound {bound:.3e}); max/min exact");
     }
 }
 
@@ -619,8 +582,7 @@ fn math_functions_within_documented_bounds() {
         let want = tf32_rna(x);
         let same = got.to_bits() & TF32_KEPT_MASK == want.to_bits();
         // Subnormals may be flushed.
-        let flushed =
-            x.abs() < f32::MIN_POSITIVE && got.to_bits() & TF32_KEPT_MASK & !SIGN_BIT == 0;
+        let flushed = x.abs() < f32::MIN_POSITIVE && got.to_bits() & TF32_KEPT_MASK & !SIGN_BIT == 0;
         // Past the largest TF32 value rounding gives inf (IEEE) or may saturate.
         let saturated = want.is_infinite()
             && x.is_finite()
@@ -676,10 +638,7 @@ fn dynamic_shared_round_trip() {
             gpu.launch_in(&module, DYNAMIC_SHARED, cfg(grid, block, shared), p)
                 .unwrap()
         };
-        let (out, align_ok) = (
-            gpu.download(&out).unwrap(),
-            gpu.download(&align_ok).unwrap(),
-        );
+        let (out, align_ok) = (gpu.download(&out).unwrap(), gpu.download(&align_ok).unwrap());
         let bd = block as usize;
         for (i, got) in out.iter().enumerate() {
             let (b, t) = (i / bd, i % bd);
@@ -706,9 +665,7 @@ fn cp_async_copies_exactly_and_zero_fills() {
     // The last block is partly past the input: those chunks are zero-filled.
     let valid = chunks - rng.random_range(1..block as usize);
     let cw = CP_ASYNC_CHUNK as usize;
-    let inp: Vec<f32> = (0..valid * cw)
-        .map(|_| rng.random_range(-1e3..1e3))
-        .collect();
+    let inp: Vec<f32> = (0..valid * cw).map(|_| rng.random_range(-1e3..1e3)).collect();
     let d_inp = gpu.upload(&inp).unwrap();
     let mut out = filled(&gpu, f32::NAN, chunks * cw);
     let p = CpAsyncParams {
@@ -720,10 +677,7 @@ fn cp_async_copies_exactly_and_zero_fills() {
     let shared = block * CP_ASYNC_CHUNK * std::mem::size_of::<f32>() as u32;
     // SAFETY: inp holds valid chunks (cudarc allocations are 256-byte
     // aligned), out holds grid * block chunks, shared memory a chunk per thread.
-    unsafe {
-        gpu.launch_in(&module, CP_ASYNC, cfg(grid, block, shared), p)
-            .unwrap()
-    };
+    unsafe { gpu.launch_in(&module, CP_ASYNC, cfg(grid, block, shared), p).unwrap() };
     let out = gpu.download(&out).unwrap();
     for (i, &got) in out.iter().enumerate() {
         let want = if i < valid * cw { inp[i] } else { 0.0 };
@@ -744,12 +698,7 @@ fn cp_async_copies_exactly_and_zero_fills() {
 // ---------------------------------------------------------------- mma
 
 /// D = A·B + C in f64 for one tile; `b_at(k, n)` reads B.
-fn mma_reference(
-    a: &[f32],
-    b_at: impl Fn(usize, usize) -> f64,
-    c: &[f32],
-    round: fn(f32) -> f32,
-) -> Vec<(f64, f64)> {
+fn mma_reference(a: &[f32], b_at: impl Fn(usize, usize) -> f64, c: &[f32], round: fn(f32) -> f32) -> Vec<(f64, f64)> {
     let (m, n, k) = (MMA_M as usize, MMA_N as usize, MMA_K as usize);
     let mut d = Vec::with_capacity(m * n);
     for i in 0..m {
@@ -774,8 +723,7 @@ fn mma_m16n8k8_tf32_fragment_layout() {
     let (m, n, k) = (MMA_M as usize, MMA_N as usize, MMA_K as usize);
     let tiles = 64usize;
     let warps_per_block = 2u32;
-    let mut rand_vec =
-        |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
+    let mut rand_vec = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
     let (a, b, c) = (
         rand_vec(tiles * m * k),
         rand_vec(tiles * k * n),
@@ -797,13 +745,8 @@ fn mma_m16n8k8_tf32_fragment_layout() {
     let block = warps_per_block * WARP as u32;
     // SAFETY: buffers hold `tiles` tiles; one warp per tile, blocks of whole warps.
     unsafe {
-        gpu.launch_in(
-            &module,
-            MMA_TF32,
-            cfg(tiles as u32 / warps_per_block, block, 0),
-            p,
-        )
-        .unwrap()
+        gpu.launch_in(&module, MMA_TF32, cfg(tiles as u32 / warps_per_block, block, 0), p)
+            .unwrap()
     };
     let d = gpu.download(&d).unwrap();
 

@@ -98,20 +98,17 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     let mut d_out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
     let r = match path {
         Path::Auto => attention_forward_flash(
-            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window,
-            precision, &mut ws,
+            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window, precision, &mut ws,
         ),
         Path::Prefill => attention_forward_flash_prefill(
-            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window,
-            precision, &mut ws,
+            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window, precision, &mut ws,
         ),
         Path::Decode => attention_forward_flash_decode(
             gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window, &mut ws,
         ),
     };
     r.map_err(|e| format!("{k:?}: launch failed: {e}"))?;
-    gpu.synchronize()
-        .map_err(|e| format!("{k:?}: kernel fault: {e}"))?;
+    gpu.synchronize().map_err(|e| format!("{k:?}: kernel fault: {e}"))?;
     let out = gpu.download(&d_out).unwrap();
     let (k_gpu, v_gpu) = (gpu.download(&d_k).unwrap(), gpu.download(&d_v).unwrap());
 
@@ -146,10 +143,7 @@ fn run_all(cases: impl IntoIterator<Item = Case>) {
     let Some(gpu) = host::gpu::test_gpu() else {
         return;
     };
-    let failures: Vec<String> = cases
-        .into_iter()
-        .filter_map(|k| run_case(&gpu, k).err())
-        .collect();
+    let failures: Vec<String> = cases.into_iter().filter_map(|k| run_case(&gpu, k).err()).collect();
     assert!(
         failures.is_empty(),
         "{} failing cases:\n{}",

@@ -273,8 +273,18 @@ fn flash_and_unfused_attention_agree_124m() {
         }
         for (i, (g, w)) in per_kind.iter().zip(&want).enumerate() {
             assert_eq!(g.len(), w.len());
-            let what = if i == 0 { format!("prefill T={T}") } else { format!("decode step {i}") };
-            check(&format!("{kind:?} attention vs CPU, {what}"), g, w, FP32_LOGITS_TOL, 0.0);
+            let what = if i == 0 {
+                format!("prefill T={T}")
+            } else {
+                format!("decode step {i}")
+            };
+            check(
+                &format!("{kind:?} attention vs CPU, {what}"),
+                g,
+                w,
+                FP32_LOGITS_TOL,
+                0.0,
+            );
         }
         got.push(per_kind);
     }
@@ -285,7 +295,13 @@ fn flash_and_unfused_attention_agree_124m() {
     eng.set_precision(Precision::Tf32);
     eng.set_attention_kind(AttentionKind::Flash);
     eng.forward(&tokens, B, T, 0, LogitsWanted::All).unwrap();
-    check("flash TF32 vs CPU", &eng.logits().unwrap(), &want[0], TF32_LOGITS_TOL, 0.0);
+    check(
+        "flash TF32 vs CPU",
+        &eng.logits().unwrap(),
+        &want[0],
+        TF32_LOGITS_TOL,
+        0.0,
+    );
 }
 
 /// Windowed attention end to end: engine with window W against CpuModel with
@@ -408,8 +424,14 @@ fn transformers_oracle() {
     let dir = std::path::PathBuf::from(dir);
     let ck = Checkpoint::open(&dir.join("model.safetensors")).unwrap();
     let w = ck.weights().unwrap();
-    let ids: Vec<u32> = read_le_words(&dir.join("tokens.bin")).into_iter().map(|b| i32::from_le_bytes(b) as u32).collect();
-    let want: Vec<f32> = read_le_words(&dir.join("logits.bin")).into_iter().map(f32::from_le_bytes).collect();
+    let ids: Vec<u32> = read_le_words(&dir.join("tokens.bin"))
+        .into_iter()
+        .map(|b| i32::from_le_bytes(b) as u32)
+        .collect();
+    let want: Vec<f32> = read_le_words(&dir.join("logits.bin"))
+        .into_iter()
+        .map(f32::from_le_bytes)
+        .collect();
     let (v, vp) = (w.config.vocab_size, w.config.padded_vocab_size);
     assert_eq!(ids.len(), B * T, "tokens.bin");
     assert_eq!(want.len(), B * T * v, "logits.bin");

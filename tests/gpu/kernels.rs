@@ -174,8 +174,18 @@ fn layernorm_matches_cpu() {
             // CPU code does), which drifts by up to ~C ulps of the sum on the
             // +10 offset used here; the optimised kernel reduces in a tree and
             // is held to the tight bar against the f64-statistics reference.
-            let atol = if v == Variant::Naive { LAYERNORM_NAIVE_ATOL } else { 1e-5 };
-            check(&format!("layernorm {v:?} n={n} c={c}"), &down(&gpu, &out), &want, atol, 1e-5);
+            let atol = if v == Variant::Naive {
+                LAYERNORM_NAIVE_ATOL
+            } else {
+                1e-5
+            };
+            check(
+                &format!("layernorm {v:?} n={n} c={c}"),
+                &down(&gpu, &out),
+                &want,
+                atol,
+                1e-5,
+            );
         }
     }
 }

@@ -2,10 +2,10 @@
 //! with a printed reason where no GPU is usable, and fails instead when
 //! `GPT2_REQUIRE_GPU=1` (the GPU runner sets it).
 
-mod pipeline;
 mod device;
 mod flash_attention;
-mod matmul_tf32;
-mod kernels;
 mod forward;
+mod kernels;
+mod matmul_tf32;
 mod perplexity;
+mod pipeline;

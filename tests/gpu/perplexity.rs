@@ -58,12 +58,7 @@ fn both(
     stride: usize,
     precision: Precision,
 ) -> (PerplexityReport, PerplexityReport) {
-    let ckpt = Checkpoint::from_bytes(
-        llmc_bytes(cfg, MODEL_SEED, DType::F32).unwrap(),
-        "fixture.bin",
-        None,
-    )
-    .unwrap();
+    let ckpt = Checkpoint::from_bytes(llmc_bytes(cfg, MODEL_SEED, DType::F32).unwrap(), "fixture.bin", None).unwrap();
     let weights = ckpt.weights().unwrap();
     let mut cpu = CpuModel::new(&weights, 1, window).unwrap();
     let mut engine = GpuEngine::new(gpu, &weights, GPU_BATCH, window, precision).unwrap();
@@ -78,10 +73,7 @@ fn both(
 }
 
 fn assert_agree(cpu: &PerplexityReport, gpu: &PerplexityReport, what: &str) {
-    assert_eq!(
-        cpu.tokens_scored, gpu.tokens_scored,
-        "{what}: tokens scored"
-    );
+    assert_eq!(cpu.tokens_scored, gpu.tokens_scored, "{what}: tokens scored");
     assert_eq!(cpu.windows, gpu.windows, "{what}: windows");
     let rel = (gpu.total_nll - cpu.total_nll).abs() / cpu.total_nll.abs();
     assert!(
@@ -107,20 +99,11 @@ fn gpu_matches_cpu_on_random_tokens() {
     };
     let cfg = tiny_config();
     let mut rng = StdRng::seed_from_u64(1);
-    let tokens: Vec<u32> = (0..500)
-        .map(|_| rng.random_range(0..cfg.vocab_size as u32))
-        .collect();
+    let tokens: Vec<u32> = (0..500).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
     let (cpu, on_gpu) = both(gpu, &cfg, &tokens, 64, 24, Precision::Fp32);
     assert_agree(&cpu, &on_gpu, "random tokens, fp32");
     let gpu = Gpu::new(0).unwrap();
-    let (cpu, on_gpu) = both(
-        gpu,
-        &cfg,
-        &tokens,
-        cfg.max_seq_len,
-        cfg.max_seq_len,
-        Precision::Tf32,
-    );
+    let (cpu, on_gpu) = both(gpu, &cfg, &tokens, cfg.max_seq_len, cfg.max_seq_len, Precision::Tf32);
     assert_agree(&cpu, &on_gpu, "random tokens, tf32, stride = window");
 }
 

@@ -21,7 +21,13 @@ fn saxpy_matches_cpu() {
     let dx = gpu.upload(&x).unwrap();
     let dy = gpu.upload(&y).unwrap();
     let mut out = gpu.upload(&vec![f32::NAN; n]).unwrap();
-    let params = SaxpyParams { out: dptr_mut(&mut out), x: dptr(&dx), y: dptr(&dy), a, n: n as u32 };
+    let params = SaxpyParams {
+        out: dptr_mut(&mut out),
+        x: dptr(&dx),
+        y: dptr(&dy),
+        a,
+        n: n as u32,
+    };
     let cfg = cudarc::driver::LaunchConfig::for_num_elems(n as u32);
     // SAFETY: the three buffers hold n floats.
     unsafe { gpu.launch(names::SAXPY, cfg, params).unwrap() };

@@ -167,12 +167,7 @@ pub unsafe extern "ptx-kernel" fn test_mma_tf32(p: MmaParams) {
         // Fragment layout as documented in gpu_kernels::device::mma.
         let fa = [ra(g, t), ra(g + 8, t), ra(g, t + 4), ra(g + 8, t + 4)];
         let fb = [rb(t, g), rb(t + 4, g)];
-        let fc = [
-            rc(g, 2 * t),
-            rc(g, 2 * t + 1),
-            rc(g + 8, 2 * t),
-            rc(g + 8, 2 * t + 1),
-        ];
+        let fc = [rc(g, 2 * t), rc(g, 2 * t + 1), rc(g + 8, 2 * t), rc(g + 8, 2 * t + 1)];
         let fd = mma_m16n8k8_tf32(fa, fb, fc);
         *d.add(g * n + 2 * t) = fd[0];
         *d.add(g * n + 2 * t + 1) = fd[1];

@@ -17,9 +17,7 @@ use core::arch::asm;
 pub fn to_tf32(x: f32) -> u32 {
     let r: u32;
     // SAFETY: a register-only conversion.
-    unsafe {
-        asm!("cvt.rna.tf32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack))
-    }
+    unsafe { asm!("cvt.rna.tf32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack)) }
     r
 }
 

@@ -196,12 +196,7 @@ pub const BLOCK_REDUCE_SCRATCH: usize = 32;
 /// # Safety
 /// As for [`block_reduce_sum`].
 #[inline(always)]
-pub unsafe fn block_reduce(
-    v: f32,
-    scratch: *mut f32,
-    warp_op: impl Fn(f32) -> f32,
-    identity: f32,
-) -> f32 {
+pub unsafe fn block_reduce(v: f32, scratch: *mut f32, warp_op: impl Fn(f32) -> f32, identity: f32) -> f32 {
     let lane = super::lane_id();
     let warp = super::warp_id();
     let warps = super::block_dim_x() / WARP_SIZE;

@@ -26,14 +26,12 @@
 //! kernel merges the partials of each (query, head).
 
 use crate::device::math::exp2_approx;
-use crate::device::mma::{
-    cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, to_tf32,
-};
+use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::shfl_xor_f32;
 use crate::device::{
-    WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, global_idx_x, grid_dim_x, grid_stride_x,
-    lane_id, sync_threads, sync_warp, thread_idx_x, warp_id,
+    WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, global_idx_x, grid_dim_x, grid_stride_x, lane_id, sync_threads,
+    sync_warp, thread_idx_x, warp_id,
 };
 use crate::params::flash_attention::*;
 
@@ -64,10 +62,7 @@ const _: () = assert!(
 );
 const _: () = assert!(BQ == BK, "Q and K/V tiles share the copy routine");
 const _: () = assert!(BK * VECS_PER_ROW % THREADS == 0);
-const _: () = assert!(
-    STAGES == 2,
-    "the pipeline below is written for a 2-stage ring"
-);
+const _: () = assert!(STAGES == 2, "the pipeline below is written for a 2-stage ring");
 const _: () = assert!(
     KEY_STEPS == 8 && DIM_STEPS == 8,
     "the fragment loops are unrolled by `unroll8!`"
@@ -365,8 +360,7 @@ unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
                 });
                 sync_warp();
                 for key in 0..BK {
-                    let (pa, pb) =
-                        unsafe { (*p_s.add(g * STRIDE + key), *p_s.add((g + 8) * STRIDE + key)) };
+                    let (pa, pb) = unsafe { (*p_s.add(g * STRIDE + key), *p_s.add((g + 8) * STRIDE + key)) };
                     let vr = unsafe { vb.add(key * STRIDE + 2 * tq) };
                     unroll8!(dt => {
                         let (v0, v1) = unsafe { (*vr.add(dt * MMA_N), *vr.add(dt * MMA_N + 1)) };
@@ -434,10 +428,7 @@ const DEC_KEYS_PER_GROUP: usize = FLASH_DECODE_CHUNK as usize / DEC_GROUPS;
 const DEC_HALF: usize = HS / 2;
 const _: () = assert!(DEC_LANES * 2 * VEC == HS);
 const _: () = assert!(DEC_GROUPS * DEC_KEYS_PER_GROUP == FLASH_DECODE_CHUNK as usize);
-const _: () = assert!(
-    DEC_KEYS_PER_GROUP == 8,
-    "the key loops are unrolled by `unroll8!`"
-);
+const _: () = assert!(DEC_KEYS_PER_GROUP == 8, "the key loops are unrolled by `unroll8!`");
 
 /// Merge online-softmax states (m, l, acc) of two lane sets; `m` in log2 units.
 #[inline(always)]

@@ -1,8 +1,8 @@
 //! GPT-2 kernels, one module per op. Each kernel takes one parameter struct
 //! from [`crate::params`] and is exported under the name in [`crate::params::names`].
 
-pub mod saxpy;
 pub mod flash_attention;
+pub mod saxpy;
 
 // Issue 4: the forward pass.
 pub mod argmax;
@@ -12,7 +12,7 @@ pub mod encoder;
 pub mod gelu;
 pub mod layernorm;
 pub mod matmul;
+pub mod matmul_tf32;
 pub mod residual;
 pub mod softmax;
 pub mod vec4;
-pub mod matmul_tf32;

@@ -38,6 +38,6 @@ pub mod encoder;
 pub mod gelu;
 pub mod layernorm;
 pub mod matmul;
+pub mod matmul_tf32;
 pub mod residual;
 pub mod softmax;
-pub mod matmul_tf32;

@@ -4,9 +4,7 @@
 
 use anyhow::{Context, Result, ensure};
 
-use super::ops::{
-    attention_forward, encoder_forward, layernorm_forward, matmul_forward, residual_forward,
-};
+use super::ops::{attention_forward, encoder_forward, layernorm_forward, matmul_forward, residual_forward};
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::model::{ModelConfig, Tensor, Weights};
 
@@ -135,8 +133,7 @@ pub struct CpuModel {
 impl CpuModel {
     /// Convert the weights to f32 once and allocate the KV cache.
     pub fn new(weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<CpuModel> {
-        let params =
-            CpuParams::from_weights(weights).context("converting the checkpoint for the CPU")?;
+        let params = CpuParams::from_weights(weights).context("converting the checkpoint for the CPU")?;
         Self::from_params(weights.config, params, max_batch, max_seq_len)
     }
 
@@ -201,46 +198,18 @@ impl Backend for CpuModel {
         self.max_seq_len
     }
 
-    fn forward(
-        &mut self,
-        tokens: &[u32],
-        b: usize,
-        t: usize,
-        pos0: usize,
-        want: LogitsWanted,
-    ) -> Result<()> {
+    fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
         let cfg = self.config;
-        let (c, nh, v, vp) = (
-            cfg.channels,
-            cfg.num_heads,
-            cfg.vocab_size,
-            cfg.padded_vocab_size,
-        );
+        let (c, nh, v, vp) = (cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size);
         self.last = None;
         check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "model")?;
 
         let n = b * t;
         let p = &self.params;
         let a = &mut self.acts;
-        encoder_forward(
-            sized(&mut a.residual, n * c),
-            tokens,
-            &p.wte,
-            &p.wpe,
-            b,
-            t,
-            c,
-            pos0,
-        );
+        encoder_forward(sized(&mut a.residual, n * c), tokens, &p.wte, &p.wpe, b, t, c, pos0);
         for (lw, (k_cache, v_cache)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
-            layernorm_forward(
-                sized(&mut a.ln1, n * c),
-                &a.residual,
-                &lw.ln1w,
-                &lw.ln1b,
-                n,
-                c,
-            );
+            layernorm_forward(sized(&mut a.ln1, n * c), &a.residual, &lw.ln1w, &lw.ln1b, n, c);
             matmul_forward(
                 sized(&mut a.qkv, n * 3 * c),
                 &a.ln1,
@@ -272,20 +241,8 @@ impl Backend for CpuModel {
                 c,
                 c,
             );
-            residual_forward(
-                sized(&mut a.residual2, n * c),
-                &a.residual,
-                &a.attproj,
-                n * c,
-            );
-            layernorm_forward(
-                sized(&mut a.ln2, n * c),
-                &a.residual2,
-                &lw.ln2w,
-                &lw.ln2b,
-                n,
-                c,
-            );
+            residual_forward(sized(&mut a.residual2, n * c), &a.residual, &a.attproj, n * c);
+            layernorm_forward(sized(&mut a.ln2, n * c), &a.residual2, &lw.ln2w, &lw.ln2b, n, c);
             matmul_forward(
                 sized(&mut a.fch, n * 4 * c),
                 &a.ln2,
@@ -305,21 +262,9 @@ impl Backend for CpuModel {
                 4 * c,
                 c,
             );
-            residual_forward(
-                sized(&mut a.residual, n * c),
-                &a.residual2,
-                &a.fcproj,
-                n * c,
-            );
+            residual_forward(sized(&mut a.residual, n * c), &a.residual2, &a.fcproj, n * c);
         }
-        layernorm_forward(
-            sized(&mut a.lnf, n * c),
-            &a.residual,
-            &p.lnfw,
-            &p.lnfb,
-            n,
-            c,
-        );
+        layernorm_forward(sized(&mut a.lnf, n * c), &a.residual, &p.lnfw, &p.lnfb, n, c);
 
         // LM head (tied to wte, no bias) on the wanted rows only.
         let rows = match want {
@@ -337,30 +282,18 @@ impl Backend for CpuModel {
                 &a.head_in
             }
         };
-        matmul_forward(
-            sized(&mut a.logits, rows * vp),
-            head_in,
-            &p.wte,
-            None,
-            rows,
-            c,
-            vp,
-        );
+        matmul_forward(sized(&mut a.logits, rows * vp), head_in, &p.wte, None, rows, c, vp);
         self.last = Some((b, rows));
         Ok(())
     }
 
     fn logits(&mut self) -> Result<Vec<f32>> {
-        let (_, rows) = self
-            .last
-            .context("logits() called before a successful forward()")?;
+        let (_, rows) = self.last.context("logits() called before a successful forward()")?;
         Ok(self.acts.logits[..rows * self.config.padded_vocab_size].to_vec())
     }
 
     fn argmax(&mut self) -> Result<Vec<u32>> {
-        let (b, rows) = self
-            .last
-            .context("argmax() called before a successful forward()")?;
+        let (b, rows) = self.last.context("argmax() called before a successful forward()")?;
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
         let per_row = rows / b;
         Ok((0..b)

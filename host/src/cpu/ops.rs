@@ -56,14 +56,7 @@ pub fn encoder_forward(
 /// Layer normalisation of each of the `n` rows of `c` channels:
 /// `out = (inp - mean) / sqrt(var + eps) * weight + bias`, biased variance,
 /// eps = [`LAYERNORM_EPS`].
-pub fn layernorm_forward(
-    out: &mut [f32],
-    inp: &[f32],
-    weight: &[f32],
-    bias: &[f32],
-    n: usize,
-    c: usize,
-) {
+pub fn layernorm_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], n: usize, c: usize) {
     assert!(out.len() >= n * c && inp.len() >= n * c && weight.len() >= c && bias.len() >= c);
     out[..n * c]
         .par_chunks_mut(c)
@@ -128,12 +121,7 @@ pub fn matmul_forward(
                         dot_tile::<MATMUL_ROW_TILE>(&mut sums, &inp[r * c..], w, c);
                     } else {
                         for k in 0..rows {
-                            dot_tile::<1>(
-                                (&mut sums[k..k + 1]).try_into().unwrap(),
-                                &inp[(r + k) * c..],
-                                w,
-                                c,
-                            );
+                            dot_tile::<1>((&mut sums[k..k + 1]).try_into().unwrap(), &inp[(r + k) * c..], w, c);
                         }
                     }
                     let b = bias.map_or(0.0, |b| b[o]);
@@ -149,8 +137,7 @@ pub fn matmul_forward(
     for (o0, block) in blocks {
         let width = block.len() / n.max(1);
         for r in 0..n {
-            out[r * oc + o0..r * oc + o0 + width]
-                .copy_from_slice(&block[r * width..(r + 1) * width]);
+            out[r * oc + o0..r * oc + o0 + width].copy_from_slice(&block[r * width..(r + 1) * width]);
         }
     }
 }
@@ -222,8 +209,7 @@ pub fn attention_forward(
                 let row = &qkv[(bi * t + ti) * 3 * c..(bi * t + ti + 1) * 3 * c];
                 let p = pos0 + ti;
                 k_plane[p * hs..(p + 1) * hs].copy_from_slice(&row[c + h * hs..c + (h + 1) * hs]);
-                v_plane[p * hs..(p + 1) * hs]
-                    .copy_from_slice(&row[2 * c + h * hs..2 * c + (h + 1) * hs]);
+                v_plane[p * hs..(p + 1) * hs].copy_from_slice(&row[2 * c + h * hs..2 * c + (h + 1) * hs]);
             }
         });
 
@@ -237,11 +223,7 @@ pub fn attention_forward(
         .for_each(|(row, out_bt)| {
             let (bi, ti) = (row / t, row % t);
             let p = pos0 + ti;
-            let first = if window == 0 {
-                0
-            } else {
-                (p + 1).saturating_sub(window)
-            };
+            let first = if window == 0 { 0 } else { (p + 1).saturating_sub(window) };
             let mut att = vec![0f32; p + 1 - first];
             for h in 0..nh {
                 let q = &qkv[row * 3 * c + h * hs..row * 3 * c + (h + 1) * hs];

@@ -19,7 +19,9 @@ pub const REQUIRE_GPU_ENV: &str = "GPT2_REQUIRE_GPU";
 /// Why the GPU could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    #[error("no CUDA driver found (libcuda.so could not be loaded): this needs an NVIDIA GPU and its driver; use --cpu to run on the CPU")]
+    #[error(
+        "no CUDA driver found (libcuda.so could not be loaded): this needs an NVIDIA GPU and its driver; use --cpu to run on the CPU"
+    )]
     NoDriver,
     #[error("no CUDA device is available ({0}); use --cpu to run on the CPU")]
     NoDevice(String),
@@ -85,7 +87,11 @@ impl Gpu {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(gpt2::GPU_KERNELS_PTX))
             .map_err(GpuError::ModuleLoad)?;
-        Ok(Self { ctx, stream, kernels: Module::new(module) })
+        Ok(Self {
+            ctx,
+            stream,
+            kernels: Module::new(module),
+        })
     }
 
     /// The device's name, e.g. "NVIDIA H200".
@@ -136,7 +142,9 @@ impl Gpu {
 
     /// Copy host data to a new device buffer.
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, GpuError> {
-        self.stream.clone_htod(data).map_err(|e| GpuError::OutOfMemory(std::mem::size_of_val(data), e))
+        self.stream
+            .clone_htod(data)
+            .map_err(|e| GpuError::OutOfMemory(std::mem::size_of_val(data), e))
     }
 
     /// Copy a device buffer to a new host vector (synchronises the stream).
@@ -161,7 +169,10 @@ pub struct Module {
 
 impl Module {
     fn new(module: Arc<CudaModule>) -> Module {
-        Module { module, functions: Mutex::new(HashMap::new()) }
+        Module {
+            module,
+            functions: Mutex::new(HashMap::new()),
+        }
     }
 
     /// A kernel of this module by name (looked up once, then cached).
@@ -170,7 +181,10 @@ impl Module {
         if let Some(f) = fns.get(name) {
             return Ok(f.clone());
         }
-        let f = self.module.load_function(name).map_err(|_| GpuError::MissingKernel(name))?;
+        let f = self
+            .module
+            .load_function(name)
+            .map_err(|_| GpuError::MissingKernel(name))?;
         fns.insert(name, f.clone());
         Ok(f)
     }
@@ -180,7 +194,10 @@ impl Gpu {
     /// Load another PTX module into this GPU's context (the driver
     /// JIT-compiles it); its kernels share the context and [`Gpu::stream`].
     pub fn load_module(&self, ptx: &str) -> Result<Module, GpuError> {
-        let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(GpuError::ModuleLoad)?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(GpuError::ModuleLoad)?;
         Ok(Module::new(module))
     }
 

@@ -34,15 +34,9 @@ pub enum FormatError {
     NotAFile,
     #[error("the file is empty")]
     Empty,
-    #[error(
-        "file is {len} bytes, too short for an llm.c header ({} bytes)",
-        llmc::HEADER_BYTES
-    )]
+    #[error("file is {len} bytes, too short for an llm.c header ({} bytes)", llmc::HEADER_BYTES)]
     TooShortForHeader { len: usize },
-    #[error(
-        "bad magic number {found} (llm.c model files start with {})",
-        llmc::MAGIC
-    )]
+    #[error("bad magic number {found} (llm.c model files start with {})", llmc::MAGIC)]
     BadMagic { found: i32 },
     #[error("this is an llm.c {what} file, not a model checkpoint")]
     WrongLlmcFile { what: &'static str },
@@ -78,9 +72,7 @@ pub enum FormatError {
     },
     #[error("tensor {name} has unsupported dtype {dtype} (supported: F32, BF16, F16)")]
     UnsupportedDtype { name: String, dtype: String },
-    #[error(
-        "tensor {name} is {found:?} but {first} is {expected:?}: all tensors must share one dtype"
-    )]
+    #[error("tensor {name} is {found:?} but {first} is {expected:?}: all tensors must share one dtype")]
     MixedDtypes {
         name: String,
         found: DType,
@@ -211,11 +203,7 @@ impl Checkpoint {
         Self::build(name.into(), Bytes::Owned(bytes), num_heads)
     }
 
-    fn build(
-        path: PathBuf,
-        bytes: Bytes,
-        num_heads: Option<usize>,
-    ) -> Result<Checkpoint, CheckpointError> {
+    fn build(path: PathBuf, bytes: Bytes, num_heads: Option<usize>) -> Result<Checkpoint, CheckpointError> {
         let (format, config, dtype) = match parse_any(bytes.as_slice(), num_heads) {
             Ok((format, w)) => (format, w.config, w.wte.dtype),
             Err(kind) => return Err(CheckpointError { path, kind }),
@@ -268,19 +256,14 @@ impl Checkpoint {
 
 /// Detects the format of `bytes` and parses it. llm.c files are recognised
 /// by their magic number; anything else must be safetensors.
-pub fn parse_any(
-    bytes: &[u8],
-    num_heads: Option<usize>,
-) -> Result<(Format, Weights<'_>), FormatError> {
+pub fn parse_any(bytes: &[u8], num_heads: Option<usize>) -> Result<(Format, Weights<'_>), FormatError> {
     if bytes.is_empty() {
         return Err(FormatError::Empty);
     }
     match llmc::first_int(bytes) {
         Some(llmc::MAGIC) => return Ok((Format::Llmc, llmc::parse(bytes)?)),
         Some(llmc::STATE_MAGIC) => {
-            return Err(FormatError::WrongLlmcFile {
-                what: "debug state",
-            });
+            return Err(FormatError::WrongLlmcFile { what: "debug state" });
         }
         Some(llmc::TOKENIZER_MAGIC) => {
             return Err(FormatError::WrongLlmcFile { what: "tokenizer" });
@@ -303,12 +286,9 @@ pub fn read_hf_num_heads(path: &Path) -> Result<Option<usize>, FormatError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(FormatError::ConfigJson(format!("{}: {e}", path.display()))),
     };
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| FormatError::ConfigJson(format!("{}: {e}", path.display())))?;
-    match value
-        .get("n_head")
-        .or_else(|| value.get("num_attention_heads"))
-    {
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| FormatError::ConfigJson(format!("{}: {e}", path.display())))?;
+    match value.get("n_head").or_else(|| value.get("num_attention_heads")) {
         None => Ok(None),
         Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
             Some(n) if n > 0 => Ok(Some(n)),

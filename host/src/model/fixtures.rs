@@ -83,8 +83,7 @@ pub fn random_params(config: &ModelConfig, seed: u64) -> anyhow::Result<RandomPa
     // GPT-2 scales residual projections by 1/sqrt(2L).
     let proj_std = WEIGHT_STD / ((2 * config.num_layers) as f32).sqrt();
     let mut tensors = Vec::with_capacity(llmc::TENSOR_NAMES.len());
-    for (name, (count, [rows, cols])) in llmc::TENSOR_NAMES.iter().zip(llmc::tensor_shapes(config))
-    {
+    for (name, (count, [rows, cols])) in llmc::TENSOR_NAMES.iter().zip(llmc::tensor_shapes(config)) {
         let n = count * rows * cols;
         let (mean, std) = match *name {
             "wte" => (0.0, WEIGHT_STD),
@@ -97,14 +96,8 @@ pub fn random_params(config: &ModelConfig, seed: u64) -> anyhow::Result<RandomPa
         };
         // Only real vocabulary rows are random; padding stays zero and draws
         // nothing, so values do not depend on the padding.
-        let random_len = if *name == "wte" {
-            config.vocab_size * cols
-        } else {
-            n
-        };
-        let mut t: Vec<f32> = (0..random_len)
-            .map(|_| mean + std * normal(&mut rng))
-            .collect();
+        let random_len = if *name == "wte" { config.vocab_size * cols } else { n };
+        let mut t: Vec<f32> = (0..random_len).map(|_| mean + std * normal(&mut rng)).collect();
         t.resize(n, 0.0);
         tensors.push(t);
     }
@@ -135,10 +128,7 @@ pub fn llmc_bytes(config: &ModelConfig, seed: u64, dtype: DType) -> anyhow::Resu
         bail!("llm.c checkpoints are F32 or BF16, not F16");
     }
     let params = random_params(config, seed)?;
-    let header = Header {
-        config: *config,
-        dtype,
-    };
+    let header = Header { config: *config, dtype };
     let mut out = header.to_bytes();
     out.reserve(header.file_len()?.saturating_sub(out.len()));
     for t in &params.tensors {
@@ -148,12 +138,7 @@ pub fn llmc_bytes(config: &ModelConfig, seed: u64, dtype: DType) -> anyhow::Resu
 }
 
 /// Writes a random llm.c checkpoint (`dtype` F32 or BF16).
-pub fn write_llmc(
-    path: &Path,
-    config: &ModelConfig,
-    seed: u64,
-    dtype: DType,
-) -> anyhow::Result<()> {
+pub fn write_llmc(path: &Path, config: &ModelConfig, seed: u64, dtype: DType) -> anyhow::Result<()> {
     let bytes = llmc_bytes(config, seed, dtype)?;
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
@@ -169,12 +154,7 @@ pub struct HfTensor {
 
 impl HfTensor {
     /// A tensor of `values` (stored shape `shape`) encoded as `dtype`.
-    pub fn new(
-        name: impl Into<String>,
-        shape: Vec<usize>,
-        values: &[f32],
-        dtype: DType,
-    ) -> HfTensor {
+    pub fn new(name: impl Into<String>, shape: Vec<usize>, values: &[f32], dtype: DType) -> HfTensor {
         let st_dtype = match dtype {
             DType::F32 => Dtype::F32,
             DType::BF16 => Dtype::BF16,
@@ -203,12 +183,7 @@ fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// The parameter tensors of a Hugging Face GPT-2 checkpoint holding the same
 /// values as [`llmc_bytes`] for `seed`: Conv1D weights stored (in, out),
 /// vectors 1-D, `wte` unpadded, names with `transformer.` when `prefix`.
-pub fn hf_tensors(
-    config: &ModelConfig,
-    seed: u64,
-    prefix: bool,
-    dtype: DType,
-) -> anyhow::Result<Vec<HfTensor>> {
+pub fn hf_tensors(config: &ModelConfig, seed: u64, prefix: bool, dtype: DType) -> anyhow::Result<Vec<HfTensor>> {
     let p = random_params(config, seed)?;
     let (c, l) = (config.channels, config.num_layers);
     let pre = if prefix { PREFIX } else { "" };
@@ -244,12 +219,7 @@ pub fn hf_tensors(
                 HfTensor::new(name, vec![*cols], values, dtype)
             } else {
                 // llm.c (out, in) -> Conv1D (in, out).
-                HfTensor::new(
-                    name,
-                    vec![*cols, *rows],
-                    &transpose(values, *rows, *cols),
-                    dtype,
-                )
+                HfTensor::new(name, vec![*cols, *rows], &transpose(values, *rows, *cols), dtype)
             });
         }
     }
@@ -260,34 +230,19 @@ pub fn hf_tensors(
 pub fn serialize_safetensors(tensors: &[HfTensor]) -> anyhow::Result<Vec<u8>> {
     let views = tensors
         .iter()
-        .map(|t| {
-            Ok((
-                t.name.clone(),
-                TensorView::new(t.dtype, t.shape.clone(), &t.data)?,
-            ))
-        })
+        .map(|t| Ok((t.name.clone(), TensorView::new(t.dtype, t.shape.clone(), &t.data)?)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(safetensors::serialize(views, None)?)
 }
 
 /// The bytes of a random Hugging Face safetensors checkpoint.
-pub fn safetensors_bytes(
-    config: &ModelConfig,
-    seed: u64,
-    prefix: bool,
-    dtype: DType,
-) -> anyhow::Result<Vec<u8>> {
+pub fn safetensors_bytes(config: &ModelConfig, seed: u64, prefix: bool, dtype: DType) -> anyhow::Result<Vec<u8>> {
     serialize_safetensors(&hf_tensors(config, seed, prefix, dtype)?)
 }
 
 /// Writes a random F32 safetensors checkpoint (same values as [`write_llmc`]
 /// with the same seed).
-pub fn write_safetensors(
-    path: &Path,
-    config: &ModelConfig,
-    seed: u64,
-    prefix: bool,
-) -> anyhow::Result<()> {
+pub fn write_safetensors(path: &Path, config: &ModelConfig, seed: u64, prefix: bool) -> anyhow::Result<()> {
     write_safetensors_dtype(path, config, seed, prefix, DType::F32)
 }
 
@@ -315,6 +270,5 @@ pub fn write_hf_config(dir: &Path, config: &ModelConfig) -> anyhow::Result<()> {
         "vocab_size": config.vocab_size,
     });
     let path = dir.join(super::checkpoint::HF_CONFIG_FILE);
-    std::fs::write(&path, serde_json::to_string_pretty(&json)?)
-        .with_context(|| format!("writing {}", path.display()))
+    std::fs::write(&path, serde_json::to_string_pretty(&json)?).with_context(|| format!("writing {}", path.display()))
 }

@@ -48,8 +48,8 @@ pub const MAX_CHANNELS_LIMIT: usize = 1 << 16;
 
 /// llm.c's names of the 16 parameter tensors, in file order.
 pub const TENSOR_NAMES: [&str; 16] = [
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw",
-    "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
+    "fcprojb", "lnfw", "lnfb",
 ];
 
 /// Number of tensors per layer stack (all but wte, wpe, lnfw, lnfb).
@@ -238,13 +238,10 @@ impl<'a> Cursor<'a> {
             .and_then(|n| n.checked_mul(self.dtype.size()))
             .ok_or(FormatError::Overflow("a tensor's size"))?;
         let end = self.pos.checked_add(len).ok_or(overflow)?;
-        let bytes = self
-            .bytes
-            .get(self.pos..end)
-            .ok_or(FormatError::LengthMismatch {
-                expected: end as u64,
-                actual: self.bytes.len() as u64,
-            })?;
+        let bytes = self.bytes.get(self.pos..end).ok_or(FormatError::LengthMismatch {
+            expected: end as u64,
+            actual: self.bytes.len() as u64,
+        })?;
         self.pos = end;
         Ok(Tensor {
             shape,
@@ -274,9 +271,7 @@ pub fn parse(bytes: &[u8]) -> Result<Weights<'_>, FormatError> {
     };
     let mut stacks: Vec<Vec<Tensor<'_>>> = Vec::with_capacity(TENSOR_NAMES.len());
     for (count, shape) in tensor_shapes(&cfg) {
-        let stack = (0..count)
-            .map(|_| cur.take(shape))
-            .collect::<Result<Vec<_>, _>>()?;
+        let stack = (0..count).map(|_| cur.take(shape)).collect::<Result<Vec<_>, _>>()?;
         stacks.push(stack);
     }
     debug_assert_eq!(cur.pos, bytes.len());

@@ -24,8 +24,7 @@ pub const LM_HEAD: &str = "lm_head.weight";
 pub const IGNORED_LAYER_BUFFERS: [&str; 2] = ["attn.bias", "attn.masked_bias"];
 
 /// Head counts of the published GPT-2 sizes, by width C.
-pub const STANDARD_HEAD_COUNTS: [(usize, usize); 4] =
-    [(768, 12), (1024, 16), (1280, 20), (1600, 25)];
+pub const STANDARD_HEAD_COUNTS: [(usize, usize); 4] = [(768, 12), (1024, 16), (1280, 20), (1600, 25)];
 
 /// Per-layer parameter names (after `h.{i}.`), in [`LayerWeights`] order.
 pub const LAYER_TENSORS: [&str; 12] = [
@@ -89,10 +88,7 @@ const LEN_BYTES: usize = 8;
 /// header can overflow.
 fn check_offsets(bytes: &[u8]) -> Result<(), FormatError> {
     // Anything malformed here is left for the crate to report precisely.
-    let Some(n) = bytes
-        .get(..LEN_BYTES)
-        .and_then(|b| <[u8; LEN_BYTES]>::try_from(b).ok())
-    else {
+    let Some(n) = bytes.get(..LEN_BYTES).and_then(|b| <[u8; LEN_BYTES]>::try_from(b).ok()) else {
         return Ok(());
     };
     let Some(end) = usize::try_from(u64::from_le_bytes(n))
@@ -104,8 +100,7 @@ fn check_offsets(bytes: &[u8]) -> Result<(), FormatError> {
     let Some(header) = bytes.get(LEN_BYTES..end) else {
         return Ok(());
     };
-    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(header)
-    else {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(header) else {
         return Ok(());
     };
     let data_len = (bytes.len() - end) as u64;
@@ -115,9 +110,9 @@ fn check_offsets(bytes: &[u8]) -> Result<(), FormatError> {
         };
         for o in offsets {
             if o.as_u64().is_some_and(|o| o > data_len) {
-                return Err(FormatError::Safetensors(
-                    safetensors::SafeTensorError::InvalidOffset(name.clone()),
-                ));
+                return Err(FormatError::Safetensors(safetensors::SafeTensorError::InvalidOffset(
+                    name.clone(),
+                )));
             }
         }
     }
@@ -162,13 +157,8 @@ pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a
         if !known {
             return Err(FormatError::UnexpectedTensor(name.to_string()));
         }
-        if params
-            .insert(key.to_string(), (name.to_string(), view))
-            .is_some()
-        {
-            return Err(FormatError::UnexpectedTensor(format!(
-                "{name} (duplicate of {key})"
-            )));
+        if params.insert(key.to_string(), (name.to_string(), view)).is_some() {
+            return Err(FormatError::UnexpectedTensor(format!("{name} (duplicate of {key})")));
         }
     }
 
@@ -217,9 +207,7 @@ pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a
     if let Some((&last, _)) = layer_indices.last_key_value()
         && last + 1 != num_layers
     {
-        let missing = (0..=last)
-            .find(|i| !layer_indices.contains_key(i))
-            .unwrap_or(last);
+        let missing = (0..=last).find(|i| !layer_indices.contains_key(i)).unwrap_or(last);
         return Err(FormatError::LayerIndices(format!(
             "layer h.{missing} is missing but h.{last} exists"
         )));

@@ -57,14 +57,23 @@ impl<'a> Tensor<'a> {
             DType::F32 => match bytemuck::try_cast_slice::<u8, f32>(self.bytes) {
                 Ok(s) => Cow::Borrowed(s),
                 Err(_) => Cow::Owned(
-                    self.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+                    self.bytes
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect(),
                 ),
             },
             DType::BF16 => Cow::Owned(
-                self.bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+                self.bytes
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect(),
             ),
             DType::F16 => Cow::Owned(
-                self.bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+                self.bytes
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect(),
             ),
         };
         if !self.transposed {
@@ -85,18 +94,18 @@ impl<'a> Tensor<'a> {
 /// One transformer block's parameters, llm.c's names and order.
 #[derive(Clone, Copy, Debug)]
 pub struct LayerWeights<'a> {
-    pub ln1w: Tensor<'a>,    // (1, C)
-    pub ln1b: Tensor<'a>,    // (1, C)
-    pub qkvw: Tensor<'a>,    // (3C, C)
-    pub qkvb: Tensor<'a>,    // (1, 3C)
+    pub ln1w: Tensor<'a>,     // (1, C)
+    pub ln1b: Tensor<'a>,     // (1, C)
+    pub qkvw: Tensor<'a>,     // (3C, C)
+    pub qkvb: Tensor<'a>,     // (1, 3C)
     pub attprojw: Tensor<'a>, // (C, C)
     pub attprojb: Tensor<'a>, // (1, C)
-    pub ln2w: Tensor<'a>,    // (1, C)
-    pub ln2b: Tensor<'a>,    // (1, C)
-    pub fcw: Tensor<'a>,     // (4C, C)
-    pub fcb: Tensor<'a>,     // (1, 4C)
-    pub fcprojw: Tensor<'a>, // (C, 4C)
-    pub fcprojb: Tensor<'a>, // (1, C)
+    pub ln2w: Tensor<'a>,     // (1, C)
+    pub ln2b: Tensor<'a>,     // (1, C)
+    pub fcw: Tensor<'a>,      // (4C, C)
+    pub fcb: Tensor<'a>,      // (1, 4C)
+    pub fcprojw: Tensor<'a>,  // (C, 4C)
+    pub fcprojb: Tensor<'a>,  // (1, C)
 }
 
 /// All parameters of a GPT-2 model.

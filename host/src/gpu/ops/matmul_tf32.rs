@@ -140,9 +140,14 @@ impl TuneCache {
         let shapes = doc["shapes"].as_object().ok_or("no \"shapes\" object")?;
         let mut tiles = HashMap::new();
         for (key, entry) in shapes {
-            let dims: Vec<usize> = key.split(',').map(|d| d.trim().parse::<usize>()).collect::<Result<_, _>>()
+            let dims: Vec<usize> = key
+                .split(',')
+                .map(|d| d.trim().parse::<usize>())
+                .collect::<Result<_, _>>()
                 .map_err(|_| format!("shape key {key:?} is not \"M,N,K\""))?;
-            let [m, n, k] = dims[..] else { return Err(format!("shape key {key:?} is not \"M,N,K\"")) };
+            let [m, n, k] = dims[..] else {
+                return Err(format!("shape key {key:?} is not \"M,N,K\""));
+            };
             let best = entry["best"].as_str().ok_or_else(|| format!("{key}: no \"best\""))?;
             let shape = MATMUL_TF32_VARIANTS
                 .iter()
@@ -189,7 +194,11 @@ fn tune_cache(gpu: &Gpu) -> Option<&'static TuneCache> {
             match TuneCache::load(&path) {
                 Ok(cache) if cache.device == device => Some(cache),
                 Ok(cache) => {
-                    eprintln!("note: ignoring tune cache {} (swept on {}, this GPU is {device})", path.display(), cache.device);
+                    eprintln!(
+                        "note: ignoring tune cache {} (swept on {}, this GPU is {device})",
+                        path.display(),
+                        cache.device
+                    );
                     None
                 }
                 Err(e) => {

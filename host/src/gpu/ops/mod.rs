@@ -3,14 +3,14 @@
 //! configuration, builds the kernel's parameter struct and launches.
 pub mod flash_attention;
 // Issue 4: the forward pass (FP32), plus shared argument checks.
-pub mod args;
 pub mod argmax;
+pub mod args;
 pub mod attention;
 pub mod convert;
 pub mod encoder;
 pub mod gelu;
 pub mod layernorm;
 pub mod matmul;
+pub mod matmul_tf32;
 pub mod residual;
 pub mod softmax;
-pub mod matmul_tf32;
