@@ -152,7 +152,7 @@ impl CpuModel {
             config.max_seq_len
         );
         ensure!(
-            config.channels % config.num_heads == 0,
+            config.channels.is_multiple_of(config.num_heads),
             "channels {} not divisible by heads {}",
             config.channels,
             config.num_heads

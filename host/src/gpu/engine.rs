@@ -162,7 +162,7 @@ impl GpuEngine {
             config.max_seq_len
         );
         ensure!(
-            config.num_heads > 0 && config.channels % config.num_heads == 0,
+            config.num_heads > 0 && config.channels.is_multiple_of(config.num_heads),
             "channels {} are not divisible by heads {}",
             config.channels,
             config.num_heads
@@ -381,7 +381,7 @@ fn matmul(
     oc: usize,
 ) -> Result<(), OpError> {
     let small = choose(n) == MatmulKernel::Gemv;
-    if precision == Precision::Tf32 && !small && c % TF32_C_MULTIPLE == 0 {
+    if precision == Precision::Tf32 && !small && c.is_multiple_of(TF32_C_MULTIPLE) {
         return matmul_forward_tf32(gpu, out, inp, weight, bias, n, c, oc, false)
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
     }

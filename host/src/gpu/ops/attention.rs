@@ -149,7 +149,7 @@ pub fn attention_forward_variant(
     nh: usize,
     window: usize,
 ) -> Result<(), OpError> {
-    if nh == 0 || c % nh != 0 {
+    if nh == 0 || !c.is_multiple_of(nh) {
         return Err(OpError::shape(
             OP,
             format!("channels {c} are not divisible by heads {nh}"),

@@ -51,7 +51,7 @@ pub fn convert_to_f32(
         },
         transposed: transposed as u32,
     };
-    if params.inp as usize % dtype.size() != 0 {
+    if !(params.inp as usize).is_multiple_of(dtype.size()) {
         return Err(OpError::shape(OP, "input bytes are not aligned to the element size"));
     }
     // SAFETY: out holds rows*cols floats, inp rows*cols elements of dtype,

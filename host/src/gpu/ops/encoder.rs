@@ -86,7 +86,7 @@ pub fn encoder_forward_variant(
         wte_rows,
     };
     let vec = variant == Variant::Best
-        && c % VEC == 0
+        && c.is_multiple_of(VEC)
         && aligned16(&[params.out as usize, params.wte as usize, params.wpe as usize]);
     let (name, cfg) = if vec {
         (ENCODER_FORWARD, launch_config(total / VEC as u32))
