@@ -83,6 +83,10 @@ pub struct BackendArgs {
     /// GPU to use.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Attend only to the last W positions (sliding-window causal
+    /// attention); 0 attends to the whole context, as GPT-2 was trained.
+    #[arg(long, value_name = "W", default_value_t = 0)]
+    pub attention_window: usize,
 }
 
 impl BackendArgs {
@@ -90,15 +94,13 @@ impl BackendArgs {
     /// `--precision`, sized for `max_batch` rows of `max_seq_len` tokens.
     pub fn backend(&self, weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<Box<dyn Backend>> {
         if self.cpu {
-            return Ok(Box::new(CpuModel::new(weights, max_batch, max_seq_len)?));
+            let mut model = CpuModel::new(weights, max_batch, max_seq_len)?;
+            model.set_attention_window(self.attention_window);
+            return Ok(Box::new(model));
         }
         let gpu = crate::gpu::Gpu::new(self.device)?;
-        Ok(Box::new(GpuEngine::new(
-            gpu,
-            weights,
-            max_batch,
-            max_seq_len,
-            self.precision.into(),
-        )?))
+        let mut engine = GpuEngine::new(gpu, weights, max_batch, max_seq_len, self.precision.into())?;
+        engine.set_attention_window(self.attention_window);
+        Ok(Box::new(engine))
     }
 }
