@@ -12,7 +12,7 @@ use clap::Parser;
 use cudarc::driver::CudaSlice;
 use host::bench::{DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmSets, tf32_variants, time_calls};
 use host::gpu::Gpu;
-use host::gpu::ops::matmul_tf32::{MatmulTf32Error, TuneCache, choose_tile, matmul_forward_tf32_with, sm_count};
+use host::gpu::ops::matmul_tf32::{MatmulTf32Error, TuneCache, choose_tile, matmul_forward_tf32_with};
 
 /// Token counts swept: decode batches, short prompts, full contexts.
 const TUNE_M: [usize; 7] = [1, 8, 64, 256, 1024, 4096, 8192];
@@ -34,7 +34,7 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let gpu = Gpu::new(args.device)?;
-    let sms = sm_count(&gpu)?;
+    let sms = gpu.sm_count();
     println!("device: {} ({sms} SMs)", gpu.name());
     println!(
         "{:>5} {:>6} {:>5}  {:30} {:30} {:>8}",

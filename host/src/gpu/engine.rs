@@ -30,7 +30,7 @@ use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::layernorm::layernorm_forward;
 use crate::gpu::ops::matmul::{MatmulKernel, choose, matmul_forward_with};
-use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, matmul_forward_tf32, sm_count};
+use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, matmul_forward_tf32};
 use crate::gpu::ops::residual::residual_forward;
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, ModelConfig, Tensor, Weights};
@@ -128,9 +128,6 @@ pub struct GpuEngine {
     /// creation so that no forward call allocates; `None` when the model's
     /// head size has no flash kernel.
     flash: Option<FlashWorkspace>,
-    /// Streaming multiprocessors, read once: the FP32 matmul dispatch compares
-    /// the tiled kernel's block count against it.
-    sms: usize,
     params: DeviceParams,
     /// Per layer: K and V caches, `[max_batch][NH][max_seq_len][HS]` each.
     kv_cache: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
@@ -216,7 +213,6 @@ impl GpuEngine {
         } else {
             None
         };
-        let sms = sm_count(&gpu).context("reading the SM count")?;
         gpu.synchronize().context("uploading the weights")?;
         Ok(GpuEngine {
             gpu,
@@ -227,7 +223,6 @@ impl GpuEngine {
             window: 0,
             attention: AttentionKind::default(),
             flash,
-            sms,
             params,
             kv_cache,
             acts,
@@ -442,7 +437,8 @@ impl Backend for GpuEngine {
         check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "engine")?;
 
         let n = b * t;
-        let (gpu, prec, sms, p, a) = (&self.gpu, self.precision, self.sms, &self.params, &mut self.acts);
+        let (gpu, prec, p, a) = (&self.gpu, self.precision, &self.params, &mut self.acts);
+        let sms = gpu.sm_count();
         let mut flash = match self.attention {
             AttentionKind::Flash => self.flash.as_mut(),
             AttentionKind::Unfused => None,

@@ -63,6 +63,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     /// The `gpu-kernels` PTX module.
     kernels: Module,
+    /// Multiprocessors of the device, read once (launch configurations use it).
+    sm_count: usize,
 }
 
 impl Gpu {
@@ -87,11 +89,20 @@ impl Gpu {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(gpt2::GPU_KERNELS_PTX))
             .map_err(GpuError::ModuleLoad)?;
+        let sm_count = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .ctx("cuDeviceGetAttribute")? as usize;
         Ok(Self {
             ctx,
             stream,
+            sm_count,
             kernels: Module::new(module),
         })
+    }
+
+    /// Number of multiprocessors (SMs) of the device.
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
     }
 
     /// The device's name, e.g. "NVIDIA H200".

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MatmulTf32Params, TileShape};
 
-use crate::gpu::runtime::{CudaContextExt, Gpu, GpuError};
+use crate::gpu::runtime::{Gpu, GpuError};
 
 /// Floats per 16-byte `cp.async` copy: rows of `inp` and `W` are copied in
 /// such chunks, so `c` must be a multiple of it.
@@ -32,15 +32,6 @@ pub enum MatmulTf32Error {
     TooLarge(usize),
     #[error(transparent)]
     Gpu(#[from] GpuError),
-}
-
-/// Number of multiprocessors of the GPU (for the tile chooser).
-pub fn sm_count(gpu: &Gpu) -> Result<usize, GpuError> {
-    let n = gpu
-        .ctx
-        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .ctx("cuDeviceGetAttribute")?;
-    Ok(n as usize)
 }
 
 /// Blocks a launch of `shape` needs for an `n x oc` output.
@@ -111,7 +102,7 @@ where
 {
     let shape = match tune_cache(gpu).and_then(|t| t.tile(n, oc, c)) {
         Some(tuned) => tuned,
-        None => choose_tile(n, oc, sm_count(gpu)?),
+        None => choose_tile(n, oc, gpu.sm_count()),
     };
     matmul_forward_tf32_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
 }
