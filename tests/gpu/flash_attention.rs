@@ -253,7 +253,6 @@ fn flash_ptx_shape() {
         &rest[..rest.find("\n}").expect("unterminated entry")]
     };
     for name in [
-        ATTENTION_FORWARD_FLASH_STORE_KV,
         ATTENTION_FORWARD_FLASH_TF32,
         ATTENTION_FORWARD_FLASH_FP32,
         ATTENTION_FORWARD_FLASH_DECODE,

@@ -30,8 +30,8 @@ use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::shfl_xor_f32;
 use crate::device::{
-    WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, global_idx_x, grid_dim_x, grid_stride_x, lane_id, sync_threads,
-    sync_warp, thread_idx_x, warp_id,
+    WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, sync_threads, sync_warp, thread_idx_x,
+    warp_id,
 };
 use crate::params::flash_attention::*;
 
@@ -110,38 +110,6 @@ fn fma(a: f32, b: f32, c: f32) -> f32 {
 #[inline(always)]
 fn softmax_base(m: f32) -> f32 {
     if m == f32::NEG_INFINITY { 0.0 } else { m }
-}
-
-/// Appends this call's K and V rows to the cache; one thread per 16 bytes.
-///
-/// # Safety
-/// Buffers as in [`FlashStoreKvParams`]: qkv holds b*t*3c floats, the caches
-/// b*nh*max_t*HS, pos0 + t <= max_t, c = nh*HS, c % 4 == 0; pointers 16-byte aligned.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn attention_forward_flash_store_kv(p: FlashStoreKvParams) {
-    let (t, c, nh, max_t, pos0) = (
-        p.t as usize,
-        p.c as usize,
-        p.nh as usize,
-        p.max_t as usize,
-        p.pos0 as usize,
-    );
-    let vecs_per_token = c / VEC;
-    let total = p.b as usize * t * vecs_per_token;
-    let mut i = global_idx_x() as usize;
-    while i < total {
-        let (bt, ch) = (i / vecs_per_token, (i % vecs_per_token) * VEC);
-        let (bi, ti) = (bt / t, bt % t);
-        let (h, d) = (ch / HS, ch % HS);
-        let src = bt * 3 * c + c + ch;
-        let dst = ((bi * nh + h) * max_t + pos0 + ti) * HS + d;
-        // SAFETY: indices are inside the buffers by the contract above.
-        unsafe {
-            st4(p.k_cache.add(dst), ld4(p.qkv.add(src)));
-            st4(p.v_cache.add(dst), ld4(p.qkv.add(src + c)));
-        }
-        i += grid_stride_x() as usize;
-    }
 }
 
 /// Issue the `cp.async` copies of one 64x64 tile: rows `row0..row0+64` of a

@@ -2,8 +2,9 @@
 //! PTX names of its kernels. Contract of the op: docs/design.md.
 //!
 //! Kernels (all in `ops::flash_attention`):
-//! - [`ATTENTION_FORWARD_FLASH_STORE_KV`]: append this call's K,V rows of `qkv`
-//!   to the layer's KV cache (the first half of the op's contract).
+//! - The first half of the op's contract, appending this call's K,V rows of
+//!   `qkv` to the layer's KV cache, is the shared `attention_kv_store`
+//!   kernel of `ops::attention`.
 //! - [`ATTENTION_FORWARD_FLASH_TF32`] / [`ATTENTION_FORWARD_FLASH_FP32`]:
 //!   prefill, one block per (query tile, head, batch row); tensor-core TF32
 //!   or exact FP32 (SIMT) products.
@@ -11,7 +12,6 @@
 //!   flash-decoding for a few queries over a long cache: each block reduces one
 //!   chunk of keys to a partial (max, sum, acc); the second kernel merges them.
 
-pub const ATTENTION_FORWARD_FLASH_STORE_KV: &str = "attention_forward_flash_store_kv";
 pub const ATTENTION_FORWARD_FLASH_TF32: &str = "attention_forward_flash_tf32";
 pub const ATTENTION_FORWARD_FLASH_FP32: &str = "attention_forward_flash_fp32";
 pub const ATTENTION_FORWARD_FLASH_DECODE: &str = "attention_forward_flash_decode";
@@ -52,21 +52,6 @@ pub const FLASH_DECODE_PARTS_PER_CHUNK: u32 = FLASH_DECODE_THREADS / 32;
 pub const FLASH_DECODE_MAX_T: u32 = 4;
 /// Combine: threads per block, one per head dimension.
 pub const FLASH_COMBINE_THREADS: u32 = FLASH_HEAD_SIZE;
-
-/// Store this call's keys and values into the cache: `k_cache[b][h][pos0+i][:] = qkv[b][i][C + h*HS ..]`, likewise V.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct FlashStoreKvParams {
-    pub k_cache: *mut f32,
-    pub v_cache: *mut f32,
-    pub qkv: *const f32,
-    pub b: u32,
-    pub t: u32,
-    pub pos0: u32,
-    pub max_t: u32,
-    pub c: u32,
-    pub nh: u32,
-}
 
 /// Prefill flash attention (both precisions). Grid (ceil(t/BLOCK_Q), nh, b),
 /// [`FLASH_THREADS`] threads, [`FLASH_SMEM_BYTES_TF32`] / `_FP32` bytes.
@@ -134,9 +119,4 @@ pub struct FlashCombineParams {
     pub parts_stride: u32,
 }
 
-crate::kernel_params!(
-    FlashStoreKvParams,
-    FlashAttentionParams,
-    FlashDecodeParams,
-    FlashCombineParams
-);
+crate::kernel_params!(FlashAttentionParams, FlashDecodeParams, FlashCombineParams);

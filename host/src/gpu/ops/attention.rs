@@ -9,7 +9,7 @@ use gpu_kernels::params::attention::{
 };
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, GpuError};
 
 const OP: &str = "attention_forward";
 /// Threads per warp.
@@ -34,16 +34,11 @@ pub fn max_span(pos0: u32, t: u32, window: u32) -> u32 {
     if window == 0 { keys } else { keys.min(window) }
 }
 
-/// Launch configurations: the KV store (a grid-stride loop over b*t*c), and
-/// the attention kernel of `variant`.
-pub fn launch_config(variant: Variant, p: &AttentionParams) -> [(&'static str, LaunchConfig); 2] {
+/// Launch configuration of the attention kernel of `variant` (the KV store's
+/// is [`kv_store_config`]).
+pub fn launch_config(variant: Variant, p: &AttentionParams) -> (&'static str, LaunchConfig) {
     let hs = p.c / p.nh;
-    let store = LaunchConfig {
-        grid_dim: (blocks_for(p.b * p.t * p.c, ATTENTION_SIMPLE_BLOCK), 1, 1),
-        block_dim: (ATTENTION_SIMPLE_BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let attend = match variant {
+    match variant {
         Variant::Best => (
             ATTENTION_FORWARD,
             LaunchConfig {
@@ -60,8 +55,29 @@ pub fn launch_config(variant: Variant, p: &AttentionParams) -> [(&'static str, L
                 shared_mem_bytes: 0,
             },
         ),
-    };
-    [(ATTENTION_KV_STORE, store), attend]
+    }
+}
+
+/// Launch configuration of `attention_kv_store`: a grid-stride loop over b*t*c.
+fn kv_store_config(p: &AttentionParams) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks_for(p.b * p.t * p.c, ATTENTION_SIMPLE_BLOCK), 1, 1),
+        block_dim: (ATTENTION_SIMPLE_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The first half of the op, shared by this unfused path and the flash path:
+/// store K,V of this call (rows of `p.qkv`) at positions `pos0..pos0+t` of
+/// the caches. Reads only `k_cache`, `v_cache`, `qkv` and the sizes of `p`.
+///
+/// # Safety
+/// The caller has checked what `attention_forward_variant` checks: `qkv`
+/// holds b*t*3c floats, each cache b*nh*max_t*(c/nh), `pos0 + t <= max_t`,
+/// and the pointers belong to `gpu`'s context.
+pub(crate) unsafe fn launch_kv_store(gpu: &Gpu, p: &AttentionParams) -> Result<(), GpuError> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { gpu.launch(ATTENTION_KV_STORE, kv_store_config(p), *p) }
 }
 
 /// Store K,V of this call into one layer's caches, then attention of every
@@ -198,7 +214,7 @@ pub fn attention_forward_variant(
         window: to_u32(OP, "window", window)?,
         scale: 1.0 / (hs as f32).sqrt(),
     };
-    let [store, attend] = launch_config(variant, &params);
+    let attend = launch_config(variant, &params);
     if attend.1.shared_mem_bytes > DEFAULT_SHARED_LIMIT {
         // Long contexts: opt in to more shared memory (fails cleanly past the device's limit).
         gpu.set_max_dynamic_shared(attend.0, attend.1.shared_mem_bytes)?;
@@ -208,7 +224,7 @@ pub fn attention_forward_variant(
     // budget); both launches are on one stream, so the store finishes before
     // attention reads the cache; shared memory sized by `shared_bytes`.
     unsafe {
-        gpu.launch(store.0, store.1, params)?;
+        launch_kv_store(gpu, &params)?;
         gpu.launch(attend.0, attend.1, params)?;
     }
     Ok(())

@@ -3,7 +3,7 @@
 //!
 //! Three entry points, all with `attention_forward`'s arguments plus a
 //! [`FlashPrecision`] and a [`FlashWorkspace`]; each first appends this call's
-//! K,V to the cache (this module's own store kernel) and then attends:
+//! K,V to the cache (the `attention_kv_store` kernel it shares with the unfused path) and then attends:
 //! - [`attention_forward_flash`]: picks the path by `t`: flash-decoding for
 //!   `t <= FLASH_DECODE_MAX_T` (decode steps), prefill flash attention otherwise.
 //! - [`attention_forward_flash_prefill`]: always the prefill kernel.
@@ -15,6 +15,7 @@
 //! tensor cores would not help). Softmax is FP32 with `ex2.approx` in both.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::attention::AttentionParams;
 use gpu_kernels::params::flash_attention::*;
 
 use super::args::{aligned16, in_ptr, out_ptr};
@@ -129,18 +130,6 @@ impl Shape {
 /// Launch configurations of every kernel of this op.
 mod configs {
     use super::*;
-
-    /// Threads per block of the store kernel.
-    const STORE_THREADS: u32 = 256;
-
-    pub fn store_kv(s: &Shape) -> LaunchConfig {
-        let vecs = (s.b * s.t * s.c / 4) as u32;
-        LaunchConfig {
-            grid_dim: (vecs.div_ceil(STORE_THREADS), 1, 1),
-            block_dim: (STORE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
 
     pub fn prefill(s: &Shape, precision: FlashPrecision) -> LaunchConfig {
         let smem = match precision {
@@ -353,7 +342,9 @@ fn run(
         s.window as u32,
     );
 
-    let store = FlashStoreKvParams {
+    // The op's first half, K,V into the cache, is the shared store kernel.
+    let store = AttentionParams {
+        out: std::ptr::null_mut(),
         k_cache: k,
         v_cache: v,
         qkv: q,
@@ -363,9 +354,12 @@ fn run(
         max_t,
         c,
         nh,
+        window,
+        scale: 0.0,
     };
-    // SAFETY: sizes checked by `s.check` (cache >= b*nh*max_t*HS, pos0+t <= max_t, qkv >= b*t*3c), aligned.
-    unsafe { gpu.launch(ATTENTION_FORWARD_FLASH_STORE_KV, configs::store_kv(&s), store)? };
+    // SAFETY: sizes checked by `s.check` (cache >= b*nh*max_t*HS, pos0+t <= max_t, qkv >= b*t*3c);
+    // the store kernel does not touch `out`.
+    unsafe { super::attention::launch_kv_store(gpu, &store)? };
 
     if decode {
         let chunks = configs::decode_chunks(&s);
