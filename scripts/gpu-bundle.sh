@@ -7,8 +7,8 @@
 # together under a 64 MiB cap, hence stripped binaries and a size check.
 #
 # Layout of gpu-out/:
-#   tests/<name>    test executables (`cargo test --release --no-run`)
-#   bin/<name>      the workspace's binaries (the CLI `host`, and bench/tune/
+#   tests/<name>.gz test executables (`cargo test --release --no-run`), gzipped
+#   bin/<name>.gz   the workspace's binaries, gzipped (the CLI `host`, and bench/tune/
 #                   perplexity where they exist)
 #   scripts/        scripts/*.py and gpu-runner.sh, so the bundle is whole
 #   tests.list      '<test file> <package dir>': where each test runs from
@@ -91,6 +91,13 @@ done <<<"$BINS"
 # The release profile already drops debug info; dropping the symbol table
 # too roughly halves what travels. Panics still print their message.
 strip --strip-all "$BUNDLE"/tests/* "$BUNDLE"/bin/*
+if [[ ! -x "$BUNDLE/tests/gpu" ]]; then
+    echo "error: the GPU test binary (tests/gpu) is missing from the bundle" >&2
+    exit 1
+fi
+# Every binary embeds two PTX modules (portable and sm_90a, ~2 MB of text
+# each), which compress about tenfold; gpu-runner.sh unpacks them.
+gzip -9 -n "$BUNDLE"/tests/* "$BUNDLE"/bin/*
 
 cp scripts/gpu-runner.sh "$BUNDLE/scripts/"
 shopt -s nullglob
@@ -112,10 +119,6 @@ cat "$BUNDLE/BUILD_INFO"
 
 if [[ -z "$(ls -A "$BUNDLE/tests")" ]]; then
     echo "error: no test executables were found" >&2
-    exit 1
-fi
-if [[ ! -x "$BUNDLE/tests/gpu" ]]; then
-    echo "error: the GPU test binary (tests/gpu) is missing from the bundle" >&2
     exit 1
 fi
 

@@ -86,6 +86,10 @@ if [[ ! -f "$GPU_OUT/tests.list" ]]; then
     exit 1
 fi
 # Carried files may lose their execute bit.
+# gpu-bundle.sh gzips the executables (they embed ~4 MB of PTX text each).
+for gz in "$GPU_OUT"/tests/*.gz "$GPU_OUT"/bin/*.gz; do
+    [[ -f "$gz" ]] && gunzip -f "$gz"
+done
 chmod +x "$GPU_OUT"/tests/* "$GPU_OUT"/bin/* 2>/dev/null
 
 # ---------------------------------------------------------------- 1. device

@@ -140,8 +140,10 @@ impl PtxBuilder {
 
         check_rust_src(&rustc)?;
 
-        // A separate target directory: the outer build holds the lock on its own.
-        let target_dir = out_dir.join("ptx-target");
+        // A separate target directory: the outer build holds the lock on its
+        // own. One per architecture, so builds of the same crate for two
+        // targets (a portable and an sm_90a module) do not rebuild each other.
+        let target_dir = out_dir.join(format!("ptx-target-{arch}"));
         let mut cmd = Command::new(&cargo);
         cmd.current_dir(&crate_dir)
             .args([

@@ -10,11 +10,12 @@
 //! docs/performance.md.
 
 use cudarc::driver::CudaSlice;
-use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, TileShape};
+use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, TileEngine, TileShape};
 use host::cpu::ops::matmul_forward;
 use host::gpu::Gpu;
 use host::gpu::ops::matmul_tf32::{
     MatmulTf32Error, choose_tile, matmul_forward_tf32, matmul_forward_tf32_with, predicted_cost, tf32_blocks,
+    tf32_variants,
 };
 use rand::Rng;
 
@@ -92,13 +93,52 @@ fn check(gpu: &Gpu, shape: Option<&TileShape>, n: usize, c: usize, oc: usize, bi
 
 #[test]
 fn embedded_ptx_has_every_tf32_variant() {
-    for s in MATMUL_TF32_VARIANTS {
+    let has = |ptx: &str, s: &TileShape| ptx.contains(&format!(".visible .entry {}(", s.name));
+    for s in &MATMUL_TF32_VARIANTS {
+        assert!(has(gpt2::GPU_KERNELS_PTX, s), "{} missing", s.name);
         assert!(
-            gpt2::GPU_KERNELS_PTX.contains(&format!(".visible .entry {}(", s.name)),
-            "{} missing",
+            has(gpt2::GPU_KERNELS_SM90A_PTX, s),
+            "{} missing from the sm_90a module",
             s.name
         );
     }
+    for s in &MATMUL_TF32_WGMMA_VARIANTS {
+        assert!(
+            has(gpt2::GPU_KERNELS_SM90A_PTX, s),
+            "{} missing from the sm_90a module",
+            s.name
+        );
+        assert!(
+            !has(gpt2::GPU_KERNELS_PTX, s),
+            "{} must not be in the portable module",
+            s.name
+        );
+    }
+    assert!(gpt2::GPU_KERNELS_SM90A_PTX.contains(".target sm_90a"));
+}
+
+/// On a Hopper GPU (compute capability 9.0) the sm_90a module, with the
+/// wgmma kernels, is the one loaded (unless GPT2_PORTABLE_KERNELS asks
+/// otherwise): the speed of the TF32 path depends on it.
+#[test]
+fn hopper_loads_the_wgmma_module() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    use cudarc::driver::sys::CUdevice_attribute as Attr;
+    let major = gpu
+        .ctx
+        .attribute(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .unwrap();
+    let minor = gpu
+        .ctx
+        .attribute(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        .unwrap();
+    let portable =
+        std::env::var_os(host::gpu::runtime::PORTABLE_KERNELS_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+    eprintln!(
+        "compute capability {major}.{minor}, wgmma kernels loaded: {}",
+        gpu.has_wgmma()
+    );
+    assert_eq!(gpu.has_wgmma(), (major, minor) == (9, 0) && !portable);
 }
 
 #[test]
@@ -134,7 +174,7 @@ fn matmul_tf32_awkward_shapes_every_variant() {
         (129, 36, 257, false, true),
         (3, 3072, 769, true, false),
     ];
-    for s in &MATMUL_TF32_VARIANTS {
+    for s in &tf32_variants(gpu.has_wgmma()) {
         for (n, c, oc, bias, act) in cases {
             check(&gpu, Some(s), n, c, oc, bias, act);
         }
@@ -148,7 +188,7 @@ fn matmul_tf32_awkward_shapes_every_variant() {
 #[test]
 fn matmul_tf32_blocks_per_sm_matches_driver() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    for s in &MATMUL_TF32_VARIANTS {
+    for s in &tf32_variants(gpu.has_wgmma()) {
         gpu.set_max_dynamic_shared(s.name, s.shared_bytes()).unwrap();
         let f = gpu.function(s.name).unwrap();
         let got = f
@@ -181,16 +221,18 @@ fn matmul_tf32_blocks_per_sm_matches_driver() {
 #[test]
 fn matmul_tf32_chooser_choices() {
     const SMS: usize = 132;
-    for m in [1, 64, 1024, 8192] {
-        for (oc, c) in [(2304, 768), (768, 768), (3072, 768), (768, 3072), (50304, 768)] {
-            let s = choose_tile(m, oc, SMS);
-            assert!(MATMUL_TF32_VARIANTS.contains(&s));
-            eprintln!(
-                "M={m:5} N={oc:6} K={c:5}: {:30} {:6} blocks, cost {}",
-                s.name,
-                tf32_blocks(&s, m, oc),
-                predicted_cost(&s, m, oc, SMS)
-            );
+    for (wgmma, engine) in [(false, TileEngine::MmaSync), (true, TileEngine::Wgmma)] {
+        for m in [1, 64, 1024, 8192] {
+            for (oc, c) in [(2304, 768), (768, 768), (3072, 768), (768, 3072), (50304, 768)] {
+                let s = choose_tile(m, oc, SMS, wgmma);
+                assert!(tf32_variants(wgmma).contains(&s) && s.engine == engine);
+                eprintln!(
+                    "M={m:5} N={oc:6} K={c:5}: {:36} {:6} blocks, cost {}",
+                    s.name,
+                    tf32_blocks(&s, m, oc),
+                    predicted_cost(&s, m, oc, SMS)
+                );
+            }
         }
     }
 }

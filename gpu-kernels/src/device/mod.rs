@@ -10,6 +10,7 @@ pub mod mma;
 pub mod shared;
 pub mod sync;
 pub mod warp;
+pub mod wgmma;
 
 // Flat access (`device::warp_reduce_sum`) as well as by module.
 pub use index::*;

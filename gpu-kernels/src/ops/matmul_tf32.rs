@@ -81,8 +81,20 @@ const GELU_SCALE: f32 = 0.797_884_560_802_865_4;
 const GELU_CUBIC: f32 = 0.044_715;
 
 #[inline(always)]
-fn gelu(x: f32) -> f32 {
+pub(crate) fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + tanh_precise(GELU_SCALE * (x + GELU_CUBIC * x * x * x)))
+}
+
+/// The output tile `(row, column)` of block `pid` in a `tiles_m x tiles_n`
+/// grid under grouped rasterisation: `GROUP_M` row panels advance together
+/// along N, so the blocks of a wave share a few panels of `inp` and a band
+/// of `W`, re-read from L2 rather than DRAM.
+#[inline(always)]
+pub(crate) fn grouped_tile(pid: usize, tiles_m: usize, tiles_n: usize) -> (usize, usize) {
+    let per_group = GROUP_M * tiles_n;
+    let first_m = (pid / per_group) * GROUP_M;
+    let group_rows = (tiles_m - first_m).min(GROUP_M);
+    (first_m + (pid % per_group) % group_rows, (pid % per_group) / group_rows)
 }
 
 /// Wait until at most `STAGES - 2` copy groups are in flight: then the group
@@ -275,15 +287,7 @@ unsafe fn matmul_tf32_body<
     };
     let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
 
-    // Grouped rasterisation: GROUP_M row panels advance together along N.
-    let tiles_m = n.div_ceil(BM);
-    let tiles_n = oc.div_ceil(BN);
-    let pid = block_idx_x() as usize;
-    let per_group = GROUP_M * tiles_n;
-    let first_m = (pid / per_group) * GROUP_M;
-    let group_rows = (tiles_m - first_m).min(GROUP_M);
-    let tile_m = first_m + (pid % per_group) % group_rows;
-    let tile_n = (pid % per_group) / group_rows;
+    let (tile_m, tile_n) = grouped_tile(block_idx_x() as usize, n.div_ceil(BM), oc.div_ceil(BN));
     let (m0, n0) = (tile_m * BM, tile_n * BN);
 
     let tid = thread_idx_x() as usize;

@@ -13,6 +13,9 @@ pub mod gelu;
 pub mod layernorm;
 pub mod matmul;
 pub mod matmul_tf32;
+// Hopper only: the PTX assembler accepts `wgmma` for sm_90a alone.
+#[cfg(feature = "sm90a")]
+pub mod matmul_tf32_wgmma;
 pub mod residual;
 pub mod softmax;
 pub mod vec4;

@@ -1,11 +1,17 @@
 //! `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias[OC]) (then GELU if asked)` on the
 //! TF32 tensor cores (`mma.sync.m16n8k8`), f32 accumulate.
 //!
-//! One kernel body, monomorphised into a few tile shapes, each exported
-//! under its own PTX name so the host (and the `tune` binary) can pick per
-//! GEMM shape. The shapes are described by [`TileShape`]; the kernels read
-//! their shape from the same constants, so host launch configurations and
-//! device code cannot disagree.
+//! Two kernel bodies, each monomorphised into a few tile shapes, each
+//! exported under its own PTX name so the host (and the `tune` binary) can
+//! pick per GEMM shape:
+//! - [`TileEngine::MmaSync`] (`ops::matmul_tf32`): warp-level
+//!   `mma.sync.m16n8k8`, any GPU from sm_80 on;
+//! - [`TileEngine::Wgmma`] (`ops::matmul_tf32_wgmma`): Hopper's warpgroup
+//!   `wgmma.mma_async.m64nNk8`, only in the sm_90a module (feature `sm90a`).
+//!
+//! The shapes are described by [`TileShape`]; the kernels read their shape
+//! from the same constants, so host launch configurations and device code
+//! cannot disagree.
 
 /// Rows (of `k`) staged in shared memory per pipeline stage.
 pub const MATMUL_TF32_BK: u32 = 32;
@@ -22,11 +28,35 @@ pub const MATMUL_TF32_EPI_PAD: u32 = 8;
 /// a band of `W`, so both are re-read from L2 rather than from DRAM.
 pub const MATMUL_TF32_GROUP_M: u32 = 8;
 
-/// A block tile `bm x bn`, split among warps each computing `wm x wn`, with
-/// `stages` cp.async pipeline stages.
+/// Rows of A one warpgroup's `wgmma.m64nNk8` covers.
+pub const WGMMA_M: u32 = 64;
+/// Threads of a warpgroup (4 warps).
+pub const WARPGROUP_THREADS: u32 = 128;
+/// Bytes of a staged row of k in the wgmma kernels: `MATMUL_TF32_BK` f32,
+/// exactly one 128-byte swizzle row (no padding: the swizzle removes the
+/// bank conflicts).
+pub const WGMMA_ROW_BYTES: u32 = MATMUL_TF32_BK * 4;
+/// Alignment the wgmma kernels' shared tiles need (one 128-byte swizzle atom
+/// of 8 rows); the dynamic shared memory is over-allocated by this much so
+/// the kernel can align its base.
+pub const WGMMA_SMEM_ALIGN: u32 = 1024;
+
+/// Which tensor-core instruction family a tile's kernel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileEngine {
+    /// `mma.sync.m16n8k8` per warp; in every module (sm_80 and later).
+    MmaSync,
+    /// `wgmma.mma_async.m64nNk8` per warpgroup; only in the sm_90a module.
+    Wgmma,
+}
+
+/// A block tile `bm x bn` with `stages` cp.async pipeline stages, split
+/// among warps (`MmaSync`: each computes `wm x wn`) or warpgroups (`Wgmma`:
+/// each computes `64 x bn`, so `wm = 64`, `wn = bn`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileShape {
     pub name: &'static str,
+    pub engine: TileEngine,
     pub bm: u32,
     pub bn: u32,
     pub wm: u32,
@@ -38,21 +68,29 @@ pub struct TileShape {
     /// Only the host's tile chooser reads it; `tests/gpu/matmul_tf32.rs`
     /// checks it against the driver's occupancy calculator.
     pub blocks_per_sm: u32,
+    /// Operands are rounded to TF32 (`cvt.rna`) in shared memory before the
+    /// tensor cores read them; `false`: the tensor cores use the top 19 bits
+    /// of each f32, i.e. truncate (what cuBLAS's TF32 mode does), which saves
+    /// a read and a write of every staged element.
+    pub rounds: bool,
 }
 
 impl TileShape {
-    /// Warps per block.
-    pub const fn warps(&self) -> u32 {
-        (self.bm / self.wm) * (self.bn / self.wn)
-    }
     /// Threads per block.
     pub const fn threads(&self) -> u32 {
-        self.warps() * 32
+        match self.engine {
+            TileEngine::MmaSync => (self.bm / self.wm) * (self.bn / self.wn) * 32,
+            TileEngine::Wgmma => (self.bm / WGMMA_M) * WARPGROUP_THREADS,
+        }
     }
     /// Dynamic shared memory per block: `stages` copies of an A and a B
-    /// tile (the epilogue's output tile reuses it and is smaller).
+    /// tile (`MmaSync`: rows padded, and the epilogue's output tile reuses
+    /// them; `Wgmma`: unpadded swizzled rows, plus the alignment slack).
     pub const fn shared_bytes(&self) -> u32 {
-        self.stages * (self.bm + self.bn) * (MATMUL_TF32_BK + MATMUL_TF32_PAD) * 4
+        match self.engine {
+            TileEngine::MmaSync => self.stages * (self.bm + self.bn) * (MATMUL_TF32_BK + MATMUL_TF32_PAD) * 4,
+            TileEngine::Wgmma => self.stages * (self.bm + self.bn) * WGMMA_ROW_BYTES + WGMMA_SMEM_ALIGN,
+        }
     }
 }
 
@@ -62,64 +100,113 @@ impl TileShape {
 /// blocks, where 128x128 needs two waves of 144 or 192 on 132 SMs.
 pub const MATMUL_TF32_128X192: TileShape = TileShape {
     name: "matmul_forward_tf32_128x192",
+    engine: TileEngine::MmaSync,
     bm: 128,
     bn: 192,
     wm: 64,
     wn: 48,
     stages: 3,
     blocks_per_sm: 1,
+    rounds: true,
 };
 /// 128x128 block, 8 warps of 64x32, 4 stages (147.5 KiB shared): large GEMMs.
 /// One block per SM (ptxas: ~172 registers x 256 threads), so the pipeline is
 /// one stage deeper than the smaller tiles' to cover DRAM latency alone.
 pub const MATMUL_TF32_128X128: TileShape = TileShape {
     name: "matmul_forward_tf32_128x128",
+    engine: TileEngine::MmaSync,
     bm: 128,
     bn: 128,
     wm: 64,
     wn: 32,
     stages: 4,
     blocks_per_sm: 1,
+    rounds: true,
 };
 /// 128x64 block, 4 warps of 64x32, 4 stages (110.6 KiB): two blocks per SM.
 pub const MATMUL_TF32_128X64: TileShape = TileShape {
     name: "matmul_forward_tf32_128x64",
+    engine: TileEngine::MmaSync,
     bm: 128,
     bn: 64,
     wm: 64,
     wn: 32,
     stages: 4,
     blocks_per_sm: 2,
+    rounds: true,
 };
 /// 64x64 block, 4 warps of 32x32, 3 stages (55.3 KiB): medium GEMMs.
 pub const MATMUL_TF32_64X64: TileShape = TileShape {
     name: "matmul_forward_tf32_64x64",
+    engine: TileEngine::MmaSync,
     bm: 64,
     bn: 64,
     wm: 32,
     wn: 32,
     stages: 3,
     blocks_per_sm: 4,
+    rounds: true,
 };
 /// 32x64 block, 4 warps of 16x32, 4 stages (55.3 KiB): small M (decode, short
 /// prompts), where more blocks are needed to fill the GPU.
 pub const MATMUL_TF32_32X64: TileShape = TileShape {
     name: "matmul_forward_tf32_32x64",
+    engine: TileEngine::MmaSync,
     bm: 32,
     bn: 64,
     wm: 16,
     wn: 32,
     stages: 4,
     blocks_per_sm: 4,
+    rounds: true,
 };
 
-/// Every compiled tile shape, for tuning sweeps.
+/// Every `mma.sync` tile shape (in every module), for tuning sweeps.
 pub const MATMUL_TF32_VARIANTS: [TileShape; 5] = [
     MATMUL_TF32_128X192,
     MATMUL_TF32_128X128,
     MATMUL_TF32_128X64,
     MATMUL_TF32_64X64,
     MATMUL_TF32_32X64,
+];
+
+/// A wgmma tile: `bm / 64` warpgroups, each `64 x bn`.
+const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, blocks_per_sm: u32, rounds: bool) -> TileShape {
+    TileShape {
+        name,
+        engine: TileEngine::Wgmma,
+        bm,
+        bn,
+        wm: WGMMA_M,
+        wn: bn,
+        stages,
+        blocks_per_sm,
+        rounds,
+    }
+}
+
+/// 128x256, 2 warpgroups of m64n256 (128 accumulator registers per thread),
+/// 4 stages (193 KiB): the most tensor work per staged byte (42.7 FLOP/B).
+pub const MATMUL_TF32_WGMMA_128X256: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x256", 128, 256, 4, 1, true);
+/// 128x192, 2 warpgroups of m64n192, 5 stages (201 KiB): N = 768 in 4
+/// column tiles instead of 3 (M = 8192: 256 blocks, two full waves on 132
+/// SMs, where 128x256 needs 1.45 waves).
+pub const MATMUL_TF32_WGMMA_128X192: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x192", 128, 192, 5, 1, true);
+/// 128x128, 2 warpgroups of m64n128, 4 stages (129 KiB).
+pub const MATMUL_TF32_WGMMA_128X128: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x128", 128, 128, 4, 1, true);
+/// 64x128, one warpgroup, 4 stages (97 KiB, two blocks per SM): M = 1024.
+pub const MATMUL_TF32_WGMMA_64X128: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x128", 64, 128, 4, 2, true);
+/// 64x64, one warpgroup, 4 stages (65 KiB, three blocks per SM): small
+/// outputs (M = 1024 x N = 768: 192 blocks).
+pub const MATMUL_TF32_WGMMA_64X64: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x64", 64, 64, 4, 3, true);
+
+/// Every `wgmma` tile shape (sm_90a module only).
+pub const MATMUL_TF32_WGMMA_VARIANTS: [TileShape; 5] = [
+    MATMUL_TF32_WGMMA_128X256,
+    MATMUL_TF32_WGMMA_128X192,
+    MATMUL_TF32_WGMMA_128X128,
+    MATMUL_TF32_WGMMA_64X128,
+    MATMUL_TF32_WGMMA_64X64,
 ];
 
 #[repr(C)]

@@ -233,9 +233,9 @@ pub struct GemmResult {
     pub vs_cublas: Option<f64>,
 }
 
-/// The tile shapes a sweep should try (all compiled variants).
-pub fn tf32_variants() -> &'static [TileShape] {
-    &gpu_kernels::params::matmul_tf32::MATMUL_TF32_VARIANTS
+/// The tile shapes a sweep should try: every variant the GPU's module has.
+pub fn tf32_variants(gpu: &Gpu) -> Vec<TileShape> {
+    crate::gpu::ops::matmul_tf32::tf32_variants(gpu.has_wgmma())
 }
 
 /// One attention problem (`b` rows, `t` new positions, caches of `max_t`

@@ -189,7 +189,7 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                 )
             })?;
             record("ours_tf32_auto".into(), "tf32", t);
-            for shape in tf32_variants() {
+            for shape in &tf32_variants(gpu) {
                 let t = time_calls::<MatmulTf32Error>(gpu, sn, args.warmup, args.samples, |i| {
                     let GemmSets { inp, w, out, .. } = &mut sets;
                     matmul_forward_tf32_with(

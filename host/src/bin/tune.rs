@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
             let sn = sets.sets();
             let mut times = serde_json::Map::new();
             let mut best: Option<(&str, f64)> = None;
-            for shape in tf32_variants() {
+            for shape in &tf32_variants(&gpu) {
                 let t = time_calls::<MatmulTf32Error>(&gpu, sn, DEFAULT_WARMUP, args.samples, |i| {
                     let GemmSets { inp, w, out, .. } = &mut sets;
                     matmul_forward_tf32_with(
@@ -69,7 +69,7 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             let (best_name, best_us) = best.context("no TF32 variants compiled")?;
-            let heur = choose_tile(m, n, sms).name;
+            let heur = choose_tile(m, n, sms, gpu.has_wgmma()).name;
             let heur_us = times[heur].as_f64().unwrap_or(f64::NAN);
             println!(
                 "{m:>5} {n:>6} {k:>5}  {best_name:30} {heur:30} {:>8.2}",

@@ -15,6 +15,13 @@ use gpu_kernels::params::KernelParams;
 
 /// Environment variable that makes "no GPU" a failure instead of a skip in tests.
 pub const REQUIRE_GPU_ENV: &str = "GPT2_REQUIRE_GPU";
+/// Environment variable that makes a Hopper GPU load the portable (sm_80)
+/// module instead of the sm_90a one, e.g. to compare the two matmul engines
+/// end to end.
+pub const PORTABLE_KERNELS_ENV: &str = "GPT2_PORTABLE_KERNELS";
+/// The compute capability the sm_90a module (with `wgmma`) runs on: PTX for
+/// an architecture-specific target loads on exactly that architecture.
+const SM90A_CAPABILITY: (i32, i32) = (9, 0);
 
 /// Why the GPU could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +70,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     /// The `gpu-kernels` PTX module.
     kernels: Module,
+    /// Whether `kernels` is the sm_90a build, which has the `wgmma` matmuls.
+    wgmma: bool,
     /// Multiprocessors of the device, read once (launch configurations use it).
     sm_count: usize,
 }
@@ -86,18 +95,37 @@ impl Gpu {
         // SAFETY: every buffer of ours is used on `stream` only.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().ctx("cuStreamCreate")?;
+        use cudarc::driver::sys::CUdevice_attribute as Attr;
+        let attr = |a| ctx.attribute(a).ctx("cuDeviceGetAttribute");
+        let capability = (
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let portable = std::env::var(PORTABLE_KERNELS_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+        let wgmma = capability == SM90A_CAPABILITY && !portable;
+        let ptx = if wgmma {
+            gpt2::GPU_KERNELS_SM90A_PTX
+        } else {
+            gpt2::GPU_KERNELS_PTX
+        };
         let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(gpt2::GPU_KERNELS_PTX))
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(GpuError::ModuleLoad)?;
-        let sm_count = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .ctx("cuDeviceGetAttribute")? as usize;
+        let sm_count = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         Ok(Self {
             ctx,
             stream,
             sm_count,
+            wgmma,
             kernels: Module::new(module),
         })
+    }
+
+    /// Whether the loaded kernels include the Hopper `wgmma` matmuls (the
+    /// sm_90a module, loaded on compute capability 9.0 unless
+    /// [`PORTABLE_KERNELS_ENV`] is set).
+    pub fn has_wgmma(&self) -> bool {
+        self.wgmma
     }
 
     /// Number of multiprocessors (SMs) of the device.

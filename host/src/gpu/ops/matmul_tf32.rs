@@ -1,16 +1,20 @@
 //! `matmul_forward_tf32`: the matmul of `cpu::ops::matmul_forward` on the
 //! TF32 tensor cores, with an optional fused GELU (for the MLP up-projection).
 //!
-//! Several tile shapes are compiled (`params::matmul_tf32::MATMUL_TF32_VARIANTS`);
-//! [`choose_tile`] picks one per GEMM shape, [`matmul_forward_tf32_with`]
-//! runs a given one (the `tune` and `bench` binaries sweep them).
+//! Several tile shapes are compiled: `mma.sync` ones in every module
+//! (`MATMUL_TF32_VARIANTS`) and, in the sm_90a module a Hopper GPU loads,
+//! `wgmma` ones (`MATMUL_TF32_WGMMA_VARIANTS`). [`choose_tile`] picks one
+//! per GEMM shape, [`matmul_forward_tf32_with`] runs a given one (the `tune`
+//! and `bench` binaries sweep [`tf32_variants`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
-use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MatmulTf32Params, TileShape};
+use gpu_kernels::params::matmul_tf32::{
+    MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params, TileEngine, TileShape,
+};
 
 use crate::gpu::runtime::{Gpu, GpuError};
 
@@ -30,6 +34,8 @@ pub enum MatmulTf32Error {
     Misaligned(&'static str),
     #[error("matmul_forward_tf32: n * max(c, oc) = {0} does not fit the kernel's 32-bit sizes")]
     TooLarge(usize),
+    #[error("matmul_forward_tf32: tile {0} needs the sm_90a (wgmma) kernels, which this GPU's module lacks")]
+    NoWgmma(&'static str),
     #[error(transparent)]
     Gpu(#[from] GpuError),
 }
@@ -46,9 +52,9 @@ pub fn tf32_blocks(shape: &TileShape, n: usize, oc: usize) -> usize {
 /// 1/`(wm · wn)`, kept integral.
 fn block_cost(shape: &TileShape) -> u64 {
     let (bm, bn, wm, wn) = (shape.bm as u64, shape.bn as u64, shape.wm as u64, shape.wn as u64);
-    // Common denominator of every variant's wm·wn (all are powers of two
-    // times 3 at most), so the integer division is exact.
-    const DENOM: u64 = 64 * 64 * 3;
+    // Common denominator of every variant's wm·wn (powers of two up to
+    // 64·256, times 3 at most), so the integer division is exact.
+    const DENOM: u64 = 64 * 256 * 3;
     bm * bn * (wm + wn) * DENOM / (wm * wn)
 }
 
@@ -63,20 +69,36 @@ pub fn predicted_cost(shape: &TileShape, n: usize, oc: usize, sms: usize) -> u64
     per_sm.div_ceil(bps) * bps * block_cost(shape)
 }
 
+/// Every tile shape the loaded module has: the `mma.sync` ones, plus the
+/// `wgmma` ones when `wgmma` (the sm_90a module, see `Gpu::has_wgmma`).
+pub fn tf32_variants(wgmma: bool) -> Vec<TileShape> {
+    let mut v = MATMUL_TF32_VARIANTS.to_vec();
+    if wgmma {
+        v.extend(MATMUL_TF32_WGMMA_VARIANTS);
+    }
+    v
+}
+
 /// The tile with the least [`predicted_cost`] (wave quantisation and
 /// inner-loop efficiency together); on a tie, the one that keeps more blocks
 /// running at once (more SMs busy, more bandwidth for small M), then the
-/// smaller tile (less work on zero-filled edge rows).
-pub fn choose_tile(n: usize, oc: usize, sms: usize) -> TileShape {
+/// smaller tile (less work on zero-filled edge rows). With `wgmma`, only the
+/// `wgmma` tiles compete (the cost model compares tiles of one engine).
+pub fn choose_tile(n: usize, oc: usize, sms: usize, wgmma: bool) -> TileShape {
     let key = |s: &TileShape| {
         let running = tf32_blocks(s, n, oc).min(sms * s.blocks_per_sm as usize);
         (predicted_cost(s, n, oc, sms), std::cmp::Reverse(running), s.bm * s.bn)
     };
-    MATMUL_TF32_VARIANTS
+    let candidates: &[TileShape] = if wgmma {
+        &MATMUL_TF32_WGMMA_VARIANTS
+    } else {
+        &MATMUL_TF32_VARIANTS
+    };
+    candidates
         .iter()
         .copied()
         .min_by_key(key)
-        .expect("MATMUL_TF32_VARIANTS is not empty")
+        .expect("variant lists are not empty")
 }
 
 /// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
@@ -100,10 +122,11 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    let shape = match tune_cache(gpu).and_then(|t| t.tile(n, oc, c)) {
-        Some(tuned) => tuned,
-        None => choose_tile(n, oc, gpu.sm_count()),
-    };
+    // A tuned wgmma tile is usable only where the sm_90a module is loaded.
+    let tuned = tune_cache(gpu)
+        .and_then(|t| t.tile(n, oc, c))
+        .filter(|s| s.engine == TileEngine::MmaSync || gpu.has_wgmma());
+    let shape = tuned.unwrap_or_else(|| choose_tile(n, oc, gpu.sm_count(), gpu.has_wgmma()));
     matmul_forward_tf32_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
 }
 
@@ -142,6 +165,7 @@ impl TuneCache {
             let best = entry["best"].as_str().ok_or_else(|| format!("{key}: no \"best\""))?;
             let shape = MATMUL_TF32_VARIANTS
                 .iter()
+                .chain(&MATMUL_TF32_WGMMA_VARIANTS)
                 .find(|v| v.name == best)
                 .ok_or_else(|| format!("{key}: unknown kernel {best:?} (cache from another build?)"))?;
             tiles.insert((m, n, k), *shape);
@@ -224,6 +248,9 @@ where
     if !c.is_multiple_of(TF32_C_MULTIPLE) {
         return Err(MatmulTf32Error::BadC(c));
     }
+    if shape.engine == TileEngine::Wgmma && !gpu.has_wgmma() {
+        return Err(MatmulTf32Error::NoWgmma(shape.name));
+    }
     let check = |what, have: usize, need: usize| {
         if have < need {
             Err(MatmulTf32Error::TooSmall(what, have, need))
@@ -282,9 +309,10 @@ where
     };
     gpu.set_max_dynamic_shared(shape.name, shape.shared_bytes())?;
     // SAFETY: `shape.name` is the kernel compiled for `shape`, whose
-    // parameter type is MatmulTf32Params; the sizes of all four buffers were
-    // checked above, inp/weight are 16-byte aligned and c % 4 == 0 (the
-    // kernel's cp.async contract); grid, block and shared memory come from
+    // parameter type is MatmulTf32Params (a wgmma one only when the sm_90a
+    // module is loaded, checked above); the sizes of all four buffers were
+    // checked above, inp/weight/out are 16-byte aligned and c % 4 == 0 (the
+    // kernels' cp.async contract); grid, block and shared memory come from
     // the same TileShape the kernel was compiled with.
     unsafe { gpu.launch(shape.name, cfg, params)? };
     Ok(())
