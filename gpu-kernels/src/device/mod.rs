@@ -9,6 +9,7 @@ pub mod math;
 pub mod mma;
 pub mod shared;
 pub mod sync;
+pub mod tma;
 pub mod warp;
 pub mod wgmma;
 

@@ -14,6 +14,19 @@ pub fn sync_threads() {
     unsafe { core::arch::nvptx::_syncthreads() }
 }
 
+/// Barrier `id` (1..16; 0 is [`sync_threads`]'s) for `threads` threads, a
+/// multiple of 32: a subset of the block (e.g. the consumer warpgroups of a
+/// warp-specialised kernel) synchronises without the others. Orders shared
+/// memory like `sync_threads` among the participants.
+///
+/// Must be reached by exactly `threads` threads (whole warps) of the block
+/// for the same `id`; a safe function for the same reason as `sync_threads`.
+#[inline(always)]
+pub fn named_barrier_sync(id: u32, threads: u32) {
+    // SAFETY: bar.sync has no memory-safety preconditions.
+    unsafe { asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads) }
+}
+
 /// `__syncwarp()`: the lanes of the warp reconverge and order their
 /// shared-memory accesses.
 #[inline(always)]

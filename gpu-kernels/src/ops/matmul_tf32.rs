@@ -81,7 +81,7 @@ const GELU_SCALE: f32 = 0.797_884_560_802_865_4;
 const GELU_CUBIC: f32 = 0.044_715;
 
 #[inline(always)]
-pub(crate) fn gelu(x: f32) -> f32 {
+fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + tanh_precise(GELU_SCALE * (x + GELU_CUBIC * x * x * x)))
 }
 
@@ -377,23 +377,68 @@ unsafe fn matmul_tf32_body<
     });
     sync_threads();
 
-    let has_bias = !p.bias.is_null();
-    let do_gelu = p.gelu != 0;
+    unsafe {
+        store_tile(
+            smem,
+            ldo,
+            BM,
+            BN,
+            tid,
+            THREADS,
+            m0,
+            n0,
+            p.out,
+            p.bias,
+            n,
+            oc,
+            p.gelu != 0,
+        )
+    };
+}
+
+/// The epilogue both TF32 engines share: stream a `bm x bn` tile of
+/// accumulated sums, parked in shared memory at `tile` (row stride `ldo`
+/// floats), to `out[m0.., n0..]` (`n x oc`), adding `bias` (if not null) and
+/// applying GELU (if `gelu`); threads `tid` of `threads` take 16-byte chunks
+/// in turn, so a warp writes whole rows (16-byte stores when `oc % 4 == 0`).
+///
+/// # Safety
+/// `tile` holds `bm` rows of `ldo >= bn` floats of shared memory, written
+/// and published by a barrier; `ldo` and `bn` are multiples of 4; `out`
+/// holds `n * oc` floats (16-byte aligned), `bias` `oc` floats or is null.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn store_tile(
+    tile: *const f32,
+    ldo: usize,
+    bm: usize,
+    bn: usize,
+    tid: usize,
+    threads: usize,
+    m0: usize,
+    n0: usize,
+    out: *mut f32,
+    bias: *const f32,
+    n: usize,
+    oc: usize,
+    gelu_on: bool,
+) {
+    let has_bias = !bias.is_null();
     // 16-byte stores need every output row to start 16-byte aligned.
     let vector_ok = oc % CHUNK == 0;
     let finish = |v: f32, col: usize| {
-        let v = if has_bias { v + unsafe { *p.bias.add(col) } } else { v };
-        if do_gelu { gelu(v) } else { v }
+        let v = if has_bias { v + unsafe { *bias.add(col) } } else { v };
+        if gelu_on { gelu(v) } else { v }
     };
-    let chunks_per_row = BN / CHUNK;
+    let chunks_per_row = bn / CHUNK;
     let mut chunk = tid;
-    while chunk < BM * chunks_per_row {
+    while chunk < bm * chunks_per_row {
         let r = chunk / chunks_per_row;
         let cl = (chunk % chunks_per_row) * CHUNK;
         let (row, col) = (m0 + r, n0 + cl);
         if row < n && col < oc {
-            let v = unsafe { *smem.add(r * ldo + cl).cast::<F4>() }.0;
-            let dst = unsafe { p.out.add(row * oc + col) };
+            let v = unsafe { *tile.add(r * ldo + cl).cast::<F4>() }.0;
+            let dst = unsafe { out.add(row * oc + col) };
             if vector_ok {
                 let o = F4([
                     finish(v[0], col),
@@ -410,7 +455,7 @@ unsafe fn matmul_tf32_body<
                 }
             }
         }
-        chunk += THREADS;
+        chunk += threads;
     }
 }
 

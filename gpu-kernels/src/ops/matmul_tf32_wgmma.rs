@@ -4,45 +4,50 @@
 //!
 //! Why a second kernel: `mma.sync` is issued per warp and reads its operands
 //! from registers, so every k-step costs shared-memory loads, a barrier per
-//! stage and registers for fragments; on Hopper it reaches a fraction of the
-//! tensor cores' rate (see docs/performance.md). `wgmma.mma_async` is issued
-//! per warpgroup (4 warps), reads both operands straight from shared memory
-//! through descriptors, and runs asynchronously, so the tensor cores work on
-//! one stage while the threads wait for, round and publish the next.
-//!
-//! Structure (block tile `BM x BN`, `BM / 64` warpgroups each `64 x BN`,
-//! `BK = 32` deep):
-//! - Both operands are K-major (rows of `inp` and of `W`), the only layout
-//!   `wgmma` accepts for TF32. A stage holds `BM + BN` rows of 32 floats =
-//!   128 bytes each, stored with the 128-byte swizzle (16-byte chunk `c` of
-//!   row `r` at position `c ^ (r % 8)`), filled by 16-byte `cp.async` copies
-//!   (zero-filled outside the matrices).
-//! - When a stage has landed, each thread rounds its own chunks to TF32 in
-//!   place (`cvt.rna`, as the `mma.sync` kernels do: `wgmma` would otherwise
-//!   truncate), then `fence.proxy.async` hands them to the tensor cores'
-//!   proxy and a barrier publishes the stage.
-//! - Pipeline: `STAGES` buffers; one `wgmma` group (4 steps of k = 8) in
-//!   flight while the next stage is published. After the barrier of tile
-//!   `kt`, every warpgroup has finished tile `kt - 2`, so its buffer is
-//!   refilled with tile `kt + STAGES - 2`.
-//! - Epilogue straight from the accumulator registers: bias, GELU, guarded
-//!   8-byte stores (a warp writes whole 32-byte sectors).
+//! stage and registers for fragments; on Hopper it reaches about a third of
+//! cuBLAS. Here the operands never pass through a thread:
+//! - One producer warp (after the consumer warpgroups) has one lane issue,
+//!   per k-tile of 32, two TMA copies (an `inp` box of `BM x 32` and a `W`
+//!   box of `BN x 32`) into a ring of `STAGES` shared buffers, written with
+//!   the 128-byte swizzle `wgmma` reads. Edges are zero-filled by the TMA.
+//! - `BM / 64` consumer warpgroups each own a `64 x BN` accumulator in
+//!   registers and issue 4 `wgmma.m64nBNk8` per k-tile straight from shared
+//!   memory (both operands K-major, the only TF32 layout `wgmma` accepts).
+//! - Two `mbarrier`s per stage: `full` completes when the TMA bytes of the
+//!   stage have landed (one arrival from the producer plus the transaction
+//!   bytes); `empty` completes when every consumer warpgroup has finished
+//!   reading it (one arrival per warpgroup after its `wgmma.wait_group`
+//!   shows the stage's group done). No block-wide barrier in the loop: the
+//!   producer runs up to `STAGES` tiles ahead, one `wgmma` group stays in
+//!   flight while the next stage is awaited.
+//! - With rounding on (the default tiles), the consumers round each landed
+//!   stage to TF32 in place (`cvt.rna`, like the `mma.sync` kernels; each
+//!   consumer thread takes its share of A and B chunks), fence the writes
+//!   to the async proxy and meet at a consumer-only barrier before the
+//!   stage's `wgmma`s. Without it (`_trunc` tiles) the tensor cores take the
+//!   top 19 bits of each f32 (truncation): faster, about 2.5x the error.
+//! - Epilogue: after a consumer barrier (nobody reads the stages any more),
+//!   each thread parks its accumulator pairs in shared memory by constant
+//!   index, then `matmul_tf32::store_tile` streams the tile out with bias,
+//!   GELU and 16-byte stores: a compact loop instead of `BN / 2` unrolled
+//!   store sequences per thread (which made the 128x256 kernel 16k
+//!   instructions long, and slow).
 
-use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, shared_addr, to_tf32};
+use crate::device::mma::{shared_addr, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
-use crate::device::wgmma::{
-    SWIZZLE_ATOM_ROWS, SWIZZLE_ROW_BYTES, WgmmaAccumulator, descriptor_k_major_sw128, fence_proxy_async_shared,
-    swizzle_128b_offset, wgmma_commit_group, wgmma_fence,
+use crate::device::tma::{
+    MBARRIER_BYTES, fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init,
+    mbarrier_wait_parity, tma_load_2d,
 };
-use crate::device::{block_idx_x, sync_threads, thread_idx_x};
-use crate::ops::matmul_tf32::{gelu, grouped_tile};
+use crate::device::wgmma::{
+    SWIZZLE_ROW_BYTES, WgmmaAccumulator, descriptor_k_major_sw128, fence_proxy_async_shared, wgmma_commit_group,
+    wgmma_fence,
+};
+use crate::device::{WARP_SIZE, block_idx_x, named_barrier_sync, sync_threads, thread_idx_x};
+use crate::ops::matmul_tf32::{grouped_tile, store_tile};
 use crate::params::matmul_tf32::*;
 
 const BK: usize = MATMUL_TF32_BK as usize;
-/// Floats per 16-byte chunk (one `cp.async`).
-const CHUNK: usize = 4;
-/// Chunks per staged row (one 128-byte swizzle row).
-const CHUNKS_PER_ROW: usize = BK / CHUNK;
 /// k depth of one TF32 `wgmma`, and the bytes it advances in a staged row.
 const WGMMA_K: usize = 8;
 const WGMMA_K_BYTES: u32 = (WGMMA_K * 4) as u32;
@@ -58,212 +63,155 @@ const LANES_PER_ROW: usize = 4;
 const GROUP_COLS: usize = 8;
 /// Rows of one warp's accumulator slice.
 const WARP_ROWS: usize = 16;
-/// Chunks [`round_own_chunks`] loads before it stores any (latency vs registers).
-const ROUND_BATCH: usize = 4;
 
-const _: () = assert!(SWIZZLE_ROW_BYTES as usize == BK * 4 && CHUNKS_PER_ROW == 8);
-const _: () = assert!(SWIZZLE_ATOM_ROWS as usize == CHUNKS_PER_ROW);
+const _: () = assert!(SWIZZLE_ROW_BYTES as usize == BK * 4);
 
-/// Four floats moved as one 16-byte shared-memory access.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; CHUNK]);
 /// Two floats stored as one 8-byte access.
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
 struct F2([f32; 2]);
-
-/// Where this thread's chunks of a stage are. Threads are assigned chunks
-/// `tid + i * THREADS`; because `THREADS` is a multiple of 8 and of 64, the
-/// chunk column `tid % 8` and the swizzle row phase `(tid / 8) % 8` are the
-/// same for all of a thread's chunks, and its rows are `tid / 8 + i * ROW_STEP`.
+/// Four floats moved as one 16-byte access.
+#[repr(C, align(16))]
 #[derive(Clone, Copy)]
-struct ChunkMap {
-    /// First row of this thread (`tid / 8`).
-    row: usize,
-    /// Rows between this thread's consecutive chunks (`THREADS / 8`).
-    row_step: usize,
-    /// The chunk's column in the unswizzled row, in floats.
-    col: usize,
-    /// Byte offset of the swizzled chunk within its row.
-    swizzled_col_bytes: usize,
-}
+struct F4([f32; 4]);
+/// Bytes of one 16-byte chunk of a staged row.
+const CHUNK_BYTES: usize = 16;
+/// Chunks [`round_stage`] loads before it stores any (latency vs registers).
+const ROUND_BATCH: usize = 4;
+/// Named barrier of the consumer warpgroups (0 is the whole block's).
+const CONSUMER_BARRIER: u32 = 1;
+const EPI_PAD: usize = WGMMA_EPI_PAD as usize;
 
-impl ChunkMap {
-    #[inline(always)]
-    fn new<const THREADS: usize>(tid: usize) -> ChunkMap {
-        let row = tid / CHUNKS_PER_ROW;
-        let chunk = (tid % CHUNKS_PER_ROW) as u32;
-        let swizzled = swizzle_128b_offset(row as u32, chunk) - row as u32 * SWIZZLE_ROW_BYTES;
-        ChunkMap {
-            row,
-            row_step: THREADS / CHUNKS_PER_ROW,
-            col: chunk as usize * CHUNK,
-            swizzled_col_bytes: swizzled as usize,
-        }
-    }
-
-    /// Byte offset in the stage of this thread's chunk `i` (its row is
-    /// `row + i * row_step`, whose `% 8` equals `row % 8`).
-    #[inline(always)]
-    fn stage_offset(&self, i: usize) -> usize {
-        (self.row + i * self.row_step) * SWIZZLE_ROW_BYTES as usize + self.swizzled_col_bytes
-    }
-}
-
-/// Copy this thread's chunks of k-tile `kt` into `stage`: rows `0..BM` of
-/// the stage are `inp` rows `m0..`, rows `BM..BM+BN` are `W` rows `n0..`.
+/// Round to TF32, in place, this consumer thread's share of a landed stage
+/// of `bytes` bytes: 16-byte chunks `tid + i * consumers`, loaded
+/// `ROUND_BATCH` at a time before any is stored (the swizzle permutes chunks
+/// within rows, so rounding whole chunks in place is layout-blind).
 ///
 /// # Safety
-/// `stage` is a stage buffer of `(BM + BN) * 128` bytes of shared memory,
-/// 1024-byte aligned; `inp` is `n x c`, `w` is `oc x c`, both 16-byte
-/// aligned with `c % 4 == 0`.
+/// `stage` is the generic address of a landed stage nobody else writes or
+/// reads until the next consumer barrier.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn load_stage<const BM: usize, const BN: usize, const THREADS: usize>(
-    stage: *mut u8,
-    map: ChunkMap,
-    p: &MatmulTf32Params,
-    m0: usize,
-    n0: usize,
-    kt: usize,
-) {
-    let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
-    let k = kt * BK + map.col;
-    let k_inside = k < c;
-    let rows_per_pass = THREADS / CHUNKS_PER_ROW;
-    const { assert!(BM % (THREADS / CHUNKS_PER_ROW) == 0 && BN % (THREADS / CHUNKS_PER_ROW) == 0) };
-    for i in 0..(BM + BN) / rows_per_pass {
-        let row = map.row + i * rows_per_pass;
-        let (src, rows, r) = if row < BM {
-            (p.inp, n, m0 + row)
-        } else {
-            (p.weight, oc, n0 + row - BM)
-        };
-        let inside = k_inside && r < rows;
-        // Outside: copy 0 bytes (zero-fill) from an address that is valid anyway.
-        let (from, bytes) = if inside {
-            (unsafe { src.add(r * c + k) }, CHUNK as u32 * 4)
-        } else {
-            (src, 0)
-        };
-        unsafe { cp_async_16_zfill(stage.add(map.stage_offset(i)).cast(), from, bytes) };
-    }
-}
-
-/// Round, in place, the chunks of `stage` that this thread copied (their
-/// copies have completed): loads `ROUND_BATCH` before storing, so the
-/// shared-memory latency is paid once per batch.
-///
-/// # Safety
-/// As for [`load_stage`], after `cp.async.wait_group` covered this stage.
-#[inline(always)]
-unsafe fn round_own_chunks<const BM: usize, const BN: usize, const THREADS: usize>(stage: *mut u8, map: ChunkMap) {
-    let per_thread = (BM + BN) / (THREADS / CHUNKS_PER_ROW);
-    let mut first = 0;
-    while first < per_thread {
-        let mut v = [F4([0.0; CHUNK]); ROUND_BATCH];
+unsafe fn round_stage(stage: *mut u8, bytes: usize, tid: usize, consumers: usize) {
+    let chunks = bytes / CHUNK_BYTES;
+    let mut first = tid;
+    while first < chunks {
+        let mut v = [F4([0.0; 4]); ROUND_BATCH];
         for (j, x) in v.iter_mut().enumerate() {
-            if first + j < per_thread {
-                *x = unsafe { *stage.add(map.stage_offset(first + j)).cast::<F4>() };
+            let chunk = first + j * consumers;
+            if chunk < chunks {
+                *x = unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<F4>() };
             }
         }
         for (j, x) in v.iter().enumerate() {
-            if first + j < per_thread {
+            let chunk = first + j * consumers;
+            if chunk < chunks {
                 let rounded = F4(x.0.map(|f| f32::from_bits(to_tf32(f))));
-                unsafe { *stage.add(map.stage_offset(first + j)).cast::<F4>() = rounded };
+                unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<F4>() = rounded };
             }
         }
-        first += ROUND_BATCH;
+        first += ROUND_BATCH * consumers;
     }
 }
 
-/// Wait until this thread's copies of the oldest outstanding stage have
-/// landed: at most `STAGES - 3` newer groups may stay in flight (the
-/// prefetch distance is `STAGES - 2` tiles).
-#[inline(always)]
-fn wait_for_stage<const STAGES: usize>() {
-    match STAGES {
-        4 => cp_async_wait_group::<1>(),
-        5 => cp_async_wait_group::<2>(),
-        6 => cp_async_wait_group::<3>(),
-        _ => cp_async_wait_group::<0>(),
-    }
-}
-
-/// The kernel body for one tile shape: `BM / 64` warpgroups, `BN = Acc::N`.
+/// The kernel body for one tile shape: `BM / 64` consumer warpgroups and a
+/// producer warp, `BN = Acc::N`.
 ///
 /// # Safety
-/// Launched with `THREADS = 128 * BM / 64` threads, a 1-D grid of
-/// `ceil(n/BM) * ceil(oc/BN)` blocks and `TileShape::shared_bytes()` of
-/// dynamic shared memory, on an sm_90a device; the pointers of `p` hold the
-/// sizes its fields say, `inp`/`weight`/`out` 16-byte aligned, `c % 4 == 0`.
+/// Launched on an sm_90a device with `TileShape::threads()` threads, a 1-D
+/// grid of `ceil(n/BM) * ceil(oc/BN)` blocks and `TileShape::shared_bytes()`
+/// of dynamic shared memory; `p`'s maps, in global memory, describe `inp` `[n, c]` and `weight` `[oc, c]` with boxes of `32 x BM`
+/// and `32 x BN` and the 128-byte swizzle, `out` holds `n * oc` floats,
+/// 16-byte aligned, `bias` `oc` floats or null.
 #[inline(always)]
 unsafe fn matmul_tf32_wgmma_body<
     Acc: WgmmaAccumulator,
     const BM: usize,
     const BN: usize,
     const STAGES: usize,
-    const THREADS: usize,
+    const CONSUMERS: usize,
     const ROUND: bool,
 >(
-    p: MatmulTf32Params,
+    p: MatmulTf32WgmmaParams,
 ) {
-    let bn = BN;
     const {
         assert!(Acc::N == BN);
-        assert!(BM % WG_ROWS == 0 && THREADS == BM / WG_ROWS * WG_THREADS);
-        assert!(STAGES >= 3 && STAGES <= 6);
+        assert!(BM % WG_ROWS == 0 && CONSUMERS == BM / WG_ROWS * WG_THREADS);
+        assert!(2 * STAGES as u32 * MBARRIER_BYTES <= WGMMA_BARRIER_BYTES);
+        // The epilogue parks the output tile in the stages' memory.
+        assert!(BM * (BN + EPI_PAD) * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
     };
     let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
-    let (tile_m, tile_n) = grouped_tile(block_idx_x() as usize, n.div_ceil(BM), oc.div_ceil(bn));
-    let (m0, n0) = (tile_m * BM, tile_n * bn);
-
+    let (tile_m, tile_n) = grouped_tile(block_idx_x() as usize, n.div_ceil(BM), oc.div_ceil(BN));
+    let (m0, n0) = (tile_m * BM, tile_n * BN);
     let tid = thread_idx_x() as usize;
-    let warpgroup = tid / WG_THREADS;
-    let map = ChunkMap::new::<THREADS>(tid);
 
     // SAFETY (whole body): the launch provides `shared_bytes()` of dynamic
-    // shared memory: `STAGES` stages plus `WGMMA_SMEM_ALIGN` bytes of slack,
-    // used to align the first stage to a swizzle atom.
-    let raw: *mut u8 = unsafe { dynamic_shared_align16::<u8>() };
+    // shared memory: `WGMMA_SMEM_ALIGN` bytes of slack to align the first
+    // stage to a swizzle atom, `STAGES` stages, then the barriers.
+    let raw = unsafe { dynamic_shared_align16::<u8>() };
     let raw_addr = unsafe { shared_addr(raw) };
     let skip = (WGMMA_SMEM_ALIGN - raw_addr % WGMMA_SMEM_ALIGN) % WGMMA_SMEM_ALIGN;
-    let smem = unsafe { raw.add(skip as usize) };
-    let smem_addr = raw_addr + skip;
-    let stage_bytes = (BM + bn) * SWIZZLE_ROW_BYTES as usize;
-    let stage_ptr = |s: usize| unsafe { smem.add(s * stage_bytes) };
+    let smem = raw_addr + skip;
+    // The same memory as a generic pointer, for ordinary loads and stores.
+    let smem_ptr = unsafe { raw.add(skip as usize) };
+    let a_bytes = BM as u32 * SWIZZLE_ROW_BYTES;
+    let stage_bytes = (BM + BN) as u32 * SWIZZLE_ROW_BYTES;
+    let stage = |s: usize| smem + s as u32 * stage_bytes;
+    let barriers = stage(STAGES);
+    let full = |s: usize| barriers + s as u32 * MBARRIER_BYTES;
+    let empty = |s: usize| barriers + (STAGES + s) as u32 * MBARRIER_BYTES;
+    let consumer_groups = (CONSUMERS / WG_THREADS) as u32;
+
+    if tid == 0 {
+        for s in 0..STAGES {
+            unsafe {
+                mbarrier_init(full(s), 1);
+                mbarrier_init(empty(s), consumer_groups);
+            }
+        }
+        fence_mbarrier_init();
+    }
+    sync_threads();
 
     let ktiles = c.div_ceil(BK);
-    let prefetch = STAGES - 2;
-    // Prologue: tiles 0..prefetch (always commit, so group counts line up).
-    for s in 0..prefetch {
-        if s < ktiles {
-            unsafe { load_stage::<BM, BN, THREADS>(stage_ptr(s), map, &p, m0, n0, s) };
+    if tid >= CONSUMERS {
+        // Producer warp: one lane streams the k-tiles through the ring.
+        if tid == CONSUMERS {
+            let (inp_map, weight_map) = (p.inp_map as u64, p.weight_map as u64);
+            for kt in 0..ktiles {
+                let s = kt % STAGES;
+                let round = kt / STAGES;
+                if round > 0 {
+                    // Wait until the consumers released this buffer's previous tile.
+                    unsafe { mbarrier_wait_parity(empty(s), ((round - 1) & 1) as u32) };
+                }
+                let k = (kt * BK) as i32;
+                unsafe {
+                    mbarrier_arrive_expect_tx(full(s), stage_bytes);
+                    tma_load_2d(stage(s), inp_map, k, m0 as i32, full(s));
+                    tma_load_2d(stage(s) + a_bytes, weight_map, k, n0 as i32, full(s));
+                }
+            }
         }
-        cp_async_commit();
+        return;
     }
 
+    // Consumers.
+    let warpgroup = tid / WG_THREADS;
+    let leader = tid % WG_THREADS == 0;
     let mut acc = Acc::zeroed();
     for kt in 0..ktiles {
-        let stage = kt % STAGES;
-        wait_for_stage::<STAGES>();
+        let s = kt % STAGES;
+        unsafe { mbarrier_wait_parity(full(s), ((kt / STAGES) & 1) as u32) };
         if ROUND {
-            unsafe { round_own_chunks::<BM, BN, THREADS>(stage_ptr(stage), map) };
+            let at = unsafe { smem_ptr.add(s * stage_bytes as usize) };
+            unsafe { round_stage(at, stage_bytes as usize, tid, CONSUMERS) };
+            // Generic-proxy writes, read next by the tensor cores.
+            fence_proxy_async_shared();
+            named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
         }
-        fence_proxy_async_shared();
-        // Tile kt is published; every warpgroup has waited for its wgmma
-        // group of tile kt - 2, whose buffer the prefetch below refills.
-        sync_threads();
-        let next = kt + prefetch;
-        if next < ktiles {
-            unsafe { load_stage::<BM, BN, THREADS>(stage_ptr(next % STAGES), map, &p, m0, n0, next) };
-        }
-        cp_async_commit();
-
-        let stage_addr = smem_addr + (stage * stage_bytes) as u32;
-        let a_addr = stage_addr + (warpgroup * WG_ROWS) as u32 * SWIZZLE_ROW_BYTES;
-        let b_addr = stage_addr + BM as u32 * SWIZZLE_ROW_BYTES;
+        let a_addr = stage(s) + (warpgroup * WG_ROWS) as u32 * SWIZZLE_ROW_BYTES;
+        let b_addr = stage(s) + a_bytes;
         wgmma_fence();
         for step in 0..STEPS_PER_STAGE {
             let k_bytes = step as u32 * WGMMA_K_BYTES;
@@ -271,47 +219,55 @@ unsafe fn matmul_tf32_wgmma_body<
                 descriptor_k_major_sw128(a_addr + k_bytes),
                 descriptor_k_major_sw128(b_addr + k_bytes),
             );
-            // SAFETY: all 128 threads of the warpgroup run this with the same
-            // descriptors of the published stage; the stage is refilled only
-            // after every warpgroup's wait below has covered this group.
+            // SAFETY: the whole warpgroup runs this with the same descriptors
+            // of a landed stage; the stage is refilled only after this
+            // warpgroup releases it below, once this group has completed.
             unsafe { acc.mma_tf32(a, b) };
         }
         wgmma_commit_group();
+        // Keep this tile's group in flight; the previous one is done now.
         acc.wait::<1>();
+        if kt > 0 && leader {
+            unsafe { mbarrier_arrive(empty((kt - 1) % STAGES)) };
+        }
     }
     acc.wait::<0>();
 
-    // Epilogue from registers (layout in `device::wgmma`).
-    let lane = tid % 32;
-    let warp_in_group = (tid % WG_THREADS) / 32;
+    // Epilogue: once every consumer is done with the stages (and every TMA
+    // write has landed: each stage's `full` phase was awaited), park the
+    // accumulators there (pair layout in `device::wgmma`), then stream the
+    // tile out.
+    named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+    let tile = smem_ptr.cast::<f32>();
+    let ldo = BN + EPI_PAD;
+    let lane = tid % WARP_SIZE as usize;
+    let warp_in_group = (tid % WG_THREADS) / WARP_SIZE as usize;
     let (g, t) = (lane / LANES_PER_ROW, lane % LANES_PER_ROW);
-    let row0 = m0 + warpgroup * WG_ROWS + warp_in_group * WARP_ROWS + g;
-    let col0 = n0 + 2 * t;
-    let has_bias = !p.bias.is_null();
-    let do_gelu = p.gelu != 0;
-    // 8-byte stores need even `oc` (every row then starts 8-byte aligned).
-    let pairs_ok = oc % 2 == 0;
-    let finish = |v: f32, col: usize| {
-        let v = if has_bias { v + unsafe { *p.bias.add(col) } } else { v };
-        if do_gelu { gelu(v) } else { v }
-    };
-    acc.for_each_pair(|pair, [lo, hi]| {
+    let row0 = warpgroup * WG_ROWS + warp_in_group * WARP_ROWS + g;
+    acc.for_each_pair(|pair, v| {
         let pair = pair as usize;
         let row = row0 + HALF_ROWS * (pair % 2);
-        let col = col0 + GROUP_COLS * (pair / 2);
-        if row >= n || col >= oc {
-            return;
-        }
-        let dst = unsafe { p.out.add(row * oc + col) };
-        if pairs_ok {
-            unsafe { *dst.cast::<F2>() = F2([finish(lo, col), finish(hi, col + 1)]) };
-        } else {
-            unsafe { *dst = finish(lo, col) };
-            if col + 1 < oc {
-                unsafe { *dst.add(1) = finish(hi, col + 1) };
-            }
-        }
+        let col = GROUP_COLS * (pair / 2) + 2 * t;
+        unsafe { *tile.add(row * ldo + col).cast::<F2>() = F2(v) };
     });
+    named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+    unsafe {
+        store_tile(
+            tile,
+            ldo,
+            BM,
+            BN,
+            tid,
+            CONSUMERS,
+            m0,
+            n0,
+            p.out,
+            p.bias,
+            n,
+            oc,
+            p.gelu != 0,
+        )
+    };
 }
 
 /// Exports one kernel per wgmma tile shape, named and sized from its `TileShape`.
@@ -320,7 +276,7 @@ macro_rules! matmul_tf32_wgmma_kernel {
         /// # Safety
         /// As for `matmul_tf32_wgmma_body`, with this kernel's tile shape.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $fn_name(p: MatmulTf32Params) {
+        pub unsafe extern "ptx-kernel" fn $fn_name(p: MatmulTf32WgmmaParams) {
             const S: TileShape = $shape;
             const { assert!(matches!(S.engine, TileEngine::Wgmma)) };
             unsafe {
@@ -329,7 +285,7 @@ macro_rules! matmul_tf32_wgmma_kernel {
                     { S.bm as usize },
                     { S.bn as usize },
                     { S.stages as usize },
-                    { S.threads() as usize },
+                    { (S.bm / WGMMA_M * WARPGROUP_THREADS) as usize },
                     { S.rounds },
                 >(p)
             }
@@ -342,3 +298,6 @@ matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x192, MATMUL_TF32_WGMMA_1
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x128, MATMUL_TF32_WGMMA_128X128);
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_64x128, MATMUL_TF32_WGMMA_64X128);
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_64x64, MATMUL_TF32_WGMMA_64X64);
+matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x128_2, MATMUL_TF32_WGMMA_128X128_2);
+matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x256_trunc, MATMUL_TF32_WGMMA_128X256_TRUNC);
+matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x128_trunc, MATMUL_TF32_WGMMA_128X128_TRUNC);

@@ -33,20 +33,32 @@ pub const WGMMA_M: u32 = 64;
 /// Threads of a warpgroup (4 warps).
 pub const WARPGROUP_THREADS: u32 = 128;
 /// Bytes of a staged row of k in the wgmma kernels: `MATMUL_TF32_BK` f32,
-/// exactly one 128-byte swizzle row (no padding: the swizzle removes the
-/// bank conflicts).
+/// exactly one 128-byte swizzle row (TMA writes it swizzled; no padding).
 pub const WGMMA_ROW_BYTES: u32 = MATMUL_TF32_BK * 4;
 /// Alignment the wgmma kernels' shared tiles need (one 128-byte swizzle atom
 /// of 8 rows); the dynamic shared memory is over-allocated by this much so
 /// the kernel can align its base.
 pub const WGMMA_SMEM_ALIGN: u32 = 1024;
+/// Padding (floats) of the rows of the output tile the wgmma kernels stage
+/// in shared memory for their epilogue.
+pub const WGMMA_EPI_PAD: u32 = 8;
+/// Shared bytes the wgmma kernels reserve after the stages for their
+/// `mbarrier`s (two per stage, 8 bytes each, up to 16 stages).
+pub const WGMMA_BARRIER_BYTES: u32 = 256;
+/// The wgmma kernels' producer: one warp after the consumer warpgroups,
+/// one lane of which issues the TMA copies.
+pub const WGMMA_PRODUCER_THREADS: u32 = 32;
 
 /// Which tensor-core instruction family a tile's kernel uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TileEngine {
     /// `mma.sync.m16n8k8` per warp; in every module (sm_80 and later).
+    /// Operands are rounded to TF32 (`cvt.rna`) in shared memory.
     MmaSync,
-    /// `wgmma.mma_async.m64nNk8` per warpgroup; only in the sm_90a module.
+    /// `wgmma.mma_async.m64nNk8` per warpgroup, operands staged by TMA; only
+    /// in the sm_90a module. No thread touches the operands, so the tensor
+    /// cores see raw f32 and use their top 19 bits (truncation to TF32, as
+    /// cuBLAS's TF32 mode does).
     Wgmma,
 }
 
@@ -69,9 +81,9 @@ pub struct TileShape {
     /// checks it against the driver's occupancy calculator.
     pub blocks_per_sm: u32,
     /// Operands are rounded to TF32 (`cvt.rna`) in shared memory before the
-    /// tensor cores read them; `false`: the tensor cores use the top 19 bits
-    /// of each f32, i.e. truncate (what cuBLAS's TF32 mode does), which saves
-    /// a read and a write of every staged element.
+    /// tensor cores read them (always for `MmaSync`). A `Wgmma` tile with
+    /// `false` feeds the TMA-staged f32 as is and the tensor cores use its
+    /// top 19 bits (truncation): faster, about 2.5x the error.
     pub rounds: bool,
 }
 
@@ -80,16 +92,19 @@ impl TileShape {
     pub const fn threads(&self) -> u32 {
         match self.engine {
             TileEngine::MmaSync => (self.bm / self.wm) * (self.bn / self.wn) * 32,
-            TileEngine::Wgmma => (self.bm / WGMMA_M) * WARPGROUP_THREADS,
+            TileEngine::Wgmma => (self.bm / WGMMA_M) * WARPGROUP_THREADS + WGMMA_PRODUCER_THREADS,
         }
     }
     /// Dynamic shared memory per block: `stages` copies of an A and a B
     /// tile (`MmaSync`: rows padded, and the epilogue's output tile reuses
-    /// them; `Wgmma`: unpadded swizzled rows, plus the alignment slack).
+    /// them; `Wgmma`: unpadded swizzled rows, the alignment slack and the
+    /// barriers).
     pub const fn shared_bytes(&self) -> u32 {
         match self.engine {
             TileEngine::MmaSync => self.stages * (self.bm + self.bn) * (MATMUL_TF32_BK + MATMUL_TF32_PAD) * 4,
-            TileEngine::Wgmma => self.stages * (self.bm + self.bn) * WGMMA_ROW_BYTES + WGMMA_SMEM_ALIGN,
+            TileEngine::Wgmma => {
+                self.stages * (self.bm + self.bn) * WGMMA_ROW_BYTES + WGMMA_SMEM_ALIGN + WGMMA_BARRIER_BYTES
+            }
         }
     }
 }
@@ -185,28 +200,42 @@ const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, blocks_pe
     }
 }
 
-/// 128x256, 2 warpgroups of m64n256 (128 accumulator registers per thread),
-/// 4 stages (193 KiB): the most tensor work per staged byte (42.7 FLOP/B).
+/// 128x256, 2 consumer warpgroups of m64n256 (128 accumulator registers per
+/// thread), 4 stages (193 KiB): the most tensor work per staged byte
+/// (42.7 FLOP/B).
 pub const MATMUL_TF32_WGMMA_128X256: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x256", 128, 256, 4, 1, true);
 /// 128x192, 2 warpgroups of m64n192, 5 stages (201 KiB): N = 768 in 4
 /// column tiles instead of 3 (M = 8192: 256 blocks, two full waves on 132
 /// SMs, where 128x256 needs 1.45 waves).
 pub const MATMUL_TF32_WGMMA_128X192: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x192", 128, 192, 5, 1, true);
-/// 128x128, 2 warpgroups of m64n128, 4 stages (129 KiB).
-pub const MATMUL_TF32_WGMMA_128X128: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x128", 128, 128, 4, 1, true);
+/// 128x128, 2 warpgroups of m64n128, 6 stages (193 KiB).
+pub const MATMUL_TF32_WGMMA_128X128: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x128", 128, 128, 6, 1, true);
 /// 64x128, one warpgroup, 4 stages (97 KiB, two blocks per SM): M = 1024.
 pub const MATMUL_TF32_WGMMA_64X128: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x128", 64, 128, 4, 2, true);
 /// 64x64, one warpgroup, 4 stages (65 KiB, three blocks per SM): small
 /// outputs (M = 1024 x N = 768: 192 blocks).
 pub const MATMUL_TF32_WGMMA_64X64: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x64", 64, 64, 4, 3, true);
 
+/// 128x128, 3 stages (97 KiB): two blocks per SM, so one block's prologue
+/// and epilogue overlap the other's main loop.
+pub const MATMUL_TF32_WGMMA_128X128_2: TileShape =
+    wgmma_tile("matmul_forward_tf32_wgmma_128x128_2", 128, 128, 3, 2, true);
+/// Truncating twins (no rounding pass) of the two largest tiles.
+pub const MATMUL_TF32_WGMMA_128X256_TRUNC: TileShape =
+    wgmma_tile("matmul_forward_tf32_wgmma_128x256_trunc", 128, 256, 4, 1, false);
+pub const MATMUL_TF32_WGMMA_128X128_TRUNC: TileShape =
+    wgmma_tile("matmul_forward_tf32_wgmma_128x128_trunc", 128, 128, 6, 1, false);
+
 /// Every `wgmma` tile shape (sm_90a module only).
-pub const MATMUL_TF32_WGMMA_VARIANTS: [TileShape; 5] = [
+pub const MATMUL_TF32_WGMMA_VARIANTS: [TileShape; 8] = [
     MATMUL_TF32_WGMMA_128X256,
     MATMUL_TF32_WGMMA_128X192,
     MATMUL_TF32_WGMMA_128X128,
     MATMUL_TF32_WGMMA_64X128,
     MATMUL_TF32_WGMMA_64X64,
+    MATMUL_TF32_WGMMA_128X128_2,
+    MATMUL_TF32_WGMMA_128X256_TRUNC,
+    MATMUL_TF32_WGMMA_128X128_TRUNC,
 ];
 
 #[repr(C)]
@@ -229,3 +258,33 @@ pub struct MatmulTf32Params {
 }
 
 crate::kernel_params!(MatmulTf32Params);
+
+/// The bytes of a `CUtensorMap` (opaque; encoded on the host by
+/// `cuTensorMapEncodeTiled`), aligned as the copy engine requires.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// Parameters of the wgmma (TMA-fed) kernels: the same matmul as
+/// [`MatmulTf32Params`], with `inp` and `weight` described by tensor maps in
+/// global memory (a kernel parameter can only be 16-byte aligned in this
+/// toolchain's ABI, a tensor map needs 64).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulTf32WgmmaParams {
+    /// Map of `inp` `[n, c]`: box of `MATMUL_TF32_BK` x `bm`, 128-byte swizzle.
+    pub inp_map: *const TensorMap,
+    /// Map of `weight` `[oc, c]`: box of `MATMUL_TF32_BK` x `bn`, 128-byte swizzle.
+    pub weight_map: *const TensorMap,
+    /// `[n, oc]`, written; 16-byte aligned.
+    pub out: *mut f32,
+    /// `[oc]`, or null for no bias.
+    pub bias: *const f32,
+    pub n: u32,
+    pub c: u32,
+    pub oc: u32,
+    /// Nonzero: apply GELU (tanh approximation) after the bias.
+    pub gelu: u32,
+}
+
+crate::kernel_params!(MatmulTf32WgmmaParams);

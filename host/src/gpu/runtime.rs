@@ -12,6 +12,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 use gpu_kernels::params::KernelParams;
+use gpu_kernels::params::matmul_tf32::TensorMap;
 
 /// Environment variable that makes "no GPU" a failure instead of a skip in tests.
 pub const REQUIRE_GPU_ENV: &str = "GPT2_REQUIRE_GPU";
@@ -72,6 +73,8 @@ pub struct Gpu {
     kernels: Module,
     /// Whether `kernels` is the sm_90a build, which has the `wgmma` matmuls.
     wgmma: bool,
+    /// Tensor maps already encoded and uploaded (see [`Gpu::tensor_map_2d`]).
+    tensor_maps: Mutex<TensorMapCache>,
     /// Multiprocessors of the device, read once (launch configurations use it).
     sm_count: usize,
 }
@@ -117,8 +120,53 @@ impl Gpu {
             stream,
             sm_count,
             wgmma,
+            tensor_maps: Mutex::new(TensorMapCache::default()),
             kernels: Module::new(module),
         })
+    }
+
+    /// The device address of a tensor map for TMA copies of `box_rows x
+    /// box_cols` boxes, with the 128-byte swizzle, out of the row-major f32
+    /// matrix of `rows x cols` at device address `ptr` (out-of-range parts
+    /// of a box read as zeros). Encoded and uploaded once per distinct
+    /// request, then served from a cache: a map holds only the address and
+    /// shape, so it stays valid for any buffer later allocated at `ptr`.
+    /// `ptr` must be 16-byte aligned and `cols * 4` a multiple of 16; a box
+    /// row (`box_cols * 4` bytes) at most 128 bytes.
+    pub fn tensor_map_2d(
+        &self,
+        ptr: u64,
+        rows: usize,
+        cols: usize,
+        box_rows: u32,
+        box_cols: u32,
+    ) -> Result<*const TensorMap, GpuError> {
+        let key = (ptr, rows, cols, box_rows, box_cols);
+        let mut cache = self.tensor_maps.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&addr) = cache.maps.get(&key) {
+            return Ok(addr as *const TensorMap);
+        }
+        if cache.maps.len() >= TENSOR_MAP_CACHE_LIMIT {
+            // Kernels queued earlier may still read the old maps.
+            self.synchronize()?;
+            *cache = TensorMapCache::default();
+        }
+        let map = encode_tensor_map_2d_f32(ptr, rows, cols, box_rows, box_cols)?;
+        if cache.used == TENSOR_MAPS_PER_CHUNK || cache.chunks.is_empty() {
+            let chunk = self.alloc::<DeviceTensorMap>(TENSOR_MAPS_PER_CHUNK)?;
+            cache.chunks.push(chunk);
+            cache.used = 0;
+        }
+        let slot = cache.used;
+        let chunk = cache.chunks.last_mut().expect("a chunk was just ensured");
+        let mut view = chunk.slice_mut(slot..slot + 1);
+        self.stream
+            .memcpy_htod(&[DeviceTensorMap(map)], &mut view)
+            .ctx("cuMemcpyHtoD (tensor map)")?;
+        let addr = dptr(chunk) as u64 + (slot * std::mem::size_of::<TensorMap>()) as u64;
+        cache.used += 1;
+        cache.maps.insert(key, addr);
+        Ok(addr as *const TensorMap)
     }
 
     /// Whether the loaded kernels include the Hopper `wgmma` matmuls (the
@@ -261,6 +309,66 @@ impl Gpu {
         unsafe { args.launch(cfg) }.ctx(name)?;
         Ok(())
     }
+}
+
+/// Tensor maps per device allocation of the cache.
+const TENSOR_MAPS_PER_CHUNK: usize = 256;
+/// Distinct maps kept before the cache starts over (after a synchronize).
+const TENSOR_MAP_CACHE_LIMIT: usize = 16 * TENSOR_MAPS_PER_CHUNK;
+
+/// Tensor maps in device memory, keyed by (address, rows, cols, box rows,
+/// box cols); filled chunk by chunk.
+#[derive(Default)]
+struct TensorMapCache {
+    maps: HashMap<(u64, usize, usize, u32, u32), u64>,
+    chunks: Vec<CudaSlice<DeviceTensorMap>>,
+    used: usize,
+}
+
+/// A tensor map as device memory holds it.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct DeviceTensorMap(TensorMap);
+// SAFETY: TensorMap is 128 plain bytes (repr(C, align(64))), valid as zero bits.
+unsafe impl DeviceRepr for DeviceTensorMap {}
+unsafe impl cudarc::driver::ValidAsZeroBits for DeviceTensorMap {}
+
+/// `cuTensorMapEncodeTiled` for a row-major f32 matrix, 128-byte swizzle.
+fn encode_tensor_map_2d_f32(
+    ptr: u64,
+    rows: usize,
+    cols: usize,
+    box_rows: u32,
+    box_cols: u32,
+) -> Result<TensorMap, GpuError> {
+    use cudarc::driver::sys;
+    const F32_BYTES: u64 = 4;
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    // Innermost dimension first; the stride of dimension 0 is implicit.
+    let dims = [cols as u64, rows as u64];
+    let strides = [cols as u64 * F32_BYTES];
+    let boxes = [box_cols, box_rows];
+    let element_strides = [1u32, 1];
+    // SAFETY: every pointer argument points to a live local array of the
+    // length the rank (2) implies; the driver only reads them and writes `map`.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result().ctx("cuTensorMapEncodeTiled")?;
+    Ok(TensorMap(map.opaque))
 }
 
 /// The device address of a buffer, as a kernel parameter struct carries it.

@@ -13,7 +13,8 @@ use std::sync::OnceLock;
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul_tf32::{
-    MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params, TileEngine, TileShape,
+    MATMUL_TF32_BK, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params, MatmulTf32WgmmaParams,
+    TileEngine, TileShape,
 };
 
 use crate::gpu::runtime::{Gpu, GpuError};
@@ -83,7 +84,8 @@ pub fn tf32_variants(wgmma: bool) -> Vec<TileShape> {
 /// inner-loop efficiency together); on a tie, the one that keeps more blocks
 /// running at once (more SMs busy, more bandwidth for small M), then the
 /// smaller tile (less work on zero-filled edge rows). With `wgmma`, only the
-/// `wgmma` tiles compete (the cost model compares tiles of one engine).
+/// `wgmma` tiles compete (the cost model compares tiles of one engine), and
+/// only tiles that round their operands.
 pub fn choose_tile(n: usize, oc: usize, sms: usize, wgmma: bool) -> TileShape {
     let key = |s: &TileShape| {
         let running = tf32_blocks(s, n, oc).min(sms * s.blocks_per_sm as usize);
@@ -94,11 +96,13 @@ pub fn choose_tile(n: usize, oc: usize, sms: usize, wgmma: bool) -> TileShape {
     } else {
         &MATMUL_TF32_VARIANTS
     };
+    // Truncating tiles are for explicit use only: the TF32 mode rounds.
     candidates
         .iter()
         .copied()
+        .filter(|s| s.rounds)
         .min_by_key(key)
-        .expect("variant lists are not empty")
+        .expect("variant lists hold rounding tiles")
 }
 
 /// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
@@ -125,7 +129,7 @@ where
     // A tuned wgmma tile is usable only where the sm_90a module is loaded.
     let tuned = tune_cache(gpu)
         .and_then(|t| t.tile(n, oc, c))
-        .filter(|s| s.engine == TileEngine::MmaSync || gpu.has_wgmma());
+        .filter(|s| s.rounds && (s.engine == TileEngine::MmaSync || gpu.has_wgmma()));
     let shape = tuned.unwrap_or_else(|| choose_tile(n, oc, gpu.sm_count(), gpu.has_wgmma()));
     matmul_forward_tf32_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
 }
@@ -292,22 +296,44 @@ where
     if out_p % CP_ASYNC_ALIGN != 0 {
         return Err(MatmulTf32Error::Misaligned("out"));
     }
-    let params = MatmulTf32Params {
-        out: out_p as *mut f32,
-        inp: inp_p as *const f32,
-        weight: w_p as *const f32,
-        bias: bias_p.as_ref().map_or(std::ptr::null(), |(p, _)| *p as *const f32),
-        n: n as u32,
-        c: c as u32,
-        oc: oc as u32,
-        gelu: gelu as u32,
-    };
+    let bias_ptr = bias_p.as_ref().map_or(std::ptr::null(), |(p, _)| *p as *const f32);
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
         block_dim: (shape.threads(), 1, 1),
         shared_mem_bytes: shape.shared_bytes(),
     };
     gpu.set_max_dynamic_shared(shape.name, shape.shared_bytes())?;
+    if shape.engine == TileEngine::Wgmma {
+        // TMA boxes: MATMUL_TF32_BK columns (128 bytes) by the tile's rows.
+        let params = MatmulTf32WgmmaParams {
+            inp_map: gpu.tensor_map_2d(inp_p, n, c, shape.bm, MATMUL_TF32_BK)?,
+            weight_map: gpu.tensor_map_2d(w_p, oc, c, shape.bn, MATMUL_TF32_BK)?,
+            out: out_p as *mut f32,
+            bias: bias_ptr,
+            n: n as u32,
+            c: c as u32,
+            oc: oc as u32,
+            gelu: gelu as u32,
+        };
+        // SAFETY: `shape.name` is the wgmma kernel compiled for `shape`
+        // (present: the sm_90a module is loaded, checked above), whose
+        // parameter type is MatmulTf32WgmmaParams; the maps describe `inp`
+        // and `weight` with the sizes checked above and the boxes the kernel
+        // was compiled with; `out`/`bias` sizes checked, `out` 16-byte
+        // aligned; grid, block and shared memory come from `shape`.
+        unsafe { gpu.launch(shape.name, cfg, params)? };
+        return Ok(());
+    }
+    let params = MatmulTf32Params {
+        out: out_p as *mut f32,
+        inp: inp_p as *const f32,
+        weight: w_p as *const f32,
+        bias: bias_ptr,
+        n: n as u32,
+        c: c as u32,
+        oc: oc as u32,
+        gelu: gelu as u32,
+    };
     // SAFETY: `shape.name` is the kernel compiled for `shape`, whose
     // parameter type is MatmulTf32Params (a wgmma one only when the sm_90a
     // module is loaded, checked above); the sizes of all four buffers were

@@ -1,0 +1,124 @@
+//! Hopper's tensor memory accelerator (TMA) and the `mbarrier`s that track
+//! it (sm_90).
+//!
+//! A TMA copy moves a whole 2-D box of a tensor from global to shared memory
+//! on the copy engine, described by a tensor map the host encodes
+//! (`cuTensorMapEncodeTiled`): no thread computes an address or touches the
+//! data. Boxes that stick out of the tensor are zero-filled. The copy
+//! announces its bytes to an `mbarrier` in shared memory
+//! (`complete_tx::bytes`); the barrier's phase completes when its expected
+//! arrivals and bytes are all in, and threads wait for that phase by parity.
+//! TMA writes through the async proxy, so `wgmma` may read the data as soon
+//! as the phase is observed complete (no proxy fence).
+//!
+//! Barrier addresses are shared-window addresses (`mma::shared_addr`).
+
+use core::arch::asm;
+
+/// Bytes of an `mbarrier` object in shared memory (8-byte aligned).
+pub const MBARRIER_BYTES: u32 = 8;
+
+/// Initialise the barrier at `bar` to expect `arrivals` arrivals per phase.
+///
+/// # Safety
+/// `bar` is an 8-byte aligned shared-memory address no other thread uses
+/// until a [`fence_mbarrier_init`] and a block barrier have followed.
+#[inline(always)]
+pub unsafe fn mbarrier_init(bar: u32, arrivals: u32) {
+    unsafe { asm!("mbarrier.init.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) arrivals) }
+}
+
+/// Make this thread's `mbarrier_init`s visible to the other threads' and the
+/// copy engine's later barrier operations (then a block barrier).
+#[inline(always)]
+pub fn fence_mbarrier_init() {
+    // SAFETY: a fence.
+    unsafe { asm!("fence.mbarrier_init.release.cluster;") }
+}
+
+/// Arrive on `bar` once.
+///
+/// # Safety
+/// `bar` is an initialised barrier in this block's shared memory.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive(bar: u32) {
+    let _state: u64;
+    unsafe { asm!("mbarrier.arrive.shared::cta.b64 {s}, [{b}];", s = out(reg64) _state, b = in(reg32) bar) }
+}
+
+/// Arrive on `bar` once and add `bytes` to the transaction count the
+/// current phase waits for (the bytes the TMA copies issued next deliver).
+///
+/// # Safety
+/// `bar` is an initialised barrier in this block's shared memory.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
+    let _state: u64;
+    unsafe {
+        asm!(
+            "mbarrier.arrive.expect_tx.shared::cta.b64 {s}, [{b}], {n};",
+            s = out(reg64) _state,
+            b = in(reg32) bar,
+            n = in(reg32) bytes,
+        )
+    }
+}
+
+/// Whether the phase of `bar` with parity `parity` (0 or 1) has completed
+/// (the hardware may suspend the thread for a while before answering).
+///
+/// # Safety
+/// `bar` is an initialised barrier in this block's shared memory.
+#[inline(always)]
+pub unsafe fn mbarrier_try_wait_parity(bar: u32, parity: u32) -> bool {
+    let done: u32;
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {par};",
+            "selp.u32 {d}, 1, 0, p;",
+            "}}",
+            d = out(reg32) done,
+            b = in(reg32) bar,
+            par = in(reg32) parity,
+        )
+    }
+    done != 0
+}
+
+/// Wait until the phase of `bar` with parity `parity` has completed. Phase
+/// `k` (counting from 0) of a barrier has parity `k % 2`.
+///
+/// # Safety
+/// `bar` is an initialised barrier in this block's shared memory whose
+/// phase will complete (else this spins forever).
+#[inline(always)]
+pub unsafe fn mbarrier_wait_parity(bar: u32, parity: u32) {
+    while !unsafe { mbarrier_try_wait_parity(bar, parity) } {}
+}
+
+/// Start a TMA copy of the 2-D box at element coordinates (`x` innermost,
+/// `y`) of the tensor described by the tensor map at generic address
+/// `tensor_map` into shared memory at `dst`, completing on `bar`.
+///
+/// # Safety
+/// `tensor_map` is the generic address of a valid tensor map (64-byte
+/// aligned, in global, constant or parameter memory) for a live tensor; `dst` is a shared address with room for
+/// the box, aligned as the map's swizzle mode requires (1024 bytes for the
+/// 128-byte swizzle); `bar` is an initialised barrier whose current phase
+/// expects these bytes ([`mbarrier_arrive_expect_tx`]); `dst` is not read
+/// until that phase completes.
+#[inline(always)]
+pub unsafe fn tma_load_2d(dst: u32, tensor_map: u64, x: i32, y: i32, bar: u32) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
+            d = in(reg32) dst,
+            m = in(reg64) tensor_map,
+            x = in(reg32) x,
+            y = in(reg32) y,
+            b = in(reg32) bar,
+        )
+    }
+}
