@@ -43,6 +43,8 @@ struct Case {
     window: usize,
     precision: FlashPrecision,
     path: Path,
+    /// TF32 prefill: force `kv_split` 1 or 2 (`None`: the wrapper's choice).
+    kv_split: Option<u32>,
 }
 
 /// Runs one case; `Err` describes a failure (printed summary either way).
@@ -55,6 +57,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
         window,
         precision,
         path,
+        kv_split,
     } = k;
     let c = nh * HS;
     let max_t = pos0 + t + CACHE_SLACK;
@@ -92,6 +95,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     );
 
     let mut ws = FlashWorkspace::new(gpu, b, nh, max_t).unwrap();
+    ws.force_tf32_kv_split(kv_split);
     let d_qkv = gpu.upload(&qkv).unwrap();
     let mut d_k = gpu.upload(&k_init).unwrap();
     let mut d_v = gpu.upload(&v_init).unwrap();
@@ -155,6 +159,11 @@ fn run_all(cases: impl IntoIterator<Item = Case>) {
 /// The brief's grid: B in {1, 3}, T in {1, 2, 63, 64, 65, 257, 1024}, with and
 /// without a cached prefix, window in {0, 128}, on the prefill kernel.
 fn prefill_grid(precision: FlashPrecision) -> Vec<Case> {
+    prefill_grid_split(precision, None)
+}
+
+/// [`prefill_grid`] with the TF32 kernel's `kv_split` forced (or not).
+fn prefill_grid_split(precision: FlashPrecision, kv_split: Option<u32>) -> Vec<Case> {
     let mut cases = Vec::new();
     for b in [1, 3] {
         for t in [1, 2, 63, 64, 65, 257, 1024] {
@@ -170,6 +179,7 @@ fn prefill_grid(precision: FlashPrecision) -> Vec<Case> {
                         window,
                         precision,
                         path: Path::Prefill,
+                        kv_split,
                     });
                 }
             }
@@ -188,6 +198,46 @@ fn flash_prefill_tf32_matches_cpu() {
     run_all(prefill_grid(FlashPrecision::Tf32));
 }
 
+/// The TF32 grid on both tile shapes of the kernel: 128 query rows per block
+/// (kv_split 1) and 64 rows with each K/V tile's keys split between two warps
+/// that merge at the end (kv_split 2); the wrapper picks by grid size, so the
+/// test shapes alone would mostly run one of them.
+#[test]
+fn flash_prefill_tf32_both_splits_match_cpu() {
+    run_all(
+        [1, 2]
+            .into_iter()
+            .flat_map(|s| prefill_grid_split(FlashPrecision::Tf32, Some(s))),
+    );
+}
+
+/// Edges of the TF32 tiles: T around the 128-row tile (partial last tiles,
+/// warps with no rows), windows that start mid 32-key step (1: each query sees
+/// only itself; 40; 96), prefixes not a multiple of the tile.
+#[test]
+fn flash_prefill_tf32_tile_edges_match_cpu() {
+    let mut cases = Vec::new();
+    for kv_split in [1, 2] {
+        for t in [16, 127, 128, 129, 200] {
+            for pos0 in [0, 37] {
+                for window in [0, 1, 40, 96] {
+                    cases.push(Case {
+                        b: 2,
+                        t,
+                        pos0,
+                        nh: 2,
+                        window,
+                        precision: FlashPrecision::Tf32,
+                        path: Path::Prefill,
+                        kv_split: Some(kv_split),
+                    });
+                }
+            }
+        }
+    }
+    run_all(cases);
+}
+
 /// Flash-decoding: t in 1..=4 over short and long caches, windowed and not.
 #[test]
 fn flash_decode_matches_cpu() {
@@ -204,6 +254,7 @@ fn flash_decode_matches_cpu() {
                         window,
                         precision: FlashPrecision::Fp32,
                         path: Path::Decode,
+                        kv_split: None,
                     });
                 }
             }
@@ -233,6 +284,7 @@ fn flash_auto_gpt2_shape_matches_cpu() {
                 window,
                 precision,
                 path: Path::Auto,
+                kv_split: None,
             });
         }
     }
@@ -261,8 +313,13 @@ fn flash_ptx_shape() {
         assert!(!body(name).contains(".local"), "{name} uses local memory");
     }
     let tf32 = body(ATTENTION_FORWARD_FLASH_TF32);
-    // 8x8 MMAs for QKᵀ and 8x8 for PV per tile, fully unrolled.
-    assert_eq!(tf32.matches("mma.sync.aligned.m16n8k8").count(), 128);
+    // One 16x32 warp step, written once and fully unrolled: 4x8 MMAs for QKᵀ, 4x8 for PV.
+    assert_eq!(tf32.matches("mma.sync.aligned.m16n8k8").count(), 64);
     assert!(tf32.contains("cp.async"));
+    // Operands rounded in shared memory once and read as 16-byte vectors:
+    // per step 16 K and 16 V vectors, plus 8 per stage for the rounding pass.
+    assert_eq!(tf32.matches("ld.shared.v4").count(), 40);
+    // No panic paths (index or division checks) in the hot kernel.
+    assert!(!tf32.contains("call"), "the TF32 prefill kernel calls a function");
     assert!(!body(ATTENTION_FORWARD_FLASH_FP32).contains("mma.sync"));
 }

@@ -1,22 +1,43 @@
 //! Flash attention: the `attention_forward` op fused into one pass over the
 //! KV cache, with no T x T matrix in memory (contract: docs/design.md).
 //!
-//! Prefill (`attention_forward_flash_{tf32,fp32}`): one block of 4 warps per
-//! (64-query tile, head, batch row). Q and a 2-stage ring of 64-key K/V tiles
-//! live in shared memory (filled by `cp.async`); each warp owns 16 query rows
-//! and keeps their scores, running max/sum and output accumulator in registers
-//! in the m16n8k8 C-fragment layout (row g = lane/4 and g+8, columns 2t, 2t+1
-//! with t = lane%4). Scores are scaled by log2(e)/sqrt(HS) so `ex2` is the
-//! only transcendental. Tiles above the causal diagonal or wholly before the
-//! window are never loaded; tiles a warp cannot see are skipped by that warp;
-//! only tiles that straddle a boundary pay for per-element masks.
-//! - TF32: QKᵀ and PV on tensor cores. The P fragment is fed to the PV MMA
-//!   straight from the score registers: the contraction index of PV is the key,
-//!   whose order inside an 8-key step is free, so logical k = t holds key 2t and
-//!   k = t+4 holds key 2t+1 (exactly what the C fragment of S holds), and the V
-//!   operand is read with the same permutation. No shuffles, no shared-memory trip.
-//! - FP32: the same tiles and register layout with FMA products (exact path);
-//!   P goes through a per-warp shared-memory block because SIMT PV needs whole rows.
+//! Common to both prefill kernels: K/V tiles of 64 keys in a shared-memory
+//! ring filled by `cp.async`; each warp owns 16 query rows and keeps their
+//! scores, running max/sum and output accumulator in registers in the
+//! m16n8k8 C-fragment layout (row g = lane/4 and g+8, columns 2t, 2t+1 with
+//! t = lane%4). Scores are scaled by log2(e)/sqrt(HS) so `ex2` is the only
+//! transcendental. Tiles above the causal diagonal or wholly before the
+//! window are never loaded; (sub-)tiles a warp cannot see are skipped by that
+//! warp; only those that straddle a boundary pay for per-element masks.
+//!
+//! TF32 prefill (`attention_forward_flash_tf32`), tensor cores for QKᵀ and PV:
+//! - 8 warps per block. `kv_split` 1: 128 query rows, each warp scores both
+//!   32-key halves of every tile (each tile feeds 128 queries: half the L2
+//!   traffic of 64-row tiles, which matters at B=8). `kv_split` 2: 64 rows,
+//!   the two warps of a row slice take one half each and merge their
+//!   (max, sum, acc) through shared memory at the end (twice the blocks and
+//!   half the longest chain, which matters at B=1 where 128-row tiles would
+//!   leave SMs idle). The host picks (params: FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM).
+//! - 1-D grid, heaviest query tiles (latest positions: most causal keys) of
+//!   every head first, so the light tiles fill the tail of the last wave.
+//! - 3-stage K/V ring, one barrier per tile; each thread rounds the chunks it
+//!   copied to TF32 in place before that barrier, so the MMA loops read
+//!   ready operands with 16-byte `ld.shared.v4` and no `cvt` (Q is rounded once,
+//!   straight from global memory into registers).
+//! - Contraction orders are free as long as both operands agree, so they are
+//!   chosen for vector loads without bank conflicts (row stride 68 = 4 mod 32):
+//!   QKᵀ: lane t holds dims [8t, 8t+8) and [32+8t, 40+8t) of its rows, in that
+//!   order; k-step s uses its entries 2s (k-slot t) and 2s+1 (k-slot t+4).
+//!   PV: the key is the contraction index, k-slot t = key 2t and t+4 = key 2t+1
+//!   of each 8-key step, exactly what the S C-fragment holds, so P feeds the
+//!   MMA from registers; the output column n of n-tile dt is dim 4n + dt
+//!   (dt < 4) or 32 + 4n + dt - 4, so lane g reads V[key][4g..4g+4] and
+//!   V[key][32+4g..36+4g], and each lane ends up holding 8 contiguous output
+//!   dims twice (16-byte stores).
+//!
+//! FP32 prefill (`attention_forward_flash_fp32`, the exact path): 4 warps and
+//! 64 queries per block, a 2-stage ring, FMA products; P goes through a
+//! per-warp shared-memory block because SIMT PV needs whole rows.
 //!
 //! Decode (`attention_forward_flash_decode` + `_combine`), flash-decoding for a
 //! few queries over a long cache: a block reduces one 64-key chunk for one
@@ -54,18 +75,40 @@ const DIM_STEPS: usize = HS / MMA_N;
 const VEC: usize = 4;
 /// 16-byte vectors per tile row.
 const VECS_PER_ROW: usize = HS / VEC;
-/// 16-byte copies each thread issues per tile.
-const COPIES_PER_THREAD: usize = BK * VECS_PER_ROW / THREADS;
 const _: () = assert!(
     BQ == (THREADS / WARP_SIZE as usize) * WARP_ROWS,
     "one warp per 16 query rows"
 );
 const _: () = assert!(BQ == BK, "Q and K/V tiles share the copy routine");
-const _: () = assert!(BK * VECS_PER_ROW % THREADS == 0);
-const _: () = assert!(STAGES == 2, "the pipeline below is written for a 2-stage ring");
+const _: () = assert!(BK * VECS_PER_ROW % THREADS == 0 && BK * VECS_PER_ROW % T_THREADS == 0);
+const _: () = assert!(STAGES == 2, "the FP32 pipeline is written for a 2-stage ring");
 const _: () = assert!(
     KEY_STEPS == 8 && DIM_STEPS == 8,
     "the fragment loops are unrolled by `unroll8!`"
+);
+
+const T_THREADS: usize = FLASH_TF32_THREADS as usize;
+const T_WARPS: usize = T_THREADS / WARP_SIZE as usize;
+const T_STAGES: usize = FLASH_TF32_STAGES as usize;
+/// Keys of one warp step (a half tile) and its 8-key blocks.
+const SUB_K: usize = FLASH_TF32_SUB_KEYS as usize;
+const SUB_STEPS: usize = SUB_K / MMA_N;
+const SUBS_PER_TILE: usize = BK / SUB_K;
+/// 16-byte chunks each TF32 thread copies (and rounds) per K or V tile.
+const T_COPIES: usize = BK * VECS_PER_ROW / T_THREADS;
+/// Floats one lane hands over in the kv_split merge: acc (32), m (2), l (2).
+const MERGE_VALS: usize = DIM_STEPS * 4 + 4;
+const _: () = assert!(FLASH_TF32_ROWS_MAX as usize == T_WARPS * WARP_ROWS);
+const _: () = assert!(
+    SUBS_PER_TILE == 2 && SUB_STEPS == 4,
+    "loops below are unrolled by `unroll4!`"
+);
+const _: () = assert!(T_COPIES * T_THREADS == BK * VECS_PER_ROW && T_COPIES == 4);
+const _: () = assert!(T_STAGES == 3, "the TF32 pipeline waits with wait_group<1> (3 stages)");
+const _: () = assert!(HS == 64, "the QKᵀ and PV lane orders are written for 64 dims");
+const _: () = assert!(
+    (T_WARPS / 2) * MERGE_VALS * WARP_SIZE as usize * 4 <= FLASH_SMEM_BYTES_TF32 as usize,
+    "the merge area reuses the K/V ring"
 );
 
 /// Repeat `$body` for `$i` = 0..8 as a constant. The fragment arrays must be
@@ -77,6 +120,13 @@ macro_rules! unroll8 {
     };
     (@ $i:ident $body:block; $($n:literal)*) => {
         $( { let $i: usize = $n; $body } )*
+    };
+}
+
+/// [`unroll8!`] for 0..4.
+macro_rules! unroll4 {
+    ($i:ident => $body:block) => {
+        unroll8!(@ $i $body; 0 1 2 3)
     };
 }
 
@@ -112,17 +162,18 @@ fn softmax_base(m: f32) -> f32 {
     if m == f32::NEG_INFINITY { 0.0 } else { m }
 }
 
-/// Issue the `cp.async` copies of one 64x64 tile: rows `row0..row0+64` of a
-/// row-major source with `src_stride` floats per row; rows at or past `rows`
-/// are zero-filled (never read from memory).
+/// Issue the `cp.async` copies of one 64x64 tile by the `NT` threads of the
+/// block: rows `row0..row0+64` of a row-major source with `src_stride` floats
+/// per row; rows at or past `rows` are zero-filled (never read from memory).
+/// Thread `tid` copies chunks `tid + i*NT` (row = chunk / 16, 16 chunks a row).
 ///
 /// # Safety
 /// `dst` is a shared tile of [`TILE`] floats; rows `row0..rows` of `src` are readable.
 #[inline(always)]
-unsafe fn load_tile(dst: *mut f32, src: *const f32, src_stride: usize, row0: usize, rows: usize) {
+unsafe fn load_tile<const NT: usize>(dst: *mut f32, src: *const f32, src_stride: usize, row0: usize, rows: usize) {
     let tid = thread_idx_x() as usize;
-    for i in 0..COPIES_PER_THREAD {
-        let idx = tid + i * THREADS;
+    for i in 0..BK * VECS_PER_ROW / NT {
+        let idx = tid + i * NT;
         let (r, col) = (idx / VECS_PER_ROW, (idx % VECS_PER_ROW) * VEC);
         let valid = row0 + r < rows;
         // An invalid row copies 0 bytes; its source address is still kept in bounds.
@@ -137,12 +188,12 @@ unsafe fn load_tile(dst: *mut f32, src: *const f32, src_stride: usize, row0: usi
     }
 }
 
-/// The prefill kernel body, for both precisions (see the module docs).
+/// The FP32 prefill kernel body (see the module docs).
 ///
 /// # Safety
-/// As for [`attention_forward_flash_tf32`].
+/// As for [`attention_forward_flash_fp32`].
 #[inline(always)]
-unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
+unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
     let (t, c, nh, max_t, pos0, window) = (
         p.t as usize,
         p.c as usize,
@@ -171,8 +222,8 @@ unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
     let n_tiles = p_max / BK + 1 - first_tile;
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
 
-    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_{TF32,FP32} of
-    // dynamic shared memory, laid out Q | K stages | V stages | P blocks (FP32).
+    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_FP32 of
+    // dynamic shared memory, laid out Q | K stages | V stages | P blocks.
     // 16-byte aligned: cp.async targets and ld.shared.v4 rows.
     let smem = unsafe { dynamic_shared_align16::<f32>() };
     let q_s = smem;
@@ -184,10 +235,10 @@ unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
     let q_g = unsafe { p.qkv.add(bi * t * 3 * c + h * HS) };
     let load_kv = |tile: usize, stage: usize| unsafe {
-        load_tile(k_s.add(stage * TILE), k_g, HS, tile * BK, n_keys);
-        load_tile(v_s.add(stage * TILE), v_g, HS, tile * BK, n_keys);
+        load_tile::<THREADS>(k_s.add(stage * TILE), k_g, HS, tile * BK, n_keys);
+        load_tile::<THREADS>(v_s.add(stage * TILE), v_g, HS, tile * BK, n_keys);
     };
-    unsafe { load_tile(q_s, q_g, 3 * c, q0, t) };
+    unsafe { load_tile::<THREADS>(q_s, q_g, 3 * c, q0, t) };
     load_kv(first_tile, 0);
     cp_async_commit();
 
@@ -201,7 +252,6 @@ unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
     let mut m = [f32::NEG_INFINITY; 2]; // running max, log2 units
     let mut l = [0f32; 2]; // running sum of this lane's columns (quad-reduced at the end)
     let mut acc = [[0f32; 4]; DIM_STEPS]; // O fragment, unnormalised
-    let mut q_frag = [[0u32; 4]; DIM_STEPS]; // TF32 only: Q as A fragments, loaded once
 
     for j in 0..n_tiles {
         let stage = j % STAGES;
@@ -213,15 +263,6 @@ unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
         cp_async_wait_group::<1>();
         sync_threads();
 
-        if TF32 && j == 0 {
-            unroll8!(ks => {
-                let qa = unsafe { q_s.add((warp * WARP_ROWS + g) * STRIDE + ks * MMA_N + tq) };
-                unsafe {
-                    q_frag[ks] = [to_tf32(*qa), to_tf32(*qa.add(8 * STRIDE)), to_tf32(*qa.add(4)), to_tf32(*qa.add(8 * STRIDE + 4))];
-                }
-            });
-        }
-
         let k0 = (first_tile + j) * BK; // first key of the tile
         let k_last = k0 + BK - 1;
         // Warp-uniform: can any row of this warp see any key of the tile?
@@ -232,32 +273,21 @@ unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
 
             // S = Q Kᵀ for the warp's 16 rows x 64 keys, C-fragment layout.
             let mut s = [[0f32; 4]; KEY_STEPS];
-            if TF32 {
+            let qa = unsafe { q_s.add((warp * WARP_ROWS + g) * STRIDE) };
+            let qb = unsafe { qa.add(8 * STRIDE) };
+            for d in (0..HS).step_by(VEC) {
+                let (a0, a1) = unsafe { (ld4(qa.add(d)), ld4(qb.add(d))) };
                 unroll8!(n => {
-                    unroll8!(ks => {
-                        // B = Kᵀ (8 dims x 8 keys), "col": b0 = K[key g][dim t], b1 = K[key g][dim t+4].
-                        let kr = unsafe { kb.add((n * MMA_N + g) * STRIDE + ks * MMA_N + tq) };
-                        let bf = unsafe { [to_tf32(*kr), to_tf32(*kr.add(4))] };
-                        s[n] = mma_m16n8k8_tf32(q_frag[ks], bf, s[n]);
-                    });
+                    let kr = unsafe { kb.add((n * MMA_N + 2 * tq) * STRIDE + d) };
+                    let (b0, b1) = unsafe { (ld4(kr), ld4(kr.add(STRIDE))) };
+                    let sn = &mut s[n];
+                    for e in 0..VEC {
+                        sn[0] = fma(a0[e], b0[e], sn[0]);
+                        sn[1] = fma(a0[e], b1[e], sn[1]);
+                        sn[2] = fma(a1[e], b0[e], sn[2]);
+                        sn[3] = fma(a1[e], b1[e], sn[3]);
+                    }
                 });
-            } else {
-                let qa = unsafe { q_s.add((warp * WARP_ROWS + g) * STRIDE) };
-                let qb = unsafe { qa.add(8 * STRIDE) };
-                for d in (0..HS).step_by(VEC) {
-                    let (a0, a1) = unsafe { (ld4(qa.add(d)), ld4(qb.add(d))) };
-                    unroll8!(n => {
-                        let kr = unsafe { kb.add((n * MMA_N + 2 * tq) * STRIDE + d) };
-                        let (b0, b1) = unsafe { (ld4(kr), ld4(kr.add(STRIDE))) };
-                        let sn = &mut s[n];
-                        for e in 0..VEC {
-                            sn[0] = fma(a0[e], b0[e], sn[0]);
-                            sn[1] = fma(a0[e], b1[e], sn[1]);
-                            sn[2] = fma(a1[e], b0[e], sn[2]);
-                            sn[3] = fma(a1[e], b1[e], sn[3]);
-                        }
-                    });
-                }
             }
 
             // Scale into log2 units; mask only where the tile straddles the
@@ -304,44 +334,30 @@ unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
             });
 
             // O += P V.
-            if TF32 {
-                unroll8!(ks => {
-                    // Key order permuted within the step (module docs): A = P with
-                    // k=t -> key 2t, k=t+4 -> key 2t+1; B rows follow suit.
-                    let sk = s[ks];
-                    let af = [to_tf32(sk[0]), to_tf32(sk[2]), to_tf32(sk[1]), to_tf32(sk[3])];
-                    let v0 = unsafe { vb.add((ks * MMA_N + 2 * tq) * STRIDE + g) };
-                    unroll8!(dt => {
-                        let bf = unsafe { [to_tf32(*v0.add(dt * MMA_N)), to_tf32(*v0.add(STRIDE + dt * MMA_N))] };
-                        acc[dt] = mma_m16n8k8_tf32(af, bf, acc[dt]);
-                    });
-                });
-            } else {
-                unroll8!(n => {
-                    unsafe {
-                        let pr = p_s.add(g * STRIDE + n * MMA_N + 2 * tq);
-                        *pr = s[n][0];
-                        *pr.add(1) = s[n][1];
-                        *pr.add(8 * STRIDE) = s[n][2];
-                        *pr.add(8 * STRIDE + 1) = s[n][3];
-                    }
-                });
-                sync_warp();
-                for key in 0..BK {
-                    let (pa, pb) = unsafe { (*p_s.add(g * STRIDE + key), *p_s.add((g + 8) * STRIDE + key)) };
-                    let vr = unsafe { vb.add(key * STRIDE + 2 * tq) };
-                    unroll8!(dt => {
-                        let (v0, v1) = unsafe { (*vr.add(dt * MMA_N), *vr.add(dt * MMA_N + 1)) };
-                        let a = &mut acc[dt];
-                        a[0] = fma(pa, v0, a[0]);
-                        a[1] = fma(pa, v1, a[1]);
-                        a[2] = fma(pb, v0, a[2]);
-                        a[3] = fma(pb, v1, a[3]);
-                    });
+            unroll8!(n => {
+                unsafe {
+                    let pr = p_s.add(g * STRIDE + n * MMA_N + 2 * tq);
+                    *pr = s[n][0];
+                    *pr.add(1) = s[n][1];
+                    *pr.add(8 * STRIDE) = s[n][2];
+                    *pr.add(8 * STRIDE + 1) = s[n][3];
                 }
-                // The next tile rewrites this warp's P block.
-                sync_warp();
+            });
+            sync_warp();
+            for key in 0..BK {
+                let (pa, pb) = unsafe { (*p_s.add(g * STRIDE + key), *p_s.add((g + 8) * STRIDE + key)) };
+                let vr = unsafe { vb.add(key * STRIDE + 2 * tq) };
+                unroll8!(dt => {
+                    let (v0, v1) = unsafe { (*vr.add(dt * MMA_N), *vr.add(dt * MMA_N + 1)) };
+                    let a = &mut acc[dt];
+                    a[0] = fma(pa, v0, a[0]);
+                    a[1] = fma(pa, v1, a[1]);
+                    a[2] = fma(pb, v0, a[2]);
+                    a[3] = fma(pb, v1, a[3]);
+                });
             }
+            // The next tile rewrites this warp's P block.
+            sync_warp();
         }
         // Everyone is done with `stage` before iteration j+1 refills it.
         sync_threads();
@@ -366,24 +382,361 @@ unsafe fn flash_prefill<const TF32: bool>(p: &FlashAttentionParams) {
     }
 }
 
+/// Round to TF32, in place, the chunks of one K/V stage that this thread
+/// copied with `load_tile::<T_THREADS>` (same chunk indices in both tiles).
+/// All loads are issued before any store: the compiler cannot tell the
+/// chunks apart, so a load-round-store sequence would serialise on latency.
+///
+/// # Safety
+/// `k`, `v` are a stage's tiles whose copies by this thread have completed.
+#[inline(always)]
+unsafe fn round_stage_tf32(k: *mut f32, v: *mut f32) {
+    let tid = thread_idx_x() as usize;
+    let at = |tile: *mut f32, i: usize| {
+        let idx = tid + i * T_THREADS;
+        unsafe { tile.add((idx / VECS_PER_ROW) * STRIDE + (idx % VECS_PER_ROW) * VEC) }
+    };
+    let mut x = [[0f32; VEC]; 2 * T_COPIES];
+    unroll8!(i => {
+        x[i] = unsafe { ld4(at(if i < T_COPIES { k } else { v }, i % T_COPIES)) };
+    });
+    unroll8!(i => {
+        let r = x[i].map(|e| f32::from_bits(to_tf32(e)));
+        unsafe { st4(at(if i < T_COPIES { k } else { v }, i % T_COPIES), r) };
+    });
+}
+
+/// Online-softmax state of one warp's 16 rows (two per lane: g and g+8).
+struct RowState {
+    /// Running max, log2 units.
+    m: [f32; 2],
+    /// Running sum of this lane's columns (quad-reduced at the end).
+    l: [f32; 2],
+    /// O fragment, unnormalised; column order as in the module docs.
+    acc: [[f32; 4]; DIM_STEPS],
+}
+
+/// One warp step of the TF32 kernel: rows g, g+8 of the warp's 16 against the
+/// 32 keys `k0..k0+32` at `kb`/`vb` (rounded shared memory, row stride
+/// [`STRIDE`]): S = QKᵀ, mask, online softmax, O += PV.
+///
+/// # Safety
+/// `kb`, `vb` point at 32 rows of a published, rounded K/V stage.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_sub_tf32(
+    st: &mut RowState,
+    qf: &[[u32; 4]; DIM_STEPS],
+    kb: *const f32,
+    vb: *const f32,
+    k0: usize,
+    needs_mask: bool,
+    row_p: [usize; 2],
+    window: usize,
+    scale: f32,
+) {
+    let lane = lane_id() as usize;
+    let (g, tq) = (lane / 4, lane % 4);
+
+    // S = Q Kᵀ (16 x 32); B = Kᵀ "col": b0/b1 = K[key g][the lane's dims of step ks].
+    let mut s = [[0f32; 4]; SUB_STEPS];
+    unroll4!(n => {
+        let kr = unsafe { kb.add((n * MMA_N + g) * STRIDE + 2 * VEC * tq) };
+        let y = unsafe { [ld4(kr), ld4(kr.add(VEC)), ld4(kr.add(HS / 2)), ld4(kr.add(HS / 2 + VEC))] };
+        unroll8!(ks => {
+            let (w0, w1) = (2 * ks, 2 * ks + 1);
+            let bf = [y[w0 / VEC][w0 % VEC].to_bits(), y[w1 / VEC][w1 % VEC].to_bits()];
+            s[n] = mma_m16n8k8_tf32(qf[ks], bf, s[n]);
+        });
+    });
+
+    // Mask (only where the step straddles the diagonal, the window start or
+    // the end of the keys) and row max, on raw scores: the scale is positive.
+    let mut mx = [f32::NEG_INFINITY; 2];
+    unroll4!(n => {
+        for (e, x) in s[n].iter_mut().enumerate() {
+            let r = e / 2;
+            if needs_mask {
+                let key = k0 + n * MMA_N + 2 * tq + (e & 1);
+                if key > row_p[r] || (window > 0 && key + window <= row_p[r]) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            mx[r] = mx[r].max(*x);
+        }
+    });
+    // Online softmax: a row lives on the 4 lanes of a quad.
+    let mut neg_base = [0f32; 2];
+    let mut alpha = [0f32; 2];
+    for r in 0..2 {
+        let mut x = mx[r];
+        x = x.max(shfl_xor_f32(x, 1));
+        x = x.max(shfl_xor_f32(x, 2));
+        let m_new = st.m[r].max(x * scale);
+        let base = softmax_base(m_new);
+        alpha[r] = exp2_approx(st.m[r] - base);
+        neg_base[r] = -base;
+        st.m[r] = m_new;
+        st.l[r] *= alpha[r];
+    }
+    // p = exp2(s*scale - base): one FMA per score; masked -inf gives 0.
+    unroll4!(n => {
+        for (e, x) in s[n].iter_mut().enumerate() {
+            *x = exp2_approx(fma(*x, scale, neg_base[e / 2]));
+            st.l[e / 2] += *x;
+        }
+    });
+    unroll8!(dt => {
+        for (e, x) in st.acc[dt].iter_mut().enumerate() {
+            *x *= alpha[e / 2];
+        }
+    });
+
+    // O += P V: A = P (k-slot t = key 2t, t+4 = key 2t+1); B = V rows 2t, 2t+1,
+    // columns 4g.. and 32+4g.. (module docs).
+    unroll4!(ks => {
+        let sk = s[ks];
+        let af = [to_tf32(sk[0]), to_tf32(sk[2]), to_tf32(sk[1]), to_tf32(sk[3])];
+        let v0 = unsafe { vb.add((ks * MMA_N + 2 * tq) * STRIDE + VEC * g) };
+        let (lo0, hi0, lo1, hi1) =
+            unsafe { (ld4(v0), ld4(v0.add(HS / 2)), ld4(v0.add(STRIDE)), ld4(v0.add(STRIDE + HS / 2))) };
+        unroll8!(dt => {
+            let bf = if dt < 4 {
+                [lo0[dt % 4].to_bits(), lo1[dt % 4].to_bits()]
+            } else {
+                [hi0[dt % 4].to_bits(), hi1[dt % 4].to_bits()]
+            };
+            st.acc[dt] = mma_m16n8k8_tf32(af, bf, st.acc[dt]);
+        });
+    });
+}
+
+/// The TF32 prefill kernel body (see the module docs).
+///
+/// # Safety
+/// As for [`attention_forward_flash_tf32`].
+#[inline(always)]
+unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
+    let (t, c, nh, b, max_t, pos0, window) = (
+        p.t as usize,
+        p.c as usize,
+        p.nh as usize,
+        p.b as usize,
+        p.max_t as usize,
+        p.pos0 as usize,
+        p.window as usize,
+    );
+    let lane = lane_id() as usize;
+    let warp = warp_id() as usize;
+    let (g, tq) = (lane / 4, lane % 4);
+    // kv_split 1: 8 row slices; 2: 4 row slices, warps w and w+4 share one.
+    let split = if p.kv_split == 2 { 2 } else { 1 };
+    let slices = T_WARPS / split;
+    let bq = slices * WARP_ROWS;
+    let (slice, half) = (warp % slices, warp / slices);
+
+    // 1-D grid, heaviest (latest) query tiles of all (head, row) pairs first.
+    // (`max(1)`: the launch guarantees nh, b >= 1; it spares the panic paths.)
+    let lin = block_idx_x() as usize;
+    let (nh1, pairs) = (nh.max(1), (nh * b).max(1));
+    let q_tile = t.div_ceil(bq) - 1 - lin / pairs;
+    let (h, bi) = ((lin % pairs) % nh1, (lin % pairs) / nh1);
+
+    let q0 = q_tile * bq;
+    let q_rows = bq.min(t - q0);
+    // Absolute positions of the block's first and last query.
+    let (p_min, p_max) = (pos0 + q0, pos0 + q0 + q_rows - 1);
+    let key_lo = if window > 0 {
+        (p_min + 1).saturating_sub(window)
+    } else {
+        0
+    };
+    let first_tile = key_lo / BK;
+    let n_tiles = p_max / BK + 1 - first_tile;
+    let n_keys = p_max + 1; // keys past it are zero-filled, and masked
+
+    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_TF32 of dynamic
+    // shared memory: K stages | V stages (16-byte aligned rows), reused by the
+    // kv_split merge after the loop.
+    let smem = unsafe { dynamic_shared_align16::<f32>() };
+    let k_s = smem;
+    let v_s = unsafe { smem.add(T_STAGES * TILE) };
+    let plane = (bi * nh + h) * max_t * HS;
+    let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
+    let load_kv = |tile: usize, stage: usize| unsafe {
+        load_tile::<T_THREADS>(k_s.add(stage * TILE), k_g, HS, tile * BK, n_keys);
+        load_tile::<T_THREADS>(v_s.add(stage * TILE), v_g, HS, tile * BK, n_keys);
+    };
+    // Two tiles in flight from the start (group i holds tile i; maybe empty).
+    load_kv(first_tile, 0);
+    cp_async_commit();
+    if n_tiles > 1 {
+        load_kv(first_tile + 1, 1);
+    }
+    cp_async_commit();
+
+    // This warp's rows: local query index, absolute positions (rows g and g+8).
+    let w_q0 = q0 + slice * WARP_ROWS;
+    let w_p_min = pos0 + w_q0;
+    let w_p_max = w_p_min + WARP_ROWS - 1;
+    let row_p = [w_p_min + g, w_p_min + g + 8];
+    let warp_has_rows = slice * WARP_ROWS < q_rows;
+
+    // Q as rounded A fragments, straight from global memory (while the first
+    // tiles load): lane t's dims [8t, 8t+8) and [32+8t, 40+8t) of rows g, g+8,
+    // zero past the last query.
+    let q_row = |qi: usize| -> [[f32; VEC]; 4] {
+        if qi < t {
+            let r = unsafe { p.qkv.add((bi * t + qi) * 3 * c + h * HS + 2 * VEC * tq) };
+            unsafe { [ld4(r), ld4(r.add(VEC)), ld4(r.add(HS / 2)), ld4(r.add(HS / 2 + VEC))] }
+        } else {
+            [[0.0; VEC]; 4]
+        }
+    };
+    let (qa, qb) = (q_row(w_q0 + g), q_row(w_q0 + g + 8));
+    let mut qf = [[0u32; 4]; DIM_STEPS];
+    unroll8!(ks => {
+        let (w0, w1) = (2 * ks, 2 * ks + 1);
+        qf[ks] = [
+            to_tf32(qa[w0 / VEC][w0 % VEC]),
+            to_tf32(qb[w0 / VEC][w0 % VEC]),
+            to_tf32(qa[w1 / VEC][w1 % VEC]),
+            to_tf32(qb[w1 / VEC][w1 % VEC]),
+        ];
+    });
+
+    let mut st = RowState {
+        m: [f32::NEG_INFINITY; 2],
+        l: [0.0; 2],
+        acc: [[0.0; 4]; DIM_STEPS],
+    };
+    for j in 0..n_tiles {
+        let stage = j % T_STAGES;
+        let (kb, vb) = unsafe { (k_s.add(stage * TILE), v_s.add(stage * TILE)) };
+        // Tile j's group is in (at most the one after it pending); round what
+        // this thread copied, then one barrier publishes the stage and also
+        // retires iteration j-1, whose stage the next copies reuse.
+        cp_async_wait_group::<1>();
+        unsafe { round_stage_tf32(kb, vb) };
+        sync_threads();
+        if j + 2 < n_tiles {
+            load_kv(first_tile + j + 2, (j + 2) % T_STAGES);
+        }
+        cp_async_commit(); // always, so group i stays tile i
+
+        if warp_has_rows {
+            for sub in 0..SUBS_PER_TILE {
+                if split == 1 || sub == half {
+                    let k0 = (first_tile + j) * BK + sub * SUB_K;
+                    let k_last = k0 + SUB_K - 1;
+                    // Warp-uniform: can any row of this warp see any key of the step?
+                    if k0 <= w_p_max && (window == 0 || k_last + window > w_p_min) {
+                        let needs_mask = k_last > w_p_min || (window > 0 && k0 + window <= w_p_max);
+                        unsafe {
+                            attend_sub_tf32(
+                                &mut st,
+                                &qf,
+                                kb.add(sub * SUB_K * STRIDE),
+                                vb.add(sub * SUB_K * STRIDE),
+                                k0,
+                                needs_mask,
+                                row_p,
+                                window,
+                                p.scale_log2e,
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    if split == 2 {
+        // Warps w+4 hand their state to warps w (same rows, same lane layout).
+        // The ring is free once everyone is past the last step; no copy is in
+        // flight (the groups after the last tile are empty).
+        let xs = unsafe { smem.add(slice * MERGE_VALS * WARP_SIZE as usize + lane) };
+        let at = |v: usize| unsafe { xs.add(v * WARP_SIZE as usize) };
+        sync_threads();
+        if half == 1 {
+            unroll8!(dt => {
+                for e in 0..4 {
+                    unsafe { *at(4 * dt + e) = st.acc[dt][e] };
+                }
+            });
+            for r in 0..2 {
+                unsafe {
+                    *at(4 * DIM_STEPS + r) = st.m[r];
+                    *at(4 * DIM_STEPS + 2 + r) = st.l[r];
+                }
+            }
+        }
+        sync_threads();
+        if half == 0 {
+            let mut a = [0f32; 2];
+            let mut b2 = [0f32; 2];
+            for r in 0..2 {
+                let (m2, l2) = unsafe { (*at(4 * DIM_STEPS + r), *at(4 * DIM_STEPS + 2 + r)) };
+                let m_new = st.m[r].max(m2);
+                let base = softmax_base(m_new);
+                a[r] = exp2_approx(st.m[r] - base);
+                b2[r] = exp2_approx(m2 - base);
+                st.l[r] = st.l[r] * a[r] + l2 * b2[r];
+                st.m[r] = m_new;
+            }
+            unroll8!(dt => {
+                for e in 0..4 {
+                    let other = unsafe { *at(4 * dt + e) };
+                    st.acc[dt][e] = fma(st.acc[dt][e], a[e / 2], other * b2[e / 2]);
+                }
+            });
+        }
+    }
+
+    if half == 0 {
+        for r in 0..2 {
+            let mut sum = st.l[r];
+            sum += shfl_xor_f32(sum, 1);
+            sum += shfl_xor_f32(sum, 2);
+            let qi = w_q0 + g + 8 * r;
+            if qi < t {
+                // Every valid row saw at least its own key, so sum >= 1.
+                let inv = 1.0 / sum;
+                // Lane t holds dims [8t, 8t+8) (n-tiles 0..4) and [32+8t, 40+8t) (4..8).
+                let a = &st.acc;
+                // Entry e of n-tiles dt0..dt0+4, normalised (constant indices once inlined).
+                let v = |dt0: usize, e: usize| [0, 1, 2, 3].map(|i| a[dt0 + i][2 * r + e] * inv);
+                let o = unsafe { p.out.add((bi * t + qi) * c + h * HS + 2 * VEC * tq) };
+                unsafe {
+                    st4(o, v(0, 0));
+                    st4(o.add(VEC), v(0, 1));
+                    st4(o.add(HS / 2), v(4, 0));
+                    st4(o.add(HS / 2 + VEC), v(4, 1));
+                }
+            }
+        }
+    }
+}
+
 /// Prefill flash attention with TF32 tensor-core products (f32 accumulate).
 ///
 /// # Safety
-/// Launched as [`FlashAttentionParams`] says (grid, block, shared memory);
-/// qkv holds b*t*3c floats, out b*t*c, caches b*nh*max_t*HS with positions
-/// 0..pos0+t written; c = nh*HS with HS = 64; pos0 + t <= max_t; 16-byte aligned.
+/// Launched as [`FlashAttentionParams`] says (grid, block, shared memory,
+/// kv_split 1 or 2); qkv holds b*t*3c floats, out b*t*c, caches b*nh*max_t*HS
+/// with positions 0..pos0+t written; c = nh*HS with HS = 64; pos0 + t <= max_t;
+/// 16-byte aligned.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_tf32(p: FlashAttentionParams) {
-    unsafe { flash_prefill::<true>(&p) }
+    unsafe { flash_prefill_tf32(&p) }
 }
 
 /// Prefill flash attention with FP32 FMA products (the exact path).
 ///
 /// # Safety
-/// As for [`attention_forward_flash_tf32`].
+/// Launched as [`FlashAttentionParams`] says; buffers as for [`attention_forward_flash_tf32`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_fp32(p: FlashAttentionParams) {
-    unsafe { flash_prefill::<false>(&p) }
+    unsafe { flash_prefill_fp32(&p) }
 }
 
 const DEC_LANES: usize = FLASH_DECODE_LANES_PER_KEY as usize;

@@ -5,9 +5,11 @@
 //! - The first half of the op's contract, appending this call's K,V rows of
 //!   `qkv` to the layer's KV cache, is the shared `attention_kv_store`
 //!   kernel of `ops::attention`.
-//! - [`ATTENTION_FORWARD_FLASH_TF32`] / [`ATTENTION_FORWARD_FLASH_FP32`]:
-//!   prefill, one block per (query tile, head, batch row); tensor-core TF32
-//!   or exact FP32 (SIMT) products.
+//! - [`ATTENTION_FORWARD_FLASH_TF32`]: prefill on tensor cores, one block of
+//!   8 warps per (query tile, head, batch row), 1-D grid, heaviest tiles first;
+//!   the query tile is 128 or 64 rows by [`FlashAttentionParams::kv_split`].
+//! - [`ATTENTION_FORWARD_FLASH_FP32`]: prefill with exact FP32 (SIMT) products,
+//!   one block of 4 warps per (64-query tile, head, batch row).
 //! - [`ATTENTION_FORWARD_FLASH_DECODE`] + [`ATTENTION_FORWARD_FLASH_COMBINE`]:
 //!   flash-decoding for a few queries over a long cache: each block reduces one
 //!   chunk of keys to a partial (max, sum, acc); the second kernel merges them.
@@ -20,11 +22,11 @@ pub const ATTENTION_FORWARD_FLASH_COMBINE: &str = "attention_forward_flash_combi
 /// Head size the kernels are written for (every GPT-2 size has 64).
 pub const FLASH_HEAD_SIZE: u32 = 64;
 
-/// Prefill tiles: queries per block (16 per warp: one m16 MMA row block).
+/// FP32 prefill tiles: queries per block (16 per warp: one m16 row block).
 pub const FLASH_BLOCK_Q: u32 = 64;
-/// Prefill tiles: keys per shared-memory K/V tile.
+/// Prefill tiles (both kernels): keys per shared-memory K/V tile.
 pub const FLASH_BLOCK_K: u32 = 64;
-/// Prefill threads per block: one warp per 16 queries.
+/// FP32 prefill threads per block: one warp per 16 queries.
 pub const FLASH_THREADS: u32 = 128;
 /// Floats per shared-memory row: HS plus 4 of padding, so that the fragment
 /// reads of a warp (rows g = lane/4, columns t = lane%4) fall in 32 distinct
@@ -32,13 +34,32 @@ pub const FLASH_THREADS: u32 = 128;
 pub const FLASH_SMEM_STRIDE: u32 = FLASH_HEAD_SIZE + 4;
 /// Floats of one shared-memory tile (Q, K, V or a P block).
 pub const FLASH_TILE_FLOATS: u32 = FLASH_BLOCK_K * FLASH_SMEM_STRIDE;
-/// K/V pipeline depth: the next tile loads while this one is used.
+/// FP32 prefill K/V pipeline depth: the next tile loads while this one is used.
 pub const FLASH_STAGES: u32 = 2;
-/// Dynamic shared memory of the TF32 prefill kernel: Q + STAGES x (K, V).
-pub const FLASH_SMEM_BYTES_TF32: u32 = (1 + 2 * FLASH_STAGES) * FLASH_TILE_FLOATS * 4;
-/// Dynamic shared memory of the FP32 prefill kernel: as TF32, plus one
-/// 16-row P block per warp (the SIMT PV product reads whole P rows).
-pub const FLASH_SMEM_BYTES_FP32: u32 = FLASH_SMEM_BYTES_TF32 + FLASH_TILE_FLOATS * 4;
+/// Dynamic shared memory of the FP32 prefill kernel: Q + STAGES x (K, V) plus
+/// one 16-row P block per warp (the SIMT PV product reads whole P rows).
+pub const FLASH_SMEM_BYTES_FP32: u32 = (2 + 2 * FLASH_STAGES) * FLASH_TILE_FLOATS * 4;
+
+/// TF32 prefill threads per block (8 warps, each owning 16 query rows).
+pub const FLASH_TF32_THREADS: u32 = 256;
+/// TF32 prefill: keys one warp scores per step (half a K/V tile). With
+/// `kv_split` 2 the two warps of a row slice take one half each, so each
+/// 64-key tile feeds 64 queries and the longest warp chain halves; with
+/// `kv_split` 1 a warp takes both halves, and each tile feeds 128 queries.
+pub const FLASH_TF32_SUB_KEYS: u32 = 32;
+/// TF32 prefill query rows per block: 128 / kv_split.
+pub const FLASH_TF32_ROWS_MAX: u32 = FLASH_TF32_THREADS / 32 * 16;
+/// TF32 prefill K/V ring depth: two tiles in flight while one is used (Q goes
+/// straight to registers, so 3 stages still leave room for 2 blocks per SM).
+pub const FLASH_TF32_STAGES: u32 = 3;
+/// Dynamic shared memory of the TF32 prefill kernel: STAGES x (K, V) tiles
+/// (104,448 bytes; two blocks fit in an H100/H200 SM's 228 KiB).
+pub const FLASH_SMEM_BYTES_TF32: u32 = 2 * FLASH_TF32_STAGES * FLASH_TILE_FLOATS * 4;
+/// The host uses `kv_split` 2 (64-row tiles, twice the blocks) when the
+/// 128-row grid would have fewer than this many blocks per SM: at B=1, T=1024
+/// (96 blocks of 128 rows on 132 SMs) the split keeps every SM busy; at B=8
+/// the 128-row tiles halve the K/V traffic from L2.
+pub const FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM: u32 = 2;
 
 /// Decode: keys per block (one chunk of the cache).
 pub const FLASH_DECODE_CHUNK: u32 = 64;
@@ -53,8 +74,10 @@ pub const FLASH_DECODE_MAX_T: u32 = 4;
 /// Combine: threads per block, one per head dimension.
 pub const FLASH_COMBINE_THREADS: u32 = FLASH_HEAD_SIZE;
 
-/// Prefill flash attention (both precisions). Grid (ceil(t/BLOCK_Q), nh, b),
-/// [`FLASH_THREADS`] threads, [`FLASH_SMEM_BYTES_TF32`] / `_FP32` bytes.
+/// Prefill flash attention (both precisions).
+/// - TF32: grid (ceil(t / (ROWS_MAX / kv_split)) * nh * b), [`FLASH_TF32_THREADS`]
+///   threads, [`FLASH_SMEM_BYTES_TF32`] bytes.
+/// - FP32: grid (ceil(t/BLOCK_Q), nh, b), [`FLASH_THREADS`] threads, [`FLASH_SMEM_BYTES_FP32`] bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FlashAttentionParams {
@@ -75,6 +98,9 @@ pub struct FlashAttentionParams {
     pub window: u32,
     /// log2(e) / sqrt(HS): scores go straight to `exp2`.
     pub scale_log2e: f32,
+    /// TF32 kernel only (FP32 ignores it): 1 or 2 warps per 16-row slice,
+    /// splitting each K/V tile's keys between them (see [`FLASH_TF32_SUB_KEYS`]).
+    pub kv_split: u32,
 }
 
 /// Flash-decoding, pass 1. Grid (max_chunks, nh, b * t), [`FLASH_DECODE_THREADS`] threads.

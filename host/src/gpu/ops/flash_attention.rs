@@ -40,6 +40,8 @@ pub struct FlashWorkspace {
     nh: usize,
     max_t: usize,
     parts_stride: usize,
+    /// TF32 prefill `kv_split` forced by [`Self::force_tf32_kv_split`]; `None`: by grid size.
+    tf32_kv_split: Option<u32>,
 }
 
 /// Floats per partial's (max, sum) pair.
@@ -58,7 +60,20 @@ impl FlashWorkspace {
             nh,
             max_t,
             parts_stride,
+            tf32_kv_split: None,
         })
+    }
+
+    /// Force the TF32 prefill kernel's `kv_split` (1: 128-query tiles; 2:
+    /// 64-query tiles, each K/V tile's keys split between two warps), for
+    /// tests and benchmarks; `None` restores the automatic choice (by grid
+    /// size, see `FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM`). Results agree either way.
+    pub fn force_tf32_kv_split(&mut self, split: Option<u32>) {
+        assert!(
+            matches!(split, None | Some(1) | Some(2)),
+            "FlashWorkspace: kv_split must be 1 or 2, got {split:?}"
+        );
+        self.tf32_kv_split = split;
     }
 }
 
@@ -131,15 +146,38 @@ impl Shape {
 mod configs {
     use super::*;
 
-    pub fn prefill(s: &Shape, precision: FlashPrecision) -> LaunchConfig {
-        let smem = match precision {
-            FlashPrecision::Tf32 => FLASH_SMEM_BYTES_TF32,
-            FlashPrecision::Fp32 => FLASH_SMEM_BYTES_FP32,
-        };
-        LaunchConfig {
-            grid_dim: ((s.t as u32).div_ceil(FLASH_BLOCK_Q), s.nh as u32, s.b as u32),
-            block_dim: (FLASH_THREADS, 1, 1),
-            shared_mem_bytes: smem,
+    /// Query tiles of the TF32 prefill grid (rows per block: ROWS_MAX / kv_split).
+    fn tf32_q_tiles(s: &Shape, kv_split: u32) -> u32 {
+        (s.t as u32).div_ceil(FLASH_TF32_ROWS_MAX / kv_split)
+    }
+
+    /// TF32 prefill `kv_split`: 128-query tiles (each K/V tile read once per
+    /// 128 queries) unless that grid would leave SMs short of blocks; then
+    /// 64-query tiles, twice the blocks (B=1, T=1024: 192 instead of 96).
+    pub fn tf32_kv_split(gpu: &Gpu, s: &Shape, forced: Option<u32>) -> u32 {
+        forced.unwrap_or_else(|| {
+            let blocks = tf32_q_tiles(s, 1) as usize * s.nh * s.b;
+            if blocks < FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM as usize * gpu.sm_count() {
+                2
+            } else {
+                1
+            }
+        })
+    }
+
+    pub fn prefill(s: &Shape, precision: FlashPrecision, kv_split: u32) -> LaunchConfig {
+        match precision {
+            // 1-D grid: the kernel orders the blocks heaviest query tile first.
+            FlashPrecision::Tf32 => LaunchConfig {
+                grid_dim: (tf32_q_tiles(s, kv_split) * (s.nh * s.b) as u32, 1, 1),
+                block_dim: (FLASH_TF32_THREADS, 1, 1),
+                shared_mem_bytes: FLASH_SMEM_BYTES_TF32,
+            },
+            FlashPrecision::Fp32 => LaunchConfig {
+                grid_dim: ((s.t as u32).div_ceil(FLASH_BLOCK_Q), s.nh as u32, s.b as u32),
+                block_dim: (FLASH_THREADS, 1, 1),
+                shared_mem_bytes: FLASH_SMEM_BYTES_FP32,
+            },
         }
     }
 
@@ -401,9 +439,12 @@ fn run(
         // SAFETY: reads the partials just written; out holds b*t*c floats.
         unsafe { gpu.launch(ATTENTION_FORWARD_FLASH_COMBINE, configs::combine(&s), cp)? };
     } else {
-        let name = match precision {
-            FlashPrecision::Tf32 => ATTENTION_FORWARD_FLASH_TF32,
-            FlashPrecision::Fp32 => ATTENTION_FORWARD_FLASH_FP32,
+        let (name, kv_split) = match precision {
+            FlashPrecision::Tf32 => (
+                ATTENTION_FORWARD_FLASH_TF32,
+                configs::tf32_kv_split(gpu, &s, ws.tf32_kv_split),
+            ),
+            FlashPrecision::Fp32 => (ATTENTION_FORWARD_FLASH_FP32, 1),
         };
         let pp = FlashAttentionParams {
             out: o,
@@ -418,10 +459,12 @@ fn run(
             nh,
             window,
             scale_log2e: s.scale_log2e(),
+            kv_split,
         };
-        // SAFETY: as above; the config gives the kernel its grid, 128 threads and
-        // the shared memory it lays out (limit raised by FlashWorkspace::new).
-        unsafe { gpu.launch(name, configs::prefill(&s, precision), pp)? };
+        // SAFETY: as above; the config gives the kernel the grid, threads and
+        // shared memory it lays out for this kv_split (1 or 2; limit raised by
+        // FlashWorkspace::new).
+        unsafe { gpu.launch(name, configs::prefill(&s, precision, kv_split), pp)? };
     }
     Ok(())
 }
