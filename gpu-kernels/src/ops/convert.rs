@@ -1,7 +1,8 @@
 //! Checkpoint bytes to f32 (out, in) on the device.
 
+use crate::device::mma::to_tf32;
 use crate::device::{global_idx_x, grid_stride_x};
-use crate::params::convert::{CONVERT_DTYPE_BF16, CONVERT_DTYPE_F16, ConvertParams};
+use crate::params::convert::{CONVERT_DTYPE_BF16, CONVERT_DTYPE_F16, ConvertParams, RoundTf32Params};
 use core::arch::asm;
 
 /// IEEE half to f32 (exact; `cvt.f32.f16` handles subnormals, inf, NaN).
@@ -35,6 +36,24 @@ pub unsafe extern "ptx-kernel" fn convert_to_f32(p: ConvertParams) {
                 _ => *(p.inp as *const f32).add(src),
             };
             *p.out.add(idx as usize) = v;
+        }
+        idx += grid_stride_x();
+    }
+}
+
+/// Round `x[..n]` to TF32 in place (what the TF32 matmuls need of their
+/// weights; see `params::convert::ROUND_TF32`).
+///
+/// # Safety
+/// `x` holds `n` floats.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn round_tf32(p: RoundTf32Params) {
+    let mut idx = global_idx_x();
+    while idx < p.n {
+        // SAFETY: idx < n, the caller promises the size.
+        unsafe {
+            let at = p.x.add(idx as usize);
+            *at = f32::from_bits(to_tf32(*at));
         }
         idx += grid_stride_x();
     }

@@ -2,6 +2,7 @@
 
 use super::vec4::{VEC, aligned16, load4, store4};
 use crate::device::math::rsqrt_precise;
+use crate::device::mma::to_tf32;
 use crate::device::warp::warp_reduce_sum;
 use crate::device::{WARP_SIZE, block_dim_x, block_idx_x, global_idx_x, lane_id, warp_id};
 use crate::params::layernorm::{LAYERNORM_EPS, LayernormParams};
@@ -61,7 +62,7 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward(p: LayernormParams) {
                 let (v, w, b) = (load4(x.add(e)), load4(p.weight.add(e)), load4(p.bias.add(e)));
                 let mut o = [0.0; 4];
                 for k in 0..VEC {
-                    o[k] = (v[k] - mean) * rstd * w[k] + b[k];
+                    o[k] = rounded((v[k] - mean) * rstd * w[k] + b[k], p.round_tf32);
                 }
                 store4(y.add(e), o);
             }
@@ -88,7 +89,12 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward(p: LayernormParams) {
         let mut i = lane;
         while i < c {
             // SAFETY: i < c.
-            unsafe { *y.add(i) = (*x.add(i) - mean) * rstd * *p.weight.add(i) + *p.bias.add(i) };
+            unsafe {
+                *y.add(i) = rounded(
+                    (*x.add(i) - mean) * rstd * *p.weight.add(i) + *p.bias.add(i),
+                    p.round_tf32,
+                )
+            };
             i += lanes;
         }
     }
@@ -122,6 +128,17 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward_naive(p: LayernormParams) {
     let rstd = rsqrt_precise(var / p.c as f32 + LAYERNORM_EPS);
     for i in 0..c {
         // SAFETY: i < c.
-        unsafe { *y.add(i) = (*x.add(i) - mean) * rstd * *p.weight.add(i) + *p.bias.add(i) };
+        unsafe {
+            *y.add(i) = rounded(
+                (*x.add(i) - mean) * rstd * *p.weight.add(i) + *p.bias.add(i),
+                p.round_tf32,
+            )
+        };
     }
+}
+
+/// `v`, rounded to TF32 when `round` is nonzero (`LayernormParams::round_tf32`).
+#[inline(always)]
+pub(crate) fn rounded(v: f32, round: u32) -> f32 {
+    if round != 0 { f32::from_bits(to_tf32(v)) } else { v }
 }

@@ -20,12 +20,16 @@
 //!   shows the stage's group done). No block-wide barrier in the loop: the
 //!   producer runs up to `STAGES` tiles ahead, one `wgmma` group stays in
 //!   flight while the next stage is awaited.
-//! - With rounding on (the default tiles), the consumers round each landed
-//!   stage to TF32 in place (`cvt.rna`, like the `mma.sync` kernels; each
-//!   consumer thread takes its share of A and B chunks), fence the writes
-//!   to the async proxy and meet at a consumer-only barrier before the
-//!   stage's `wgmma`s. Without it (`_trunc` tiles) the tensor cores take the
-//!   top 19 bits of each f32 (truncation): faster, about 2.5x the error.
+//! - Rounding: `weight` must already hold TF32-rounded values (the engine
+//!   rounds its weights once, `convert::round_tf32`); the tensor cores use
+//!   the top 19 bits of what they read, so unrounded weights are truncated.
+//!   `inp` changes every call, so (unless its producer already rounded it,
+//!   `round_inp = 0`) each consumer warpgroup rounds its own 64
+//!   rows of a landed stage in place (`cvt.rna`), fences the writes to the
+//!   async proxy and syncs its 128 threads before its `wgmma`s: a quarter to
+//!   a half of the stage instead of all of it, and no cross-warpgroup
+//!   barrier. (Rounding both operands in the kernel cost about a third of
+//!   its speed; not rounding at all doubles cuBLAS TF32's error.)
 //! - Epilogue: after a consumer barrier (nobody reads the stages any more),
 //!   each thread parks its accumulator pairs in shared memory by constant
 //!   index, then `matmul_tf32::store_tile` streams the tile out with bias,
@@ -78,18 +82,20 @@ struct F4([f32; 4]);
 const CHUNK_BYTES: usize = 16;
 /// Chunks [`round_stage`] loads before it stores any (latency vs registers).
 const ROUND_BATCH: usize = 4;
-/// Named barrier of the consumer warpgroups (0 is the whole block's).
+/// Named barrier of all consumer warpgroups (0 is the whole block's), and
+/// the first of the per-warpgroup ones (`+ warpgroup`).
 const CONSUMER_BARRIER: u32 = 1;
+const WARPGROUP_BARRIER_BASE: u32 = 2;
 const EPI_PAD: usize = WGMMA_EPI_PAD as usize;
 
-/// Round to TF32, in place, this consumer thread's share of a landed stage
-/// of `bytes` bytes: 16-byte chunks `tid + i * consumers`, loaded
+/// Round to TF32, in place, this thread's share of `bytes` bytes of a landed
+/// stage: 16-byte chunks `tid + i * consumers`, loaded
 /// `ROUND_BATCH` at a time before any is stored (the swizzle permutes chunks
 /// within rows, so rounding whole chunks in place is layout-blind).
 ///
 /// # Safety
-/// `stage` is the generic address of a landed stage nobody else writes or
-/// reads until the next consumer barrier.
+/// `stage` is the generic address of `bytes` bytes of a landed stage that
+/// nobody else writes or reads until the participants' next barrier.
 #[inline(always)]
 unsafe fn round_stage(stage: *mut u8, bytes: usize, tid: usize, consumers: usize) {
     let chunks = bytes / CHUNK_BYTES;
@@ -129,13 +135,14 @@ unsafe fn matmul_tf32_wgmma_body<
     const BN: usize,
     const STAGES: usize,
     const CONSUMERS: usize,
-    const ROUND: bool,
 >(
     p: MatmulTf32WgmmaParams,
 ) {
     const {
         assert!(Acc::N == BN);
         assert!(BM % WG_ROWS == 0 && CONSUMERS == BM / WG_ROWS * WG_THREADS);
+        // One or two consumer warpgroups (their barrier ids below).
+        assert!(BM / WG_ROWS <= 2);
         assert!(2 * STAGES as u32 * MBARRIER_BYTES <= WGMMA_BARRIER_BYTES);
         // The epilogue parks the output tile in the stages' memory.
         assert!(BM * (BN + EPI_PAD) * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
@@ -203,12 +210,27 @@ unsafe fn matmul_tf32_wgmma_body<
     for kt in 0..ktiles {
         let s = kt % STAGES;
         unsafe { mbarrier_wait_parity(full(s), ((kt / STAGES) & 1) as u32) };
-        if ROUND {
-            let at = unsafe { smem_ptr.add(s * stage_bytes as usize) };
-            unsafe { round_stage(at, stage_bytes as usize, tid, CONSUMERS) };
+        if p.round_inp != 0 {
+            // Round this warpgroup's rows of `inp` (its A operand) in place.
+            let a_rows =
+                unsafe { smem_ptr.add(s * stage_bytes as usize + warpgroup * WG_ROWS * SWIZZLE_ROW_BYTES as usize) };
+            unsafe {
+                round_stage(
+                    a_rows,
+                    WG_ROWS * SWIZZLE_ROW_BYTES as usize,
+                    tid % WG_THREADS,
+                    WG_THREADS,
+                )
+            };
             // Generic-proxy writes, read next by the tensor cores.
             fence_proxy_async_shared();
-            named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+            // A constant barrier id per warpgroup (a computed one makes ptxas
+            // reserve all 16).
+            if warpgroup == 0 {
+                named_barrier_sync(WARPGROUP_BARRIER_BASE, WG_THREADS as u32);
+            } else {
+                named_barrier_sync(WARPGROUP_BARRIER_BASE + 1, WG_THREADS as u32);
+            }
         }
         let a_addr = stage(s) + (warpgroup * WG_ROWS) as u32 * SWIZZLE_ROW_BYTES;
         let b_addr = stage(s) + a_bytes;
@@ -286,7 +308,6 @@ macro_rules! matmul_tf32_wgmma_kernel {
                     { S.bn as usize },
                     { S.stages as usize },
                     { (S.bm / WGMMA_M * WARPGROUP_THREADS) as usize },
-                    { S.rounds },
                 >(p)
             }
         }
@@ -298,6 +319,3 @@ matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x192, MATMUL_TF32_WGMMA_1
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x128, MATMUL_TF32_WGMMA_128X128);
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_64x128, MATMUL_TF32_WGMMA_64X128);
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_64x64, MATMUL_TF32_WGMMA_64X64);
-matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x128_2, MATMUL_TF32_WGMMA_128X128_2);
-matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x256_trunc, MATMUL_TF32_WGMMA_128X256_TRUNC);
-matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x128_trunc, MATMUL_TF32_WGMMA_128X128_TRUNC);

@@ -27,4 +27,16 @@ pub struct ConvertParams {
     pub transposed: u32,
 }
 
-crate::kernel_params!(ConvertParams);
+/// `round_tf32`: f32 to the nearest TF32 value (10 mantissa bits, ties away
+/// from zero, `cvt.rna.tf32.f32`), in place, one element per thread.
+pub const ROUND_TF32: &str = "round_tf32";
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RoundTf32Params {
+    /// `[n]`, rounded in place.
+    pub x: *mut f32,
+    pub n: u32,
+}
+
+crate::kernel_params!(ConvertParams, RoundTf32Params);

@@ -24,6 +24,9 @@ pub struct LayernormParams {
     pub bias: *const f32,
     pub n: u32,
     pub c: u32,
+    /// Nonzero: round every output to TF32 (it feeds a TF32 matmul that then
+    /// need not round it; see `matmul_tf32::MatmulTf32WgmmaParams::round_inp`).
+    pub round_tf32: u32,
 }
 
 crate::kernel_params!(LayernormParams);

@@ -56,9 +56,9 @@ pub enum TileEngine {
     /// Operands are rounded to TF32 (`cvt.rna`) in shared memory.
     MmaSync,
     /// `wgmma.mma_async.m64nNk8` per warpgroup, operands staged by TMA; only
-    /// in the sm_90a module. No thread touches the operands, so the tensor
-    /// cores see raw f32 and use their top 19 bits (truncation to TF32, as
-    /// cuBLAS's TF32 mode does).
+    /// in the sm_90a module. `inp` is rounded in shared memory; `weight` is
+    /// used as given, so it must already be TF32-rounded for
+    /// round-to-nearest accuracy (the tensor cores truncate).
     Wgmma,
 }
 
@@ -80,11 +80,6 @@ pub struct TileShape {
     /// Only the host's tile chooser reads it; `tests/gpu/matmul_tf32.rs`
     /// checks it against the driver's occupancy calculator.
     pub blocks_per_sm: u32,
-    /// Operands are rounded to TF32 (`cvt.rna`) in shared memory before the
-    /// tensor cores read them (always for `MmaSync`). A `Wgmma` tile with
-    /// `false` feeds the TMA-staged f32 as is and the tensor cores use its
-    /// top 19 bits (truncation): faster, about 2.5x the error.
-    pub rounds: bool,
 }
 
 impl TileShape {
@@ -122,7 +117,6 @@ pub const MATMUL_TF32_128X192: TileShape = TileShape {
     wn: 48,
     stages: 3,
     blocks_per_sm: 1,
-    rounds: true,
 };
 /// 128x128 block, 8 warps of 64x32, 4 stages (147.5 KiB shared): large GEMMs.
 /// One block per SM (ptxas: ~172 registers x 256 threads), so the pipeline is
@@ -136,7 +130,6 @@ pub const MATMUL_TF32_128X128: TileShape = TileShape {
     wn: 32,
     stages: 4,
     blocks_per_sm: 1,
-    rounds: true,
 };
 /// 128x64 block, 4 warps of 64x32, 4 stages (110.6 KiB): two blocks per SM.
 pub const MATMUL_TF32_128X64: TileShape = TileShape {
@@ -148,7 +141,6 @@ pub const MATMUL_TF32_128X64: TileShape = TileShape {
     wn: 32,
     stages: 4,
     blocks_per_sm: 2,
-    rounds: true,
 };
 /// 64x64 block, 4 warps of 32x32, 3 stages (55.3 KiB): medium GEMMs.
 pub const MATMUL_TF32_64X64: TileShape = TileShape {
@@ -160,7 +152,6 @@ pub const MATMUL_TF32_64X64: TileShape = TileShape {
     wn: 32,
     stages: 3,
     blocks_per_sm: 4,
-    rounds: true,
 };
 /// 32x64 block, 4 warps of 16x32, 4 stages (55.3 KiB): small M (decode, short
 /// prompts), where more blocks are needed to fill the GPU.
@@ -173,7 +164,6 @@ pub const MATMUL_TF32_32X64: TileShape = TileShape {
     wn: 32,
     stages: 4,
     blocks_per_sm: 4,
-    rounds: true,
 };
 
 /// Every `mma.sync` tile shape (in every module), for tuning sweeps.
@@ -186,7 +176,7 @@ pub const MATMUL_TF32_VARIANTS: [TileShape; 5] = [
 ];
 
 /// A wgmma tile: `bm / 64` warpgroups, each `64 x bn`.
-const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, blocks_per_sm: u32, rounds: bool) -> TileShape {
+const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, blocks_per_sm: u32) -> TileShape {
     TileShape {
         name,
         engine: TileEngine::Wgmma,
@@ -196,46 +186,32 @@ const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, blocks_pe
         wn: bn,
         stages,
         blocks_per_sm,
-        rounds,
     }
 }
 
 /// 128x256, 2 consumer warpgroups of m64n256 (128 accumulator registers per
 /// thread), 4 stages (193 KiB): the most tensor work per staged byte
 /// (42.7 FLOP/B).
-pub const MATMUL_TF32_WGMMA_128X256: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x256", 128, 256, 4, 1, true);
+pub const MATMUL_TF32_WGMMA_128X256: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x256", 128, 256, 4, 1);
 /// 128x192, 2 warpgroups of m64n192, 5 stages (201 KiB): N = 768 in 4
 /// column tiles instead of 3 (M = 8192: 256 blocks, two full waves on 132
 /// SMs, where 128x256 needs 1.45 waves).
-pub const MATMUL_TF32_WGMMA_128X192: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x192", 128, 192, 5, 1, true);
+pub const MATMUL_TF32_WGMMA_128X192: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x192", 128, 192, 5, 1);
 /// 128x128, 2 warpgroups of m64n128, 6 stages (193 KiB).
-pub const MATMUL_TF32_WGMMA_128X128: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x128", 128, 128, 6, 1, true);
+pub const MATMUL_TF32_WGMMA_128X128: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x128", 128, 128, 6, 1);
 /// 64x128, one warpgroup, 4 stages (97 KiB, two blocks per SM): M = 1024.
-pub const MATMUL_TF32_WGMMA_64X128: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x128", 64, 128, 4, 2, true);
+pub const MATMUL_TF32_WGMMA_64X128: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x128", 64, 128, 4, 2);
 /// 64x64, one warpgroup, 4 stages (65 KiB, three blocks per SM): small
 /// outputs (M = 1024 x N = 768: 192 blocks).
-pub const MATMUL_TF32_WGMMA_64X64: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x64", 64, 64, 4, 3, true);
-
-/// 128x128, 3 stages (97 KiB): two blocks per SM, so one block's prologue
-/// and epilogue overlap the other's main loop.
-pub const MATMUL_TF32_WGMMA_128X128_2: TileShape =
-    wgmma_tile("matmul_forward_tf32_wgmma_128x128_2", 128, 128, 3, 2, true);
-/// Truncating twins (no rounding pass) of the two largest tiles.
-pub const MATMUL_TF32_WGMMA_128X256_TRUNC: TileShape =
-    wgmma_tile("matmul_forward_tf32_wgmma_128x256_trunc", 128, 256, 4, 1, false);
-pub const MATMUL_TF32_WGMMA_128X128_TRUNC: TileShape =
-    wgmma_tile("matmul_forward_tf32_wgmma_128x128_trunc", 128, 128, 6, 1, false);
+pub const MATMUL_TF32_WGMMA_64X64: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x64", 64, 64, 4, 3);
 
 /// Every `wgmma` tile shape (sm_90a module only).
-pub const MATMUL_TF32_WGMMA_VARIANTS: [TileShape; 8] = [
+pub const MATMUL_TF32_WGMMA_VARIANTS: [TileShape; 5] = [
     MATMUL_TF32_WGMMA_128X256,
     MATMUL_TF32_WGMMA_128X192,
     MATMUL_TF32_WGMMA_128X128,
     MATMUL_TF32_WGMMA_64X128,
     MATMUL_TF32_WGMMA_64X64,
-    MATMUL_TF32_WGMMA_128X128_2,
-    MATMUL_TF32_WGMMA_128X256_TRUNC,
-    MATMUL_TF32_WGMMA_128X128_TRUNC,
 ];
 
 #[repr(C)]
@@ -285,6 +261,9 @@ pub struct MatmulTf32WgmmaParams {
     pub oc: u32,
     /// Nonzero: apply GELU (tanh approximation) after the bias.
     pub gelu: u32,
+    /// Nonzero: round `inp` to TF32 in shared memory. Zero when the producer
+    /// of `inp` already rounded it (layernorm/GELU with `round_tf32`).
+    pub round_inp: u32,
 }
 
 crate::kernel_params!(MatmulTf32WgmmaParams);

@@ -255,6 +255,20 @@ pub fn attention_forward(
         });
 }
 
+/// Low f32 mantissa bits TF32 drops (23 - 10).
+const TF32_DROPPED_BITS: u32 = 13;
+
+/// Round every value to the nearest TF32 value (10 mantissa bits; ties away
+/// from zero, like the GPU's `cvt.rna.tf32.f32`): add half of the dropped
+/// range, then clear it. NaN and infinities are left as they are.
+pub fn round_tf32(x: &mut [f32]) {
+    const HALF: u32 = 1 << (TF32_DROPPED_BITS - 1);
+    const KEEP: u32 = !((1 << TF32_DROPPED_BITS) - 1);
+    for v in x.iter_mut().filter(|v| v.is_finite()) {
+        *v = f32::from_bits(v.to_bits().wrapping_add(HALF) & KEEP);
+    }
+}
+
 /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 pub fn gelu_forward(out: &mut [f32], inp: &[f32], n: usize) {
     assert!(out.len() >= n && inp.len() >= n);

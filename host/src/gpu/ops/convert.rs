@@ -4,7 +4,8 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::convert::{
-    CONVERT_BLOCK, CONVERT_DTYPE_BF16, CONVERT_DTYPE_F16, CONVERT_DTYPE_F32, CONVERT_TO_F32, ConvertParams,
+    CONVERT_BLOCK, CONVERT_DTYPE_BF16, CONVERT_DTYPE_F16, CONVERT_DTYPE_F32, CONVERT_TO_F32, ConvertParams, ROUND_TF32,
+    RoundTf32Params,
 };
 
 use super::args::{OpError, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
@@ -57,5 +58,23 @@ pub fn convert_to_f32(
     // SAFETY: out holds rows*cols floats, inp rows*cols elements of dtype,
     // aligned to the element size (checked).
     unsafe { gpu.launch(CONVERT_TO_F32, launch_config(total), params)? };
+    Ok(())
+}
+
+/// `round_tf32`: round `x[..n]` to the nearest TF32 value in place (CPU
+/// twin: `cpu::ops::round_tf32`).
+pub fn round_tf32(gpu: &Gpu, x: &mut impl DevicePtrMut<f32>, n: usize) -> Result<(), OpError> {
+    const OP: &str = "round_tf32";
+    let total = count_u32(OP, "n", &[n])?;
+    check_len(OP, "x", x.len(), n)?;
+    if total == 0 {
+        return Ok(());
+    }
+    let params = RoundTf32Params {
+        x: out_ptr(gpu, x),
+        n: total,
+    };
+    // SAFETY: x holds n floats (checked).
+    unsafe { gpu.launch(ROUND_TF32, launch_config(total), params)? };
     Ok(())
 }

@@ -54,11 +54,42 @@ pub fn layernorm_forward_naive(
     layernorm_forward_variant(gpu, Variant::Naive, out, inp, weight, bias, n, c)
 }
 
+/// [`layernorm_forward`], then every output rounded to TF32 (CPU twin: the
+/// two in turn, `cpu::ops::layernorm_forward` and `cpu::ops::round_tf32`):
+/// for a TF32 matmul that reads it, which then skips its own rounding.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_forward_tf32(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<f32>,
+    weight: &impl DevicePtr<f32>,
+    bias: &impl DevicePtr<f32>,
+    n: usize,
+    c: usize,
+) -> Result<(), OpError> {
+    launch(gpu, Variant::Best, true, out, inp, weight, bias, n, c)
+}
+
 /// [`layernorm_forward`] with the kernel chosen by `variant`.
 #[allow(clippy::too_many_arguments)]
 pub fn layernorm_forward_variant(
     gpu: &Gpu,
     variant: Variant,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<f32>,
+    weight: &impl DevicePtr<f32>,
+    bias: &impl DevicePtr<f32>,
+    n: usize,
+    c: usize,
+) -> Result<(), OpError> {
+    launch(gpu, variant, false, out, inp, weight, bias, n, c)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    gpu: &Gpu,
+    variant: Variant,
+    round_tf32: bool,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
@@ -81,6 +112,7 @@ pub fn layernorm_forward_variant(
         bias: in_ptr(gpu, bias),
         n: to_u32(OP, "n", n)?,
         c: to_u32(OP, "c", c)?,
+        round_tf32: round_tf32 as u32,
     };
     let (name, cfg) = launch_config(variant, params.n);
     // SAFETY: out/inp hold n*c floats, weight/bias c (checked); the kernel

@@ -84,8 +84,7 @@ pub fn tf32_variants(wgmma: bool) -> Vec<TileShape> {
 /// inner-loop efficiency together); on a tie, the one that keeps more blocks
 /// running at once (more SMs busy, more bandwidth for small M), then the
 /// smaller tile (less work on zero-filled edge rows). With `wgmma`, only the
-/// `wgmma` tiles compete (the cost model compares tiles of one engine), and
-/// only tiles that round their operands.
+/// `wgmma` tiles compete (the cost model compares tiles of one engine).
 pub fn choose_tile(n: usize, oc: usize, sms: usize, wgmma: bool) -> TileShape {
     let key = |s: &TileShape| {
         let running = tf32_blocks(s, n, oc).min(sms * s.blocks_per_sm as usize);
@@ -96,18 +95,22 @@ pub fn choose_tile(n: usize, oc: usize, sms: usize, wgmma: bool) -> TileShape {
     } else {
         &MATMUL_TF32_VARIANTS
     };
-    // Truncating tiles are for explicit use only: the TF32 mode rounds.
     candidates
         .iter()
         .copied()
-        .filter(|s| s.rounds)
         .min_by_key(key)
-        .expect("variant lists hold rounding tiles")
+        .expect("variant lists are not empty")
 }
 
 /// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
 /// `gelu`, in TF32 with f32 accumulation; the tile shape is chosen for the
 /// GEMM's size. `c` must be a multiple of 4.
+///
+/// Rounding: `inp` is rounded to TF32 (to nearest) by every kernel. `weight`
+/// must already be TF32-rounded (`convert::round_tf32`, once per weight: the
+/// engine does it at load) for the same accuracy on a Hopper GPU, whose
+/// `wgmma` kernels use it as given and so truncate unrounded weights; the
+/// `mma.sync` kernels round it either way.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_tf32<O, I, W, B>(
     gpu: &Gpu,
@@ -126,12 +129,44 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    // A tuned wgmma tile is usable only where the sm_90a module is loaded.
+    let shape = auto_tile(gpu, n, c, oc);
+    matmul_forward_tf32_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
+}
+
+/// [`matmul_forward_tf32`] for an `inp` already rounded to TF32 by its
+/// producer (`layernorm_forward_tf32`, `gelu_forward_tf32`): the `wgmma`
+/// kernels then skip their rounding pass. An unrounded `inp` here is
+/// truncated to TF32 instead of rounded (an accuracy loss, nothing worse).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_tf32_rounded_inp<O, I, W, B>(
+    gpu: &Gpu,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+) -> Result<(), MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
+    let shape = auto_tile(gpu, n, c, oc);
+    launch(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu, true)
+}
+
+/// The tile for an `n x oc` output with inner size `c`: the tune cache's
+/// if it has one for this GPU (a wgmma tile only where the sm_90a module is
+/// loaded), else [`choose_tile`]'s.
+fn auto_tile(gpu: &Gpu, n: usize, c: usize, oc: usize) -> TileShape {
     let tuned = tune_cache(gpu)
         .and_then(|t| t.tile(n, oc, c))
-        .filter(|s| s.rounds && (s.engine == TileEngine::MmaSync || gpu.has_wgmma()));
-    let shape = tuned.unwrap_or_else(|| choose_tile(n, oc, gpu.sm_count(), gpu.has_wgmma()));
-    matmul_forward_tf32_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
+        .filter(|s| s.engine == TileEngine::MmaSync || gpu.has_wgmma());
+    tuned.unwrap_or_else(|| choose_tile(n, oc, gpu.sm_count(), gpu.has_wgmma()))
 }
 
 /// Environment variable naming a tune cache (the JSON the `tune` binary writes).
@@ -249,6 +284,29 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
+    launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, false)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch<O, I, W, B>(
+    gpu: &Gpu,
+    shape: &TileShape,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+    inp_rounded: bool,
+) -> Result<(), MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
     if !c.is_multiple_of(TF32_C_MULTIPLE) {
         return Err(MatmulTf32Error::BadC(c));
     }
@@ -314,6 +372,7 @@ where
             c: c as u32,
             oc: oc as u32,
             gelu: gelu as u32,
+            round_inp: !inp_rounded as u32,
         };
         // SAFETY: `shape.name` is the wgmma kernel compiled for `shape`
         // (present: the sm_90a module is loaded, checked above), whose
