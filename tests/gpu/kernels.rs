@@ -13,7 +13,10 @@ use host::gpu::ops::convert::convert_to_f32;
 use host::gpu::ops::encoder::encoder_forward_variant;
 use host::gpu::ops::gelu::gelu_forward_variant;
 use host::gpu::ops::layernorm::layernorm_forward_variant;
-use host::gpu::ops::matmul::{MatmulKernel, matmul_forward_with};
+use host::gpu::ops::matmul::{
+    MatmulKernel, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_with, matmul_forward_ws, plan_tiled,
+    split_k_workspace_floats,
+};
 use host::gpu::ops::residual::residual_forward_variant;
 use host::gpu::ops::softmax::softmax_forward_variant;
 use host::model::fixtures::encode;
@@ -193,8 +196,9 @@ fn layernorm_matches_cpu() {
 /// `(n, c, oc)` cases of the matmul tests. Besides GPT-2's shapes, the
 /// tiled kernel's edges: n and oc not multiples of either block tile (128 or
 /// 64 rows, 128 columns), c not a multiple of the k-slice (8) but a multiple
-/// of 4 (vector loads, partial last slice), and c % 4 != 0 (scalar loads),
-/// each on both tile variants (see `matmul_tiled_shapes_cover_both_tiles`).
+/// of 4 (vector loads, partial last slice), and c % 4 != 0 (scalar loads);
+/// every shape runs on both tile variants (explicit plans), unsplit and
+/// split over c.
 const MATMUL_SHAPES: [(usize, usize, usize); 14] = [
     (1, 768, 2304),
     (3, 768, 768),
@@ -215,19 +219,20 @@ const MATMUL_SHAPES: [(usize, usize, usize); 14] = [
     (1000, 768, 2304),
 ];
 
-/// The shape list reaches both tiled variants (needs no GPU: it checks the
-/// launch choice only).
-#[test]
-fn matmul_tiled_shapes_cover_both_tiles() {
-    use gpu_kernels::params::matmul::{MATMUL_FORWARD, MATMUL_FORWARD_MID};
-    use host::gpu::ops::matmul::launch_config;
-    let names: Vec<&str> = MATMUL_SHAPES
-        .iter()
-        .map(|&(n, _, oc)| launch_config(MatmulKernel::Tiled, n as u32, oc as u32).unwrap().0)
-        .collect();
-    for want in [MATMUL_FORWARD, MATMUL_FORWARD_MID] {
-        assert!(names.contains(&want), "no matmul test shape runs {want}: {names:?}");
+/// Explicit tiled plans every matmul test shape runs besides the kernels:
+/// both tiles unsplit, and both split in 3 over c (chunks of 8 or more,
+/// so shallow c gives fewer splits or none).
+fn explicit_plans(c: usize) -> Vec<TiledPlan> {
+    use gpu_kernels::params::matmul::{MATMUL_TILE_M, MATMUL_TILE_M_MID};
+    let mut plans = Vec::new();
+    for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
+        plans.push(TiledPlan::unsplit(tile, c));
+        let split = TiledPlan::split(tile, c, 3);
+        if split.splits > 1 {
+            plans.push(split);
+        }
     }
+    plans
 }
 
 #[test]
@@ -267,7 +272,184 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
                     );
                 }
             }
+            for plan in explicit_plans(c) {
+                let gelu = with_bias;
+                let mut out = poisoned(&gpu, n * oc);
+                let mut ws = nan_workspace(&gpu, plan.workspace_floats(n, oc));
+                let b = with_bias.then_some(&db);
+                matmul_forward_plan(&gpu, &plan, gelu, &mut out, &di, &dw, b, n, c, oc, Some(&mut ws)).unwrap();
+                let what = format!("matmul {plan:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
+                check(
+                    &what,
+                    &down(&gpu, &out),
+                    if gelu { &want_gelu } else { &want },
+                    1e-4,
+                    1e-4,
+                );
+            }
         }
+    }
+}
+
+/// A split-K workspace of `floats` NaNs: a partial the tiled kernel fails to
+/// write, or a reduction reading past its splits, shows as NaN.
+fn nan_workspace(gpu: &Gpu, floats: usize) -> MatmulWorkspace {
+    MatmulWorkspace::from_buffer(poisoned(gpu, floats.max(1)))
+}
+
+/// `(n, c, oc)` shapes for split-K through the planner: GPT-2's prefill
+/// shapes that under-fill the GPU (M = 64 and 1024 at N = 768), the M = 64
+/// MLP shapes, and odd ones (n, oc not tile multiples, oc % 4 != 0 so the
+/// reduction's scalar path runs, c % 4 != 0 so the loads are scalar, c not
+/// a multiple of the split depth).
+const SPLIT_K_SHAPES: [(usize, usize, usize); 9] = [
+    (64, 3072, 768),
+    (64, 768, 768),
+    (64, 768, 3072),
+    (1024, 768, 768),
+    (17, 768, 2304),
+    (77, 1000, 130),
+    (65, 516, 257),
+    (33, 203, 771),
+    (200, 4100, 7),
+];
+
+/// Split-K as the planner runs it (`MatmulKernel::SplitK` and `Auto` with a
+/// workspace), bias and GELU on and off, against the CPU; the outputs and the
+/// workspace are NaN-poisoned first; two runs must agree bit for bit (fixed
+/// summation order).
+#[test]
+fn matmul_split_k_matches_cpu() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let sms = gpu.sm_count();
+    for &(n, c, oc) in &SPLIT_K_SHAPES {
+        let plan = plan_tiled(n, c, oc, sms, usize::MAX);
+        println!("split-K n={n} c={c} oc={oc} on {sms} SMs: {plan:?}");
+        let inp = random_vec(n * c, 1.0);
+        let w = random_vec(oc * c, 1.0 / (c as f32).sqrt());
+        let bias = random_vec(oc, 1.0);
+        let (di, dw, db) = (
+            gpu.upload(&inp).unwrap(),
+            gpu.upload(&w).unwrap(),
+            gpu.upload(&bias).unwrap(),
+        );
+        let mut ws = nan_workspace(&gpu, split_k_workspace_floats(n, c, oc, sms));
+        for with_bias in [true, false] {
+            let mut want = vec![0f32; n * oc];
+            cpu::matmul_forward(&mut want, &inp, &w, with_bias.then_some(&bias[..]), n, c, oc);
+            let mut want_gelu = vec![0f32; n * oc];
+            cpu::gelu_forward(&mut want_gelu, &want, n * oc);
+            for k in [MatmulKernel::SplitK, MatmulKernel::Auto] {
+                for gelu in [false, true] {
+                    let b = with_bias.then_some(&db);
+                    let mut runs = Vec::new();
+                    for _ in 0..2 {
+                        let mut out = poisoned(&gpu, n * oc);
+                        matmul_forward_ws(&gpu, k, gelu, &mut out, &di, &dw, b, n, c, oc, &mut ws).unwrap();
+                        runs.push(down(&gpu, &out));
+                    }
+                    let what = format!("matmul {k:?} {plan:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
+                    check(&what, &runs[0], if gelu { &want_gelu } else { &want }, 1e-4, 1e-4);
+                    let same = runs[0].iter().zip(&runs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{what}: two runs differ");
+                }
+            }
+        }
+    }
+}
+
+/// The split-K test shapes that stand for GPT-2's under-filled prefill
+/// matmuls do split on an H100/H200-sized GPU (needs no GPU: plans only).
+#[test]
+fn matmul_split_k_shapes_split() {
+    /// SMs of an H100 / H200 SXM.
+    const SMS: usize = 132;
+    for &(n, c, oc) in &SPLIT_K_SHAPES[..4] {
+        let plan = plan_tiled(n, c, oc, SMS, usize::MAX);
+        assert!(plan.splits > 1, "n={n} c={c} oc={oc}: {plan:?}");
+    }
+}
+
+/// Split-K plans forced on awkward cases: many splits (down to one k-slice
+/// deep), operands one float off 16-byte alignment (scalar loads), and an
+/// output view one float off (the reduction's scalar stores).
+#[test]
+fn matmul_split_k_explicit_plans_and_unaligned() {
+    use gpu_kernels::params::matmul::{MATMUL_TILE_M, MATMUL_TILE_M_MID};
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for (n, c, oc) in [(129, 64, 257), (260, 68, 5627), (70, 96, 132)] {
+        let inp = random_vec(n * c + 1, 1.0);
+        let w = random_vec(oc * c + 1, 1.0 / (c as f32).sqrt());
+        let bias = random_vec(oc, 1.0);
+        let (di, dw, db) = (
+            gpu.upload(&inp).unwrap(),
+            gpu.upload(&w).unwrap(),
+            gpu.upload(&bias).unwrap(),
+        );
+        let mut want = vec![0f32; n * oc];
+        cpu::matmul_forward(&mut want, &inp[1..], &w[1..], Some(&bias[..]), n, c, oc);
+        let mut want_gelu = vec![0f32; n * oc];
+        cpu::gelu_forward(&mut want_gelu, &want, n * oc);
+        for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
+            for splits in [2, 5, c] {
+                let plan = TiledPlan::split(tile, c, splits);
+                let mut ws = nan_workspace(&gpu, plan.workspace_floats(n, oc));
+                for aligned in [true, false] {
+                    let gelu = !aligned;
+                    let off = usize::from(!aligned);
+                    let (vi, vw) = (di.slice(off..off + n * c), dw.slice(off..off + oc * c));
+                    // Aligned operands are the views at 0, whose data are
+                    // the buffers' first n*c floats: compare those instead.
+                    let want_here = if aligned {
+                        let mut x = vec![0f32; n * oc];
+                        cpu::matmul_forward(&mut x, &inp[..n * c], &w[..oc * c], Some(&bias[..]), n, c, oc);
+                        x
+                    } else if gelu {
+                        want_gelu.clone()
+                    } else {
+                        want.clone()
+                    };
+                    let mut out = poisoned(&gpu, n * oc + 1);
+                    let mut ov = out.slice_mut(off..off + n * oc);
+                    matmul_forward_plan(&gpu, &plan, gelu, &mut ov, &vi, &vw, Some(&db), n, c, oc, Some(&mut ws))
+                        .unwrap();
+                    let got = down(&gpu, &out);
+                    let what = format!("matmul {plan:?} aligned={aligned} gelu={gelu} n={n} c={c} oc={oc}");
+                    check(&what, &got[off..off + n * oc], &want_here, 1e-4, 1e-4);
+                }
+            }
+        }
+    }
+}
+
+/// The wave model's resident blocks per SM (`MATMUL_BLOCKS_PER_SM*`) are what
+/// the driver's occupancy calculator says for the loaded kernels: a
+/// register-count change in the tiled kernels shows here.
+#[test]
+fn matmul_blocks_per_sm_match_driver() {
+    use gpu_kernels::params::matmul::{
+        MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_BLOCKS_PER_SM, MATMUL_BLOCKS_PER_SM_MID, MATMUL_FORWARD,
+        MATMUL_FORWARD_MID, MATMUL_TILE_M, MATMUL_TILE_M_MID, matmul_shared_bytes,
+    };
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for (name, threads, tile, want) in [
+        (MATMUL_FORWARD, MATMUL_BLOCK, MATMUL_TILE_M, MATMUL_BLOCKS_PER_SM),
+        (
+            MATMUL_FORWARD_MID,
+            MATMUL_BLOCK_MID,
+            MATMUL_TILE_M_MID,
+            MATMUL_BLOCKS_PER_SM_MID,
+        ),
+    ] {
+        let f = gpu.function(name).unwrap();
+        let got = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, matmul_shared_bytes(tile) as usize, None)
+            .unwrap();
+        println!(
+            "{name}: {got} resident blocks per SM ({} registers)",
+            f.num_regs().unwrap()
+        );
+        assert_eq!(got, want, "{name}: resident blocks per SM");
     }
 }
 
@@ -276,6 +458,7 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
 /// load path, on both tile variants.
 #[test]
 fn matmul_tiled_unaligned_operands() {
+    use gpu_kernels::params::matmul::{MATMUL_TILE_M, MATMUL_TILE_M_MID};
     let Some(gpu) = host::gpu::test_gpu() else { return };
     for (n, c, oc) in [(129, 64, 257), (260, 68, 5627)] {
         let inp = random_vec(n * c + 1, 1.0);
@@ -288,8 +471,15 @@ fn matmul_tiled_unaligned_operands() {
         );
         let mut want = vec![0f32; n * oc];
         cpu::matmul_forward(&mut want, &inp[1..], &w[1..], Some(&bias[..]), n, c, oc);
-        let mut out = poisoned(&gpu, n * oc);
         let (vi, vw) = (di.slice(1..), dw.slice(1..));
+        for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
+            let plan = TiledPlan::unsplit(tile, c);
+            let mut out = poisoned(&gpu, n * oc);
+            matmul_forward_plan(&gpu, &plan, false, &mut out, &vi, &vw, Some(&db), n, c, oc, None).unwrap();
+            let what = format!("matmul {plan:?} unaligned n={n} c={c} oc={oc}");
+            check(&what, &down(&gpu, &out), &want, 1e-4, 1e-4);
+        }
+        let mut out = poisoned(&gpu, n * oc);
         matmul_forward_with(
             &gpu,
             MatmulKernel::Tiled,

@@ -5,11 +5,13 @@ use super::vec4::{VEC, aligned16, load4, store4};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::warp_reduce_sum;
 use crate::device::{
-    WARP_SIZE, block_dim_x, block_idx_x, block_idx_y, lane_id, sync_threads, thread_idx_x, thread_idx_y, warp_id,
+    WARP_SIZE, block_dim_x, block_idx_x, block_idx_y, block_idx_z, global_idx_x, lane_id, sync_threads, thread_idx_x,
+    thread_idx_y, warp_id,
 };
 use crate::params::matmul::{
-    MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_GEMV_MAX_ROWS, MATMUL_SMEM_PAD, MATMUL_STAGES, MATMUL_THREAD_M,
-    MATMUL_THREAD_N, MATMUL_TILE_K, MATMUL_TILE_M, MATMUL_TILE_M_MID, MATMUL_TILE_N, MatmulParams,
+    MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_GEMV_MAX_ROWS, MATMUL_SMEM_PAD, MATMUL_SPLIT_REDUCE_PER_THREAD,
+    MATMUL_STAGES, MATMUL_THREAD_M, MATMUL_THREAD_N, MATMUL_TILE_K, MATMUL_TILE_M, MATMUL_TILE_M_MID, MATMUL_TILE_N,
+    MatmulParams, MatmulSplitReduceParams,
 };
 
 const TN: usize = MATMUL_TILE_N as usize;
@@ -39,13 +41,19 @@ const _: () = assert!(PAD % VEC == 0);
 /// Bias then the optional GELU: the epilogue shared by every variant.
 #[inline(always)]
 fn epilogue(p: &MatmulParams, acc: f32, col: usize) -> f32 {
+    epilogue_of(p.bias, p.gelu, acc, col)
+}
+
+/// [`epilogue`] with its bias (null: none) and GELU flag given directly.
+#[inline(always)]
+fn epilogue_of(bias: *const f32, gelu_on: u32, acc: f32, col: usize) -> f32 {
     // SAFETY: col < oc, and a non-null bias holds oc floats.
-    let v = if p.bias.is_null() {
+    let v = if bias.is_null() {
         acc
     } else {
-        acc + unsafe { *p.bias.add(col) }
+        acc + unsafe { *bias.add(col) }
     };
-    if p.gelu != 0 { gelu(v) } else { v }
+    if gelu_on != 0 { gelu(v) } else { v }
 }
 
 /// True when rows of `inp` and `weight` can be read as aligned 16-byte vectors.
@@ -63,30 +71,42 @@ fn fma(a: f32, b: f32, c: f32) -> f32 {
 }
 
 /// Global read of 16-byte chunk `q` of a `rows x TK` slice (rows `r0..`,
-/// depth `k0..`) of a row-major `[nrows, c]` matrix. Chunk `q` is row
+/// depth `k0..`) of a row-major `[nrows, c]` matrix, within the depth range
+/// that ends at `k_end <= c` (the block's split of `c`). Chunk `q` is row
 /// `q / CHUNKS_K`, depth `(q % CHUNKS_K) * 4`: consecutive threads read
 /// consecutive 16 bytes of a row. Out-of-range elements are 0, which leaves
 /// the dot products unchanged.
 ///
 /// # Safety
-/// `src` holds `nrows * c` floats; with `vec`, `c % 4 == 0` and `src` is
-/// 16-byte aligned.
+/// `src` holds `nrows * c` floats; `k_end <= c`; with `vec`, `c % 4 == 0`,
+/// `k_end % 4 == 0`, `k0 % 4 == 0` and `src` is 16-byte aligned.
 #[inline(always)]
-unsafe fn fetch(src: *const f32, q: usize, r0: usize, nrows: usize, k0: usize, c: usize, vec: bool) -> [f32; VEC] {
+#[allow(clippy::too_many_arguments)]
+unsafe fn fetch(
+    src: *const f32,
+    q: usize,
+    r0: usize,
+    nrows: usize,
+    k0: usize,
+    k_end: usize,
+    c: usize,
+    vec: bool,
+) -> [f32; VEC] {
     let (gr, gk) = (r0 + q / CHUNKS_K, k0 + (q % CHUNKS_K) * VEC);
     let mut v = [0.0f32; VEC];
     if gr < nrows {
-        // SAFETY: gr < nrows; with `vec` c % 4 == 0, so gk < c means the whole
-        // vector is in the row, and the address is 16-byte aligned.
+        // SAFETY: gr < nrows, k_end <= c; with `vec` gk and k_end are
+        // multiples of 4, so gk < k_end means the whole vector is in the
+        // range, and the address is 16-byte aligned.
         unsafe {
             let row = src.add(gr * c);
             if vec {
-                if gk < c {
+                if gk < k_end {
                     v = load4(row.add(gk));
                 }
             } else {
                 for (e, x) in v.iter_mut().enumerate() {
-                    if gk + e < c {
+                    if gk + e < k_end {
                         *x = *row.add(gk + e);
                     }
                 }
@@ -124,10 +144,14 @@ unsafe fn put(dst: *mut f32, ld: usize, q: usize, v: [f32; VEC]) {
 /// reads of buffer t%2 before its rewrite at t+1 and the writes of buffer
 /// (t+1)%2 before their reads).
 ///
+/// Split-K: block `z` of the grid covers depths `z * k_chunk ..` of `c` and
+/// writes its partial tile to `out + z * n * oc` (see
+/// [`MatmulParams::k_chunk`]); unsplit launches have one z and `k_chunk >= c`.
+///
 /// # Safety
 /// Buffers as documented on [`MatmulParams`]; `THREADS` threads; grid
-/// `(ceil(oc / TN), ceil(n / BM))`; `matmul_shared_bytes(BM)` bytes of
-/// dynamic shared memory.
+/// `(ceil(oc / TN), ceil(n / BM), splits)`; `matmul_shared_bytes(BM)` bytes
+/// of dynamic shared memory.
 #[inline(always)]
 unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
     let lda = BM + PAD;
@@ -144,6 +168,15 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
     let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
     let m0 = block_idx_y() as usize * BM;
     let n0 = block_idx_x() as usize * TN;
+    // This block's split of c, and where its (partial) tile goes.
+    let split = block_idx_z() as usize;
+    let k_begin = (split * p.k_chunk as usize).min(c);
+    let k_end = (k_begin + p.k_chunk as usize).min(c);
+    // SAFETY: a split launch's `out` holds splits * n * oc floats.
+    let p = &MatmulParams {
+        out: unsafe { p.out.add(split * n * oc) },
+        ..*p
+    };
     let tid = thread_idx_x() as usize;
     let (ty, tx) = (tid / THREADS_N, tid % THREADS_N);
     let vec = vec_loads(p);
@@ -162,10 +195,10 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
                 // SAFETY: sources as documented on MatmulParams; vec checked.
                 unsafe {
                     if l < a_loads {
-                        ra[l] = fetch(p.inp, tid + l * THREADS, m0, n, $k0, c, vec);
+                        ra[l] = fetch(p.inp, tid + l * THREADS, m0, n, $k0, k_end, c, vec);
                     }
                     if l < b_loads {
-                        rb[l] = fetch(p.weight, tid + l * THREADS, n0, oc, $k0, c, vec);
+                        rb[l] = fetch(p.weight, tid + l * THREADS, n0, oc, $k0, k_end, c, vec);
                     }
                 }
             }
@@ -190,8 +223,8 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
     }
 
     let mut acc = [[0.0f32; RN]; RM];
-    let tiles = c.div_ceil(TK);
-    fetch_all!(0);
+    let tiles = (k_end - k_begin).div_ceil(TK);
+    fetch_all!(k_begin);
     put_all!(0);
     sync_threads();
     let mut t = 0;
@@ -199,7 +232,7 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
         let cur = t % STAGES;
         let more = t + 1 < tiles;
         if more {
-            fetch_all!((t + 1) * TK);
+            fetch_all!(k_begin + (t + 1) * TK);
         }
         // SAFETY: buffer `cur` of each operand; quadrant offsets + 4 <= BM/TN.
         let (a, b) = unsafe { (a_s.add(cur * TK * lda + ty * VEC), b_s.add(cur * TK * ldb + tx * VEC)) };
@@ -261,8 +294,9 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
 
 /// Tiled matmul, `MATMUL_TILE_M x MATMUL_TILE_N` block tile (see [`tiled`]).
 ///
-/// Launch: grid `(ceil(oc / TILE_N), ceil(n / TILE_M))`, `MATMUL_BLOCK`
-/// threads, `matmul_shared_bytes(MATMUL_TILE_M)` bytes of dynamic shared memory.
+/// Launch: grid `(ceil(oc / TILE_N), ceil(n / TILE_M), splits)`,
+/// `MATMUL_BLOCK` threads, `matmul_shared_bytes(MATMUL_TILE_M)` bytes of
+/// dynamic shared memory.
 ///
 /// # Safety
 /// Buffers as documented on [`MatmulParams`]; launch as above.
@@ -274,7 +308,7 @@ pub unsafe extern "ptx-kernel" fn matmul_forward(p: MatmulParams) {
 
 /// Tiled matmul, `MATMUL_TILE_M_MID x MATMUL_TILE_N` block tile.
 ///
-/// Launch: grid `(ceil(oc / TILE_N), ceil(n / TILE_M_MID))`,
+/// Launch: grid `(ceil(oc / TILE_N), ceil(n / TILE_M_MID), splits)`,
 /// `MATMUL_BLOCK_MID` threads, `matmul_shared_bytes(MATMUL_TILE_M_MID)` bytes
 /// of dynamic shared memory.
 ///
@@ -330,6 +364,82 @@ unsafe fn store_row(p: &MatmulParams, vals: [f32; VEC], row: usize, col0: usize)
             }
         }
     }
+}
+
+/// Split-K second pass: each thread sums the `splits` partials of
+/// `MATMUL_SPLIT_REDUCE_PER_THREAD` consecutive outputs in the fixed order
+/// s = 0, 1, ... (so results do not depend on scheduling), then applies bias
+/// and the optional GELU. 16-byte loads and stores when `oc % 4 == 0` and
+/// `out`, `partial` are 16-byte aligned (a group then lies in one row, and
+/// every split's slice `s * n * oc` stays aligned), scalar ones otherwise.
+///
+/// Launch: `ceil(n * oc / PER_THREAD)` threads (any block size), 1-D.
+///
+/// # Safety
+/// Buffers as documented on [`MatmulSplitReduceParams`].
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn matmul_split_reduce(p: MatmulSplitReduceParams) {
+    const PER: usize = MATMUL_SPLIT_REDUCE_PER_THREAD as usize;
+    /// Partials loaded before they are added (memory-level parallelism; the
+    /// additions stay in split order).
+    const BATCH: usize = 4;
+    const _: () = assert!(PER == VEC, "a thread's group is one 16-byte vector");
+    let (oc, splits) = (p.oc as usize, p.splits as usize);
+    let total = p.n as usize * oc;
+    let e = global_idx_x() as usize * PER;
+    // (oc > 0 also spares the remainders below their divide-by-zero panic.)
+    if oc == 0 || e >= total {
+        return;
+    }
+    let col = e % oc;
+    if oc % VEC == 0 && aligned16(p.out) && aligned16(p.partial) {
+        // SAFETY: e + 4 <= total (oc % 4 == 0 and e % 4 == 0); every split's
+        // group is at s * total + e, a multiple of 4 floats from an aligned base.
+        unsafe {
+            let src = p.partial.add(e);
+            let mut acc = load4(src);
+            let mut s = 1;
+            while s + BATCH <= splits {
+                let v0 = load4(src.add(s * total));
+                let v1 = load4(src.add((s + 1) * total));
+                let v2 = load4(src.add((s + 2) * total));
+                let v3 = load4(src.add((s + 3) * total));
+                acc = add4(add4(add4(add4(acc, v0), v1), v2), v3);
+                s += BATCH;
+            }
+            while s < splits {
+                acc = add4(acc, load4(src.add(s * total)));
+                s += 1;
+            }
+            let o = [
+                epilogue_of(p.bias, p.gelu, acc[0], col),
+                epilogue_of(p.bias, p.gelu, acc[1], col + 1),
+                epilogue_of(p.bias, p.gelu, acc[2], col + 2),
+                epilogue_of(p.bias, p.gelu, acc[3], col + 3),
+            ];
+            store4(p.out.add(e), o);
+        }
+    } else {
+        for j in 0..PER {
+            let i = e + j;
+            if i < total {
+                // SAFETY: i < total; split s's element is at s * total + i.
+                unsafe {
+                    let mut acc = *p.partial.add(i);
+                    for s in 1..splits {
+                        acc += *p.partial.add(s * total + i);
+                    }
+                    *p.out.add(i) = epilogue_of(p.bias, p.gelu, acc, i % oc);
+                }
+            }
+        }
+    }
+}
+
+/// Element-wise sum of two 4-float groups.
+#[inline(always)]
+fn add4(a: [f32; VEC], b: [f32; VEC]) -> [f32; VEC] {
+    [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
 }
 
 /// Few rows (decode): one warp per output column. The warp streams the

@@ -13,6 +13,9 @@ pub const MATMUL_FORWARD_MID: &str = "matmul_forward_mid";
 pub const MATMUL_FORWARD_GEMV: &str = "matmul_forward_gemv";
 /// Baseline: one thread per output element (llm.c's kernel 1).
 pub const MATMUL_FORWARD_NAIVE: &str = "matmul_forward_naive";
+/// Split-K second pass: sums the `[splits, n, oc]` partial tiles the tiled
+/// kernels wrote (fixed order, no atomics), then bias and the optional GELU.
+pub const MATMUL_SPLIT_REDUCE: &str = "matmul_split_reduce";
 
 /// Rows of `out` per block tile (large variant).
 pub const MATMUL_TILE_M: u32 = 128;
@@ -44,6 +47,21 @@ pub const fn matmul_shared_bytes(tile_m: u32) -> u32 {
     floats * core::mem::size_of::<f32>() as u32
 }
 
+/// Blocks of the large tiled kernel resident on one SM (registers: ptxas
+/// gives it at most 128 per thread, 256 threads, 64 K registers per SM).
+/// The host's wave model uses it; a GPU test checks it against the driver's
+/// occupancy calculator.
+pub const MATMUL_BLOCKS_PER_SM: u32 = 2;
+/// Blocks of the mid-size tiled kernel resident on one SM (128 registers x
+/// 128 threads).
+pub const MATMUL_BLOCKS_PER_SM_MID: u32 = 4;
+
+/// Threads per block of the split-K reduction (one 4-float group of the
+/// output per thread).
+pub const MATMUL_SPLIT_REDUCE_BLOCK: u32 = 256;
+/// Output floats each thread of the split-K reduction sums.
+pub const MATMUL_SPLIT_REDUCE_PER_THREAD: u32 = 4;
+
 /// Most input rows the GEMV kernel keeps accumulators for.
 pub const MATMUL_GEMV_MAX_ROWS: u32 = 8;
 /// Threads per block of the GEMV kernel (4 warps: 4 output columns per block,
@@ -68,6 +86,31 @@ pub struct MatmulParams {
     pub oc: u32,
     /// Nonzero: apply GELU (tanh approximation) to the result.
     pub gelu: u32,
+    /// Tiled kernels only: depth of `c` each split covers. Block `z` of a
+    /// grid with `Z` splits sums `k` in `z * k_chunk .. min(c, (z + 1) *
+    /// k_chunk)` and writes its partial tile to `out + z * n * oc`. Unsplit
+    /// (grid z = 1): `k_chunk >= c`, `out` is the result. Split (z > 1):
+    /// `k_chunk` is a multiple of `MATMUL_TILE_K`, `out` holds `Z * n * oc`
+    /// floats, `bias` is null and `gelu` is 0 (the reduction applies them).
+    pub k_chunk: u32,
 }
 
-crate::kernel_params!(MatmulParams);
+/// Arguments of [`MATMUL_SPLIT_REDUCE`]: `out[i] = epilogue(sum over s of
+/// partial[s * n * oc + i])`, summed in order s = 0, 1, ... .
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulSplitReduceParams {
+    /// `[n * oc]`
+    pub out: *mut f32,
+    /// `[splits * n * oc]`: the tiled kernels' partial sums.
+    pub partial: *const f32,
+    /// `[oc]`, or null for no bias.
+    pub bias: *const f32,
+    pub n: u32,
+    pub oc: u32,
+    pub splits: u32,
+    /// Nonzero: apply GELU (tanh approximation) to the result.
+    pub gelu: u32,
+}
+
+crate::kernel_params!(MatmulParams, MatmulSplitReduceParams);

@@ -10,16 +10,20 @@ use anyhow::Context;
 use clap::Parser;
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::CUevent_flags;
+use gpu_kernels::params::matmul::{MATMUL_TILE_M, MATMUL_TILE_M_MID};
 use host::bench::{
     AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, l2_bytes, tf32_variants,
     time_calls,
 };
 use host::generate::{Backend, LogitsWanted};
 use host::gpu::Gpu;
-use host::gpu::engine::{AttentionKind, FP32_CHUNKED_GEMV_MAX_ROWS, GpuEngine, Precision, matmul_fp32_gemv_chunked};
+use host::gpu::engine::{AttentionKind, GpuEngine, Precision};
 use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
 use host::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
-use host::gpu::ops::matmul::{MatmulKernel, matmul_forward_with};
+use host::gpu::ops::matmul::{
+    FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_ws,
+    split_k_workspace_floats,
+};
 use host::gpu::ops::matmul_tf32::{MatmulTf32Error, matmul_forward_tf32, matmul_forward_tf32_with};
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
@@ -57,6 +61,9 @@ const ATTN_WINDOW: usize = 128;
 const ATTN_NAIVE_MAX_T: usize = 256;
 /// The naive FP32 matmul is timed only up to this many rows (it is slow).
 const NAIVE_MAX_M: usize = 1024;
+/// Up to this many rows the FP32 tiled kernel is also timed unsplit on each
+/// tile (checks the wave model's tile choice where it matters).
+const FP32_EACH_TILE_MAX_M: usize = 1024;
 /// `--quick`: one M only.
 const QUICK_M: [usize; 1] = [1024];
 
@@ -246,33 +253,33 @@ fn timing_us(t: &host::bench::Timing) -> f64 {
     t.median_us
 }
 
-/// H4's FP32 matmuls (`host::gpu::ops::matmul`): the shared-memory tiled
-/// kernel (the GEMV kernel is what `Auto` picks for a handful of rows, so it
-/// is timed too where it applies) and the naive one (skipped above 1024 rows:
-/// it takes seconds at M = 8192 x 50304 and only sets the baseline).
+/// Our FP32 matmuls (`host::gpu::ops::matmul`): `auto` is what the engine
+/// runs (GEMV, chunked GEMV or the tiled plan, split-K allowed); `tiled` the
+/// tiled kernel unsplit (tile by the wave model); `splitk` the tiled plan
+/// with split-K allowed even where `auto` would take chunked GEMV (same as
+/// `auto` elsewhere); `gemv_chunked` at M <= 64; the naive one up to 1024
+/// rows (it takes seconds at M = 8192 x 50304 and only sets the baseline);
+/// up to 1024 rows also each tile unsplit (`tile128`, `tile64`). The split-K
+/// workspace is allocated once per shape, outside the timing.
 fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<(String, host::bench::Timing)>> {
     let (m, n, k, sn) = (sets.m, sets.n, sets.k, sets.sets());
+    let mut ws = MatmulWorkspace::new(gpu, split_k_workspace_floats(m, k, n, gpu.sm_count()))?;
     let mut kernels = vec![
         ("ours_fp32_auto", MatmulKernel::Auto),
         ("ours_fp32_tiled", MatmulKernel::Tiled),
+        ("ours_fp32_splitk", MatmulKernel::SplitK),
     ];
+    if m <= FP32_CHUNKED_GEMV_MAX_ROWS {
+        kernels.push(("ours_fp32_gemv_chunked", MatmulKernel::GemvChunked));
+    }
     if m <= NAIVE_MAX_M {
         kernels.push(("ours_fp32_naive", MatmulKernel::Naive));
     }
     let mut res = Vec::new();
-    if m <= FP32_CHUNKED_GEMV_MAX_ROWS {
-        // What the engine's FP32 dispatch runs at small M (see `fp32_prefers_chunked_gemv`).
-        let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
-            let GemmSets { inp, w, out, .. } = &mut *sets;
-            matmul_fp32_gemv_chunked(gpu, &mut out[i], &inp[i], &w[i], None, m, k, n)?;
-            Ok(())
-        })?;
-        res.push(("ours_fp32_gemv_chunked".to_string(), t));
-    }
     for (name, kernel) in kernels {
         let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
             let GemmSets { inp, w, out, .. } = &mut *sets;
-            matmul_forward_with(
+            matmul_forward_ws(
                 gpu,
                 kernel,
                 false,
@@ -283,10 +290,23 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
                 m,
                 k,
                 n,
+                &mut ws,
             )?;
             Ok(())
         })?;
         res.push((name.to_string(), t));
+    }
+    if m <= FP32_EACH_TILE_MAX_M {
+        for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
+            let plan = TiledPlan::unsplit(tile, k);
+            let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
+                let GemmSets { inp, w, out, .. } = &mut *sets;
+                let bias = None::<&CudaSlice<f32>>;
+                matmul_forward_plan(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, m, k, n, None)?;
+                Ok(())
+            })?;
+            res.push((format!("ours_fp32_tile{tile}"), t));
+        }
     }
     Ok(res)
 }

@@ -17,7 +17,6 @@ use cudarc::driver::CudaSlice;
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
-use gpu_kernels::params::matmul::MATMUL_GEMV_MAX_ROWS;
 
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::gpu::Gpu;
@@ -29,7 +28,7 @@ use crate::gpu::ops::encoder::encoder_forward;
 use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::layernorm::layernorm_forward;
-use crate::gpu::ops::matmul::{MatmulKernel, choose, matmul_forward_with};
+use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
 use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, matmul_forward_tf32};
 use crate::gpu::ops::residual::residual_forward;
 use crate::gpu::runtime::CudaContextExt;
@@ -128,6 +127,9 @@ pub struct GpuEngine {
     /// creation so that no forward call allocates; `None` when the model's
     /// head size has no flash kernel.
     flash: Option<FlashWorkspace>,
+    /// Split-K partial sums of the FP32 matmuls, sized at creation for every
+    /// shape a forward call can run (see [`fp32_matmul_workspace_floats`]).
+    matmul_ws: MatmulWorkspace,
     params: DeviceParams,
     /// Per layer: K and V caches, `[max_batch][NH][max_seq_len][HS]` each.
     kv_cache: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
@@ -170,7 +172,7 @@ impl GpuEngine {
             weights.layers.len(),
             config.num_layers
         );
-        let needed = Self::device_bytes(&config, max_batch, max_seq_len);
+        let needed = Self::device_bytes(&config, max_batch, max_seq_len, gpu.sm_count());
         let oom = |what: &str| {
             format!(
                 "allocating {what} on {} (the engine needs about {} MiB in all: weights, activations for \
@@ -213,6 +215,8 @@ impl GpuEngine {
         } else {
             None
         };
+        let matmul_ws = MatmulWorkspace::new(&gpu, fp32_matmul_workspace_floats(&config, rows, gpu.sm_count()))
+            .with_context(|| oom("the matmul split-K workspace"))?;
         gpu.synchronize().context("uploading the weights")?;
         Ok(GpuEngine {
             gpu,
@@ -223,6 +227,7 @@ impl GpuEngine {
             window: 0,
             attention: AttentionKind::default(),
             flash,
+            matmul_ws,
             params,
             kv_cache,
             acts,
@@ -230,8 +235,9 @@ impl GpuEngine {
         })
     }
 
-    /// Device memory the engine allocates, in bytes (weights padded to Vp).
-    pub fn device_bytes(config: &ModelConfig, max_batch: usize, max_seq_len: usize) -> usize {
+    /// Device memory the engine allocates on a GPU of `sms` SMs, in bytes
+    /// (weights padded to Vp).
+    pub fn device_bytes(config: &ModelConfig, max_batch: usize, max_seq_len: usize, sms: usize) -> usize {
         let (c, l, vp) = (config.channels, config.num_layers, config.padded_vocab_size);
         let rows = max_batch * max_seq_len;
         let weights = config.num_parameters();
@@ -243,7 +249,8 @@ impl GpuEngine {
         } else {
             0
         };
-        (weights + kv + acts + flash) * F32_BYTES + rows * 4 + max_batch * 4
+        let matmul_ws = fp32_matmul_workspace_floats(config, rows, sms);
+        (weights + kv + acts + flash + matmul_ws) * F32_BYTES + rows * 4 + max_batch * 4
     }
 
     /// Choose the attention kernels (no allocation: the flash workspace
@@ -312,61 +319,26 @@ fn flash_workspace_floats(max_batch: usize, nh: usize, max_seq_len: usize) -> us
     max_batch * nh * FLASH_DECODE_MAX_T as usize * parts * (FLASH_HEAD_SIZE as usize + ML_FLOATS)
 }
 
-/// Most rows the FP32 path sends through the GEMV kernel in chunks of
-/// `MATMUL_GEMV_MAX_ROWS` rather than through the 64x64 tiled kernel. At
-/// M = 64 the tiled kernel has 12-48 blocks for 132 SMs (0.7 TFLOP/s measured
-/// on 64x3072x768); eight GEMV launches each stream W once (from L2 after the
-/// first: the layer weights are 2.4-9.4 MB) with every SM busy. Past a few
-/// chunks the repeated launches and input re-reads cost more than the tiled
-/// kernel's idle SMs, so the rule stops here (`bench gemm` times both at M = 64:
-/// `ours_fp32_gemv_chunked` vs `ours_fp32_tiled`).
-pub const FP32_CHUNKED_GEMV_MAX_ROWS: usize = 64;
-
-/// Whether the FP32 matmul of `n x oc` outputs should run as chunked GEMV:
-/// few rows, and the tiled kernel would not even fill one wave of blocks
-/// (the LM head, with hundreds of column tiles, stays tiled).
-pub fn fp32_prefers_chunked_gemv(n: usize, oc: usize, sms: usize) -> bool {
-    let blocks = crate::gpu::ops::matmul::tiled_blocks(n as u32, oc as u32) as usize;
-    n > MATMUL_GEMV_MAX_ROWS as usize && n <= FP32_CHUNKED_GEMV_MAX_ROWS && blocks < sms
-}
-
-/// FP32 `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias)` as GEMV launches
-/// over chunks of `MATMUL_GEMV_MAX_ROWS` rows (views of the same buffers: no
-/// allocation). Exact FP32 like the tiled kernel (same products, another
-/// summation order).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_fp32_gemv_chunked(
-    gpu: &Gpu,
-    out: &mut CudaSlice<f32>,
-    inp: &CudaSlice<f32>,
-    weight: &CudaSlice<f32>,
-    bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
-) -> Result<(), OpError> {
-    let rows = MATMUL_GEMV_MAX_ROWS as usize;
-    if out.len() < n * oc || inp.len() < n * c {
-        // Let the op's own checks word the error.
-        return matmul_forward_with(gpu, MatmulKernel::Tiled, false, out, inp, weight, bias, n, c, oc);
-    }
-    for r0 in (0..n).step_by(rows) {
-        let m = rows.min(n - r0);
-        let x = inp.slice(r0 * c..(r0 + m) * c);
-        let mut y = out.slice_mut(r0 * oc..(r0 + m) * oc);
-        matmul_forward_with(gpu, MatmulKernel::Gemv, false, &mut y, &x, weight, bias, m, c, oc)?;
-    }
-    Ok(())
+/// Split-K workspace floats for every FP32 matmul of a forward call with up
+/// to `rows` positions (qkv, attention and MLP projections, LM head).
+fn fp32_matmul_workspace_floats(config: &ModelConfig, rows: usize, sms: usize) -> usize {
+    let (c, vp) = (config.channels, config.padded_vocab_size);
+    [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, vp)]
+        .iter()
+        .map(|&(k, n)| split_k_workspace_floats(rows, k, n, sms))
+        .max()
+        .unwrap_or(0)
 }
 
 /// A linear layer, dispatched on precision and size: TF32 tensor cores for
 /// prefill-sized TF32 calls; otherwise FP32 on GEMV (decode), chunked GEMV
-/// (short prompts, see [`fp32_prefers_chunked_gemv`]) or the tiled kernel.
+/// or the tiled kernel, split over `c` when the grid would under-fill the
+/// GPU (`MatmulKernel::Auto` with the engine's workspace picks).
 #[allow(clippy::too_many_arguments)]
 fn matmul(
     gpu: &Gpu,
     precision: Precision,
-    sms: usize,
+    ws: &mut MatmulWorkspace,
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
     weight: &CudaSlice<f32>,
@@ -380,10 +352,7 @@ fn matmul(
         return matmul_forward_tf32(gpu, out, inp, weight, bias, n, c, oc, false)
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
     }
-    if fp32_prefers_chunked_gemv(n, oc, sms) {
-        return matmul_fp32_gemv_chunked(gpu, out, inp, weight, bias, n, c, oc);
-    }
-    matmul_forward_with(gpu, MatmulKernel::Auto, false, out, inp, weight, bias, n, c, oc)
+    matmul_forward_ws(gpu, MatmulKernel::Auto, false, out, inp, weight, bias, n, c, oc, ws)
 }
 
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
@@ -438,7 +407,7 @@ impl Backend for GpuEngine {
 
         let n = b * t;
         let (gpu, prec, p, a) = (&self.gpu, self.precision, &self.params, &mut self.acts);
-        let sms = gpu.sm_count();
+        let ws = &mut self.matmul_ws;
         let mut flash = match self.attention {
             AttentionKind::Flash => self.flash.as_mut(),
             AttentionKind::Unfused => None,
@@ -451,7 +420,7 @@ impl Backend for GpuEngine {
         for (lw, (k_cache, v_cache)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
             // attention sub-block: x + attproj(attention(qkv(ln1(x))))
             layernorm_forward(gpu, &mut a.ln, &a.residual, &lw.ln1w, &lw.ln1b, n, c)?;
-            matmul(gpu, prec, sms, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * c)?;
+            matmul(gpu, prec, ws, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * c)?;
             attention(
                 gpu,
                 flash.as_deref_mut(),
@@ -471,7 +440,7 @@ impl Backend for GpuEngine {
             matmul(
                 gpu,
                 prec,
-                sms,
+                ws,
                 &mut a.proj,
                 &a.atty,
                 &lw.attprojw,
@@ -483,12 +452,12 @@ impl Backend for GpuEngine {
             residual_forward(gpu, &mut a.residual2, &a.residual, &a.proj, n * c)?;
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x))))
             layernorm_forward(gpu, &mut a.ln, &a.residual2, &lw.ln2w, &lw.ln2b, n, c)?;
-            matmul(gpu, prec, sms, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, 4 * c)?;
+            matmul(gpu, prec, ws, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, 4 * c)?;
             gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
             matmul(
                 gpu,
                 prec,
-                sms,
+                ws,
                 &mut a.proj,
                 &a.fch_gelu,
                 &lw.fcprojw,
@@ -521,7 +490,7 @@ impl Backend for GpuEngine {
             LogitsWanted::All => &a.ln,
             LogitsWanted::Last => &a.head_in,
         };
-        matmul(gpu, prec, sms, &mut a.logits, head_in, &p.wte, None, rows, c, vp)?;
+        matmul(gpu, prec, ws, &mut a.logits, head_in, &p.wte, None, rows, c, vp)?;
         self.last = Some(Last { b, rows });
         Ok(())
     }

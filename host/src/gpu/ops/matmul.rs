@@ -1,54 +1,303 @@
 //! `matmul_forward`: `out = inp · weightᵀ + bias` in FP32 (twin of
 //! `cpu::ops::matmul_forward`), with an optional fused GELU epilogue.
+//!
+//! Kernels: GEMV (a handful of rows, decode), GEMV in chunks of rows (short
+//! prompts, when predicted faster), and the shared-memory tiled kernel with a
+//! 128x128 or 64x128 block tile, optionally split over `c` (split-K): each of
+//! S splits writes a partial tile to a [`MatmulWorkspace`], and a second
+//! kernel sums the S partials in a fixed order (deterministic, no atomics)
+//! and applies bias and GELU. [`plan_tiled`] picks tile and S with a wave
+//! model of the GPU ([`predict_tiled_us`]), for the device's real SM count.
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul::{
-    MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_FORWARD, MATMUL_FORWARD_GEMV, MATMUL_FORWARD_MID, MATMUL_FORWARD_NAIVE,
-    MATMUL_GEMV_BLOCK, MATMUL_GEMV_MAX_ROWS, MATMUL_NAIVE_SIDE, MATMUL_TILE_M, MATMUL_TILE_M_MID, MATMUL_TILE_N,
-    MatmulParams, matmul_shared_bytes,
+    MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_BLOCKS_PER_SM, MATMUL_BLOCKS_PER_SM_MID, MATMUL_FORWARD,
+    MATMUL_FORWARD_GEMV, MATMUL_FORWARD_MID, MATMUL_FORWARD_NAIVE, MATMUL_GEMV_BLOCK, MATMUL_GEMV_MAX_ROWS,
+    MATMUL_NAIVE_SIDE, MATMUL_SPLIT_REDUCE, MATMUL_SPLIT_REDUCE_BLOCK, MATMUL_SPLIT_REDUCE_PER_THREAD, MATMUL_TILE_K,
+    MATMUL_TILE_M, MATMUL_TILE_M_MID, MATMUL_TILE_N, MatmulParams, MatmulSplitReduceParams, matmul_shared_bytes,
 };
 
 use super::args::{OpError, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, GpuError};
 
 const OP: &str = "matmul_forward";
 /// Threads per warp (the GEMV kernel gives each output column one warp).
 const WARP: u32 = 32;
 /// Largest grid y/z extent CUDA allows.
 const MAX_GRID_YZ: u32 = 65535;
-/// SMs of the GPUs we tune for (H100 SXM and H200 SXM both have 132): below
-/// this many large tiles the tiled kernel switches to the mid-size tile,
-/// which doubles the blocks so the first wave fills more SMs.
-const FILL_SMS: u32 = 132;
 
-/// Rows per block tile of the tiled kernel [`launch_config`] picks for an
-/// `n x oc` output: the 128x128 tile when it gives at least one block per
-/// SM, else the 64x128 one.
-pub fn tiled_tile_m(n: u32, oc: u32) -> u32 {
-    let large_blocks = n.div_ceil(MATMUL_TILE_M) * oc.div_ceil(MATMUL_TILE_N);
-    if large_blocks >= FILL_SMS {
-        MATMUL_TILE_M
-    } else {
-        MATMUL_TILE_M_MID
+/// Most rows the FP32 dispatch ([`MatmulKernel::Auto`] with a workspace)
+/// considers running as GEMV launches over chunks of `MATMUL_GEMV_MAX_ROWS`
+/// rows; it does so only where [`predict_gemv_chunked_us`] beats the tiled
+/// plan. Past a few chunks the repeated launches and weight re-reads lose.
+pub const FP32_CHUNKED_GEMV_MAX_ROWS: usize = 64;
+
+// The wave model of the tiled kernel (see `predict_tiled_us`). Calibrated on
+// the H200 (132 SMs) runs of "FP32 SGEMM v2" (docs/performance.md): a wave of
+// two 128x128 blocks per SM over K = 768 takes 160 µs (fits M = 8192 and
+// M = 1024 within 3 %), one lone 64x128 block per SM over K = 768 takes 75 µs.
+
+/// FP32 FFMA rate of one SM, FLOP/s: 128 lanes x 2 FLOP x 1.98 GHz (H100 /
+/// H200 SXM boost clock).
+const SM_PEAK_FLOPS: f64 = 128.0 * 2.0 * 1.98e9;
+/// The tiled kernel's fraction of SM peak with `w` resident warps is
+/// `EFF_MAX * w / (w + EFF_HALF_WARPS)`: 0.62 at 16 warps (two 128x128
+/// blocks, measured), 0.33 at 4 warps (one 64x128 block, measured), 0.48 at
+/// 8, 0.57 at 12 (interpolated). Few warps cannot hide the per-k-slice
+/// global-load latency.
+const EFF_MAX: f64 = 0.877;
+/// See [`EFF_MAX`].
+const EFF_HALF_WARPS: f64 = 6.63;
+/// Fixed cost per wave of blocks, µs: the first k-slice's load latency and
+/// the epilogue's stores, which no other work of the block hides.
+const WAVE_OVERHEAD_US: f64 = 1.5;
+/// Cost of the split-K reduction's extra launch (gap between dependent
+/// kernels plus its own ramp), µs.
+const SPLIT_REDUCE_LAUNCH_US: f64 = 2.0;
+/// Partial sums up to this many bytes are assumed to stay in L2 (H100/H200
+/// have 50 MB) between their write and the reduction's read.
+const PARTIAL_L2_BYTES: f64 = 32.0 * 1024.0 * 1024.0;
+/// Bandwidth of partial-sum traffic that stays in L2, bytes/s.
+const PARTIAL_BW_L2: f64 = 7.0e12;
+/// Bandwidth of partial-sum traffic that goes to HBM, bytes/s (H200
+/// device-to-device copies reach ~4.3 TB/s).
+const PARTIAL_BW_HBM: f64 = 3.5e12;
+/// Smallest depth of `c` one split covers: below it the per-block prologue
+/// and epilogue and the partial traffic outweigh the extra parallelism.
+const MIN_SPLIT_DEPTH: usize = 64;
+/// Most splits of `c`.
+const MAX_SPLITS: usize = 64;
+/// Split-K is considered only while its grid stays within this many waves of
+/// resident blocks: splitting is for grids that under-fill the GPU, and the
+/// bound caps the workspace (see [`split_k_workspace_floats`]).
+const MAX_SPLIT_WAVES: usize = 3;
+/// Launch cost of one GEMV launch of the chunked path, µs.
+const GEMV_LAUNCH_US: f64 = 2.0;
+/// Latency of one step of the GEMV kernel's loop (each warp walks its weight
+/// row 128 floats per step, with few warps per SM to hide the load), µs.
+const GEMV_STEP_US: f64 = 0.7;
+/// Floats of `c` one GEMV warp covers per step (32 lanes x 4).
+const GEMV_STEP_FLOATS: usize = 128;
+/// Bytes per f32.
+const F32_BYTES: usize = 4;
+
+/// How the tiled kernel runs: block tile rows (`MATMUL_TILE_M` or
+/// `MATMUL_TILE_M_MID`; the tile is always `MATMUL_TILE_N` columns wide) and
+/// the split of `c`: `splits` blocks along grid z, each covering `k_chunk`
+/// of `c` (the last one the rest). `splits == 1` is the plain kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TiledPlan {
+    pub tile_m: u32,
+    pub splits: u32,
+    pub k_chunk: u32,
+}
+
+impl TiledPlan {
+    /// The unsplit kernel with a `tile_m`-row tile.
+    pub fn unsplit(tile_m: u32, c: usize) -> Self {
+        TiledPlan {
+            tile_m,
+            splits: 1,
+            k_chunk: c as u32,
+        }
+    }
+
+    /// At most `splits` splits of `c`, each a multiple of `MATMUL_TILE_K`
+    /// deep (so 16-byte loads stay aligned), none empty: the split count may
+    /// come out lower than asked.
+    pub fn split(tile_m: u32, c: usize, splits: usize) -> Self {
+        let tk = MATMUL_TILE_K as usize;
+        let chunk = c.div_ceil(splits.max(1)).div_ceil(tk) * tk;
+        if chunk == 0 || chunk >= c {
+            return Self::unsplit(tile_m, c);
+        }
+        TiledPlan {
+            tile_m,
+            splits: c.div_ceil(chunk) as u32,
+            k_chunk: chunk as u32,
+        }
+    }
+
+    /// Floats of workspace this plan needs for an `n x oc` output.
+    pub fn workspace_floats(&self, n: usize, oc: usize) -> usize {
+        if self.splits > 1 {
+            self.splits as usize * n * oc
+        } else {
+            0
+        }
+    }
+
+    /// Kernel name, threads per block and resident blocks per SM of the tile.
+    fn kernel(&self) -> (&'static str, u32, u32) {
+        if self.tile_m == MATMUL_TILE_M {
+            (MATMUL_FORWARD, MATMUL_BLOCK, MATMUL_BLOCKS_PER_SM)
+        } else {
+            (MATMUL_FORWARD_MID, MATMUL_BLOCK_MID, MATMUL_BLOCKS_PER_SM_MID)
+        }
+    }
+
+    /// Blocks of the tiled launch for an `n x oc` output.
+    pub fn blocks(&self, n: usize, oc: usize) -> usize {
+        n.div_ceil(self.tile_m as usize) * oc.div_ceil(MATMUL_TILE_N as usize) * self.splits as usize
     }
 }
 
-/// Blocks the tiled kernel launches for an `n x oc` output.
-pub fn tiled_blocks(n: u32, oc: u32) -> u32 {
-    n.div_ceil(tiled_tile_m(n, oc)) * oc.div_ceil(MATMUL_TILE_N)
+/// Fraction of SM peak the tiled kernel reaches with `warps` resident warps.
+fn efficiency(warps: usize) -> f64 {
+    let w = warps as f64;
+    EFF_MAX * w / (w + EFF_HALF_WARPS)
+}
+
+/// Predicted time of `plan` for `out[n, oc] = inp[n, c] · weightᵀ` on `sms`
+/// SMs, µs, by waves: a grid that fits the resident slots (`sms x blocks per
+/// SM`) spreads breadth-first, so the busiest SM runs `ceil(blocks / sms)`
+/// blocks at once; a larger grid runs in `ceil(blocks / slots)` full waves
+/// (freed slots are refilled in pairs, so the last partial wave costs a full
+/// one: the M = 8192 measurements follow this). Split-K adds the reduction:
+/// one launch plus writing and reading the partials. Coarse (it ignores
+/// memory bandwidth of the operands, fine for K >= 64 on these tiles); its
+/// job is ranking plans.
+pub fn predict_tiled_us(plan: &TiledPlan, n: usize, c: usize, oc: usize, sms: usize) -> f64 {
+    let (_, threads, resident) = plan.kernel();
+    let (warps, resident) = ((threads / WARP) as usize, resident as usize);
+    let blocks = plan.blocks(n, oc);
+    let depth = (plan.k_chunk as usize).min(c);
+    let block_us = 2.0 * (plan.tile_m * MATMUL_TILE_N) as f64 * depth as f64 / SM_PEAK_FLOPS * 1e6;
+    let sms = sms.max(1);
+    let slots = sms * resident;
+    let gemm = if blocks <= slots {
+        let per_sm = blocks.div_ceil(sms);
+        per_sm as f64 * block_us / efficiency(per_sm * warps) + WAVE_OVERHEAD_US
+    } else {
+        let waves = blocks.div_ceil(slots);
+        waves as f64 * (resident as f64 * block_us / efficiency(resident * warps) + WAVE_OVERHEAD_US)
+    };
+    if plan.splits <= 1 {
+        return gemm;
+    }
+    // Rows padded to the mid tile: the plan then depends on n only through
+    // ceil(n / 64), which `split_k_workspace_floats` relies on.
+    let rows = n.div_ceil(MATMUL_TILE_M_MID as usize) * MATMUL_TILE_M_MID as usize;
+    let partial_bytes = (plan.splits as usize * rows * oc * F32_BYTES) as f64;
+    let bw = if partial_bytes <= PARTIAL_L2_BYTES {
+        PARTIAL_BW_L2
+    } else {
+        PARTIAL_BW_HBM
+    };
+    // Written by the tiled kernel, read by the reduction.
+    gemm + SPLIT_REDUCE_LAUNCH_US + 2.0 * partial_bytes / bw * 1e6
+}
+
+/// Predicted time of the chunked GEMV path ([`MatmulKernel::GemvChunked`]),
+/// µs: one launch per `MATMUL_GEMV_MAX_ROWS` rows, each bound by its warps'
+/// serial walk over `c` or by streaming the weights from memory.
+pub fn predict_gemv_chunked_us(n: usize, c: usize, oc: usize) -> f64 {
+    let chunks = n.div_ceil(MATMUL_GEMV_MAX_ROWS as usize);
+    let walk = c.div_ceil(GEMV_STEP_FLOATS) as f64 * GEMV_STEP_US;
+    let stream = (oc * c * F32_BYTES) as f64 / PARTIAL_BW_HBM * 1e6;
+    chunks as f64 * (GEMV_LAUNCH_US + walk.max(stream))
+}
+
+/// The fastest tiled plan by [`predict_tiled_us`] for an `n x oc` output
+/// over depth `c` on `sms` SMs, among both tiles unsplit and split-K plans
+/// whose partials fit `workspace_floats` (0: no split-K). Splits are at least
+/// `MIN_SPLIT_DEPTH` deep, at most `MAX_SPLITS`, and the grid at most
+/// `MAX_SPLIT_WAVES` waves. Ties keep the earlier candidate (large tile,
+/// fewer splits).
+pub fn plan_tiled(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: usize) -> TiledPlan {
+    let mut best = TiledPlan::unsplit(MATMUL_TILE_M, c);
+    let mut best_us = predict_tiled_us(&best, n, c, oc, sms);
+    for tile_m in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
+        let mut consider = |plan: TiledPlan| {
+            let us = predict_tiled_us(&plan, n, c, oc, sms);
+            if us < best_us {
+                (best, best_us) = (plan, us);
+            }
+        };
+        consider(TiledPlan::unsplit(tile_m, c));
+        let slots = sms.max(1) * TiledPlan::unsplit(tile_m, c).kernel().2 as usize;
+        let mut last_splits = 1;
+        for s in 2..=MAX_SPLITS {
+            let plan = TiledPlan::split(tile_m, c, s);
+            if (plan.k_chunk as usize) < MIN_SPLIT_DEPTH {
+                break;
+            }
+            if plan.splits == last_splits {
+                continue;
+            }
+            last_splits = plan.splits;
+            if plan.blocks(n, oc) > MAX_SPLIT_WAVES * slots || plan.workspace_floats(n, oc) > workspace_floats {
+                continue;
+            }
+            consider(plan);
+        }
+    }
+    best
+}
+
+/// Workspace floats that let every call with `n <= max_n` rows (depth `c`,
+/// `oc` columns) on `sms` SMs run the plan [`plan_tiled`] picks with no
+/// limit. Plans depend on `n` only through `ceil(n / MATMUL_TILE_M_MID)`, so
+/// one `n` per 64 rows (the largest) is checked.
+pub fn split_k_workspace_floats(max_n: usize, c: usize, oc: usize, sms: usize) -> usize {
+    let step = MATMUL_TILE_M_MID as usize;
+    (1..=max_n.div_ceil(step))
+        .map(|b| {
+            let n = (b * step).min(max_n);
+            plan_tiled(n, c, oc, sms, usize::MAX).workspace_floats(n, oc)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Scratch for split-K partial sums, allocated once by its owner (the engine
+/// sizes it with [`split_k_workspace_floats`]) and reused by every call.
+pub struct MatmulWorkspace {
+    partial: CudaSlice<f32>,
+    floats: usize,
+}
+
+impl MatmulWorkspace {
+    /// A workspace of `floats` floats (0 is allowed: it disables split-K).
+    pub fn new(gpu: &Gpu, floats: usize) -> Result<Self, GpuError> {
+        Ok(Self {
+            partial: gpu.alloc(floats)?,
+            floats,
+        })
+    }
+
+    /// A workspace over an existing buffer (all of it).
+    pub fn from_buffer(partial: CudaSlice<f32>) -> Self {
+        let floats = partial.len();
+        Self { partial, floats }
+    }
+
+    /// Its size in floats.
+    pub fn floats(&self) -> usize {
+        self.floats
+    }
 }
 
 /// Which matmul kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulKernel {
-    /// GEMV for `n <= MATMUL_GEMV_MAX_ROWS` (decode), else tiled.
+    /// GEMV for `n <= MATMUL_GEMV_MAX_ROWS` (decode), else the fastest
+    /// predicted of chunked GEMV (`n <= FP32_CHUNKED_GEMV_MAX_ROWS`) and the
+    /// tiled plan, split-K included when a workspace is given.
     Auto,
+    /// The tiled kernel unsplit, tile by [`plan_tiled`].
     Tiled,
+    /// The tiled plan of [`plan_tiled`] with split-K allowed (needs a
+    /// workspace; it may still pick an unsplit plan).
+    SplitK,
+    /// GEMV launches over chunks of `MATMUL_GEMV_MAX_ROWS` rows.
+    GemvChunked,
     Gemv,
     Naive,
 }
 
-/// The kernel [`MatmulKernel::Auto`] picks for `n` rows.
+/// The kernel [`MatmulKernel::Auto`] picks for `n` rows when no workspace is
+/// given.
 pub fn choose(n: usize) -> MatmulKernel {
     if n <= MATMUL_GEMV_MAX_ROWS as usize {
         MatmulKernel::Gemv
@@ -57,25 +306,50 @@ pub fn choose(n: usize) -> MatmulKernel {
     }
 }
 
-/// Kernel name and launch configuration for an `n x oc` output.
-pub fn launch_config(kernel: MatmulKernel, n: u32, oc: u32) -> Result<(&'static str, LaunchConfig), OpError> {
-    let cfg = match kernel {
-        MatmulKernel::Auto => return launch_config(choose(n as usize), n, oc),
+/// Launch configuration of the tiled kernel under `plan` for an `n x oc`
+/// output (grid z = splits).
+pub fn tiled_launch_config(plan: &TiledPlan, n: u32, oc: u32) -> Result<(&'static str, LaunchConfig), OpError> {
+    let (name, threads, _) = plan.kernel();
+    let rows = n.div_ceil(plan.tile_m);
+    if rows > MAX_GRID_YZ {
+        return Err(OpError::TooLarge {
+            op: OP,
+            what: "row blocks",
+            value: rows as usize,
+        });
+    }
+    if plan.splits > MAX_GRID_YZ {
+        return Err(OpError::TooLarge {
+            op: OP,
+            what: "splits",
+            value: plan.splits as usize,
+        });
+    }
+    Ok((
+        name,
+        LaunchConfig {
+            grid_dim: (oc.div_ceil(MATMUL_TILE_N), rows, plan.splits),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: matmul_shared_bytes(plan.tile_m),
+        },
+    ))
+}
+
+/// Kernel name and launch configuration of a one-launch kernel (`Tiled`,
+/// `Gemv`, `Naive`; `Auto` as [`choose`]) for an `n x oc` output over depth
+/// `c` on `sms` SMs.
+pub fn launch_config(
+    kernel: MatmulKernel,
+    n: u32,
+    c: u32,
+    oc: u32,
+    sms: usize,
+) -> Result<(&'static str, LaunchConfig), OpError> {
+    match kernel {
+        MatmulKernel::Auto => launch_config(choose(n as usize), n, c, oc, sms),
         MatmulKernel::Tiled => {
-            let tile_m = tiled_tile_m(n, oc);
-            let (name, threads) = if tile_m == MATMUL_TILE_M {
-                (MATMUL_FORWARD, MATMUL_BLOCK)
-            } else {
-                (MATMUL_FORWARD_MID, MATMUL_BLOCK_MID)
-            };
-            (
-                name,
-                LaunchConfig {
-                    grid_dim: (oc.div_ceil(MATMUL_TILE_N), n.div_ceil(tile_m), 1),
-                    block_dim: (threads, 1, 1),
-                    shared_mem_bytes: matmul_shared_bytes(tile_m),
-                },
-            )
+            let plan = plan_tiled(n as usize, c as usize, oc as usize, sms, 0);
+            tiled_launch_config(&plan, n, oc)
         }
         MatmulKernel::Gemv => {
             if n > MATMUL_GEMV_MAX_ROWS {
@@ -85,32 +359,37 @@ pub fn launch_config(kernel: MatmulKernel, n: u32, oc: u32) -> Result<(&'static 
                 ));
             }
             let cols_per_block = MATMUL_GEMV_BLOCK / WARP;
-            (
+            Ok((
                 MATMUL_FORWARD_GEMV,
                 LaunchConfig {
                     grid_dim: (oc.div_ceil(cols_per_block), 1, 1),
                     block_dim: (MATMUL_GEMV_BLOCK, 1, 1),
                     shared_mem_bytes: 0,
                 },
-            )
+            ))
         }
-        MatmulKernel::Naive => (
-            MATMUL_FORWARD_NAIVE,
-            LaunchConfig {
-                grid_dim: (oc.div_ceil(MATMUL_NAIVE_SIDE), n.div_ceil(MATMUL_NAIVE_SIDE), 1),
-                block_dim: (MATMUL_NAIVE_SIDE, MATMUL_NAIVE_SIDE, 1),
-                shared_mem_bytes: 0,
-            },
-        ),
-    };
-    if cfg.1.grid_dim.1 > MAX_GRID_YZ {
-        return Err(OpError::TooLarge {
-            op: OP,
-            what: "row blocks",
-            value: cfg.1.grid_dim.1 as usize,
-        });
+        MatmulKernel::Naive => {
+            let rows = n.div_ceil(MATMUL_NAIVE_SIDE);
+            if rows > MAX_GRID_YZ {
+                return Err(OpError::TooLarge {
+                    op: OP,
+                    what: "row blocks",
+                    value: rows as usize,
+                });
+            }
+            Ok((
+                MATMUL_FORWARD_NAIVE,
+                LaunchConfig {
+                    grid_dim: (oc.div_ceil(MATMUL_NAIVE_SIDE), rows, 1),
+                    block_dim: (MATMUL_NAIVE_SIDE, MATMUL_NAIVE_SIDE, 1),
+                    shared_mem_bytes: 0,
+                },
+            ))
+        }
+        MatmulKernel::SplitK | MatmulKernel::GemvChunked => {
+            Err(OpError::shape(OP, format!("{kernel:?} is not a single launch")))
+        }
     }
-    Ok(cfg)
 }
 
 /// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`.
@@ -158,7 +437,8 @@ pub fn matmul_forward_naive<B: DevicePtr<f32>>(
     matmul_forward_with(gpu, MatmulKernel::Naive, false, out, inp, weight, bias, n, c, oc)
 }
 
-/// The matmul on a chosen kernel, with or without the GELU epilogue.
+/// The matmul on a chosen kernel, with or without the GELU epilogue, and no
+/// split-K workspace (`SplitK` is refused; `Auto` never splits).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_with<B: DevicePtr<f32>>(
     gpu: &Gpu,
@@ -172,34 +452,346 @@ pub fn matmul_forward_with<B: DevicePtr<f32>>(
     c: usize,
     oc: usize,
 ) -> Result<(), OpError> {
-    count_u32(OP, "n * c", &[n, c])?;
-    count_u32(OP, "n * oc", &[n, oc])?;
-    count_u32(OP, "oc * c", &[oc, c])?;
-    check_len(OP, "out", out.len(), n * oc)?;
-    check_len(OP, "inp", inp.len(), n * c)?;
-    check_len(OP, "weight", weight.len(), oc * c)?;
-    if let Some(b) = bias {
-        check_len(OP, "bias", b.len(), oc)?;
-    }
-    if n == 0 || oc == 0 {
+    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, n, c, oc)? else {
         return Ok(());
-    }
-    let (name, cfg) = launch_config(kernel, to_u32(OP, "n", n)?, to_u32(OP, "oc", oc)?)?;
-    let params = MatmulParams {
-        out: out_ptr(gpu, out),
-        inp: in_ptr(gpu, inp),
-        weight: in_ptr(gpu, weight),
-        bias: bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b)),
-        n: n as u32,
-        c: c as u32,
-        oc: oc as u32,
-        gelu: gelu as u32,
     };
-    // SAFETY: out n*oc, inp n*c, weight oc*c and bias oc floats (checked);
-    // the configuration comes from `launch_config` for this kernel (tile
-    // sizes and shared memory from the same params constants the kernel
-    // uses; GEMV only for n <= MATMUL_GEMV_MAX_ROWS); kernels check
-    // alignment before any 16-byte access.
-    unsafe { gpu.launch(name, cfg, params)? };
-    Ok(())
+    let kernel = match kernel {
+        MatmulKernel::Auto => choose(n),
+        MatmulKernel::SplitK => {
+            return Err(OpError::shape(
+                OP,
+                "split-K needs a MatmulWorkspace (matmul_forward_ws)",
+            ));
+        }
+        k => k,
+    };
+    args.run(gpu, kernel, None)
+}
+
+/// The matmul on a chosen kernel with a split-K workspace: the FP32 entry
+/// point of the engine (`Auto`: GEMV, chunked GEMV or the tiled plan,
+/// whichever is predicted fastest, split-K within the workspace).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_ws<B: DevicePtr<f32>>(
+    gpu: &Gpu,
+    kernel: MatmulKernel,
+    gelu: bool,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<f32>,
+    weight: &impl DevicePtr<f32>,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    ws: &mut MatmulWorkspace,
+) -> Result<(), OpError> {
+    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, n, c, oc)? else {
+        return Ok(());
+    };
+    args.run(gpu, kernel, Some(ws))
+}
+
+/// The tiled kernel under an explicit `plan` (tests, tuning): `plan.splits >
+/// 1` needs `ws` with `plan.workspace_floats(n, oc)` floats.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_plan<B: DevicePtr<f32>>(
+    gpu: &Gpu,
+    plan: &TiledPlan,
+    gelu: bool,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<f32>,
+    weight: &impl DevicePtr<f32>,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    ws: Option<&mut MatmulWorkspace>,
+) -> Result<(), OpError> {
+    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, n, c, oc)? else {
+        return Ok(());
+    };
+    args.tiled(gpu, plan, ws)
+}
+
+/// One call's checked arguments: device addresses and sizes.
+struct Args {
+    out: *mut f32,
+    inp: *const f32,
+    weight: *const f32,
+    bias: *const f32,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+}
+
+impl Args {
+    /// Checks sizes and buffer lengths; `None` when the output is empty.
+    #[allow(clippy::too_many_arguments)]
+    fn new<B: DevicePtr<f32>>(
+        gpu: &Gpu,
+        gelu: bool,
+        out: &mut impl DevicePtrMut<f32>,
+        inp: &impl DevicePtr<f32>,
+        weight: &impl DevicePtr<f32>,
+        bias: Option<&B>,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> Result<Option<Self>, OpError> {
+        count_u32(OP, "n * c", &[n, c])?;
+        count_u32(OP, "n * oc", &[n, oc])?;
+        count_u32(OP, "oc * c", &[oc, c])?;
+        check_len(OP, "out", out.len(), n * oc)?;
+        check_len(OP, "inp", inp.len(), n * c)?;
+        check_len(OP, "weight", weight.len(), oc * c)?;
+        if let Some(b) = bias {
+            check_len(OP, "bias", b.len(), oc)?;
+        }
+        if n == 0 || oc == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Args {
+            out: out_ptr(gpu, out),
+            inp: in_ptr(gpu, inp),
+            weight: in_ptr(gpu, weight),
+            bias: bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b)),
+            n,
+            c,
+            oc,
+            gelu,
+        }))
+    }
+
+    /// Kernel parameters for rows `r0..r0 + rows` of this call.
+    fn params(&self, r0: usize, rows: usize) -> MatmulParams {
+        MatmulParams {
+            // Device addresses: offset, never dereferenced here.
+            out: self.out.wrapping_add(r0 * self.oc),
+            inp: self.inp.wrapping_add(r0 * self.c),
+            weight: self.weight,
+            bias: self.bias,
+            n: rows as u32,
+            c: self.c as u32,
+            oc: self.oc as u32,
+            gelu: self.gelu as u32,
+            k_chunk: self.c as u32,
+        }
+    }
+
+    /// Run on `kernel`; `Auto` and `SplitK` plan with `ws`.
+    fn run(&self, gpu: &Gpu, kernel: MatmulKernel, ws: Option<&mut MatmulWorkspace>) -> Result<(), OpError> {
+        let (n, c, oc, sms) = (self.n, self.c, self.oc, gpu.sm_count());
+        let ws_floats = ws.as_ref().map_or(0, |w| w.floats);
+        match kernel {
+            MatmulKernel::Auto => {
+                if n <= MATMUL_GEMV_MAX_ROWS as usize {
+                    return self.single(gpu, MatmulKernel::Gemv);
+                }
+                let plan = plan_tiled(n, c, oc, sms, ws_floats);
+                if n <= FP32_CHUNKED_GEMV_MAX_ROWS
+                    && predict_gemv_chunked_us(n, c, oc) < predict_tiled_us(&plan, n, c, oc, sms)
+                {
+                    return self.gemv_chunked(gpu);
+                }
+                self.tiled(gpu, &plan, ws)
+            }
+            MatmulKernel::SplitK => {
+                let plan = plan_tiled(n, c, oc, sms, ws_floats);
+                self.tiled(gpu, &plan, ws)
+            }
+            MatmulKernel::Tiled => self.tiled(gpu, &plan_tiled(n, c, oc, sms, 0), None),
+            MatmulKernel::GemvChunked => self.gemv_chunked(gpu),
+            MatmulKernel::Gemv | MatmulKernel::Naive => self.single(gpu, kernel),
+        }
+    }
+
+    /// One launch of `Gemv` or `Naive` over all rows.
+    fn single(&self, gpu: &Gpu, kernel: MatmulKernel) -> Result<(), OpError> {
+        let (name, cfg) = launch_config(
+            kernel,
+            to_u32(OP, "n", self.n)?,
+            self.c as u32,
+            to_u32(OP, "oc", self.oc)?,
+            gpu.sm_count(),
+        )?;
+        // SAFETY: out n*oc, inp n*c, weight oc*c and bias oc floats (checked
+        // in `Args::new`); the configuration comes from `launch_config` for
+        // this kernel (GEMV only for n <= MATMUL_GEMV_MAX_ROWS); kernels check
+        // alignment before any 16-byte access.
+        unsafe { gpu.launch(name, cfg, self.params(0, self.n))? };
+        Ok(())
+    }
+
+    /// GEMV launches over chunks of `MATMUL_GEMV_MAX_ROWS` rows.
+    fn gemv_chunked(&self, gpu: &Gpu) -> Result<(), OpError> {
+        let rows = MATMUL_GEMV_MAX_ROWS as usize;
+        for r0 in (0..self.n).step_by(rows) {
+            let m = rows.min(self.n - r0);
+            let (name, cfg) = launch_config(
+                MatmulKernel::Gemv,
+                m as u32,
+                self.c as u32,
+                to_u32(OP, "oc", self.oc)?,
+                gpu.sm_count(),
+            )?;
+            // SAFETY: rows r0..r0+m of out (m*oc floats from r0*oc) and inp
+            // (m*c floats from r0*c) lie within the checked n*oc and n*c;
+            // weight and bias as checked; m <= MATMUL_GEMV_MAX_ROWS as the
+            // GEMV kernel requires; it checks alignment before 16-byte loads.
+            unsafe { gpu.launch(name, cfg, self.params(r0, m))? };
+        }
+        Ok(())
+    }
+
+    /// The tiled kernel under `plan`; split plans then run the reduction.
+    fn tiled(&self, gpu: &Gpu, plan: &TiledPlan, ws: Option<&mut MatmulWorkspace>) -> Result<(), OpError> {
+        let (n, c, oc) = (self.n, self.c, self.oc);
+        if plan.tile_m != MATMUL_TILE_M && plan.tile_m != MATMUL_TILE_M_MID {
+            return Err(OpError::shape(
+                OP,
+                format!("no tiled kernel has {}-row tiles", plan.tile_m),
+            ));
+        }
+        let (n32, oc32) = (to_u32(OP, "n", n)?, to_u32(OP, "oc", oc)?);
+        if plan.splits <= 1 {
+            let (name, cfg) = tiled_launch_config(&TiledPlan::unsplit(plan.tile_m, c), n32, oc32)?;
+            // SAFETY: out n*oc, inp n*c, weight oc*c and bias oc floats
+            // (checked in `Args::new`); grid, block and shared memory from
+            // `tiled_launch_config` for this tile (same params constants as
+            // the kernel); one split with k_chunk = c; the kernel checks
+            // alignment before any 16-byte access.
+            unsafe { gpu.launch(name, cfg, self.params(0, n))? };
+            return Ok(());
+        }
+        let tk = MATMUL_TILE_K as usize;
+        let chunk = plan.k_chunk as usize;
+        if chunk == 0 || !chunk.is_multiple_of(tk) || c.div_ceil(chunk) != plan.splits as usize {
+            return Err(OpError::shape(
+                OP,
+                format!(
+                    "split plan {plan:?} does not cut c = {c} into {} non-empty multiples of {tk}",
+                    plan.splits
+                ),
+            ));
+        }
+        let need = plan.workspace_floats(n, oc);
+        let Some(ws) = ws else {
+            return Err(OpError::shape(OP, "a split-K plan needs a MatmulWorkspace"));
+        };
+        check_len(OP, "split-K workspace", ws.floats, need)?;
+        let partial = out_ptr(gpu, &mut ws.partial);
+        let (name, cfg) = tiled_launch_config(plan, n32, oc32)?;
+        let params = MatmulParams {
+            out: partial,
+            bias: std::ptr::null(),
+            gelu: 0,
+            k_chunk: plan.k_chunk,
+            ..self.params(0, n)
+        };
+        // SAFETY: the workspace holds splits*n*oc floats (checked above) and
+        // block z writes only its [n, oc] slice z; inp n*c and weight oc*c
+        // floats (checked in `Args::new`); k_chunk is a nonzero multiple of
+        // MATMUL_TILE_K with ceil(c / k_chunk) = splits = grid z, bias null
+        // and gelu 0 as a split launch requires; grid, block and shared
+        // memory from `tiled_launch_config` for this tile.
+        unsafe { gpu.launch(name, cfg, params)? };
+        let groups = count_u32(OP, "n * oc", &[n, oc])?.div_ceil(MATMUL_SPLIT_REDUCE_PER_THREAD);
+        let cfg = LaunchConfig {
+            grid_dim: (groups.div_ceil(MATMUL_SPLIT_REDUCE_BLOCK), 1, 1),
+            block_dim: (MATMUL_SPLIT_REDUCE_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let reduce = MatmulSplitReduceParams {
+            out: self.out,
+            partial,
+            bias: self.bias,
+            n: n32,
+            oc: oc32,
+            splits: plan.splits,
+            gelu: self.gelu as u32,
+        };
+        // SAFETY: out n*oc and bias oc floats (checked in `Args::new`); the
+        // workspace holds the splits*n*oc partials the launch above writes
+        // first (same stream); one thread per MATMUL_SPLIT_REDUCE_PER_THREAD
+        // outputs covers n*oc; the kernel checks alignment before 16-byte
+        // access.
+        unsafe { gpu.launch(MATMUL_SPLIT_REDUCE, cfg, reduce)? };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// H100 / H200 SXM.
+    const SMS: usize = 132;
+    /// GPT-2 124M's (N, K) and the M of `bench gemm`.
+    const GEMM_M: [usize; 3] = [64, 1024, 8192];
+    const GEMM_NK: [(usize, usize); 5] = [(2304, 768), (768, 768), (3072, 768), (768, 3072), (50304, 768)];
+
+    #[test]
+    fn split_covers_c_with_aligned_nonempty_chunks() {
+        for c in [0, 1, 7, 8, 63, 64, 130, 257, 768, 3072] {
+            for s in 1..=70 {
+                let p = TiledPlan::split(MATMUL_TILE_M, c, s);
+                assert!(p.splits >= 1 && p.splits as usize <= s.max(1), "{c} {s} {p:?}");
+                if p.splits > 1 {
+                    let k = p.k_chunk as usize;
+                    assert_eq!(k % MATMUL_TILE_K as usize, 0);
+                    assert!(
+                        (p.splits as usize - 1) * k < c && p.splits as usize * k >= c,
+                        "{c} {s} {p:?}"
+                    );
+                } else {
+                    assert_eq!(p.k_chunk as usize, c);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plans_respect_workspace_and_bounds() {
+        for &m in &GEMM_M {
+            for &(n, k) in &GEMM_NK {
+                let unsplit = plan_tiled(m, k, n, SMS, 0);
+                assert_eq!(unsplit.splits, 1);
+                let ws = split_k_workspace_floats(m, k, n, SMS);
+                let plan = plan_tiled(m, k, n, SMS, ws);
+                assert!(plan.workspace_floats(m, n) <= ws, "{m} {n} {k}: {plan:?}");
+                assert!(plan.splits == 1 || plan.k_chunk as usize >= MIN_SPLIT_DEPTH);
+                let t = predict_tiled_us(&plan, m, k, n, SMS);
+                assert!(t <= predict_tiled_us(&unsplit, m, k, n, SMS));
+                println!("M={m} N={n} K={k}: {plan:?} {t:.1} us (unsplit {unsplit:?})");
+            }
+        }
+    }
+
+    /// The shapes the split targets split; the large-M, many-tile ones do not.
+    #[test]
+    fn split_k_where_the_grid_underfills() {
+        let plan = |m, n, k| plan_tiled(m, k, n, SMS, usize::MAX);
+        assert!(plan(64, 768, 3072).splits > 1);
+        assert!(plan(64, 768, 768).splits > 1);
+        assert!(plan(1024, 768, 768).splits > 1);
+        assert!(plan(1024, 768, 3072).splits > 1);
+        assert!(plan(8192, 768, 768).splits > 1);
+        assert_eq!(plan(8192, 3072, 768).splits, 1);
+        assert_eq!(plan(8192, 50304, 768).splits, 1);
+        assert_eq!(plan(1024, 50304, 768).splits, 1);
+    }
+
+    /// The model reproduces its calibration points within 5 %.
+    #[test]
+    fn wave_model_matches_calibration() {
+        let close = |got: f64, want: f64| (got / want - 1.0).abs() < 0.05;
+        let large = |c| TiledPlan::unsplit(MATMUL_TILE_M, c);
+        let t = predict_tiled_us(&large(768), 8192, 768, 3072, SMS);
+        assert!(close(t, 963.0), "{t}");
+        let t = predict_tiled_us(&large(768), 1024, 768, 2304, SMS);
+        assert!(close(t, 164.0), "{t}");
+        let t = predict_tiled_us(&TiledPlan::unsplit(MATMUL_TILE_M_MID, 768), 1024, 768, 768, SMS);
+        assert!(close(t, 75.5), "{t}");
+    }
 }
