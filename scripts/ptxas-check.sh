@@ -96,10 +96,19 @@ print(dirs[0])
 echo "== PTX directory: $OUT_DIR"
 
 # The builder names its output <crate>.<arch>.ptx. Files of another arch in the
-# same OUT_DIR are left over from builds with another GPU_KERNELS_ARCH.
+# same OUT_DIR are left over from builds with another GPU_KERNELS_ARCH, except
+# the Hopper module, which build.rs always compiles for sm_90a.
 shopt -s nullglob
 PTX_FILES=("$OUT_DIR"/*."$ARCH".ptx)
 shopt -u nullglob
+HOPPER_PTX="$OUT_DIR/gpu_kernels.sm_90a.ptx"
+if [[ "$ARCH" != sm_90a ]]; then
+    if [[ ! -f "$HOPPER_PTX" ]]; then
+        echo "error: $HOPPER_PTX (the sm_90a module the host embeds) is missing" >&2
+        exit 1
+    fi
+    PTX_FILES+=("$HOPPER_PTX")
+fi
 if (( ${#PTX_FILES[@]} == 0 )); then
     echo "error: no *.$ARCH.ptx in $OUT_DIR" >&2
     ls -l "$OUT_DIR" >&2

@@ -292,7 +292,7 @@ fn flash_and_unfused_attention_agree_124m() {
         check(&format!("flash vs unfused, call {i}"), f, u, FP32_LOGITS_TOL, 0.0);
     }
     // TF32 flash (tensor-core prefill) against the CPU, at the TF32 bar.
-    eng.set_precision(Precision::Tf32);
+    eng.set_precision(Precision::Tf32).unwrap();
     eng.set_attention_kind(AttentionKind::Flash);
     eng.forward(&tokens, B, T, 0, LogitsWanted::All).unwrap();
     check(
@@ -437,7 +437,7 @@ fn transformers_oracle() {
     assert_eq!(want.len(), B * T * v, "logits.bin");
     let mut eng = GpuEngine::new(gpu, &w, B, T, Precision::Fp32).unwrap();
     for precision in [Precision::Fp32, Precision::Tf32] {
-        eng.set_precision(precision);
+        eng.set_precision(precision).unwrap();
         eng.forward(&ids, B, T, 0, LogitsWanted::All).unwrap();
         let got = eng.logits().unwrap();
         let got: Vec<f32> = (0..B * T).flat_map(|r| got[r * vp..r * vp + v].to_vec()).collect();

@@ -444,8 +444,14 @@ fn matmul_tf32_rounded_inp_equals_in_kernel_rounding() {
         let di = gpu.upload(inp).unwrap();
         let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
         if pre {
-            host::gpu::ops::matmul_tf32::matmul_forward_tf32_rounded_inp(
+            let opts = host::gpu::ops::matmul_tf32::Tf32Options {
+                gelu: true,
+                inp_rounded: true,
+                split_workspace: None,
+            };
+            host::gpu::ops::matmul_tf32::matmul_forward_tf32_opts(
                 &gpu,
+                opts,
                 &mut d_out,
                 &di,
                 &dw,
@@ -453,7 +459,6 @@ fn matmul_tf32_rounded_inp_equals_in_kernel_rounding() {
                 n,
                 c,
                 oc,
-                true,
             )
             .unwrap();
         } else {
@@ -468,5 +473,96 @@ fn matmul_tf32_rounded_inp_equals_in_kernel_rounding() {
     assert_eq!(
         differ, 0,
         "{differ} outputs differ between producer and in-kernel rounding"
+    );
+}
+
+/// Split-K on the wgmma tiles: every tile, 2 to 4 parts, uneven last parts
+/// (c = 772 is 25 k-tiles), bias and GELU applied once by the reduction;
+/// against the CPU reference with the usual TF32 bounds.
+#[test]
+fn matmul_tf32_split_k_every_wgmma_tile() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    if !gpu.has_wgmma() {
+        eprintln!("skipped: no wgmma kernels on this GPU");
+        return;
+    }
+    let mut rng = rand::rng();
+    for s in &MATMUL_TF32_WGMMA_VARIANTS {
+        for (n, c, oc, splits, bias, act) in [
+            (100, 772, 130, 4, true, true),
+            (64, 3072, 768, 3, true, false),
+            (33, 36, 10, 2, false, true),
+        ] {
+            let inp = random(n * c, &mut rng);
+            let mut w = random(oc * c, &mut rng);
+            round_tf32(&mut w);
+            let b = bias.then(|| random(oc, &mut rng));
+            let mut want = vec![0f32; n * oc];
+            matmul_forward(&mut want, &inp, &w, b.as_deref(), n, c, oc);
+            if act {
+                want.iter_mut().for_each(|v| *v = gelu(*v));
+            }
+            let (di, dw) = (gpu.upload(&inp).unwrap(), gpu.upload(&w).unwrap());
+            let db = b.as_ref().map(|b| gpu.upload(b).unwrap());
+            let mut ws = gpu.upload(&vec![f32::NAN; splits * n * oc]).unwrap();
+            let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
+            host::gpu::ops::matmul_tf32::matmul_forward_tf32_split_with(
+                &gpu,
+                s,
+                splits,
+                &mut ws,
+                &mut d_out,
+                &di,
+                &dw,
+                db.as_ref(),
+                n,
+                c,
+                oc,
+                act,
+                false,
+            )
+            .unwrap();
+            let got = gpu.download(&d_out).unwrap();
+            let what = format!("{} split {splits} n={n} c={c} oc={oc}", s.name);
+            let (max_abs, rmse) = errors(&got, &want, oc, &what);
+            let scale = (c as f64).sqrt();
+            eprintln!(
+                "{what}: max abs {:.2e} scale, RMSE {:.2e} scale",
+                max_abs / scale,
+                rmse / scale
+            );
+            assert!(
+                max_abs <= MAX_ABS_PER_SCALE * scale && rmse <= RMSE_PER_SCALE * scale,
+                "{what}"
+            );
+        }
+    }
+}
+
+/// The split-K policy: only wgmma tiles, only under a wave, only deep `c`.
+#[test]
+fn matmul_tf32_split_policy() {
+    use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_128X192, MATMUL_TF32_WGMMA_64X128};
+    use host::gpu::ops::matmul_tf32::{TF32_MAX_SPLITS, tf32_splits};
+    const SMS: usize = 132;
+    let deep = tf32_splits(&MATMUL_TF32_WGMMA_64X128, 1024, 3072, 768, SMS);
+    assert!(
+        (2..=TF32_MAX_SPLITS).contains(&deep),
+        "M=1024 N=768 K=3072 should split, got {deep}"
+    );
+    assert_eq!(
+        tf32_splits(&MATMUL_TF32_WGMMA_64X128, 1024, 768, 768, SMS),
+        1,
+        "K=768 is too shallow"
+    );
+    assert_eq!(
+        tf32_splits(&MATMUL_TF32_WGMMA_64X128, 8192, 3072, 768, SMS),
+        1,
+        "a full GPU needs no split"
+    );
+    assert_eq!(
+        tf32_splits(&MATMUL_TF32_128X192, 1024, 3072, 768, SMS),
+        1,
+        "mma.sync tiles never split"
     );
 }

@@ -47,7 +47,7 @@ use crate::device::wgmma::{
     SWIZZLE_ROW_BYTES, WgmmaAccumulator, descriptor_k_major_sw128, fence_proxy_async_shared, wgmma_commit_group,
     wgmma_fence,
 };
-use crate::device::{WARP_SIZE, block_idx_x, named_barrier_sync, sync_threads, thread_idx_x};
+use crate::device::{WARP_SIZE, block_idx_x, block_idx_y, named_barrier_sync, sync_threads, thread_idx_x};
 use crate::ops::matmul_tf32::{grouped_tile, store_tile};
 use crate::params::matmul_tf32::*;
 
@@ -124,7 +124,8 @@ unsafe fn round_stage(stage: *mut u8, bytes: usize, tid: usize, consumers: usize
 ///
 /// # Safety
 /// Launched on an sm_90a device with `TileShape::threads()` threads, a 1-D
-/// grid of `ceil(n/BM) * ceil(oc/BN)` blocks and `TileShape::shared_bytes()`
+/// grid of `ceil(n/BM) * ceil(oc/BN)` blocks by `splits` (see
+/// `MatmulTf32WgmmaParams::k_tiles_per_split`) and `TileShape::shared_bytes()`
 /// of dynamic shared memory; `p`'s maps, in global memory, describe `inp` `[n, c]` and `weight` `[oc, c]` with boxes of `32 x BM`
 /// and `32 x BN` and the 128-byte swizzle, `out` holds `n * oc` floats,
 /// 16-byte aligned, `bias` `oc` floats or null.
@@ -180,7 +181,18 @@ unsafe fn matmul_tf32_wgmma_body<
     }
     sync_threads();
 
-    let ktiles = c.div_ceil(BK);
+    // Split-K: block row `y` of the grid takes k-tiles `first..last` and
+    // writes a partial tile (no bias, no GELU) to slice `y` of `out`.
+    let ktiles_all = c.div_ceil(BK);
+    let split = block_idx_y() as usize;
+    let per_split = if p.k_tiles_per_split == 0 {
+        ktiles_all
+    } else {
+        p.k_tiles_per_split as usize
+    };
+    let first = (split * per_split).min(ktiles_all);
+    let ktiles = (first + per_split).min(ktiles_all) - first;
+    let out = unsafe { p.out.add(split * n * oc) };
     if tid >= CONSUMERS {
         // Producer warp: one lane streams the k-tiles through the ring.
         if tid == CONSUMERS {
@@ -192,7 +204,7 @@ unsafe fn matmul_tf32_wgmma_body<
                     // Wait until the consumers released this buffer's previous tile.
                     unsafe { mbarrier_wait_parity(empty(s), ((round - 1) & 1) as u32) };
                 }
-                let k = (kt * BK) as i32;
+                let k = ((first + kt) * BK) as i32;
                 unsafe {
                     mbarrier_arrive_expect_tx(full(s), stage_bytes);
                     tma_load_2d(stage(s), inp_map, k, m0 as i32, full(s));
@@ -283,7 +295,7 @@ unsafe fn matmul_tf32_wgmma_body<
             CONSUMERS,
             m0,
             n0,
-            p.out,
+            out,
             p.bias,
             n,
             oc,

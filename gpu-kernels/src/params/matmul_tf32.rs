@@ -264,6 +264,12 @@ pub struct MatmulTf32WgmmaParams {
     /// Nonzero: round `inp` to TF32 in shared memory. Zero when the producer
     /// of `inp` already rounded it (layernorm/GELU with `round_tf32`).
     pub round_inp: u32,
+    /// Split-K: 0 for none (grid y = 1, `out` is the result); else the
+    /// `MATMUL_TF32_BK`-deep k-tiles each of the grid's y splits sums, block
+    /// row `y` writing its partial tile to `out + y * n * oc` (`out` holds
+    /// `splits * n * oc` floats, `bias` is null, `gelu` 0: the split reduce
+    /// kernel of `params::matmul` finishes the sum).
+    pub k_tiles_per_split: u32,
 }
 
 crate::kernel_params!(MatmulTf32WgmmaParams);

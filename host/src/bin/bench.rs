@@ -24,7 +24,10 @@ use host::gpu::ops::matmul::{
     FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_ws,
     split_k_workspace_floats,
 };
-use host::gpu::ops::matmul_tf32::{MatmulTf32Error, matmul_forward_tf32, matmul_forward_tf32_with};
+use host::gpu::ops::matmul_tf32::{
+    MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32, matmul_forward_tf32_opts,
+    matmul_forward_tf32_with,
+};
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
 use rand::Rng;
@@ -64,6 +67,9 @@ const NAIVE_MAX_M: usize = 1024;
 /// Up to this many rows the FP32 tiled kernel is also timed unsplit on each
 /// tile (checks the wave model's tile choice where it matters).
 const FP32_EACH_TILE_MAX_M: usize = 1024;
+/// Rows of split-K scratch the engine-like TF32 call gets (as the engine's
+/// `TF32_SPLIT_MAX_ROWS`).
+const BENCH_SPLIT_MAX_ROWS: usize = 2048;
 /// `--quick`: one M only.
 const QUICK_M: [usize; 1] = [1024];
 
@@ -196,6 +202,32 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                 )
             })?;
             record("ours_tf32_auto".into(), "tf32", t);
+            // The engine's call on a wgmma GPU: `inp` rounded by its producer
+            // (layernorm / GELU; these random inputs are not, which changes
+            // the values, not the time) and split-K scratch like the engine's.
+            if gpu.has_wgmma() {
+                let mut scratch = gpu.alloc::<f32>(TF32_MAX_SPLITS * m.min(BENCH_SPLIT_MAX_ROWS) * n)?;
+                let t = time_calls::<MatmulTf32Error>(gpu, sn, args.warmup, args.samples, |i| {
+                    let GemmSets { inp, w, out, .. } = &mut sets;
+                    let opts = Tf32Options {
+                        gelu: false,
+                        inp_rounded: true,
+                        split_workspace: Some(&mut scratch),
+                    };
+                    matmul_forward_tf32_opts(
+                        gpu,
+                        opts,
+                        &mut out[i],
+                        &inp[i],
+                        &w[i],
+                        None::<&cudarc::driver::CudaSlice<f32>>,
+                        m,
+                        k,
+                        n,
+                    )
+                })?;
+                record("ours_tf32_engine".into(), "tf32", t);
+            }
             for shape in &tf32_variants(gpu) {
                 let t = time_calls::<MatmulTf32Error>(gpu, sn, args.warmup, args.samples, |i| {
                     let GemmSets { inp, w, out, .. } = &mut sets;

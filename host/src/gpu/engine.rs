@@ -24,12 +24,13 @@ use crate::gpu::ops::argmax::argmax_forward;
 use crate::gpu::ops::args::OpError;
 use crate::gpu::ops::attention::attention_forward;
 use crate::gpu::ops::convert::convert_to_f32;
+use crate::gpu::ops::convert::round_tf32;
 use crate::gpu::ops::encoder::encoder_forward;
 use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
-use crate::gpu::ops::gelu::gelu_forward;
-use crate::gpu::ops::layernorm::layernorm_forward;
+use crate::gpu::ops::gelu::{gelu_forward, gelu_forward_tf32};
+use crate::gpu::ops::layernorm::{layernorm_forward, layernorm_forward_tf32};
 use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
-use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, matmul_forward_tf32};
+use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32_opts};
 use crate::gpu::ops::residual::residual_forward;
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, ModelConfig, Tensor, Weights};
@@ -87,6 +88,38 @@ struct DeviceParams {
     lnfb: CudaSlice<f32>,
 }
 
+/// TF32-rounded copies of the weights the TF32 matmuls read. On a Hopper GPU
+/// the `wgmma` kernels take weights as given (they round only the
+/// activations), so under [`Precision::Tf32`] the engine hands them these,
+/// made once. The FP32 path, and the GEMV that small row counts take in
+/// either precision, keep the originals.
+struct Tf32Weights {
+    /// Per layer: qkvw, attprojw, fcw, fcprojw.
+    layers: Vec<[CudaSlice<f32>; 4]>,
+    /// The LM head (wte).
+    wte: CudaSlice<f32>,
+}
+
+impl Tf32Weights {
+    fn new(gpu: &Gpu, p: &DeviceParams) -> Result<Tf32Weights> {
+        let copy = |w: &CudaSlice<f32>| -> Result<CudaSlice<f32>> {
+            let mut out = gpu.alloc::<f32>(w.len())?;
+            gpu.stream.memcpy_dtod(w, &mut out).ctx("copying a weight")?;
+            round_tf32(gpu, &mut out, w.len())?;
+            Ok(out)
+        };
+        let layers = p
+            .layers
+            .iter()
+            .map(|l| Ok([copy(&l.qkvw)?, copy(&l.attprojw)?, copy(&l.fcw)?, copy(&l.fcprojw)?]))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tf32Weights {
+            layers,
+            wte: copy(&p.wte)?,
+        })
+    }
+}
+
 /// Activations for up to `max_batch * max_seq_len` rows (llm.c's names).
 struct Activations {
     tokens: CudaSlice<u32>,
@@ -127,10 +160,13 @@ pub struct GpuEngine {
     /// creation so that no forward call allocates; `None` when the model's
     /// head size has no flash kernel.
     flash: Option<FlashWorkspace>,
-    /// Split-K partial sums of the FP32 matmuls, sized at creation for every
-    /// shape a forward call can run (see [`fp32_matmul_workspace_floats`]).
-    matmul_ws: MatmulWorkspace,
+    /// Split-K partial sums of the matmuls, sized at creation for every
+    /// shape a forward call can run (see [`fp32_matmul_workspace_floats`] and
+    /// [`MatmulScratch::tf32_split`]).
+    matmul_ws: MatmulScratch,
     params: DeviceParams,
+    /// Made when TF32 is first asked for on a GPU with `wgmma` kernels.
+    tf32_weights: Option<Tf32Weights>,
     /// Per layer: K and V caches, `[max_batch][NH][max_seq_len][HS]` each.
     kv_cache: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
     acts: Activations,
@@ -215,8 +251,26 @@ impl GpuEngine {
         } else {
             None
         };
-        let matmul_ws = MatmulWorkspace::new(&gpu, fp32_matmul_workspace_floats(&config, rows, gpu.sm_count()))
+        let fp32_ws = MatmulWorkspace::new(&gpu, fp32_matmul_workspace_floats(&config, rows, gpu.sm_count()))
             .with_context(|| oom("the matmul split-K workspace"))?;
+        let tf32_split = if gpu.has_wgmma() {
+            let floats = TF32_MAX_SPLITS * rows.min(TF32_SPLIT_MAX_ROWS) * config.channels;
+            Some(
+                gpu.alloc::<f32>(floats)
+                    .with_context(|| oom("the TF32 split-K workspace"))?,
+            )
+        } else {
+            None
+        };
+        let matmul_ws = MatmulScratch {
+            fp32: fp32_ws,
+            tf32_split,
+        };
+        let tf32_weights = if precision == Precision::Tf32 && gpu.has_wgmma() {
+            Some(Tf32Weights::new(&gpu, &params).with_context(|| oom("the TF32-rounded weight copies"))?)
+        } else {
+            None
+        };
         gpu.synchronize().context("uploading the weights")?;
         Ok(GpuEngine {
             gpu,
@@ -229,6 +283,7 @@ impl GpuEngine {
             flash,
             matmul_ws,
             params,
+            tf32_weights,
             kv_cache,
             acts,
             last: None,
@@ -278,9 +333,16 @@ impl GpuEngine {
         self.window = window;
     }
 
-    /// Switch the matmul precision; weights, caches and buffers serve both.
-    pub fn set_precision(&mut self, precision: Precision) {
+    /// Switch the matmul precision; caches and buffers serve both. The first
+    /// switch to TF32 on a Hopper GPU makes the TF32-rounded weight copies
+    /// (an allocation: it can fail for lack of memory).
+    pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
+        if precision == Precision::Tf32 && self.gpu.has_wgmma() && self.tf32_weights.is_none() {
+            self.tf32_weights =
+                Some(Tf32Weights::new(&self.gpu, &self.params).context("allocating the TF32-rounded weight copies")?);
+        }
         self.precision = precision;
+        Ok(())
     }
 
     pub fn precision(&self) -> Precision {
@@ -330,29 +392,87 @@ fn fp32_matmul_workspace_floats(config: &ModelConfig, rows: usize, sms: usize) -
         .unwrap_or(0)
 }
 
+/// The matmuls' scratch memory, made once with the engine.
+struct MatmulScratch {
+    /// FP32 split-K partial sums.
+    fp32: MatmulWorkspace,
+    /// TF32 (wgmma) split-K partial sums, on GPUs with the wgmma kernels:
+    /// [`TF32_MAX_SPLITS`] outputs of up to [`TF32_SPLIT_MAX_ROWS`] rows by
+    /// `C` columns (the deep-`c` projection; larger calls run unsplit).
+    tf32_split: Option<CudaSlice<f32>>,
+}
+
+/// Most rows a TF32 split-K call gets scratch for: split-K pays only while
+/// the output has too few tiles to fill the GPU.
+const TF32_SPLIT_MAX_ROWS: usize = 2048;
+
+/// Whether [`matmul`] of `n` rows and inner size `c` runs on the TF32 tensor
+/// cores (else on an FP32 kernel: GEMV for few rows).
+fn takes_tf32_path(precision: Precision, n: usize, c: usize) -> bool {
+    precision == Precision::Tf32 && choose(n) != MatmulKernel::Gemv && c.is_multiple_of(TF32_C_MULTIPLE)
+}
+
+/// Layernorm, its output rounded to TF32 when `round` (for a TF32 matmul).
+#[allow(clippy::too_many_arguments)]
+fn layernorm(
+    gpu: &Gpu,
+    round: bool,
+    out: &mut CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    weight: &CudaSlice<f32>,
+    bias: &CudaSlice<f32>,
+    n: usize,
+    c: usize,
+) -> Result<(), OpError> {
+    if round {
+        layernorm_forward_tf32(gpu, out, inp, weight, bias, n, c)
+    } else {
+        layernorm_forward(gpu, out, inp, weight, bias, n, c)
+    }
+}
+
 /// A linear layer, dispatched on precision and size: TF32 tensor cores for
 /// prefill-sized TF32 calls; otherwise FP32 on GEMV (decode), chunked GEMV
 /// or the tiled kernel, split over `c` when the grid would under-fill the
-/// GPU (`MatmulKernel::Auto` with the engine's workspace picks).
+/// GPU (`MatmulKernel::Auto` with the engine's workspace picks). `weight` is
+/// the original, where made its TF32-rounded copy (see [`Tf32Weights`]), and
+/// whether `inp` was rounded to TF32 by its producer.
 #[allow(clippy::too_many_arguments)]
 fn matmul(
     gpu: &Gpu,
     precision: Precision,
-    ws: &mut MatmulWorkspace,
+    ws: &mut MatmulScratch,
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
-    weight: &CudaSlice<f32>,
+    (weight, weight_tf32, inp_rounded): (&CudaSlice<f32>, Option<&CudaSlice<f32>>, bool),
     bias: Option<&CudaSlice<f32>>,
     n: usize,
     c: usize,
     oc: usize,
 ) -> Result<(), OpError> {
-    let small = choose(n) == MatmulKernel::Gemv;
-    if precision == Precision::Tf32 && !small && c.is_multiple_of(TF32_C_MULTIPLE) {
-        return matmul_forward_tf32(gpu, out, inp, weight, bias, n, c, oc, false)
+    if takes_tf32_path(precision, n, c) {
+        let opts = Tf32Options {
+            gelu: false,
+            inp_rounded,
+            split_workspace: ws.tf32_split.as_mut(),
+        };
+        let w = weight_tf32.unwrap_or(weight);
+        return matmul_forward_tf32_opts(gpu, opts, out, inp, w, bias, n, c, oc)
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
     }
-    matmul_forward_ws(gpu, MatmulKernel::Auto, false, out, inp, weight, bias, n, c, oc, ws)
+    matmul_forward_ws(
+        gpu,
+        MatmulKernel::Auto,
+        false,
+        out,
+        inp,
+        weight,
+        bias,
+        n,
+        c,
+        oc,
+        &mut ws.fp32,
+    )
 }
 
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
@@ -407,6 +527,12 @@ impl Backend for GpuEngine {
 
         let n = b * t;
         let (gpu, prec, p, a) = (&self.gpu, self.precision, &self.params, &mut self.acts);
+        // The TF32 matmuls' weights (rounded copies where the kernels need them).
+        let tf32 = self.tf32_weights.as_ref().filter(|_| prec == Precision::Tf32);
+        // Where the wgmma kernels run (rounded weights exist and the matmuls of
+        // `n` rows take the TF32 path), the layernorm and GELU that feed them
+        // round their outputs to TF32, so the matmuls need not.
+        let round_acts = tf32.is_some() && takes_tf32_path(prec, n, c);
         let ws = &mut self.matmul_ws;
         let mut flash = match self.attention {
             AttentionKind::Flash => self.flash.as_mut(),
@@ -417,10 +543,22 @@ impl Backend for GpuEngine {
             .ctx("uploading token ids")?;
 
         encoder_forward(gpu, &mut a.residual, &a.tokens, &p.wte, &p.wpe, b, t, c, pos0)?;
-        for (lw, (k_cache, v_cache)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
+        for (li, (lw, (k_cache, v_cache))) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
+            let rounded = |i: usize| tf32.map(|t| &t.layers[li][i]);
             // attention sub-block: x + attproj(attention(qkv(ln1(x))))
-            layernorm_forward(gpu, &mut a.ln, &a.residual, &lw.ln1w, &lw.ln1b, n, c)?;
-            matmul(gpu, prec, ws, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * c)?;
+            layernorm(gpu, round_acts, &mut a.ln, &a.residual, &lw.ln1w, &lw.ln1b, n, c)?;
+            matmul(
+                gpu,
+                prec,
+                ws,
+                &mut a.qkv,
+                &a.ln,
+                (&lw.qkvw, rounded(0), round_acts),
+                Some(&lw.qkvb),
+                n,
+                c,
+                3 * c,
+            )?;
             attention(
                 gpu,
                 flash.as_deref_mut(),
@@ -443,7 +581,7 @@ impl Backend for GpuEngine {
                 ws,
                 &mut a.proj,
                 &a.atty,
-                &lw.attprojw,
+                (&lw.attprojw, rounded(1), false),
                 Some(&lw.attprojb),
                 n,
                 c,
@@ -451,16 +589,31 @@ impl Backend for GpuEngine {
             )?;
             residual_forward(gpu, &mut a.residual2, &a.residual, &a.proj, n * c)?;
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x))))
-            layernorm_forward(gpu, &mut a.ln, &a.residual2, &lw.ln2w, &lw.ln2b, n, c)?;
-            matmul(gpu, prec, ws, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, 4 * c)?;
-            gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
+            layernorm(gpu, round_acts, &mut a.ln, &a.residual2, &lw.ln2w, &lw.ln2b, n, c)?;
+            matmul(
+                gpu,
+                prec,
+                ws,
+                &mut a.fch,
+                &a.ln,
+                (&lw.fcw, rounded(2), round_acts),
+                Some(&lw.fcb),
+                n,
+                c,
+                4 * c,
+            )?;
+            if round_acts {
+                gelu_forward_tf32(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
+            } else {
+                gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
+            }
             matmul(
                 gpu,
                 prec,
                 ws,
                 &mut a.proj,
                 &a.fch_gelu,
-                &lw.fcprojw,
+                (&lw.fcprojw, rounded(3), round_acts),
                 Some(&lw.fcprojb),
                 n,
                 4 * c,
@@ -468,11 +621,15 @@ impl Backend for GpuEngine {
             )?;
             residual_forward(gpu, &mut a.residual, &a.residual2, &a.proj, n * c)?;
         }
-        layernorm_forward(gpu, &mut a.ln, &a.residual, &p.lnfw, &p.lnfb, n, c)?;
-
         // LM head (tied to wte, no bias) over the padded vocabulary, on the wanted rows only.
         let rows = match want {
             LogitsWanted::All => n,
+            LogitsWanted::Last => b,
+        };
+        let round_head = tf32.is_some() && takes_tf32_path(prec, rows, c);
+        layernorm(gpu, round_head, &mut a.ln, &a.residual, &p.lnfw, &p.lnfb, n, c)?;
+        match want {
+            LogitsWanted::All => {}
             LogitsWanted::Last => {
                 for bi in 0..b {
                     let last = (bi * t + t - 1) * c;
@@ -483,14 +640,14 @@ impl Backend for GpuEngine {
                         )
                         .ctx("gathering the last positions")?;
                 }
-                b
             }
-        };
+        }
         let head_in = match want {
             LogitsWanted::All => &a.ln,
             LogitsWanted::Last => &a.head_in,
         };
-        matmul(gpu, prec, ws, &mut a.logits, head_in, &p.wte, None, rows, c, vp)?;
+        let head_w = (&p.wte, tf32.map(|t| &t.wte), round_head);
+        matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, None, rows, c, vp)?;
         self.last = Some(Last { b, rows });
         Ok(())
     }

@@ -11,7 +11,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::matmul::{
+    MATMUL_SPLIT_REDUCE, MATMUL_SPLIT_REDUCE_BLOCK, MATMUL_SPLIT_REDUCE_PER_THREAD, MatmulSplitReduceParams,
+};
 use gpu_kernels::params::matmul_tf32::{
     MATMUL_TF32_BK, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params, MatmulTf32WgmmaParams,
     TileEngine, TileShape,
@@ -133,13 +136,28 @@ where
     matmul_forward_tf32_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
 }
 
-/// [`matmul_forward_tf32`] for an `inp` already rounded to TF32 by its
-/// producer (`layernorm_forward_tf32`, `gelu_forward_tf32`): the `wgmma`
-/// kernels then skip their rounding pass. An unrounded `inp` here is
-/// truncated to TF32 instead of rounded (an accuracy loss, nothing worse).
+/// How [`matmul_forward_tf32_opts`] runs beyond the defaults of
+/// [`matmul_forward_tf32`].
+#[derive(Default)]
+pub struct Tf32Options<'a> {
+    /// Apply GELU after the bias.
+    pub gelu: bool,
+    /// `inp` was rounded to TF32 by its producer (`layernorm_forward_tf32`,
+    /// `gelu_forward_tf32`): the `wgmma` kernels skip their rounding pass.
+    /// An unrounded `inp` here is truncated to TF32 instead of rounded (an
+    /// accuracy loss, nothing worse).
+    pub inp_rounded: bool,
+    /// Scratch for split-K partial sums: when the output has too few tiles
+    /// to fill the GPU and `c` is deep, a `wgmma` tile splits `c` (see
+    /// [`tf32_splits`]) if `splits * n * oc` floats fit here.
+    pub split_workspace: Option<&'a mut CudaSlice<f32>>,
+}
+
+/// [`matmul_forward_tf32`] with [`Tf32Options`] (the engine's entry).
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_forward_tf32_rounded_inp<O, I, W, B>(
+pub fn matmul_forward_tf32_opts<O, I, W, B>(
     gpu: &Gpu,
+    opts: Tf32Options,
     out: &mut O,
     inp: &I,
     weight: &W,
@@ -147,7 +165,6 @@ pub fn matmul_forward_tf32_rounded_inp<O, I, W, B>(
     n: usize,
     c: usize,
     oc: usize,
-    gelu: bool,
 ) -> Result<(), MatmulTf32Error>
 where
     O: DevicePtrMut<f32>,
@@ -156,7 +173,184 @@ where
     B: DevicePtr<f32>,
 {
     let shape = auto_tile(gpu, n, c, oc);
-    launch(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu, true)
+    let splits = tf32_splits(&shape, n, c, oc, gpu.sm_count());
+    match opts.split_workspace {
+        Some(ws) if splits > 1 && ws.len() >= splits * n * oc => matmul_forward_tf32_split_with(
+            gpu,
+            &shape,
+            splits,
+            ws,
+            out,
+            inp,
+            weight,
+            bias,
+            n,
+            c,
+            oc,
+            opts.gelu,
+            opts.inp_rounded,
+        ),
+        _ => launch(
+            gpu,
+            &shape,
+            out,
+            inp,
+            weight,
+            bias,
+            n,
+            c,
+            oc,
+            opts.gelu,
+            opts.inp_rounded,
+            None,
+        ),
+    }
+}
+
+/// Fewest k-tiles (`MATMUL_TF32_BK` deep) a split-K part should have: less
+/// and the partial sums' traffic outweighs the gain.
+pub const TF32_MIN_KTILES_PER_SPLIT: usize = 16;
+/// Most parts split-K cuts `c` into.
+pub const TF32_MAX_SPLITS: usize = 4;
+
+/// Split-K parts for a `wgmma` tile: enough to bring an output of fewer
+/// tiles than one wave of resident blocks up to about one wave, within
+/// [`TF32_MAX_SPLITS`] and [`TF32_MIN_KTILES_PER_SPLIT`]; 1 (no split) for
+/// `mma.sync` tiles and outputs that fill the GPU.
+pub fn tf32_splits(shape: &TileShape, n: usize, c: usize, oc: usize, sms: usize) -> usize {
+    if shape.engine != TileEngine::Wgmma {
+        return 1;
+    }
+    let blocks = tf32_blocks(shape, n, oc).max(1);
+    let wave = sms * shape.blocks_per_sm as usize;
+    let ktiles = c.div_ceil(MATMUL_TF32_BK as usize);
+    (wave / blocks)
+        .min(ktiles / TF32_MIN_KTILES_PER_SPLIT)
+        .clamp(1, TF32_MAX_SPLITS)
+}
+
+/// [`matmul_forward_tf32_with`] (a `wgmma` tile) split over `c` in `splits`
+/// parts: partial sums into `workspace` (`splits * n * oc` floats), then
+/// `matmul_split_reduce` adds them in order, with the bias and GELU.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_tf32_split_with<O, I, W, B>(
+    gpu: &Gpu,
+    shape: &TileShape,
+    splits: usize,
+    workspace: &mut CudaSlice<f32>,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+    inp_rounded: bool,
+) -> Result<(), MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
+    if shape.engine != TileEngine::Wgmma {
+        return Err(MatmulTf32Error::NoWgmma(shape.name));
+    }
+    let ktiles = c.div_ceil(MATMUL_TF32_BK as usize);
+    let per_split = ktiles.div_ceil(splits.max(1)).max(1);
+    let splits = ktiles.div_ceil(per_split).max(1);
+    if splits == 1 {
+        return launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, inp_rounded, None);
+    }
+    if workspace.len() < splits * n * oc {
+        return Err(MatmulTf32Error::TooSmall(
+            "split workspace",
+            workspace.len(),
+            splits * n * oc,
+        ));
+    }
+    check_buffers(out.len(), inp, weight, bias, n, c, oc)?;
+    launch(
+        gpu,
+        shape,
+        workspace,
+        inp,
+        weight,
+        None::<&B>,
+        n,
+        c,
+        oc,
+        false,
+        inp_rounded,
+        Some((splits, per_split)),
+    )?;
+    let stream = gpu.stream.clone();
+    let (ws_p, _g1) = workspace.device_ptr(&stream);
+    let (out_p, _g2) = out.device_ptr_mut(&stream);
+    let bias_p = bias.map(|b| b.device_ptr(&stream));
+    let total = (n * oc) as u32;
+    let groups = total.div_ceil(MATMUL_SPLIT_REDUCE_PER_THREAD);
+    let cfg = LaunchConfig {
+        grid_dim: (groups.div_ceil(MATMUL_SPLIT_REDUCE_BLOCK), 1, 1),
+        block_dim: (MATMUL_SPLIT_REDUCE_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let params = MatmulSplitReduceParams {
+        out: out_p as *mut f32,
+        partial: ws_p as *const f32,
+        bias: bias_p.as_ref().map_or(std::ptr::null(), |(p, _)| *p as *const f32),
+        n: n as u32,
+        oc: oc as u32,
+        splits: splits as u32,
+        gelu: gelu as u32,
+    };
+    // SAFETY: `out` holds n*oc floats and `bias` oc (checked above), the
+    // workspace the splits*n*oc partials the launch above wrote (same
+    // stream, so they are complete); one thread per
+    // MATMUL_SPLIT_REDUCE_PER_THREAD outputs covers n*oc; the kernel checks
+    // alignment before 16-byte accesses.
+    unsafe { gpu.launch(MATMUL_SPLIT_REDUCE, cfg, params)? };
+    Ok(())
+}
+
+/// The size checks of every TF32 launch (`out_len`: floats of one output).
+fn check_buffers<I, W, B>(
+    out_len: usize,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<(), MatmulTf32Error>
+where
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
+    let check = |what, have: usize, need: usize| {
+        if have < need {
+            Err(MatmulTf32Error::TooSmall(what, have, need))
+        } else {
+            Ok(())
+        }
+    };
+    check("out", out_len, n * oc)?;
+    check("inp", inp.len(), n * c)?;
+    check("weight", weight.len(), oc * c)?;
+    if let Some(b) = bias {
+        check("bias", b.len(), oc)?;
+    }
+    let biggest = n.max(oc) * c.max(oc).max(1);
+    if u32::try_from(n).is_err()
+        || u32::try_from(oc).is_err()
+        || u32::try_from(c).is_err()
+        || biggest > u32::MAX as usize
+    {
+        return Err(MatmulTf32Error::TooLarge(biggest));
+    }
+    Ok(())
 }
 
 /// The tile for an `n x oc` output with inner size `c`: the tune cache's
@@ -284,7 +478,7 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, false)
+    launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, false, None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -300,6 +494,7 @@ fn launch<O, I, W, B>(
     oc: usize,
     gelu: bool,
     inp_rounded: bool,
+    split: Option<(usize, usize)>,
 ) -> Result<(), MatmulTf32Error>
 where
     O: DevicePtrMut<f32>,
@@ -313,27 +508,9 @@ where
     if shape.engine == TileEngine::Wgmma && !gpu.has_wgmma() {
         return Err(MatmulTf32Error::NoWgmma(shape.name));
     }
-    let check = |what, have: usize, need: usize| {
-        if have < need {
-            Err(MatmulTf32Error::TooSmall(what, have, need))
-        } else {
-            Ok(())
-        }
-    };
-    check("out", out.len(), n * oc)?;
-    check("inp", inp.len(), n * c)?;
-    check("weight", weight.len(), oc * c)?;
-    if let Some(b) = bias {
-        check("bias", b.len(), oc)?;
-    }
-    let biggest = n.max(oc) * c.max(oc).max(1);
-    if u32::try_from(n).is_err()
-        || u32::try_from(oc).is_err()
-        || u32::try_from(c).is_err()
-        || biggest > u32::MAX as usize
-    {
-        return Err(MatmulTf32Error::TooLarge(biggest));
-    }
+    let (splits, per_split) = split.unwrap_or((1, 0));
+    // Split: `out` is the workspace of `splits` partial outputs.
+    check_buffers(out.len() / splits, inp, weight, bias, n, c, oc)?;
     let blocks = tf32_blocks(shape, n, oc);
     if blocks == 0 {
         return Ok(());
@@ -356,7 +533,7 @@ where
     }
     let bias_ptr = bias_p.as_ref().map_or(std::ptr::null(), |(p, _)| *p as *const f32);
     let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
+        grid_dim: (blocks as u32, splits as u32, 1),
         block_dim: (shape.threads(), 1, 1),
         shared_mem_bytes: shape.shared_bytes(),
     };
@@ -373,15 +550,20 @@ where
             oc: oc as u32,
             gelu: gelu as u32,
             round_inp: !inp_rounded as u32,
+            k_tiles_per_split: per_split as u32,
         };
         // SAFETY: `shape.name` is the wgmma kernel compiled for `shape`
         // (present: the sm_90a module is loaded, checked above), whose
         // parameter type is MatmulTf32WgmmaParams; the maps describe `inp`
         // and `weight` with the sizes checked above and the boxes the kernel
         // was compiled with; `out`/`bias` sizes checked, `out` 16-byte
-        // aligned; grid, block and shared memory come from `shape`.
+        // aligned; grid, block and shared memory come from `shape`; with
+        // `splits` grid rows `out` holds splits*n*oc floats (checked).
         unsafe { gpu.launch(shape.name, cfg, params)? };
         return Ok(());
+    }
+    if splits > 1 {
+        return Err(MatmulTf32Error::NoWgmma(shape.name));
     }
     let params = MatmulTf32Params {
         out: out_p as *mut f32,
