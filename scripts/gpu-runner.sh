@@ -55,7 +55,7 @@ SANITIZER_FILTERS="${SANITIZER_FILTERS:-}"
 # errors too). racecheck is ~50x slower: the kernels with shared memory and
 # barriers, at sizes that finish in a few minutes.
 MEMCHECK_FILTERS="${MEMCHECK_FILTERS---skip forward::out_of_memory_is_an_error_that_says_how_much}"
-RACECHECK_FILTERS="${RACECHECK_FILTERS-flash_attention::flash_prefill_tf32 flash_attention::flash_decode device:: matmul_tf32::matmul_tf32_awkward kernels::layernorm kernels::softmax kernels::attention_windowed kernels::argmax kernels::matmul_tiled_unaligned}"
+RACECHECK_FILTERS="${RACECHECK_FILTERS-flash_attention::flash_prefill_tf32 flash_attention::flash_decode device:: matmul_tf32::matmul_tf32_awkward kernels::layernorm kernels::softmax kernels::attention_windowed kernels::argmax kernels::matmul_tiled_unaligned matmul_tf32::matmul_tf32_split_k kernels::matmul_split_k_explicit}"
 export MEMCHECK_FILTERS RACECHECK_FILTERS
 SANITIZER_TIMEOUT="${SANITIZER_TIMEOUT:-240}"
 ORACLE="${ORACLE:-1}"
@@ -85,8 +85,8 @@ if [[ ! -f "$GPU_OUT/tests.list" ]]; then
     echo "error: no bundle at $GPU_OUT: run scripts/gpu-bundle.sh first and carry gpu-out" >&2
     exit 1
 fi
-# Carried files may lose their execute bit.
-# gpu-bundle.sh gzips the executables (they embed ~4 MB of PTX text each).
+# gpu-bundle.sh gzips the executables (they embed ~4 MB of PTX text each);
+# carried files may also lose their execute bit.
 for gz in "$GPU_OUT"/tests/*.gz "$GPU_OUT"/bin/*.gz; do
     [[ -f "$gz" ]] && gunzip -f "$gz"
 done
