@@ -447,6 +447,7 @@ fn matmul_tf32_rounded_inp_equals_in_kernel_rounding() {
             let opts = host::gpu::ops::matmul_tf32::Tf32Options {
                 gelu: true,
                 inp_rounded: true,
+                round_out: false,
                 split_workspace: None,
             };
             host::gpu::ops::matmul_tf32::matmul_forward_tf32_opts(
@@ -565,4 +566,44 @@ fn matmul_tf32_split_policy() {
         1,
         "mma.sync tiles never split"
     );
+}
+
+/// `round_out` (the engine's fused MLP up-projection): the same results as
+/// without it, each rounded to TF32, bit for bit.
+#[test]
+fn matmul_tf32_round_out_rounds_the_results() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let mut rng = rand::rng();
+    let (n, c, oc) = (200, 768, 3072);
+    let mut w = random(oc * c, &mut rng);
+    round_tf32(&mut w);
+    let (di, dw, db) = (
+        gpu.upload(&random(n * c, &mut rng)).unwrap(),
+        gpu.upload(&w).unwrap(),
+        gpu.upload(&random(oc, &mut rng)).unwrap(),
+    );
+    let run = |round_out: bool| {
+        let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
+        let opts = host::gpu::ops::matmul_tf32::Tf32Options {
+            gelu: true,
+            inp_rounded: false,
+            round_out,
+            split_workspace: None,
+        };
+        host::gpu::ops::matmul_tf32::matmul_forward_tf32_opts(&gpu, opts, &mut d_out, &di, &dw, Some(&db), n, c, oc)
+            .unwrap();
+        gpu.download(&d_out).unwrap()
+    };
+    let mut want = run(false);
+    let got = run(true);
+    if gpu.has_wgmma() {
+        round_tf32(&mut want);
+        assert!(all_tf32(&got));
+    }
+    let differ = got
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(differ, 0, "{differ} results differ");
 }

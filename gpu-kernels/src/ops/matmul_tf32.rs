@@ -392,6 +392,7 @@ unsafe fn matmul_tf32_body<
             n,
             oc,
             p.gelu != 0,
+            false,
         )
     };
 }
@@ -399,7 +400,8 @@ unsafe fn matmul_tf32_body<
 /// The epilogue both TF32 engines share: stream a `bm x bn` tile of
 /// accumulated sums, parked in shared memory at `tile` (row stride `ldo`
 /// floats), to `out[m0.., n0..]` (`n x oc`), adding `bias` (if not null) and
-/// applying GELU (if `gelu`); threads `tid` of `threads` take 16-byte chunks
+/// applying GELU (if `gelu_on`) and rounding to TF32 (if `round_out`: the
+/// result feeds another TF32 matmul); threads `tid` of `threads` take 16-byte chunks
 /// in turn, so a warp writes whole rows (16-byte stores when `oc % 4 == 0`).
 ///
 /// # Safety
@@ -422,13 +424,15 @@ pub(crate) unsafe fn store_tile(
     n: usize,
     oc: usize,
     gelu_on: bool,
+    round_out: bool,
 ) {
     let has_bias = !bias.is_null();
     // 16-byte stores need every output row to start 16-byte aligned.
     let vector_ok = oc % CHUNK == 0;
     let finish = |v: f32, col: usize| {
         let v = if has_bias { v + unsafe { *bias.add(col) } } else { v };
-        if gelu_on { gelu(v) } else { v }
+        let v = if gelu_on { gelu(v) } else { v };
+        if round_out { f32::from_bits(to_tf32(v)) } else { v }
     };
     let chunks_per_row = bn / CHUNK;
     let mut chunk = tid;

@@ -300,6 +300,7 @@ unsafe fn matmul_tf32_wgmma_body<
             n,
             oc,
             p.gelu != 0,
+            p.round_out != 0,
         )
     };
 }

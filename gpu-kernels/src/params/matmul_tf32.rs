@@ -270,6 +270,10 @@ pub struct MatmulTf32WgmmaParams {
     /// `splits * n * oc` floats, `bias` is null, `gelu` 0: the split reduce
     /// kernel of `params::matmul` finishes the sum).
     pub k_tiles_per_split: u32,
+    /// Nonzero: round the results (after bias and GELU) to TF32, for a TF32
+    /// matmul that reads them next (the engine's MLP up-projection). Not
+    /// with split-K (the reduction does not round).
+    pub round_out: u32,
 }
 
 crate::kernel_params!(MatmulTf32WgmmaParams);

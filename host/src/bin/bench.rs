@@ -212,6 +212,7 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                     let opts = Tf32Options {
                         gelu: false,
                         inp_rounded: true,
+                        round_out: false,
                         split_workspace: Some(&mut scratch),
                     };
                     matmul_forward_tf32_opts(

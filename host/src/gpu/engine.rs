@@ -27,7 +27,7 @@ use crate::gpu::ops::convert::convert_to_f32;
 use crate::gpu::ops::convert::round_tf32;
 use crate::gpu::ops::encoder::encoder_forward;
 use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
-use crate::gpu::ops::gelu::{gelu_forward, gelu_forward_tf32};
+use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::layernorm::{layernorm_forward, layernorm_forward_tf32};
 use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
 use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32_opts};
@@ -454,6 +454,7 @@ fn matmul(
         let opts = Tf32Options {
             gelu: false,
             inp_rounded,
+            round_out: false,
             split_workspace: ws.tf32_split.as_mut(),
         };
         let w = weight_tf32.unwrap_or(weight);
@@ -590,22 +591,23 @@ impl Backend for GpuEngine {
             residual_forward(gpu, &mut a.residual2, &a.residual, &a.proj, n * c)?;
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x))))
             layernorm(gpu, round_acts, &mut a.ln, &a.residual2, &lw.ln2w, &lw.ln2b, n, c)?;
-            matmul(
-                gpu,
-                prec,
-                ws,
-                &mut a.fch,
-                &a.ln,
-                (&lw.fcw, rounded(2), round_acts),
-                Some(&lw.fcb),
-                n,
-                c,
-                4 * c,
-            )?;
-            if round_acts {
-                gelu_forward_tf32(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
-            } else {
-                gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
+            match rounded(2).filter(|_| round_acts) {
+                // On the wgmma path: fc, GELU and the rounding fcproj wants, in one kernel.
+                Some(fcw) => {
+                    let opts = Tf32Options {
+                        gelu: true,
+                        inp_rounded: true,
+                        round_out: true,
+                        split_workspace: None,
+                    };
+                    matmul_forward_tf32_opts(gpu, opts, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c)
+                        .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
+                }
+                None => {
+                    let fcw = (&lw.fcw, rounded(2), false);
+                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c)?;
+                    gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
+                }
             }
             matmul(
                 gpu,

@@ -147,6 +147,10 @@ pub struct Tf32Options<'a> {
     /// An unrounded `inp` here is truncated to TF32 instead of rounded (an
     /// accuracy loss, nothing worse).
     pub inp_rounded: bool,
+    /// Round the results (after bias and GELU) to TF32 (`wgmma` tiles; the
+    /// `mma.sync` ones ignore it): they feed another TF32 matmul, which can
+    /// then be told `inp_rounded`. Disables split-K.
+    pub round_out: bool,
     /// Scratch for split-K partial sums: when the output has too few tiles
     /// to fill the GPU and `c` is deep, a `wgmma` tile splits `c` (see
     /// [`tf32_splits`]) if `splits * n * oc` floats fit here.
@@ -175,7 +179,7 @@ where
     let shape = auto_tile(gpu, n, c, oc);
     let splits = tf32_splits(&shape, n, c, oc, gpu.sm_count());
     match opts.split_workspace {
-        Some(ws) if splits > 1 && ws.len() >= splits * n * oc => matmul_forward_tf32_split_with(
+        Some(ws) if splits > 1 && !opts.round_out && ws.len() >= splits * n * oc => matmul_forward_tf32_split_with(
             gpu,
             &shape,
             splits,
@@ -203,6 +207,7 @@ where
             opts.gelu,
             opts.inp_rounded,
             None,
+            opts.round_out,
         ),
     }
 }
@@ -261,7 +266,21 @@ where
     let per_split = ktiles.div_ceil(splits.max(1)).max(1);
     let splits = ktiles.div_ceil(per_split).max(1);
     if splits == 1 {
-        return launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, inp_rounded, None);
+        return launch(
+            gpu,
+            shape,
+            out,
+            inp,
+            weight,
+            bias,
+            n,
+            c,
+            oc,
+            gelu,
+            inp_rounded,
+            None,
+            false,
+        );
     }
     if workspace.len() < splits * n * oc {
         return Err(MatmulTf32Error::TooSmall(
@@ -284,6 +303,7 @@ where
         false,
         inp_rounded,
         Some((splits, per_split)),
+        false,
     )?;
     let stream = gpu.stream.clone();
     let (ws_p, _g1) = workspace.device_ptr(&stream);
@@ -478,7 +498,7 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, false, None)
+    launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, false, None, false)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -495,6 +515,7 @@ fn launch<O, I, W, B>(
     gelu: bool,
     inp_rounded: bool,
     split: Option<(usize, usize)>,
+    round_out: bool,
 ) -> Result<(), MatmulTf32Error>
 where
     O: DevicePtrMut<f32>,
@@ -551,6 +572,7 @@ where
             gelu: gelu as u32,
             round_inp: !inp_rounded as u32,
             k_tiles_per_split: per_split as u32,
+            round_out: round_out as u32,
         };
         // SAFETY: `shape.name` is the wgmma kernel compiled for `shape`
         // (present: the sm_90a module is loaded, checked above), whose
