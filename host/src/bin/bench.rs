@@ -368,6 +368,8 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
         Unfused,
         Naive,
         Flash(FlashPrecision),
+        /// TF32 flash prefill with its `kv_split` forced (1 or 2).
+        FlashTf32Split(u32),
     }
     for decode in [false, true] {
         for &b in &ATTN_B {
@@ -386,6 +388,10 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                 } else {
                     variants.push(("flash_fp32".into(), V::Flash(FlashPrecision::Fp32), 0));
                     variants.push(("flash_tf32".into(), V::Flash(FlashPrecision::Tf32), 0));
+                    // Both tile plans, to check the automatic choice.
+                    for split in [1, 2] {
+                        variants.push((format!("flash_tf32_split{split}"), V::FlashTf32Split(split), 0));
+                    }
                 }
                 if t_cache > ATTN_WINDOW {
                     variants.push((format!("unfused_w{ATTN_WINDOW}"), V::Unfused, ATTN_WINDOW));
@@ -398,6 +404,10 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                 }
                 let mut rows: Vec<(String, usize, Timing)> = Vec::new();
                 for (name, v, window) in variants {
+                    ws.force_tf32_kv_split(match v {
+                        V::FlashTf32Split(split) => Some(split),
+                        _ => None,
+                    });
                     let timing = time_calls::<anyhow::Error>(gpu, sets.sets(), args.warmup, args.samples, |i| {
                         let AttnSets { qkv, k, v: vc, out, .. } = &mut sets;
                         let (o, kc, vcc, q) = (&mut out[i], &mut k[i], &mut vc[i], &qkv[i]);
@@ -406,6 +416,22 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                             V::Naive => attention_forward_naive(gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window)?,
                             V::Flash(p) => attention_forward_flash(
                                 gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window, p, &mut ws,
+                            )?,
+                            V::FlashTf32Split(_) => attention_forward_flash(
+                                gpu,
+                                o,
+                                kc,
+                                vcc,
+                                q,
+                                b,
+                                t,
+                                pos0,
+                                max_t,
+                                c,
+                                nh,
+                                window,
+                                FlashPrecision::Tf32,
+                                &mut ws,
                             )?,
                         }
                         Ok(())
