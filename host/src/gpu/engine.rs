@@ -208,7 +208,14 @@ impl GpuEngine {
             weights.layers.len(),
             config.num_layers
         );
-        let needed = Self::device_bytes(&config, max_batch, max_seq_len, gpu.sm_count());
+        let needed = Self::device_bytes(
+            &config,
+            max_batch,
+            max_seq_len,
+            gpu.sm_count(),
+            gpu.has_wgmma(),
+            precision,
+        );
         let oom = |what: &str| {
             format!(
                 "allocating {what} on {} (the engine needs about {} MiB in all: weights, activations for \
@@ -291,8 +298,17 @@ impl GpuEngine {
     }
 
     /// Device memory the engine allocates on a GPU of `sms` SMs, in bytes
-    /// (weights padded to Vp).
-    pub fn device_bytes(config: &ModelConfig, max_batch: usize, max_seq_len: usize, sms: usize) -> usize {
+    /// (weights padded to Vp); with `wgmma` (a Hopper GPU) also the TF32
+    /// split-K scratch and, when created in `precision` TF32, the
+    /// TF32-rounded weight copies (a later switch to TF32 adds those).
+    pub fn device_bytes(
+        config: &ModelConfig,
+        max_batch: usize,
+        max_seq_len: usize,
+        sms: usize,
+        wgmma: bool,
+        precision: Precision,
+    ) -> usize {
         let (c, l, vp) = (config.channels, config.num_layers, config.padded_vocab_size);
         let rows = max_batch * max_seq_len;
         let weights = config.num_parameters();
@@ -304,7 +320,14 @@ impl GpuEngine {
         } else {
             0
         };
-        let matmul_ws = fp32_matmul_workspace_floats(config, rows, sms);
+        let mut matmul_ws = fp32_matmul_workspace_floats(config, rows, sms);
+        if wgmma {
+            matmul_ws += TF32_MAX_SPLITS * rows.min(TF32_SPLIT_MAX_ROWS) * c;
+            if precision == Precision::Tf32 {
+                // qkvw, attprojw, fcw, fcprojw (12 C² per layer) and wte (Vp x C).
+                matmul_ws += l * 12 * c * c + vp * c;
+            }
+        }
         (weights + kv + acts + flash + matmul_ws) * F32_BYTES + rows * 4 + max_batch * 4
     }
 

@@ -75,6 +75,8 @@ pub struct Gpu {
     wgmma: bool,
     /// Tensor maps already encoded and uploaded (see [`Gpu::tensor_map_2d`]).
     tensor_maps: Mutex<TensorMapCache>,
+    /// Dynamic shared-memory limits already raised, per kernel of `kernels`.
+    shared_limits: Mutex<HashMap<&'static str, u32>>,
     /// Multiprocessors of the device, read once (launch configurations use it).
     sm_count: usize,
 }
@@ -121,6 +123,7 @@ impl Gpu {
             sm_count,
             wgmma,
             tensor_maps: Mutex::new(TensorMapCache::default()),
+            shared_limits: Mutex::new(HashMap::new()),
             kernels: Module::new(module),
         })
     }
@@ -211,13 +214,20 @@ impl Gpu {
     }
 
     /// Raise a kernel's dynamic shared-memory limit above the default 48 KiB.
+    /// Remembered per kernel, so the driver is asked once, not every launch.
     pub fn set_max_dynamic_shared(&self, name: &'static str, bytes: u32) -> Result<(), GpuError> {
+        let mut set = self.shared_limits.lock().unwrap_or_else(|p| p.into_inner());
+        if set.get(name).is_some_and(|&b| b >= bytes) {
+            return Ok(());
+        }
         let f = self.function(name)?;
         f.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             bytes as i32,
         )
-        .ctx("cuFuncSetAttribute")
+        .ctx("cuFuncSetAttribute")?;
+        set.insert(name, bytes);
+        Ok(())
     }
 
     /// Allocate `n` elements, reporting out-of-memory clearly.
