@@ -696,12 +696,7 @@ impl Args {
         // and gelu 0 as a split launch requires; grid, block and shared
         // memory from `tiled_launch_config` for this tile.
         unsafe { gpu.launch(name, cfg, params)? };
-        let groups = count_u32(OP, "n * oc", &[n, oc])?.div_ceil(MATMUL_SPLIT_REDUCE_PER_THREAD);
-        let cfg = LaunchConfig {
-            grid_dim: (groups.div_ceil(MATMUL_SPLIT_REDUCE_BLOCK), 1, 1),
-            block_dim: (MATMUL_SPLIT_REDUCE_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        count_u32(OP, "n * oc", &[n, oc])?;
         let reduce = MatmulSplitReduceParams {
             out: self.out,
             partial,
@@ -711,14 +706,37 @@ impl Args {
             splits: plan.splits,
             gelu: self.gelu as u32,
         };
-        // SAFETY: out n*oc and bias oc floats (checked in `Args::new`); the
-        // workspace holds the splits*n*oc partials the launch above writes
-        // first (same stream); one thread per MATMUL_SPLIT_REDUCE_PER_THREAD
-        // outputs covers n*oc; the kernel checks alignment before 16-byte
-        // access.
-        unsafe { gpu.launch(MATMUL_SPLIT_REDUCE, cfg, reduce)? };
+        // SAFETY: out n*oc and bias oc floats (checked in `Args::new`), n*oc
+        // fits u32 (checked above); the workspace holds the splits*n*oc
+        // partials the launch above writes first (same stream).
+        unsafe { launch_split_reduce(gpu, reduce)? };
         Ok(())
     }
+}
+
+/// Launch configuration of `matmul_split_reduce` over `outputs` floats: one
+/// thread per `MATMUL_SPLIT_REDUCE_PER_THREAD` of them.
+pub fn split_reduce_launch_config(outputs: u32) -> LaunchConfig {
+    let groups = outputs.div_ceil(MATMUL_SPLIT_REDUCE_PER_THREAD);
+    LaunchConfig {
+        grid_dim: (groups.div_ceil(MATMUL_SPLIT_REDUCE_BLOCK), 1, 1),
+        block_dim: (MATMUL_SPLIT_REDUCE_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The split-K reduction every split matmul (FP32 tiled and TF32 `wgmma`)
+/// finishes with: `p.out = epilogue(sum over s of p.partial[s])`.
+///
+/// # Safety
+/// `p.out` holds `n * oc` floats (`n * oc` fits u32), `p.bias` `oc` floats
+/// or is null, `p.partial` the `splits * n * oc` partial sums, written by
+/// work queued earlier on [`Gpu::stream`]. The kernel checks alignment
+/// before its 16-byte accesses.
+pub(crate) unsafe fn launch_split_reduce(gpu: &Gpu, p: MatmulSplitReduceParams) -> Result<(), GpuError> {
+    let cfg = split_reduce_launch_config(p.n * p.oc);
+    // SAFETY: the caller's contract; the grid covers n*oc outputs.
+    unsafe { gpu.launch(MATMUL_SPLIT_REDUCE, cfg, p) }
 }
 
 #[cfg(test)]
