@@ -29,19 +29,6 @@ pub const SWIZZLE_ROW_BYTES: u32 = 128;
 pub const SWIZZLE_ATOM_ROWS: u32 = 8;
 /// Bytes of one swizzle atom; tiles must start at a multiple of it.
 pub const SWIZZLE_ATOM_BYTES: u32 = SWIZZLE_ROW_BYTES * SWIZZLE_ATOM_ROWS;
-/// Bytes of one 16-byte chunk, the unit the swizzle permutes.
-pub const SWIZZLE_CHUNK_BYTES: u32 = 16;
-
-/// Byte offset, inside a 128-byte-swizzled K-major tile, of 16-byte chunk
-/// `chunk` (0..8) of row `row`: chunk `c` of row `r` is stored at chunk
-/// position `c ^ (r % 8)`, so the 8 rows a `wgmma` core matrix reads (and
-/// the 8 lanes of a quarter-warp writing one chunk column) hit 8 different
-/// bank groups.
-#[inline(always)]
-pub const fn swizzle_128b_offset(row: u32, chunk: u32) -> u32 {
-    row * SWIZZLE_ROW_BYTES + ((chunk ^ (row % SWIZZLE_ATOM_ROWS)) * SWIZZLE_CHUNK_BYTES)
-}
-
 /// Descriptor bits 62-63: the 128-byte swizzle mode.
 const DESC_SWIZZLE_128B: u64 = 1 << 62;
 /// Descriptor addresses and offsets are stored in 16-byte units, 14 bits each.
@@ -52,8 +39,9 @@ const DESC_FIELD_MASK: u64 = 0x3fff;
 const DESC_LBO_UNUSED: u64 = 1;
 
 /// The matrix descriptor of a K-major operand tile in shared memory, laid
-/// out as rows of [`SWIZZLE_ROW_BYTES`] with the 128-byte swizzle
-/// ([`swizzle_128b_offset`]): `shared_addr` is the tile's shared-window
+/// out as rows of [`SWIZZLE_ROW_BYTES`] with the 128-byte swizzle (16-byte
+/// chunk `c` of row `r` stored at chunk position `c ^ (r % 8)`, the layout a
+/// TMA copy with `CU_TENSOR_MAP_SWIZZLE_128B` writes): `shared_addr` is the tile's shared-window
 /// address plus the byte offset of the k-slice the instruction starts at
 /// (0, 32, 64 or 96 for TF32's 8-deep steps); the stride between 8-row
 /// groups is one atom.

@@ -3,7 +3,6 @@
 use super::vec4::{VEC, load4, store4};
 use crate::device::math::tanh_precise;
 use crate::device::{global_idx_x, grid_stride_x};
-use crate::ops::layernorm::rounded;
 use crate::params::gelu::GeluParams;
 /// sqrt(2 / pi)
 const GELU_SCALE: f32 = 0.797_884_6;
@@ -30,23 +29,14 @@ pub unsafe extern "ptx-kernel" fn gelu_forward(p: GeluParams) {
         unsafe {
             let e = i as usize * VEC;
             let a = load4(p.inp.add(e));
-            let r = p.round_tf32;
-            store4(
-                p.out.add(e),
-                [
-                    rounded(gelu(a[0]), r),
-                    rounded(gelu(a[1]), r),
-                    rounded(gelu(a[2]), r),
-                    rounded(gelu(a[3]), r),
-                ],
-            );
+            store4(p.out.add(e), [gelu(a[0]), gelu(a[1]), gelu(a[2]), gelu(a[3])]);
         }
         i += grid_stride_x();
     }
     let j = n4 * VEC as u32 + global_idx_x();
     if j < p.n {
         // SAFETY: j < n.
-        unsafe { *p.out.add(j as usize) = rounded(gelu(*p.inp.add(j as usize)), p.round_tf32) };
+        unsafe { *p.out.add(j as usize) = gelu(*p.inp.add(j as usize)) };
     }
 }
 
@@ -59,7 +49,7 @@ pub unsafe extern "ptx-kernel" fn gelu_forward_naive(p: GeluParams) {
     let mut i = global_idx_x();
     while i < p.n {
         // SAFETY: i < n.
-        unsafe { *p.out.add(i as usize) = rounded(gelu(*p.inp.add(i as usize)), p.round_tf32) };
+        unsafe { *p.out.add(i as usize) = gelu(*p.inp.add(i as usize)) };
         i += grid_stride_x();
     }
 }

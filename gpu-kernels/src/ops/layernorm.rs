@@ -139,6 +139,6 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward_naive(p: LayernormParams) {
 
 /// `v`, rounded to TF32 when `round` is nonzero (`LayernormParams::round_tf32`).
 #[inline(always)]
-pub(crate) fn rounded(v: f32, round: u32) -> f32 {
+fn rounded(v: f32, round: u32) -> f32 {
     if round != 0 { f32::from_bits(to_tf32(v)) } else { v }
 }

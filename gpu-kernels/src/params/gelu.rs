@@ -15,8 +15,6 @@ pub struct GeluParams {
     /// `[n]`
     pub inp: *const f32,
     pub n: u32,
-    /// Nonzero: round every output to TF32 (as `LayernormParams::round_tf32`).
-    pub round_tf32: u32,
 }
 
 crate::kernel_params!(GeluParams);

@@ -39,33 +39,10 @@ pub fn gelu_forward_naive(
     gelu_forward_variant(gpu, Variant::Naive, out, inp, n)
 }
 
-/// [`gelu_forward`], then every output rounded to TF32 (CPU twin:
-/// `cpu::ops::gelu_forward` then `cpu::ops::round_tf32`): for a TF32 matmul
-/// that reads it, which then skips its own rounding.
-pub fn gelu_forward_tf32(
-    gpu: &Gpu,
-    out: &mut impl DevicePtrMut<f32>,
-    inp: &impl DevicePtr<f32>,
-    n: usize,
-) -> Result<(), OpError> {
-    launch(gpu, Variant::Best, true, out, inp, n)
-}
-
 /// [`gelu_forward`] with the kernel chosen by `variant`.
 pub fn gelu_forward_variant(
     gpu: &Gpu,
     variant: Variant,
-    out: &mut impl DevicePtrMut<f32>,
-    inp: &impl DevicePtr<f32>,
-    n: usize,
-) -> Result<(), OpError> {
-    launch(gpu, variant, false, out, inp, n)
-}
-
-fn launch(
-    gpu: &Gpu,
-    variant: Variant,
-    round_tf32: bool,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     n: usize,
@@ -80,7 +57,6 @@ fn launch(
         out: out_ptr(gpu, out),
         inp: in_ptr(gpu, inp),
         n: n32,
-        round_tf32: round_tf32 as u32,
     };
     let vec = variant == Variant::Best && aligned16(&[params.out as usize, params.inp as usize]);
     let (name, cfg) = if vec {
