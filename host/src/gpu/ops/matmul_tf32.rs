@@ -12,14 +12,13 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
-use gpu_kernels::params::matmul::{
-    MATMUL_SPLIT_REDUCE, MATMUL_SPLIT_REDUCE_BLOCK, MATMUL_SPLIT_REDUCE_PER_THREAD, MatmulSplitReduceParams,
-};
+use gpu_kernels::params::matmul::MatmulSplitReduceParams;
 use gpu_kernels::params::matmul_tf32::{
     MATMUL_TF32_BK, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params, MatmulTf32WgmmaParams,
     TileEngine, TileShape,
 };
 
+use crate::gpu::ops::matmul::launch_split_reduce;
 use crate::gpu::runtime::{Gpu, GpuError};
 
 /// Floats per 16-byte `cp.async` copy: rows of `inp` and `W` are copied in
@@ -143,7 +142,8 @@ pub struct Tf32Options<'a> {
     /// Apply GELU after the bias.
     pub gelu: bool,
     /// `inp` was rounded to TF32 by its producer (`layernorm_forward_tf32`,
-    /// `gelu_forward_tf32`): the `wgmma` kernels skip their rounding pass.
+    /// or a TF32 matmul with `round_out`): the `wgmma` kernels skip their
+    /// rounding pass.
     /// An unrounded `inp` here is truncated to TF32 instead of rounded (an
     /// accuracy loss, nothing worse).
     pub inp_rounded: bool,
@@ -309,13 +309,6 @@ where
     let (ws_p, _g1) = workspace.device_ptr(&stream);
     let (out_p, _g2) = out.device_ptr_mut(&stream);
     let bias_p = bias.map(|b| b.device_ptr(&stream));
-    let total = (n * oc) as u32;
-    let groups = total.div_ceil(MATMUL_SPLIT_REDUCE_PER_THREAD);
-    let cfg = LaunchConfig {
-        grid_dim: (groups.div_ceil(MATMUL_SPLIT_REDUCE_BLOCK), 1, 1),
-        block_dim: (MATMUL_SPLIT_REDUCE_BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
     let params = MatmulSplitReduceParams {
         out: out_p as *mut f32,
         partial: ws_p as *const f32,
@@ -325,12 +318,10 @@ where
         splits: splits as u32,
         gelu: gelu as u32,
     };
-    // SAFETY: `out` holds n*oc floats and `bias` oc (checked above), the
-    // workspace the splits*n*oc partials the launch above wrote (same
-    // stream, so they are complete); one thread per
-    // MATMUL_SPLIT_REDUCE_PER_THREAD outputs covers n*oc; the kernel checks
-    // alignment before 16-byte accesses.
-    unsafe { gpu.launch(MATMUL_SPLIT_REDUCE, cfg, params)? };
+    // SAFETY: `out` holds n*oc floats and `bias` oc, n*oc fits u32 (checked
+    // above); the workspace holds the splits*n*oc partials the launch above
+    // wrote (same stream).
+    unsafe { launch_split_reduce(gpu, params)? };
     Ok(())
 }
 
@@ -561,8 +552,13 @@ where
     gpu.set_max_dynamic_shared(shape.name, shape.shared_bytes())?;
     if shape.engine == TileEngine::Wgmma {
         // TMA boxes: MATMUL_TF32_BK columns (128 bytes) by the tile's rows.
+        // The `inp` map spans the whole buffer (>= n rows, checked), not n
+        // rows, so the engine's activation buffers get one map each whatever
+        // the token count (no new upload, and no host wait, per new n). Rows
+        // past n only feed output rows past n, which are never stored.
+        let inp_rows = inp.len() / c.max(1);
         let params = MatmulTf32WgmmaParams {
-            inp_map: gpu.tensor_map_2d(inp_p, n, c, shape.bm, MATMUL_TF32_BK)?,
+            inp_map: gpu.tensor_map_2d(inp_p, inp_rows, c, shape.bm, MATMUL_TF32_BK)?,
             weight_map: gpu.tensor_map_2d(w_p, oc, c, shape.bn, MATMUL_TF32_BK)?,
             out: out_p as *mut f32,
             bias: bias_ptr,
