@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Assemble the PTX that the host embeds with NVIDIA's ptxas, without a GPU,
-# and fail on any ptxas error or any register spill.
+# and fail on any ptxas error, any register spill or serialised wgmma.
 #
 # Why: the driver JIT-compiles our PTX only on the GPU machine, which CI never
 # sees. ptxas is the same back end, so running it here catches invalid PTX,
@@ -148,6 +148,14 @@ for ptx in "${PTX_FILES[@]}"; do
         fi
         # Warnings are shown in full; the table below is the summary.
         grep -i 'warning' "$log" || true
+        # ptxas reports serialised wgmma (C7515: every wgmma of the kernel
+        # waits for the previous one) as "info", not as a warning; it costs
+        # the kernel its tensor-core pipelining, so it is an error here.
+        if grep -q 'C7515\|wgmma.mma_async instructions are serialized' "$log"; then
+            grep 'C7515\|wgmma.mma_async instructions are serialized' "$log"
+            echo "error: ptxas serialised wgmma instructions in $ptx for $a" >&2
+            status=1
+        fi
         if ! python3 - "$log" <<'PY'
 # Turn `ptxas -v` output into one row per function, and fail on spills.
 import re, sys
