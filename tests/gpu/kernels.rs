@@ -12,7 +12,7 @@ use host::gpu::ops::attention::attention_forward_variant;
 use host::gpu::ops::convert::convert_to_f32;
 use host::gpu::ops::encoder::encoder_forward_variant;
 use host::gpu::ops::gelu::gelu_forward_variant;
-use host::gpu::ops::layernorm::layernorm_forward_variant;
+use host::gpu::ops::layernorm::{layernorm_forward_variant, residual_layernorm_forward};
 use host::gpu::ops::matmul::{
     MatmulKernel, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_with, matmul_forward_ws, plan_tiled,
     split_k_workspace_floats,
@@ -189,6 +189,54 @@ fn layernorm_matches_cpu() {
                 atol,
                 1e-5,
             );
+        }
+    }
+}
+
+/// The fused residual add + layernorm against its CPU twin: the residual
+/// output bit for bit (one f32 add either way), the layernorm as tightly as
+/// the unfused kernel's; with TF32 rounding of the output too, and with a
+/// misaligned input (the scalar path).
+#[test]
+fn residual_layernorm_matches_cpu() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for &(n, c) in &[(1, 768), (3 * 37, 768), (1024, 768), (4 * 64, 1600), (7, 66), (5, 3)] {
+        for (round, misaligned) in [(false, false), (true, false), (false, true)] {
+            // Offset inputs: the variance of the sum must not cancel either.
+            let inp1: Vec<f32> = random_vec(n * c + 1, 2.0).iter().map(|x| x + 10.0).collect();
+            let inp2 = random_vec(n * c + 1, 1.0);
+            let (w, bias) = (random_vec(c, 1.0), random_vec(c, 1.0));
+            // `misaligned`: inp2 starts one float into its buffer.
+            let off = misaligned as usize;
+            let (mut want_res, mut want) = (vec![0f32; n * c], vec![0f32; n * c]);
+            cpu::residual_layernorm_forward(
+                &mut want_res,
+                &mut want,
+                &inp1[..n * c],
+                &inp2[off..off + n * c],
+                &w,
+                &bias,
+                n,
+                c,
+            );
+            if round {
+                cpu::round_tf32(&mut want);
+            }
+            let (d1, d2, dw, db) = (
+                gpu.upload(&inp1[..n * c]).unwrap(),
+                gpu.upload(&inp2).unwrap(),
+                gpu.upload(&w).unwrap(),
+                gpu.upload(&bias).unwrap(),
+            );
+            let (mut res, mut out) = (poisoned(&gpu, n * c), poisoned(&gpu, n * c));
+            let d2v = d2.slice(off..off + n * c);
+            residual_layernorm_forward(&gpu, round, &mut res, &mut out, &d1, &d2v, &dw, &db, n, c).unwrap();
+            let what = format!("residual_layernorm n={n} c={c} round={round} misaligned={misaligned}");
+            check(&format!("{what} (residual)"), &down(&gpu, &res), &want_res, 0.0, 0.0);
+            // Rounded outputs: a last-bit difference before rounding can move
+            // a value by one TF32 step (2^-10 relative).
+            let rtol = if round { 1e-3 } else { 1e-5 };
+            check(&format!("{what} (out)"), &down(&gpu, &out), &want, 1e-5, rtol);
         }
     }
 }

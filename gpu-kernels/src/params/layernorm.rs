@@ -2,6 +2,10 @@
 
 /// One warp per row, two-pass mean/variance, 16-byte loads where aligned.
 pub const LAYERNORM_FORWARD: &str = "layernorm_forward";
+/// `residual = inp1 + inp2`, then the layernorm of `residual` (same launch
+/// shape as [`LAYERNORM_FORWARD`]): the residual add that closes one
+/// sub-block and the layernorm that opens the next, in one pass.
+pub const RESIDUAL_LAYERNORM_FORWARD: &str = "residual_layernorm_forward";
 /// Baseline: one thread per row (llm.c's kernel 1).
 pub const LAYERNORM_FORWARD_NAIVE: &str = "layernorm_forward_naive";
 /// Threads per block of `layernorm_forward`: 8 warps, so 8 rows per block.
@@ -30,3 +34,26 @@ pub struct LayernormParams {
 }
 
 crate::kernel_params!(LayernormParams);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ResidualLayernormParams {
+    /// `[n * c]`: `inp1 + inp2` (the residual stream after the add).
+    pub residual: *mut f32,
+    /// `[n * c]`: the layernorm of `residual`.
+    pub out: *mut f32,
+    /// `[n * c]`
+    pub inp1: *const f32,
+    /// `[n * c]`
+    pub inp2: *const f32,
+    /// `[c]`
+    pub weight: *const f32,
+    /// `[c]`
+    pub bias: *const f32,
+    pub n: u32,
+    pub c: u32,
+    /// As [`LayernormParams::round_tf32`] (for `out`; `residual` is exact).
+    pub round_tf32: u32,
+}
+
+crate::kernel_params!(ResidualLayernormParams);

@@ -74,6 +74,23 @@ pub fn layernorm_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f
         });
 }
 
+/// `residual = inp1 + inp2`, then `out = layernorm(residual)`: the GPU's
+/// fused kernel, here plainly the two ops in turn.
+#[allow(clippy::too_many_arguments)]
+pub fn residual_layernorm_forward(
+    residual: &mut [f32],
+    out: &mut [f32],
+    inp1: &[f32],
+    inp2: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    n: usize,
+    c: usize,
+) {
+    residual_forward(residual, inp1, inp2, n * c);
+    layernorm_forward(out, residual, weight, bias, n, c);
+}
+
 /// Number of independent partial sums per dot product. Several accumulators
 /// let the compiler use SIMD lanes; the order of additions stays fixed.
 const DOT_LANES: usize = 8;

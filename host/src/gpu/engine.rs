@@ -28,10 +28,9 @@ use crate::gpu::ops::convert::round_tf32;
 use crate::gpu::ops::encoder::encoder_forward;
 use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use crate::gpu::ops::gelu::gelu_forward;
-use crate::gpu::ops::layernorm::{layernorm_forward, layernorm_forward_tf32};
+use crate::gpu::ops::layernorm::{layernorm_forward, layernorm_forward_tf32, residual_layernorm_forward};
 use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
 use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32_opts};
-use crate::gpu::ops::residual::residual_forward;
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, ModelConfig, Tensor, Weights};
 
@@ -566,11 +565,22 @@ impl Backend for GpuEngine {
             .memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
             .ctx("uploading token ids")?;
 
+        // LM head (tied to wte, no bias) over the padded vocabulary, on the wanted rows only.
+        let rows = match want {
+            LogitsWanted::All => n,
+            LogitsWanted::Last => b,
+        };
+        let round_head = tf32.is_some() && takes_tf32_path(prec, rows, c);
+
         encoder_forward(gpu, &mut a.residual, &a.tokens, &p.wte, &p.wpe, b, t, c, pos0)?;
+        // Each residual add is fused with the layernorm after it (`ln2` of its
+        // layer, then `ln1` of the next, `lnf` after the last); only the
+        // first layernorm stands alone.
+        let first = p.layers.first().context("the model has no layers")?;
+        layernorm(gpu, round_acts, &mut a.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?;
         for (li, (lw, (k_cache, v_cache))) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
             let rounded = |i: usize| tf32.map(|t| &t.layers[li][i]);
-            // attention sub-block: x + attproj(attention(qkv(ln1(x))))
-            layernorm(gpu, round_acts, &mut a.ln, &a.residual, &lw.ln1w, &lw.ln1b, n, c)?;
+            // attention sub-block: x + attproj(attention(qkv(ln1(x)))), ln1(x) already in a.ln
             matmul(
                 gpu,
                 prec,
@@ -611,9 +621,9 @@ impl Backend for GpuEngine {
                 c,
                 c,
             )?;
-            residual_forward(gpu, &mut a.residual2, &a.residual, &a.proj, n * c)?;
-            // MLP sub-block: x + fcproj(gelu(fc(ln2(x))))
-            layernorm(gpu, round_acts, &mut a.ln, &a.residual2, &lw.ln2w, &lw.ln2b, n, c)?;
+            let (res, proj, ln) = (&mut a.residual2, &a.proj, &mut a.ln);
+            residual_layernorm_forward(gpu, round_acts, res, ln, &a.residual, proj, &lw.ln2w, &lw.ln2b, n, c)?;
+            // MLP sub-block: x + fcproj(gelu(fc(ln2(x)))), ln2(x) in a.ln
             match rounded(2).filter(|_| round_acts) {
                 // On the wgmma path: fc, GELU and the rounding fcproj wants, in one kernel.
                 Some(fcw) => {
@@ -644,15 +654,14 @@ impl Backend for GpuEngine {
                 4 * c,
                 c,
             )?;
-            residual_forward(gpu, &mut a.residual, &a.residual2, &a.proj, n * c)?;
+            // The residual stream, and the layernorm that reads it next.
+            let (next_w, next_b, round_next) = match p.layers.get(li + 1) {
+                Some(next) => (&next.ln1w, &next.ln1b, round_acts),
+                None => (&p.lnfw, &p.lnfb, round_head),
+            };
+            let (res, proj, ln) = (&mut a.residual, &a.proj, &mut a.ln);
+            residual_layernorm_forward(gpu, round_next, res, ln, &a.residual2, proj, next_w, next_b, n, c)?;
         }
-        // LM head (tied to wte, no bias) over the padded vocabulary, on the wanted rows only.
-        let rows = match want {
-            LogitsWanted::All => n,
-            LogitsWanted::Last => b,
-        };
-        let round_head = tf32.is_some() && takes_tf32_path(prec, rows, c);
-        layernorm(gpu, round_head, &mut a.ln, &a.residual, &p.lnfw, &p.lnfb, n, c)?;
         match want {
             LogitsWanted::All => {}
             LogitsWanted::Last => {

@@ -1,8 +1,10 @@
-//! `layernorm_forward` (twin of `cpu::ops::layernorm_forward`).
+//! `layernorm_forward` (twin of `cpu::ops::layernorm_forward`) and
+//! `residual_layernorm_forward` (twin of `cpu::ops::residual_layernorm_forward`).
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::layernorm::{
     LAYERNORM_BLOCK, LAYERNORM_FORWARD, LAYERNORM_FORWARD_NAIVE, LAYERNORM_NAIVE_BLOCK, LayernormParams,
+    RESIDUAL_LAYERNORM_FORWARD, ResidualLayernormParams,
 };
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
@@ -119,5 +121,55 @@ fn launch(
     // picks 16-byte loads only after checking alignment itself; blocks are
     // whole warps as the warp-per-row kernel assumes.
     unsafe { gpu.launch(name, cfg, params)? };
+    Ok(())
+}
+
+const FUSED_OP: &str = "residual_layernorm_forward";
+
+/// `residual = inp1 + inp2`, then `out` = its layernorm (eps 1e-5), in one
+/// launch: the residual add closing a sub-block fused with the layernorm
+/// opening the next. `out` is rounded to TF32 when `round_tf32` (as
+/// [`layernorm_forward_tf32`]); `residual` never is.
+#[allow(clippy::too_many_arguments)]
+pub fn residual_layernorm_forward(
+    gpu: &Gpu,
+    round_tf32: bool,
+    residual: &mut impl DevicePtrMut<f32>,
+    out: &mut impl DevicePtrMut<f32>,
+    inp1: &impl DevicePtr<f32>,
+    inp2: &impl DevicePtr<f32>,
+    weight: &impl DevicePtr<f32>,
+    bias: &impl DevicePtr<f32>,
+    n: usize,
+    c: usize,
+) -> Result<(), OpError> {
+    count_u32(FUSED_OP, "n * c", &[n, c])?;
+    check_len(FUSED_OP, "residual", residual.len(), n * c)?;
+    check_len(FUSED_OP, "out", out.len(), n * c)?;
+    check_len(FUSED_OP, "inp1", inp1.len(), n * c)?;
+    check_len(FUSED_OP, "inp2", inp2.len(), n * c)?;
+    check_len(FUSED_OP, "weight", weight.len(), c)?;
+    check_len(FUSED_OP, "bias", bias.len(), c)?;
+    if n == 0 || c == 0 {
+        return Ok(());
+    }
+    let params = ResidualLayernormParams {
+        residual: out_ptr(gpu, residual),
+        out: out_ptr(gpu, out),
+        inp1: in_ptr(gpu, inp1),
+        inp2: in_ptr(gpu, inp2),
+        weight: in_ptr(gpu, weight),
+        bias: in_ptr(gpu, bias),
+        n: to_u32(FUSED_OP, "n", n)?,
+        c: to_u32(FUSED_OP, "c", c)?,
+        round_tf32: round_tf32 as u32,
+    };
+    // The same warp-per-row shape as the unfused kernel.
+    let (_, cfg) = launch_config(Variant::Best, params.n);
+    // SAFETY: every [n * c] buffer holds n*c floats, weight/bias c (checked);
+    // `residual` and `out` are distinct `&mut` borrows, so they overlap
+    // neither each other nor the shared inputs; the kernel checks alignment
+    // before using 16-byte loads; blocks are whole warps.
+    unsafe { gpu.launch(RESIDUAL_LAYERNORM_FORWARD, cfg, params)? };
     Ok(())
 }
