@@ -93,6 +93,15 @@ struct Args {
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// `trace` section: the prefill shape B,T.
+    #[arg(long, default_value = "1,1024", value_parser = parse_shape)]
+    trace_shape: (usize, usize),
+}
+
+fn parse_shape(s: &str) -> Result<(usize, usize), String> {
+    let (b, t) = s.split_once(',').ok_or_else(|| format!("expected B,T, got `{s}`"))?;
+    let num = |x: &str| x.trim().parse::<usize>().map_err(|e| format!("`{x}`: {e}"));
+    Ok((num(b)?, num(t)?))
 }
 
 #[derive(serde::Serialize, Default)]
@@ -128,7 +137,8 @@ fn main() -> anyhow::Result<()> {
             "gemm" => bench_gemm(&gpu, &args, &mut report)?,
             "attention" => bench_attention(&gpu, &args, &mut report)?,
             "e2e" => bench_e2e(&gpu, &args, &mut report)?,
-            other => anyhow::bail!("unknown section `{other}` (gemm, attention, e2e, all)"),
+            "trace" => bench_trace(&args, &mut report)?,
+            other => anyhow::bail!("unknown section `{other}` (gemm, attention, e2e, trace, all)"),
         }
     }
     if let Some(path) = &args.json {
@@ -573,6 +583,36 @@ fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
             report.e2e.push(serde_json::json!({"precision": prec, "attention": attn, "what": "decode", "b": b, "pos0": E2E_DECODE_PROMPT, "median_ms_per_step": med, "tokens_per_s": tps, "samples": n}));
         }
     }
+    Ok(())
+}
+
+/// One TF32 prefill shape timed like `e2e`, then one more forward inside a
+/// profiler range (see the module docs).
+fn bench_trace(args: &Args, report: &mut Report) -> anyhow::Result<()> {
+    let config = ModelConfig::GPT2_124M;
+    let (b, t) = args.trace_shape;
+    anyhow::ensure!(
+        (1..=E2E_MAX_BATCH).contains(&b) && (1..=config.max_seq_len).contains(&t),
+        "--trace-shape {b},{t}: B must be 1..={E2E_MAX_BATCH}, T 1..={}",
+        config.max_seq_len
+    );
+    let bytes = llmc_bytes(&config, E2E_SEED, DType::F32)?;
+    let weights = host::model::llmc::parse(&bytes)?;
+    let gpu = Gpu::new(args.device)?;
+    let mut engine = GpuEngine::new(gpu, &weights, b, config.max_seq_len, Precision::Tf32)?;
+    let mut rng = rand::rng();
+    let toks: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..config.vocab_size as u32)).collect();
+    let (med, n) = time_forward(&mut engine, args, |e, _| e.forward(&toks, b, t, 0, LogitsWanted::Last))?;
+    println!("\n== trace: TF32 prefill B={b} T={t}: median {med:.3} ms over {n} samples");
+    engine.gpu().synchronize()?;
+    // SAFETY: no arguments; starts/stops the profiler's collection range.
+    let started = unsafe { cudarc::driver::sys::cuProfilerStart() };
+    engine.forward(&toks, b, t, 0, LogitsWanted::Last)?;
+    engine.gpu().synchronize()?;
+    // SAFETY: as above.
+    let stopped = unsafe { cudarc::driver::sys::cuProfilerStop() };
+    println!("profiler range: start {started:?}, stop {stopped:?}");
+    report.e2e.push(serde_json::json!({"precision": "Tf32", "what": "trace", "b": b, "t": t, "median_ms": med, "samples": n}));
     Ok(())
 }
 
