@@ -33,26 +33,35 @@ def gemm_table(rust):
 
 
 def e2e_table(rust, torch):
-    tp = {}
+    tp, tp_all = {}, {}
     if torch:
         for prec in ("fp32", "tf32"):
             for r in torch["prefill"][prec]:
                 tp[("prefill", prec, r["batch"], r["seq"])] = r["median_ms"]
+                if "all_logits_median_ms" in r:
+                    tp_all[("prefill", prec, r["batch"], r["seq"])] = r["all_logits_median_ms"]
             for r in torch["decode"][prec]:
                 tp[("decode", prec, r["batch"])] = r["ms_per_step"]
-    out = ["| what | precision | B | T or pos0 | extra | ours ms | PyTorch ms | PyTorch / ours |",
-           "|---|---|---|---|---|---|---|---|"]
+    # PyTorch prefill: last-position logits, as our prefill computes (older
+    # JSON without that split: model(ids), every position's logits).
+    out = ["| what | precision | B | T or pos0 | extra | ours ms | PyTorch ms | PyTorch / ours | PyTorch all-logits ms |",
+           "|---|---|---|---|---|---|---|---|---|"]
     skip = {"b", "t", "pos0", "median_ms", "median_ms_per_step", "precision", "samples", "what", "tokens_per_s"}
     for r in rust.get("e2e", []):
         prec = str(r.get("precision", "")).lower()
         what = r.get("what", "")
+        if what not in ("prefill", "decode"):
+            continue  # e.g. `bench trace` rows
         extra = ", ".join(f"{k}={v}" for k, v in r.items() if k not in skip)
         ours = r.get("median_ms", r.get("median_ms_per_step"))
         key = ("prefill", prec, r["b"], r.get("t")) if what == "prefill" else ("decode", prec, r["b"])
         theirs = tp.get(key)
         ratio = f"{theirs / ours:.2f}x" if theirs and ours else "-"
         theirs_s = f"{theirs:.3f}" if theirs else "-"
-        out.append(f"| {what} | {prec} | {r['b']} | {r.get('t', r.get('pos0'))} | {extra} | {ours:.3f} | {theirs_s} | {ratio} |")
+        every = tp_all.get(key)
+        every_s = f"{every:.3f}" if every else "-"
+        out.append(f"| {what} | {prec} | {r['b']} | {r.get('t', r.get('pos0'))} | {extra} | {ours:.3f} | {theirs_s} "
+                   f"| {ratio} | {every_s} |")
     return "\n".join(out)
 
 
