@@ -620,6 +620,7 @@ fn attention_matches_cpu_prefill_and_decode() {
         attention_case(&gpu, v, 3, 100, 2, 128, 1024, 16, 0);
         attention_case(&gpu, v, 3, 29, 2, 40, 96, 3, 0); // head size 32
         attention_case(&gpu, v, 2, 11, 2, 16, 60, 5, 0); // head size 12: no 16-byte loads
+        attention_case(&gpu, v, 2, 9, 2, 16, 30, 5, 0); // head size 6: the K/V store's scalar path
     }
 }
 

@@ -6,7 +6,7 @@
 //! windowed, else 0). Prefill (`pos0 = 0`, many queries) and decode
 //! (`t = 1` over a long cache) run the same kernels.
 
-use super::vec4::{VEC, aligned16, load4};
+use super::vec4::{VEC, aligned16, load4, store4};
 use crate::device::math::exp_fast;
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::{block_reduce_max, block_reduce_sum};
@@ -38,26 +38,48 @@ fn cache_at(p: &AttentionParams, b: u32, h: u32, pos: u32) -> usize {
 }
 
 /// Copy this call's K and V out of `qkv` into the caches at `pos0..pos0+t`.
-/// One thread per (row, token, channel): reads and writes both coalesced.
+/// A grid-stride loop over (row, token, channel), reads and writes both
+/// coalesced: 4 channels per step with 16-byte accesses when C and the head
+/// size are multiples of 4 and the buffers aligned (the host sizes the grid
+/// for that: `kv_store_vectorised`), else one.
 ///
 /// # Safety
 /// Buffers as documented on [`AttentionParams`]; `pos0 + t <= max_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
-    let hs = p.c / p.nh;
-    let total = p.b * p.t * p.c;
-    let mut i = global_idx_x();
-    while i < total {
-        let (bt, ch) = (i / p.c, i % p.c);
-        let (b, t) = (bt / p.t, bt % p.t);
-        let src = (bt * 3 * p.c + ch) as usize;
-        let dst = cache_at(&p, b, ch / hs, p.pos0 + t) + (ch % hs) as usize;
-        // SAFETY: src + 2c < b*t*3c; dst is inside the cache (pos0 + t <= max_t).
-        unsafe {
-            *p.k_cache.add(dst) = *p.qkv.add(src + p.c as usize);
-            *p.v_cache.add(dst) = *p.qkv.add(src + 2 * p.c as usize);
+    let (c, hs) = (p.c as usize, (p.c / p.nh) as usize);
+    let total = (p.b * p.t * p.c) as usize;
+    // Where channel `ch` of token `bt` lands in the cache, and where it is read.
+    let at = |bt: usize, ch: usize| {
+        let (b, t) = (bt / p.t as usize, bt % p.t as usize);
+        let dst = cache_at(&p, b as u32, (ch / hs) as u32, p.pos0 + t as u32) + ch % hs;
+        (bt * 3 * c + ch, dst)
+    };
+    let vectorised = c % VEC == 0 && hs % VEC == 0 && aligned16(p.qkv) && aligned16(p.k_cache) && aligned16(p.v_cache);
+    let mut i = global_idx_x() as usize;
+    if vectorised {
+        while i < total / VEC {
+            let e = i * VEC;
+            // A 4-channel group never straddles a head (hs % 4 == 0).
+            let (src, dst) = at(e / c, e % c);
+            // SAFETY: src + 2c + 4 <= b*t*3c; dst + 4 is inside the cache
+            // (pos0 + t <= max_t); all 16-byte aligned (checked).
+            unsafe {
+                store4(p.k_cache.add(dst), load4(p.qkv.add(src + c)));
+                store4(p.v_cache.add(dst), load4(p.qkv.add(src + 2 * c)));
+            }
+            i += grid_stride_x() as usize;
         }
-        i += grid_stride_x();
+    } else {
+        while i < total {
+            let (src, dst) = at(i / c, i % c);
+            // SAFETY: src + 2c < b*t*3c; dst is inside the cache (pos0 + t <= max_t).
+            unsafe {
+                *p.k_cache.add(dst) = *p.qkv.add(src + c);
+                *p.v_cache.add(dst) = *p.qkv.add(src + 2 * c);
+            }
+            i += grid_stride_x() as usize;
+        }
     }
 }
 

@@ -442,6 +442,11 @@ fn add4(a: [f32; VEC], b: [f32; VEC]) -> [f32; VEC] {
     [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
 }
 
+/// 16-byte weight loads each GEMV lane issues before it uses the first: one
+/// in flight per lane leaves HBM latency-bound (the LM head row ran at about
+/// half the bandwidth); four cover a GPT-2 row (C/4/32 = 6..13) in 2-4 chunks.
+const GEMV_LOADS_IN_FLIGHT: usize = 4;
+
 /// Few rows (decode): one warp per output column. The warp streams the
 /// column's weight row once (16-byte loads) and dots it with every input row
 /// (`n <= MATMUL_GEMV_MAX_ROWS`, accumulators in registers; the small input
@@ -465,19 +470,34 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_gemv(p: MatmulParams) {
     // SAFETY: col < oc.
     let w = unsafe { p.weight.add(col * c) };
     if vec_loads(&p) {
-        let mut k = lane;
-        while k < c / VEC {
-            // SAFETY: k < c/4, aligned (checked); rows r < n hold c floats.
-            unsafe {
-                let wv = load4(w.add(k * VEC));
-                for (r, a) in acc.iter_mut().enumerate() {
-                    if r < n {
-                        let x = load4(p.inp.add(r * c + k * VEC));
-                        *a += (x[0] * wv[0] + x[1] * wv[1]) + (x[2] * wv[2] + x[3] * wv[3]);
+        let c4 = c / VEC;
+        let mut k0 = lane;
+        while k0 < c4 {
+            // Every weight load of the chunk first, then the products: each
+            // lane keeps GEMV_LOADS_IN_FLIGHT 16-byte loads outstanding instead
+            // of one, which is what streaming the weights from HBM needs. Each
+            // accumulator still sums its k in increasing order.
+            let mut wv = [[0.0f32; VEC]; GEMV_LOADS_IN_FLIGHT];
+            for (u, wu) in wv.iter_mut().enumerate() {
+                let k = k0 + u * lanes;
+                if k < c4 {
+                    // SAFETY: k < c/4, aligned (checked).
+                    *wu = unsafe { load4(w.add(k * VEC)) };
+                }
+            }
+            for (u, wu) in wv.iter().enumerate() {
+                let k = k0 + u * lanes;
+                if k < c4 {
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        if r < n {
+                            // SAFETY: rows r < n hold c floats; aligned (checked).
+                            let x = unsafe { load4(p.inp.add(r * c + k * VEC)) };
+                            *a += (x[0] * wu[0] + x[1] * wu[1]) + (x[2] * wu[2] + x[3] * wu[3]);
+                        }
                     }
                 }
             }
-            k += lanes;
+            k0 += GEMV_LOADS_IN_FLIGHT * lanes;
         }
     } else {
         let mut k = lane;

@@ -58,14 +58,22 @@ pub fn launch_config(variant: Variant, p: &AttentionParams) -> (&'static str, La
     }
 }
 
-/// Launch configuration of `attention_kv_store`: a grid-stride loop over b*t*c.
+/// Launch configuration of `attention_kv_store`: a grid-stride loop over
+/// b*t*c channels, one thread per 4 of them where the kernel takes 16-byte
+/// steps (C and the head size multiples of 4; cudarc's allocations are
+/// aligned, and were a buffer not, the loop would still cover it, by strides).
 fn kv_store_config(p: &AttentionParams) -> LaunchConfig {
+    let vectorised = p.c % VEC == 0 && (p.c / p.nh) % VEC == 0;
+    let per_thread = if vectorised { VEC } else { 1 };
     LaunchConfig {
-        grid_dim: (blocks_for(p.b * p.t * p.c, ATTENTION_SIMPLE_BLOCK), 1, 1),
+        grid_dim: (blocks_for(p.b * p.t * p.c / per_thread, ATTENTION_SIMPLE_BLOCK), 1, 1),
         block_dim: (ATTENTION_SIMPLE_BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }
 }
+
+/// Channels per 16-byte step of `attention_kv_store`.
+const VEC: u32 = 4;
 
 /// The first half of the op, shared by this unfused path and the flash path:
 /// store K,V of this call (rows of `p.qkv`) at positions `pos0..pos0+t` of
