@@ -67,6 +67,10 @@ const NAIVE_MAX_M: usize = 1024;
 /// Up to this many rows the FP32 tiled kernel is also timed unsplit on each
 /// tile (checks the wave model's tile choice where it matters).
 const FP32_EACH_TILE_MAX_M: usize = 1024;
+/// Split counts of the FP32 split-K sweep (up to `FP32_EACH_TILE_MAX_M` rows).
+const FP32_SWEEP_SPLITS: [usize; 8] = [2, 3, 4, 6, 8, 12, 16, 24];
+/// Largest split-K workspace the sweep allocates, floats (1 GiB).
+const FP32_SWEEP_MAX_WORKSPACE: usize = 1 << 28;
 /// Rows of split-K scratch the engine-like TF32 call gets (as the engine's
 /// `TF32_SPLIT_MAX_ROWS`).
 const BENCH_SPLIT_MAX_ROWS: usize = 2048;
@@ -349,6 +353,28 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
                 Ok(())
             })?;
             res.push((format!("ours_fp32_tile{tile}"), t));
+        }
+        // Every split of both tiles (rows `ours_fp32_t<tile>_s<splits>`): what
+        // the wave model's choice is measured against.
+        for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
+            let mut last = 1;
+            for s in FP32_SWEEP_SPLITS {
+                let plan = TiledPlan::split(tile, k, s);
+                let floats = plan.workspace_floats(m, n);
+                if plan.splits == last || floats > FP32_SWEEP_MAX_WORKSPACE {
+                    continue;
+                }
+                last = plan.splits;
+                let mut sweep_ws = MatmulWorkspace::new(gpu, floats)?;
+                let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
+                    let GemmSets { inp, w, out, .. } = &mut *sets;
+                    let bias = None::<&CudaSlice<f32>>;
+                    let ws = Some(&mut sweep_ws);
+                    matmul_forward_plan(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, m, k, n, ws)?;
+                    Ok(())
+                })?;
+                res.push((format!("ours_fp32_t{tile}_s{}", plan.splits), t));
+            }
         }
     }
     Ok(res)
