@@ -198,26 +198,144 @@ fn flash_prefill_tf32_matches_cpu() {
     run_all(prefill_grid(FlashPrecision::Tf32));
 }
 
-/// The TF32 grid on both tile shapes of the kernel: 128 query rows per block
-/// (kv_split 1) and 64 rows with each K/V tile's keys split between two warps
-/// that merge at the end (kv_split 2); the wrapper picks by grid size, so the
-/// test shapes alone would mostly run one of them.
+/// TF32 `kv_split`s this device runs: 1, 2, and 4 where the workspace
+/// could reserve its shared memory (Hopper).
+fn tf32_splits(gpu: &Gpu) -> Vec<u32> {
+    let max = FlashWorkspace::new(gpu, 1, 1, 1).unwrap().tf32_kv_split_max();
+    [1, 2, 4].into_iter().filter(|&s| s <= max).collect()
+}
+
+/// The TF32 grid on every tile shape of the kernel: 128 query rows per block
+/// (kv_split 1), 64 rows with each K/V tile's keys split between two warps
+/// that merge at the end (kv_split 2), 32 rows with two warp groups on
+/// alternate tiles and four warps merging (kv_split 4); the wrapper picks by
+/// grid size, so the test shapes alone would mostly run one of them.
 #[test]
-fn flash_prefill_tf32_both_splits_match_cpu() {
+fn flash_prefill_tf32_all_splits_match_cpu() {
+    let Some(gpu) = host::gpu::test_gpu() else {
+        return;
+    };
+    let splits = tf32_splits(&gpu);
+    assert!(splits.len() >= 2);
     run_all(
-        [1, 2]
+        splits
             .into_iter()
             .flat_map(|s| prefill_grid_split(FlashPrecision::Tf32, Some(s))),
     );
 }
 
-/// Edges of the TF32 tiles: T around the 128-row tile (partial last tiles,
-/// warps with no rows), windows that start mid 32-key step (1: each query sees
-/// only itself; 40; 96), prefixes not a multiple of the tile.
+/// TF32 rounding (`cvt.rna.tf32`: nearest, ties away from zero) of a finite f32.
+fn round_tf32(x: f32) -> f32 {
+    f32::from_bits(x.to_bits().wrapping_add(1 << 12) & !((1 << 13) - 1))
+}
+
+/// `FlashWorkspace::set_kv_rounded`: with K/V (this call's and the cached
+/// prefix) already TF32 values, the kernel that skips its rounding pass gives
+/// bit-for-bit the output of the one that rounds, on every kv_split, with a
+/// prefix and a window; and both match the CPU within the TF32 bar.
+#[test]
+fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
+    let Some(gpu) = host::gpu::test_gpu() else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for split in tf32_splits(&gpu) {
+        for (b, t, pos0, nh, window) in [(1, 1024, 0, 3, 0), (2, 200, 37, 2, 0), (2, 129, 700, 2, 96)] {
+            let c = nh * HS;
+            let max_t = pos0 + t + CACHE_SLACK;
+            // Whole qkv rounded (the Q third too, as a rounding matmul writes it).
+            let qkv: Vec<f32> = random_vec(b * t * 3 * c, 1.0).into_iter().map(round_tf32).collect();
+            let cache_len = b * nh * max_t * HS;
+            let prefix = || -> Vec<f32> {
+                let r = random_vec(cache_len, 1.0);
+                (0..cache_len)
+                    .map(|i| {
+                        if (i / HS) % max_t < pos0 {
+                            round_tf32(r[i])
+                        } else {
+                            f32::NAN
+                        }
+                    })
+                    .collect()
+            };
+            let (k_init, v_init) = (prefix(), prefix());
+            let (mut k_cpu, mut v_cpu) = (k_init.clone(), v_init.clone());
+            let mut out_cpu = vec![0f32; b * t * c];
+            host::cpu::ops::attention_forward(
+                &mut out_cpu,
+                &mut k_cpu,
+                &mut v_cpu,
+                &qkv,
+                b,
+                t,
+                pos0,
+                max_t,
+                c,
+                nh,
+                window,
+            );
+            let run = |rounded: bool| -> Vec<f32> {
+                let mut ws = FlashWorkspace::new(&gpu, b, nh, max_t).unwrap();
+                ws.force_tf32_kv_split(Some(split));
+                ws.set_kv_rounded(rounded);
+                let d_qkv = gpu.upload(&qkv).unwrap();
+                let mut d_k = gpu.upload(&k_init).unwrap();
+                let mut d_v = gpu.upload(&v_init).unwrap();
+                let mut d_out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
+                attention_forward_flash_prefill(
+                    &gpu,
+                    &mut d_out,
+                    &mut d_k,
+                    &mut d_v,
+                    &d_qkv,
+                    b,
+                    t,
+                    pos0,
+                    max_t,
+                    c,
+                    nh,
+                    window,
+                    FlashPrecision::Tf32,
+                    &mut ws,
+                )
+                .unwrap();
+                gpu.synchronize().unwrap();
+                gpu.download(&d_out).unwrap()
+            };
+            let (plain, flagged) = (run(false), run(true));
+            let differ = plain
+                .iter()
+                .zip(&flagged)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let s = stats(&flagged, &out_cpu, TF32_TOL, 0.0);
+            println!(
+                "kv_rounded split {split} b {b} t {t} pos0 {pos0} window {window}: {differ} outputs differ from unflagged, max abs err {:.3e}",
+                s.max_abs
+            );
+            // Equal NaNs would pass the bit comparison: the CPU check catches them.
+            if differ > 0 || s.mismatches > 0 {
+                failures.push(format!(
+                    "split {split} b {b} t {t} pos0 {pos0} window {window}: {differ} differ, {} off the CPU",
+                    s.mismatches
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Edges of the TF32 tiles on every kv_split: T around the 128-row tile
+/// (partial last tiles, warps with no rows, a split-4 group with no tile),
+/// windows that start mid 32-key step (1: each query sees only itself; 40;
+/// 96), prefixes not a multiple of the tile.
 #[test]
 fn flash_prefill_tf32_tile_edges_match_cpu() {
     let mut cases = Vec::new();
-    for kv_split in [1, 2] {
+    let Some(gpu) = host::gpu::test_gpu() else {
+        return;
+    };
+    for kv_split in tf32_splits(&gpu) {
         for t in [16, 127, 128, 129, 200] {
             for pos0 in [0, 37] {
                 for window in [0, 1, 40, 96] {
@@ -313,12 +431,13 @@ fn flash_ptx_shape() {
         assert!(!body(name).contains(".local"), "{name} uses local memory");
     }
     let tf32 = body(ATTENTION_FORWARD_FLASH_TF32);
-    // One 16x32 warp step, written once and fully unrolled: 4x8 MMAs for QKᵀ, 4x8 for PV.
-    assert_eq!(tf32.matches("mma.sync.aligned.m16n8k8").count(), 64);
+    // One 16x32 warp step, fully unrolled (4x8 MMAs for QKᵀ, 4x8 for PV),
+    // written twice: with and without the causal/window mask.
+    assert_eq!(tf32.matches("mma.sync.aligned.m16n8k8").count(), 2 * 64);
     assert!(tf32.contains("cp.async"));
     // Operands rounded in shared memory once and read as 16-byte vectors:
-    // per step 16 K and 16 V vectors, plus 8 per stage for the rounding pass.
-    assert_eq!(tf32.matches("ld.shared.v4").count(), 40);
+    // per step 16 K and 16 V vectors, plus 8 per pass of the rounding loop.
+    assert_eq!(tf32.matches("ld.shared.v4").count(), 2 * 32 + 8);
     // No panic paths (index or division checks) in the hot kernel.
     assert!(!tf32.contains("call"), "the TF32 prefill kernel calls a function");
     assert!(!body(ATTENTION_FORWARD_FLASH_FP32).contains("mma.sync"));

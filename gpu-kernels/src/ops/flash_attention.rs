@@ -17,13 +17,20 @@
 //!   the two warps of a row slice take one half each and merge their
 //!   (max, sum, acc) through shared memory at the end (twice the blocks and
 //!   half the longest chain, which matters at B=1 where 128-row tiles would
-//!   leave SMs idle). The host picks (params: FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM).
+//!   leave SMs idle). `kv_split` 4 (only when forced: slower on an H200):
+//!   32 rows, two copy groups of 4 warps, each with its own ring and named
+//!   barrier, walk alternate tiles; four warps per row slice merge. The host
+//!   picks (params: FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM).
+//! - The warp step exists twice: with the causal/window mask (steps that
+//!   straddle a boundary) and without any mask code (the common step).
+//!   Index arithmetic is u32: 64-bit compares doubled the integer work.
 //! - 1-D grid, heaviest query tiles (latest positions: most causal keys) of
 //!   every head first, so the light tiles fill the tail of the last wave.
 //! - 3-stage K/V ring, one barrier per tile; each thread rounds the chunks it
 //!   copied to TF32 in place before that barrier, so the MMA loops read
 //!   ready operands with 16-byte `ld.shared.v4` and no `cvt` (Q is rounded once,
-//!   straight from global memory into registers).
+//!   straight from global memory into registers). `kv_rounded` skips that
+//!   pass when the caller's K/V are already TF32 values.
 //! - Contraction orders are free as long as both operands agree, so they are
 //!   chosen for vector loads without bank conflicts (row stride 68 = 4 mod 32):
 //!   QKᵀ: lane t holds dims [8t, 8t+8) and [32+8t, 40+8t) of its rows, in that
@@ -51,8 +58,8 @@ use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::shfl_xor_f32;
 use crate::device::{
-    WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, sync_threads, sync_warp, thread_idx_x,
-    warp_id,
+    WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, named_barrier_sync, sync_threads, sync_warp,
+    thread_idx_x, warp_id,
 };
 use crate::params::flash_attention::*;
 
@@ -94,8 +101,6 @@ const T_STAGES: usize = FLASH_TF32_STAGES as usize;
 const SUB_K: usize = FLASH_TF32_SUB_KEYS as usize;
 const SUB_STEPS: usize = SUB_K / MMA_N;
 const SUBS_PER_TILE: usize = BK / SUB_K;
-/// 16-byte chunks each TF32 thread copies (and rounds) per K or V tile.
-const T_COPIES: usize = BK * VECS_PER_ROW / T_THREADS;
 /// Floats one lane hands over in the kv_split merge: acc (32), m (2), l (2).
 const MERGE_VALS: usize = DIM_STEPS * 4 + 4;
 const _: () = assert!(FLASH_TF32_ROWS_MAX as usize == T_WARPS * WARP_ROWS);
@@ -103,12 +108,26 @@ const _: () = assert!(
     SUBS_PER_TILE == 2 && SUB_STEPS == 4,
     "loops below are unrolled by `unroll4!`"
 );
-const _: () = assert!(T_COPIES * T_THREADS == BK * VECS_PER_ROW && T_COPIES == 4);
+const _: () = assert!(
+    BK * VECS_PER_ROW % (T_THREADS / FLASH_TF32_SPLIT4_GROUPS as usize * T_COPY_BATCH) == 0
+        && BK * VECS_PER_ROW / T_THREADS == T_COPY_BATCH,
+    "a copy group copies a tile in whole passes of T_COPY_BATCH chunks"
+);
+const _: () = assert!(
+    T_THREADS % FLASH_TF32_SPLIT4_GROUPS as usize == 0
+        && (T_THREADS / FLASH_TF32_SPLIT4_GROUPS as usize) % VECS_PER_ROW == 0,
+    "a copy group covers whole tile rows per pass"
+);
+const _: () = assert!(
+    FLASH_TF32_KV_SPLIT_MAX as usize == 2 * FLASH_TF32_SPLIT4_GROUPS as usize,
+    "kv_split 4 = 2 groups x 2 halves of each tile"
+);
 const _: () = assert!(T_STAGES == 3, "the TF32 pipeline waits with wait_group<1> (3 stages)");
 const _: () = assert!(HS == 64, "the QKᵀ and PV lane orders are written for 64 dims");
 const _: () = assert!(
-    (T_WARPS / 2) * MERGE_VALS * WARP_SIZE as usize * 4 <= FLASH_SMEM_BYTES_TF32 as usize,
-    "the merge area reuses the K/V ring"
+    (T_WARPS - T_WARPS / FLASH_TF32_KV_SPLIT_MAX as usize) * MERGE_VALS * WARP_SIZE as usize * 4
+        <= FLASH_SMEM_BYTES_TF32 as usize,
+    "the merge area (every warp but part 0 of each slice) reuses the K/V ring"
 );
 
 /// Repeat `$body` for `$i` = 0..8 as a constant. The fragment arrays must be
@@ -382,28 +401,92 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
     }
 }
 
+/// Mantissa bits an f32 has beyond TF32's 10.
+const TF32_DROPPED_BITS: u32 = 13;
+/// Half a TF32 ulp, in f32 bit units: added before truncation, it rounds to
+/// nearest with ties away from zero, as `cvt.rna.tf32` does.
+const TF32_HALF_ULP: u32 = 1 << (TF32_DROPPED_BITS - 1);
+/// Keeps the sign, exponent and 10 mantissa bits.
+const TF32_KEEP: u32 = !((1 << TF32_DROPPED_BITS) - 1);
+
+/// `cvt.rna.tf32` for a softmax weight (in [0, 1], or NaN from NaN scores):
+/// two integer ops instead of the cvt's expansion with its inf/NaN check. A
+/// NaN may come out as a number here, but the row sum (taken before
+/// rounding) stays NaN, so the output does too.
+#[inline(always)]
+fn round_p_tf32(x: f32) -> u32 {
+    x.to_bits().wrapping_add(TF32_HALF_ULP) & TF32_KEEP
+}
+
+/// Which 16-byte chunks of a 64x64 K/V tile one thread copies (and rounds):
+/// its copy group has `gt` threads (the whole block, or one of the
+/// [`FLASH_TF32_SPLIT4_GROUPS`] halves at kv_split 4) and thread `gtid` of it
+/// takes column chunk `gtid % 16` of rows `gtid / 16 + i * gt / 16`,
+/// `i < 4 * passes`.
+#[derive(Clone, Copy)]
+struct TileCopy {
+    /// First row, and the row step between this thread's chunks.
+    row: u32,
+    row_step: u32,
+    /// Float column of the chunk.
+    col: u32,
+    /// Batches of [`T_COPY_BATCH`] chunks per tile (1 or 2).
+    passes: u32,
+}
+
+/// Chunks per K (or V) tile that one copy pass of a thread handles; a
+/// rounding pass holds one batch of K and one of V in registers.
+const T_COPY_BATCH: usize = 4;
+
+/// Issue this thread's `cp.async` copies of K/V tile rows `key0..key0+64`
+/// (rows at or past `n_keys` are zero-filled, never read).
+///
+/// # Safety
+/// `dst` is a shared tile of [`TILE`] floats; `src` is a K or V plane whose
+/// rows `0..n_keys` (`n_keys >= 1`) are readable.
+#[inline(always)]
+unsafe fn load_tile_tf32(dst: *mut f32, src: *const f32, key0: u32, n_keys: u32, cp: TileCopy) {
+    for pass in 0..cp.passes {
+        unroll4!(i => {
+            let r = cp.row + (pass * T_COPY_BATCH as u32 + i as u32) * cp.row_step;
+            let key = key0 + r;
+            let valid = key < n_keys;
+            // An invalid row copies 0 bytes; its source address is still kept in bounds.
+            let src_row = if valid { key } else { n_keys - 1 };
+            unsafe {
+                cp_async_16_zfill(
+                    dst.add((r * STRIDE as u32 + cp.col) as usize),
+                    src.add((src_row * HS as u32 + cp.col) as usize),
+                    if valid { 16 } else { 0 },
+                );
+            }
+        });
+    }
+}
+
 /// Round to TF32, in place, the chunks of one K/V stage that this thread
-/// copied with `load_tile::<T_THREADS>` (same chunk indices in both tiles).
-/// All loads are issued before any store: the compiler cannot tell the
-/// chunks apart, so a load-round-store sequence would serialise on latency.
+/// copied with [`load_tile_tf32`] (same chunks in both tiles). All loads of a
+/// pass are issued before any store: the compiler cannot tell the chunks
+/// apart, so a load-round-store sequence would serialise on latency.
 ///
 /// # Safety
 /// `k`, `v` are a stage's tiles whose copies by this thread have completed.
 #[inline(always)]
-unsafe fn round_stage_tf32(k: *mut f32, v: *mut f32) {
-    let tid = thread_idx_x() as usize;
-    let at = |tile: *mut f32, i: usize| {
-        let idx = tid + i * T_THREADS;
-        unsafe { tile.add((idx / VECS_PER_ROW) * STRIDE + (idx % VECS_PER_ROW) * VEC) }
-    };
-    let mut x = [[0f32; VEC]; 2 * T_COPIES];
-    unroll8!(i => {
-        x[i] = unsafe { ld4(at(if i < T_COPIES { k } else { v }, i % T_COPIES)) };
-    });
-    unroll8!(i => {
-        let r = x[i].map(|e| f32::from_bits(to_tf32(e)));
-        unsafe { st4(at(if i < T_COPIES { k } else { v }, i % T_COPIES), r) };
-    });
+unsafe fn round_stage_tf32(k: *mut f32, v: *mut f32, cp: TileCopy) {
+    for pass in 0..cp.passes {
+        let at = |tile: *mut f32, i: usize| {
+            let r = cp.row + (pass * T_COPY_BATCH as u32 + i as u32) * cp.row_step;
+            unsafe { tile.add((r * STRIDE as u32 + cp.col) as usize) }
+        };
+        let mut x = [[0f32; VEC]; 2 * T_COPY_BATCH];
+        unroll8!(i => {
+            x[i] = unsafe { ld4(at(if i < T_COPY_BATCH { k } else { v }, i % T_COPY_BATCH)) };
+        });
+        unroll8!(i => {
+            let r = x[i].map(|e| f32::from_bits(to_tf32(e)));
+            unsafe { st4(at(if i < T_COPY_BATCH { k } else { v }, i % T_COPY_BATCH), r) };
+        });
+    }
 }
 
 /// Online-softmax state of one warp's 16 rows (two per lane: g and g+8).
@@ -416,23 +499,27 @@ struct RowState {
     acc: [[f32; 4]; DIM_STEPS],
 }
 
-/// One warp step of the TF32 kernel: rows g, g+8 of the warp's 16 against the
-/// 32 keys `k0..k0+32` at `kb`/`vb` (rounded shared memory, row stride
-/// [`STRIDE`]): S = QKᵀ, mask, online softmax, O += PV.
+/// One warp step of the TF32 kernel: rows g, g+8 of the warp's 16 against 32
+/// keys at `kb`/`vb` (rounded shared memory, row stride [`STRIDE`]): S = QKᵀ,
+/// mask, online softmax, O += PV.
+///
+/// `MASK` (only for steps that straddle the diagonal, the window start or the
+/// end of the keys; the common step compiles with no mask code at all): the
+/// key of column `kk` of the step is visible to row r iff
+/// `d0[r] - kk < lim[r]` (u32, wrapping), where `d0[r]` = position of row r
+/// minus the step's first key minus 2t, and `lim[r]` = min(window, position
+/// + 1): keys after the row wrap to huge distances.
 ///
 /// # Safety
 /// `kb`, `vb` point at 32 rows of a published, rounded K/V stage.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_sub_tf32(
+unsafe fn attend_sub_tf32<const MASK: bool>(
     st: &mut RowState,
     qf: &[[u32; 4]; DIM_STEPS],
     kb: *const f32,
     vb: *const f32,
-    k0: usize,
-    needs_mask: bool,
-    row_p: [usize; 2],
-    window: usize,
+    d0: [u32; 2],
+    lim: [u32; 2],
     scale: f32,
 ) {
     let lane = lane_id() as usize;
@@ -450,17 +537,13 @@ unsafe fn attend_sub_tf32(
         });
     });
 
-    // Mask (only where the step straddles the diagonal, the window start or
-    // the end of the keys) and row max, on raw scores: the scale is positive.
+    // Mask and row max, on raw scores: the scale is positive.
     let mut mx = [f32::NEG_INFINITY; 2];
     unroll4!(n => {
         for (e, x) in s[n].iter_mut().enumerate() {
             let r = e / 2;
-            if needs_mask {
-                let key = k0 + n * MMA_N + 2 * tq + (e & 1);
-                if key > row_p[r] || (window > 0 && key + window <= row_p[r]) {
-                    *x = f32::NEG_INFINITY;
-                }
+            if MASK && d0[r].wrapping_sub((n * MMA_N + (e & 1)) as u32) >= lim[r] {
+                *x = f32::NEG_INFINITY;
             }
             mx[r] = mx[r].max(*x);
         }
@@ -496,7 +579,7 @@ unsafe fn attend_sub_tf32(
     // columns 4g.. and 32+4g.. (module docs).
     unroll4!(ks => {
         let sk = s[ks];
-        let af = [to_tf32(sk[0]), to_tf32(sk[2]), to_tf32(sk[1]), to_tf32(sk[3])];
+        let af = [round_p_tf32(sk[0]), round_p_tf32(sk[2]), round_p_tf32(sk[1]), round_p_tf32(sk[3])];
         let v0 = unsafe { vb.add((ks * MMA_N + 2 * tq) * STRIDE + VEC * g) };
         let (lo0, hi0, lo1, hi1) =
             unsafe { (ld4(v0), ld4(v0.add(HS / 2)), ld4(v0.add(STRIDE)), ld4(v0.add(STRIDE + HS / 2))) };
@@ -511,33 +594,53 @@ unsafe fn attend_sub_tf32(
     });
 }
 
-/// The TF32 prefill kernel body (see the module docs).
+/// Named barrier of K/V copy group `g` (barrier 0 stays `sync_threads`').
+const T_GROUP_BARRIER0: u32 = 1;
+
+/// The TF32 prefill kernel body (see the module docs). Index arithmetic is
+/// u32 (the host checks every buffer index fits): 64-bit compares and
+/// products doubled the integer work of the hot loop.
 ///
 /// # Safety
 /// As for [`attention_forward_flash_tf32`].
 #[inline(always)]
 unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
-    let (t, c, nh, b, max_t, pos0, window) = (
-        p.t as usize,
-        p.c as usize,
-        p.nh as usize,
-        p.b as usize,
-        p.max_t as usize,
-        p.pos0 as usize,
-        p.window as usize,
-    );
-    let lane = lane_id() as usize;
-    let warp = warp_id() as usize;
+    let (t, c, nh, b, max_t, pos0, window) = (p.t, p.c, p.nh, p.b, p.max_t, p.pos0, p.window);
+    let (hs, bk, rows_w) = (HS as u32, BK as u32, WARP_ROWS as u32);
+    let lane = lane_id();
+    let warp = warp_id();
     let (g, tq) = (lane / 4, lane % 4);
-    // kv_split 1: 8 row slices; 2: 4 row slices, warps w and w+4 share one.
-    let split = if p.kv_split == 2 { 2 } else { 1 };
-    let slices = T_WARPS / split;
-    let bq = slices * WARP_ROWS;
-    let (slice, half) = (warp % slices, warp / slices);
+    // kv_split s: T_WARPS/s row slices of 16 rows; warp w works on slice
+    // w % slices with part w / slices of the keys. Parts 0, 1 (2, 3) form
+    // copy group 0 (1): at kv_split 4 each group has its own ring and barrier
+    // and walks every other tile; within a group, kv_split >= 2 gives each
+    // part one 32-key half of every tile, kv_split 1 gives a warp both.
+    let split = match p.kv_split {
+        2 => 2,
+        4 => 4,
+        _ => 1,
+    };
+    let slices = T_WARPS as u32 / split;
+    let bq = slices * rows_w;
+    let (slice, part) = (warp % slices, warp / slices);
+    let (groups, group) = if split == 4 {
+        (FLASH_TF32_SPLIT4_GROUPS, part / 2)
+    } else {
+        (1, 0)
+    };
+    let gt = T_THREADS as u32 / groups;
+    let gtid = thread_idx_x() % gt;
+    let cp = TileCopy {
+        row: gtid / VECS_PER_ROW as u32,
+        row_step: gt / VECS_PER_ROW as u32,
+        col: (gtid % VECS_PER_ROW as u32) * VEC as u32,
+        passes: (BK * VECS_PER_ROW) as u32 / gt / T_COPY_BATCH as u32,
+    };
+    let (sub_lo, sub_hi) = if split == 1 { (0, 2) } else { (part % 2, part % 2 + 1) };
 
     // 1-D grid, heaviest (latest) query tiles of all (head, row) pairs first.
     // (`max(1)`: the launch guarantees nh, b >= 1; it spares the panic paths.)
-    let lin = block_idx_x() as usize;
+    let lin = block_idx_x();
     let (nh1, pairs) = (nh.max(1), (nh * b).max(1));
     let q_tile = t.div_ceil(bq) - 1 - lin / pairs;
     let (h, bi) = ((lin % pairs) % nh1, (lin % pairs) / nh1);
@@ -551,43 +654,58 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     } else {
         0
     };
-    let first_tile = key_lo / BK;
-    let n_tiles = p_max / BK + 1 - first_tile;
+    let first_tile = key_lo / bk;
+    let n_tiles = p_max / bk + 1 - first_tile;
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
-
-    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_TF32 of dynamic
-    // shared memory: K stages | V stages (16-byte aligned rows), reused by the
-    // kv_split merge after the loop.
-    let smem = unsafe { dynamic_shared_align16::<f32>() };
-    let k_s = smem;
-    let v_s = unsafe { smem.add(T_STAGES * TILE) };
-    let plane = (bi * nh + h) * max_t * HS;
-    let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
-    let load_kv = |tile: usize, stage: usize| unsafe {
-        load_tile::<T_THREADS>(k_s.add(stage * TILE), k_g, HS, tile * BK, n_keys);
-        load_tile::<T_THREADS>(v_s.add(stage * TILE), v_g, HS, tile * BK, n_keys);
+    // This group's tiles: first_tile + group + i * groups.
+    let n_mine = if n_tiles > group {
+        (n_tiles - group).div_ceil(groups)
+    } else {
+        0
     };
-    // Two tiles in flight from the start (group i holds tile i; maybe empty).
-    load_kv(first_tile, 0);
+
+    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_TF32 (times
+    // the groups) of dynamic shared memory: per group K stages | V stages
+    // (16-byte aligned rows); the kv_split merge reuses it after the loop.
+    let smem = unsafe { dynamic_shared_align16::<f32>() };
+    let k_s = unsafe { smem.add(group as usize * 2 * T_STAGES * TILE) };
+    let v_s = unsafe { k_s.add(T_STAGES * TILE) };
+    let plane = ((bi * nh + h) * max_t * hs) as usize;
+    let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
+    let load_kv = |i: u32, stage: u32| unsafe {
+        let key0 = (first_tile + group + i * groups) * bk;
+        let at = stage as usize * TILE;
+        load_tile_tf32(k_s.add(at), k_g, key0, n_keys, cp);
+        load_tile_tf32(v_s.add(at), v_g, key0, n_keys, cp);
+    };
+    // Two tiles in flight from the start (commit group i holds tile i; maybe empty).
+    if n_mine > 0 {
+        load_kv(0, 0);
+    }
     cp_async_commit();
-    if n_tiles > 1 {
-        load_kv(first_tile + 1, 1);
+    if n_mine > 1 {
+        load_kv(1, 1);
     }
     cp_async_commit();
 
     // This warp's rows: local query index, absolute positions (rows g and g+8).
-    let w_q0 = q0 + slice * WARP_ROWS;
+    let w_q0 = q0 + slice * rows_w;
     let w_p_min = pos0 + w_q0;
-    let w_p_max = w_p_min + WARP_ROWS - 1;
+    let w_p_max = w_p_min + rows_w - 1;
     let row_p = [w_p_min + g, w_p_min + g + 8];
-    let warp_has_rows = slice * WARP_ROWS < q_rows;
+    // Mask limits (see `attend_sub_tf32`): distance < min(window, pos + 1).
+    let lim = row_p.map(|rp| if window > 0 { window.min(rp + 1) } else { rp + 1 });
+    let warp_has_rows = slice * rows_w < q_rows;
 
     // Q as rounded A fragments, straight from global memory (while the first
     // tiles load): lane t's dims [8t, 8t+8) and [32+8t, 40+8t) of rows g, g+8,
     // zero past the last query.
-    let q_row = |qi: usize| -> [[f32; VEC]; 4] {
+    let q_row = |qi: u32| -> [[f32; VEC]; 4] {
         if qi < t {
-            let r = unsafe { p.qkv.add((bi * t + qi) * 3 * c + h * HS + 2 * VEC * tq) };
+            let r = unsafe {
+                p.qkv
+                    .add(((bi * t + qi) * 3 * c + h * hs + 2 * VEC as u32 * tq) as usize)
+            };
             unsafe { [ld4(r), ld4(r.add(VEC)), ld4(r.add(HS / 2)), ld4(r.add(HS / 2 + VEC))] }
         } else {
             [[0.0; VEC]; 4]
@@ -610,95 +728,105 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         l: [0.0; 2],
         acc: [[0.0; 4]; DIM_STEPS],
     };
-    for j in 0..n_tiles {
-        let stage = j % T_STAGES;
-        let (kb, vb) = unsafe { (k_s.add(stage * TILE), v_s.add(stage * TILE)) };
-        // Tile j's group is in (at most the one after it pending); round what
-        // this thread copied, then one barrier publishes the stage and also
-        // retires iteration j-1, whose stage the next copies reuse.
+    let ring = T_STAGES as u32;
+    let (mut stage, mut next_stage) = (0, 2);
+    for i in 0..n_mine {
+        let (kb, vb) = unsafe { (k_s.add(stage as usize * TILE), v_s.add(stage as usize * TILE)) };
+        // Tile i's commit group is in (at most the one after it pending);
+        // round what this thread copied (unless the caller promised TF32
+        // values), then one group barrier publishes the stage and also retires
+        // iteration i-1, whose stage the next copies reuse.
         cp_async_wait_group::<1>();
-        unsafe { round_stage_tf32(kb, vb) };
-        sync_threads();
-        if j + 2 < n_tiles {
-            load_kv(first_tile + j + 2, (j + 2) % T_STAGES);
+        if p.kv_rounded == 0 {
+            unsafe { round_stage_tf32(kb, vb, cp) };
         }
-        cp_async_commit(); // always, so group i stays tile i
+        named_barrier_sync(T_GROUP_BARRIER0 + group, gt);
+        if i + 2 < n_mine {
+            load_kv(i + 2, next_stage);
+        }
+        cp_async_commit(); // always, so commit group i stays tile i
 
         if warp_has_rows {
-            for sub in 0..SUBS_PER_TILE {
-                if split == 1 || sub == half {
-                    let k0 = (first_tile + j) * BK + sub * SUB_K;
-                    let k_last = k0 + SUB_K - 1;
-                    // Warp-uniform: can any row of this warp see any key of the step?
-                    if k0 <= w_p_max && (window == 0 || k_last + window > w_p_min) {
-                        let needs_mask = k_last > w_p_min || (window > 0 && k0 + window <= w_p_max);
-                        unsafe {
-                            attend_sub_tf32(
-                                &mut st,
-                                &qf,
-                                kb.add(sub * SUB_K * STRIDE),
-                                vb.add(sub * SUB_K * STRIDE),
-                                k0,
-                                needs_mask,
-                                row_p,
-                                window,
-                                p.scale_log2e,
-                            )
-                        };
+            let tile = first_tile + group + i * groups;
+            for sub in sub_lo..sub_hi {
+                let k0 = tile * bk + sub * SUB_K as u32;
+                let k_last = k0 + SUB_K as u32 - 1;
+                // Warp-uniform: can any row of this warp see any key of the step?
+                if k0 <= w_p_max && (window == 0 || k_last + window > w_p_min) {
+                    let needs_mask = k_last > w_p_min || (window > 0 && k0 + window <= w_p_max);
+                    let (kb, vb) = unsafe {
+                        (
+                            kb.add(sub as usize * SUB_K * STRIDE),
+                            vb.add(sub as usize * SUB_K * STRIDE),
+                        )
+                    };
+                    if needs_mask {
+                        let d0 = row_p.map(|rp| rp.wrapping_sub(k0 + 2 * tq));
+                        unsafe { attend_sub_tf32::<true>(&mut st, &qf, kb, vb, d0, lim, p.scale_log2e) };
+                    } else {
+                        unsafe { attend_sub_tf32::<false>(&mut st, &qf, kb, vb, [0; 2], [0; 2], p.scale_log2e) };
                     }
                 }
             }
         }
+        stage = if stage + 1 == ring { 0 } else { stage + 1 };
+        next_stage = if next_stage + 1 == ring { 0 } else { next_stage + 1 };
     }
 
-    if split == 2 {
-        // Warps w+4 hand their state to warps w (same rows, same lane layout).
-        // The ring is free once everyone is past the last step; no copy is in
-        // flight (the groups after the last tile are empty).
-        let xs = unsafe { smem.add(slice * MERGE_VALS * WARP_SIZE as usize + lane) };
-        let at = |v: usize| unsafe { xs.add(v * WARP_SIZE as usize) };
+    if split > 1 {
+        // Parts 1.. hand their state to part 0 of their slice (same rows, same
+        // lane layout), which merges them in order. The rings are free once
+        // everyone is past the last step; no copy is in flight (the commit
+        // groups after each group's last tile are empty).
+        let others = split - 1;
+        let at = |k: u32, v: usize| unsafe {
+            smem.add((((slice * others + k) as usize * MERGE_VALS + v) * WARP_SIZE as usize) + lane as usize)
+        };
         sync_threads();
-        if half == 1 {
+        if part > 0 {
+            let k = part - 1;
             unroll8!(dt => {
                 for e in 0..4 {
-                    unsafe { *at(4 * dt + e) = st.acc[dt][e] };
+                    unsafe { *at(k, 4 * dt + e) = st.acc[dt][e] };
                 }
             });
             for r in 0..2 {
                 unsafe {
-                    *at(4 * DIM_STEPS + r) = st.m[r];
-                    *at(4 * DIM_STEPS + 2 + r) = st.l[r];
+                    *at(k, 4 * DIM_STEPS + r) = st.m[r];
+                    *at(k, 4 * DIM_STEPS + 2 + r) = st.l[r];
                 }
             }
         }
         sync_threads();
-        if half == 0 {
-            let mut a = [0f32; 2];
-            let mut b2 = [0f32; 2];
-            for r in 0..2 {
-                let (m2, l2) = unsafe { (*at(4 * DIM_STEPS + r), *at(4 * DIM_STEPS + 2 + r)) };
-                let m_new = st.m[r].max(m2);
-                let base = softmax_base(m_new);
-                a[r] = exp2_approx(st.m[r] - base);
-                b2[r] = exp2_approx(m2 - base);
-                st.l[r] = st.l[r] * a[r] + l2 * b2[r];
-                st.m[r] = m_new;
-            }
-            unroll8!(dt => {
-                for e in 0..4 {
-                    let other = unsafe { *at(4 * dt + e) };
-                    st.acc[dt][e] = fma(st.acc[dt][e], a[e / 2], other * b2[e / 2]);
+        if part == 0 {
+            for k in 0..others {
+                let mut a = [0f32; 2];
+                let mut b2 = [0f32; 2];
+                for r in 0..2 {
+                    let (m2, l2) = unsafe { (*at(k, 4 * DIM_STEPS + r), *at(k, 4 * DIM_STEPS + 2 + r)) };
+                    let m_new = st.m[r].max(m2);
+                    let base = softmax_base(m_new);
+                    a[r] = exp2_approx(st.m[r] - base);
+                    b2[r] = exp2_approx(m2 - base);
+                    st.l[r] = st.l[r] * a[r] + l2 * b2[r];
+                    st.m[r] = m_new;
                 }
-            });
+                unroll8!(dt => {
+                    for e in 0..4 {
+                        let other = unsafe { *at(k, 4 * dt + e) };
+                        st.acc[dt][e] = fma(st.acc[dt][e], a[e / 2], other * b2[e / 2]);
+                    }
+                });
+            }
         }
     }
 
-    if half == 0 {
+    if part == 0 {
         for r in 0..2 {
             let mut sum = st.l[r];
             sum += shfl_xor_f32(sum, 1);
             sum += shfl_xor_f32(sum, 2);
-            let qi = w_q0 + g + 8 * r;
+            let qi = w_q0 + g + 8 * r as u32;
             if qi < t {
                 // Every valid row saw at least its own key, so sum >= 1.
                 let inv = 1.0 / sum;
@@ -706,7 +834,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                 let a = &st.acc;
                 // Entry e of n-tiles dt0..dt0+4, normalised (constant indices once inlined).
                 let v = |dt0: usize, e: usize| [0, 1, 2, 3].map(|i| a[dt0 + i][2 * r + e] * inv);
-                let o = unsafe { p.out.add((bi * t + qi) * c + h * HS + 2 * VEC * tq) };
+                let o = unsafe { p.out.add(((bi * t + qi) * c + h * hs + 2 * VEC as u32 * tq) as usize) };
                 unsafe {
                     st4(o, v(0, 0));
                     st4(o.add(VEC), v(0, 1));
