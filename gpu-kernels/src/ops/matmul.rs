@@ -444,7 +444,8 @@ fn add4(a: [f32; VEC], b: [f32; VEC]) -> [f32; VEC] {
 
 /// 16-byte weight loads each GEMV lane issues before it uses the first: one
 /// in flight per lane leaves HBM latency-bound (the LM head row ran at about
-/// half the bandwidth); four cover a GPT-2 row (C/4/32 = 6..13) in 2-4 chunks.
+/// half the bandwidth); four cover a GPT-2 row (C/4/32 = 6..13) in 2-4
+/// chunks. The loop body is written out for exactly this many.
 const GEMV_LOADS_IN_FLIGHT: usize = 4;
 
 /// Few rows (decode): one warp per output column. The warp streams the
@@ -476,17 +477,20 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_gemv(p: MatmulParams) {
             // Every weight load of the chunk first, then the products: each
             // lane keeps GEMV_LOADS_IN_FLIGHT 16-byte loads outstanding instead
             // of one, which is what streaming the weights from HBM needs. Each
-            // accumulator still sums its k in increasing order.
-            let mut wv = [[0.0f32; VEC]; GEMV_LOADS_IN_FLIGHT];
-            for (u, wu) in wv.iter_mut().enumerate() {
-                let k = k0 + u * lanes;
+            // accumulator still sums its k in increasing order. Written out
+            // (no array indexed in a loop): LLVM kept such an array in local
+            // memory and split its loads.
+            let ks = [k0, k0 + lanes, k0 + 2 * lanes, k0 + 3 * lanes];
+            // SAFETY: k < c/4 (checked per load), aligned (checked above).
+            let load = |k: usize| {
                 if k < c4 {
-                    // SAFETY: k < c/4, aligned (checked).
-                    *wu = unsafe { load4(w.add(k * VEC)) };
+                    unsafe { load4(w.add(k * VEC)) }
+                } else {
+                    [0.0; VEC]
                 }
-            }
-            for (u, wu) in wv.iter().enumerate() {
-                let k = k0 + u * lanes;
+            };
+            let (w0, w1, w2, w3) = (load(ks[0]), load(ks[1]), load(ks[2]), load(ks[3]));
+            let mut dot = |k: usize, wu: [f32; VEC]| {
                 if k < c4 {
                     for (r, a) in acc.iter_mut().enumerate() {
                         if r < n {
@@ -496,7 +500,11 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_gemv(p: MatmulParams) {
                         }
                     }
                 }
-            }
+            };
+            dot(ks[0], w0);
+            dot(ks[1], w1);
+            dot(ks[2], w2);
+            dot(ks[3], w3);
             k0 += GEMV_LOADS_IN_FLIGHT * lanes;
         }
     } else {
