@@ -458,7 +458,8 @@ fn layernorm(
 /// or the tiled kernel, split over `c` when the grid would under-fill the
 /// GPU (`MatmulKernel::Auto` with the engine's workspace picks). `weight` is
 /// the original, where made its TF32-rounded copy (see [`Tf32Weights`]), and
-/// whether `inp` was rounded to TF32 by its producer.
+/// whether `inp` was rounded to TF32 by its producer; `round_out` asks the
+/// TF32 path to write TF32 values (ignored on the FP32 paths).
 #[allow(clippy::too_many_arguments)]
 fn matmul(
     gpu: &Gpu,
@@ -467,6 +468,7 @@ fn matmul(
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
     (weight, weight_tf32, inp_rounded): (&CudaSlice<f32>, Option<&CudaSlice<f32>>, bool),
+    round_out: bool,
     bias: Option<&CudaSlice<f32>>,
     n: usize,
     c: usize,
@@ -476,7 +478,7 @@ fn matmul(
         let opts = Tf32Options {
             gelu: false,
             inp_rounded,
-            round_out: false,
+            round_out,
             split_workspace: ws.tf32_split.as_mut(),
         };
         let w = weight_tf32.unwrap_or(weight);
@@ -561,6 +563,13 @@ impl Backend for GpuEngine {
             AttentionKind::Flash => self.flash.as_mut(),
             AttentionKind::Unfused => None,
         };
+        // On the wgmma path the qkv matmul writes TF32 values; when this call
+        // is the whole cache (pos0 = 0) every K/V the flash kernel reads is
+        // one, so it may skip rounding them (a cached prefix from a decode
+        // step, written by the FP32 GEMV, would not be).
+        if let Some(ws) = flash.as_deref_mut() {
+            ws.set_kv_rounded(round_acts && pos0 == 0);
+        }
         gpu.stream
             .memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
             .ctx("uploading token ids")?;
@@ -588,6 +597,7 @@ impl Backend for GpuEngine {
                 &mut a.qkv,
                 &a.ln,
                 (&lw.qkvw, rounded(0), round_acts),
+                round_acts,
                 Some(&lw.qkvb),
                 n,
                 c,
@@ -616,6 +626,7 @@ impl Backend for GpuEngine {
                 &mut a.proj,
                 &a.atty,
                 (&lw.attprojw, rounded(1), false),
+                false,
                 Some(&lw.attprojb),
                 n,
                 c,
@@ -638,7 +649,7 @@ impl Backend for GpuEngine {
                 }
                 None => {
                     let fcw = (&lw.fcw, rounded(2), false);
-                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c)?;
+                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fcw, false, Some(&lw.fcb), n, c, 4 * c)?;
                     gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
                 }
             }
@@ -649,6 +660,7 @@ impl Backend for GpuEngine {
                 &mut a.proj,
                 &a.fch_gelu,
                 (&lw.fcprojw, rounded(3), round_acts),
+                false,
                 Some(&lw.fcprojb),
                 n,
                 4 * c,
@@ -681,7 +693,7 @@ impl Backend for GpuEngine {
             LogitsWanted::Last => &a.head_in,
         };
         let head_w = (&p.wte, tf32.map(|t| &t.wte), round_head);
-        matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, None, rows, c, vp)?;
+        matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, rows, c, vp)?;
         self.last = Some(Last { b, rows });
         Ok(())
     }
