@@ -63,7 +63,7 @@ pub fn launch_config(variant: Variant, p: &AttentionParams) -> (&'static str, La
 /// steps (C and the head size multiples of 4; cudarc's allocations are
 /// aligned, and were a buffer not, the loop would still cover it, by strides).
 fn kv_store_config(p: &AttentionParams) -> LaunchConfig {
-    let vectorised = p.c % VEC == 0 && (p.c / p.nh) % VEC == 0;
+    let vectorised = p.c.is_multiple_of(VEC) && (p.c / p.nh).is_multiple_of(VEC);
     let per_thread = if vectorised { VEC } else { 1 };
     LaunchConfig {
         grid_dim: (blocks_for(p.b * p.t * p.c / per_thread, ATTENTION_SIMPLE_BLOCK), 1, 1),
