@@ -198,27 +198,20 @@ fn flash_prefill_tf32_matches_cpu() {
     run_all(prefill_grid(FlashPrecision::Tf32));
 }
 
-/// TF32 `kv_split`s this device runs: 1, 2, and 4 where the workspace
-/// could reserve its shared memory (Hopper).
-fn tf32_splits(gpu: &Gpu) -> Vec<u32> {
-    let max = FlashWorkspace::new(gpu, 1, 1, 1).unwrap().tf32_kv_split_max();
-    [1, 2, 4].into_iter().filter(|&s| s <= max).collect()
-}
+/// The TF32 kernel's `kv_split`s.
+const TF32_KV_SPLITS: [u32; 2] = [1, 2];
 
 /// The TF32 grid on every tile shape of the kernel: 128 query rows per block
 /// (kv_split 1), 64 rows with each K/V tile's keys split between two warps
-/// that merge at the end (kv_split 2), 32 rows with two warp groups on
-/// alternate tiles and four warps merging (kv_split 4); the wrapper picks by
-/// grid size, so the test shapes alone would mostly run one of them.
+/// that merge at the end (kv_split 2); the wrapper picks by grid size, so the
+/// test shapes alone would mostly run one of them.
 #[test]
 fn flash_prefill_tf32_all_splits_match_cpu() {
-    let Some(gpu) = host::gpu::test_gpu() else {
+    if host::gpu::test_gpu().is_none() {
         return;
-    };
-    let splits = tf32_splits(&gpu);
-    assert!(splits.len() >= 2);
+    }
     run_all(
-        splits
+        TF32_KV_SPLITS
             .into_iter()
             .flat_map(|s| prefill_grid_split(FlashPrecision::Tf32, Some(s))),
     );
@@ -239,7 +232,7 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
         return;
     };
     let mut failures = Vec::new();
-    for split in tf32_splits(&gpu) {
+    for split in TF32_KV_SPLITS {
         for (b, t, pos0, nh, window) in [(1, 1024, 0, 3, 0), (2, 200, 37, 2, 0), (2, 129, 700, 2, 96)] {
             let c = nh * HS;
             let max_t = pos0 + t + CACHE_SLACK;
@@ -326,16 +319,16 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
 }
 
 /// Edges of the TF32 tiles on every kv_split: T around the 128-row tile
-/// (partial last tiles, warps with no rows, a split-4 group with no tile),
+/// (partial last tiles, warps with no rows),
 /// windows that start mid 32-key step (1: each query sees only itself; 40;
 /// 96), prefixes not a multiple of the tile.
 #[test]
 fn flash_prefill_tf32_tile_edges_match_cpu() {
     let mut cases = Vec::new();
-    let Some(gpu) = host::gpu::test_gpu() else {
+    if host::gpu::test_gpu().is_none() {
         return;
-    };
-    for kv_split in tf32_splits(&gpu) {
+    }
+    for kv_split in TF32_KV_SPLITS {
         for t in [16, 127, 128, 129, 200] {
             for pos0 in [0, 37] {
                 for window in [0, 1, 40, 96] {

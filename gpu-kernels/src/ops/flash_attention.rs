@@ -17,10 +17,8 @@
 //!   the two warps of a row slice take one half each and merge their
 //!   (max, sum, acc) through shared memory at the end (twice the blocks and
 //!   half the longest chain, which matters at B=1 where 128-row tiles would
-//!   leave SMs idle). `kv_split` 4 (only when forced: slower on an H200):
-//!   32 rows, two copy groups of 4 warps, each with its own ring and named
-//!   barrier, walk alternate tiles; four warps per row slice merge. The host
-//!   picks (params: FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM).
+//!   leave SMs idle). The host picks (params:
+//!   FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM).
 //! - The warp step exists twice: with the causal/window mask (steps that
 //!   straddle a boundary) and without any mask code (the common step).
 //!   Index arithmetic is u32: 64-bit compares doubled the integer work.
@@ -58,8 +56,8 @@ use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::shfl_xor_f32;
 use crate::device::{
-    WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, named_barrier_sync, sync_threads, sync_warp,
-    thread_idx_x, warp_id,
+    WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, sync_threads, sync_warp, thread_idx_x,
+    warp_id,
 };
 use crate::params::flash_attention::*;
 
@@ -109,18 +107,12 @@ const _: () = assert!(
     "loops below are unrolled by `unroll4!`"
 );
 const _: () = assert!(
-    BK * VECS_PER_ROW % (T_THREADS / FLASH_TF32_SPLIT4_GROUPS as usize * T_COPY_BATCH) == 0
-        && BK * VECS_PER_ROW / T_THREADS == T_COPY_BATCH,
-    "a copy group copies a tile in whole passes of T_COPY_BATCH chunks"
+    BK * VECS_PER_ROW == T_THREADS * T_COPY_BATCH && T_THREADS % VECS_PER_ROW == 0,
+    "each thread copies one batch of T_COPY_BATCH chunks of a tile, whole rows per batch step"
 );
 const _: () = assert!(
-    T_THREADS % FLASH_TF32_SPLIT4_GROUPS as usize == 0
-        && (T_THREADS / FLASH_TF32_SPLIT4_GROUPS as usize) % VECS_PER_ROW == 0,
-    "a copy group covers whole tile rows per pass"
-);
-const _: () = assert!(
-    FLASH_TF32_KV_SPLIT_MAX as usize == 2 * FLASH_TF32_SPLIT4_GROUPS as usize,
-    "kv_split 4 = 2 groups x 2 halves of each tile"
+    FLASH_TF32_KV_SPLIT_MAX == 2,
+    "the merge below hands one state per slice over"
 );
 const _: () = assert!(T_STAGES == 3, "the TF32 pipeline waits with wait_group<1> (3 stages)");
 const _: () = assert!(HS == 64, "the QKᵀ and PV lane orders are written for 64 dims");
@@ -419,10 +411,8 @@ fn round_p_tf32(x: f32) -> u32 {
 }
 
 /// Which 16-byte chunks of a 64x64 K/V tile one thread copies (and rounds):
-/// its copy group has `gt` threads (the whole block, or one of the
-/// [`FLASH_TF32_SPLIT4_GROUPS`] halves at kv_split 4) and thread `gtid` of it
-/// takes column chunk `gtid % 16` of rows `gtid / 16 + i * gt / 16`,
-/// `i < 4 * passes`.
+/// thread `tid` of the block takes column chunk `tid % 16` of rows
+/// `tid / 16 + i * threads / 16`, `i < 4 * passes`.
 #[derive(Clone, Copy)]
 struct TileCopy {
     /// First row, and the row step between this thread's chunks.
@@ -594,9 +584,6 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
     });
 }
 
-/// Named barrier of K/V copy group `g` (barrier 0 stays `sync_threads`').
-const T_GROUP_BARRIER0: u32 = 1;
-
 /// The TF32 prefill kernel body (see the module docs). Index arithmetic is
 /// u32 (the host checks every buffer index fits): 64-bit compares and
 /// products doubled the integer work of the hot loop.
@@ -611,25 +598,13 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     let warp = warp_id();
     let (g, tq) = (lane / 4, lane % 4);
     // kv_split s: T_WARPS/s row slices of 16 rows; warp w works on slice
-    // w % slices with part w / slices of the keys. Parts 0, 1 (2, 3) form
-    // copy group 0 (1): at kv_split 4 each group has its own ring and barrier
-    // and walks every other tile; within a group, kv_split >= 2 gives each
-    // part one 32-key half of every tile, kv_split 1 gives a warp both.
-    let split = match p.kv_split {
-        2 => 2,
-        4 => 4,
-        _ => 1,
-    };
+    // w % slices with part w / slices of the keys: at kv_split 2 each part
+    // takes one 32-key half of every tile, at kv_split 1 a warp takes both.
+    let split = if p.kv_split == 2 { 2 } else { 1 };
     let slices = T_WARPS as u32 / split;
     let bq = slices * rows_w;
     let (slice, part) = (warp % slices, warp / slices);
-    let (groups, group) = if split == 4 {
-        (FLASH_TF32_SPLIT4_GROUPS, part / 2)
-    } else {
-        (1, 0)
-    };
-    let gt = T_THREADS as u32 / groups;
-    let gtid = thread_idx_x() % gt;
+    let (gt, gtid) = (T_THREADS as u32, thread_idx_x());
     let cp = TileCopy {
         row: gtid / VECS_PER_ROW as u32,
         row_step: gt / VECS_PER_ROW as u32,
@@ -657,33 +632,25 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     let first_tile = key_lo / bk;
     let n_tiles = p_max / bk + 1 - first_tile;
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
-    // This group's tiles: first_tile + group + i * groups.
-    let n_mine = if n_tiles > group {
-        (n_tiles - group).div_ceil(groups)
-    } else {
-        0
-    };
 
-    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_TF32 (times
-    // the groups) of dynamic shared memory: per group K stages | V stages
-    // (16-byte aligned rows); the kv_split merge reuses it after the loop.
+    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_TF32 of
+    // dynamic shared memory: K stages | V stages (16-byte aligned rows); the
+    // kv_split merge reuses it after the loop.
     let smem = unsafe { dynamic_shared_align16::<f32>() };
-    let k_s = unsafe { smem.add(group as usize * 2 * T_STAGES * TILE) };
+    let k_s = smem;
     let v_s = unsafe { k_s.add(T_STAGES * TILE) };
     let plane = ((bi * nh + h) * max_t * hs) as usize;
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
     let load_kv = |i: u32, stage: u32| unsafe {
-        let key0 = (first_tile + group + i * groups) * bk;
+        let key0 = (first_tile + i) * bk;
         let at = stage as usize * TILE;
         load_tile_tf32(k_s.add(at), k_g, key0, n_keys, cp);
         load_tile_tf32(v_s.add(at), v_g, key0, n_keys, cp);
     };
     // Two tiles in flight from the start (commit group i holds tile i; maybe empty).
-    if n_mine > 0 {
-        load_kv(0, 0);
-    }
+    load_kv(0, 0);
     cp_async_commit();
-    if n_mine > 1 {
+    if n_tiles > 1 {
         load_kv(1, 1);
     }
     cp_async_commit();
@@ -730,24 +697,24 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     };
     let ring = T_STAGES as u32;
     let (mut stage, mut next_stage) = (0, 2);
-    for i in 0..n_mine {
+    for i in 0..n_tiles {
         let (kb, vb) = unsafe { (k_s.add(stage as usize * TILE), v_s.add(stage as usize * TILE)) };
         // Tile i's commit group is in (at most the one after it pending);
         // round what this thread copied (unless the caller promised TF32
-        // values), then one group barrier publishes the stage and also retires
+        // values), then one barrier publishes the stage and also retires
         // iteration i-1, whose stage the next copies reuse.
         cp_async_wait_group::<1>();
         if p.kv_rounded == 0 {
             unsafe { round_stage_tf32(kb, vb, cp) };
         }
-        named_barrier_sync(T_GROUP_BARRIER0 + group, gt);
-        if i + 2 < n_mine {
+        sync_threads();
+        if i + 2 < n_tiles {
             load_kv(i + 2, next_stage);
         }
         cp_async_commit(); // always, so commit group i stays tile i
 
         if warp_has_rows {
-            let tile = first_tile + group + i * groups;
+            let tile = first_tile + i;
             for sub in sub_lo..sub_hi {
                 let k0 = tile * bk + sub * SUB_K as u32;
                 let k_last = k0 + SUB_K as u32 - 1;
@@ -777,7 +744,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         // Parts 1.. hand their state to part 0 of their slice (same rows, same
         // lane layout), which merges them in order. The rings are free once
         // everyone is past the last step; no copy is in flight (the commit
-        // groups after each group's last tile are empty).
+        // groups after the last tile are empty).
         let others = split - 1;
         let at = |k: u32, v: usize| unsafe {
             smem.add((((slice * others + k) as usize * MERGE_VALS + v) * WARP_SIZE as usize) + lane as usize)

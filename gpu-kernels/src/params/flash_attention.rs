@@ -52,24 +52,15 @@ pub const FLASH_TF32_ROWS_MAX: u32 = FLASH_TF32_THREADS / 32 * 16;
 /// TF32 prefill K/V ring depth: two tiles in flight while one is used (Q goes
 /// straight to registers, so 3 stages still leave room for 2 blocks per SM).
 pub const FLASH_TF32_STAGES: u32 = 3;
-/// Dynamic shared memory of the TF32 prefill kernel with `kv_split` 1 or 2:
-/// STAGES x (K, V) tiles (104,448 bytes; two blocks fit in an H100/H200 SM's 228 KiB).
+/// Dynamic shared memory of the TF32 prefill kernel: STAGES x (K, V) tiles
+/// (104,448 bytes; two blocks fit in an H100/H200 SM's 228 KiB).
 pub const FLASH_SMEM_BYTES_TF32: u32 = 2 * FLASH_TF32_STAGES * FLASH_TILE_FLOATS * 4;
-/// Largest `kv_split` of the TF32 kernel. `kv_split` 4: 32-row query tiles;
-/// the block's two halves (4 warps each) walk alternate K/V tiles, each half
-/// with its own ring and barrier, so the longest warp chain halves again.
-pub const FLASH_TF32_KV_SPLIT_MAX: u32 = 4;
-/// Largest `kv_split` the host picks by itself (4 only when forced): on an
-/// H200 at B=1, T=1024, kv_split 4 took 48.6 us against 39.7 for 2 (384
-/// blocks of 209 KB at one per SM, and each thread copies twice the chunks).
-pub const FLASH_TF32_KV_SPLIT_AUTO_MAX: u32 = 2;
-/// Independent K/V rings (warp groups, one named barrier each) at `kv_split` 4.
-pub const FLASH_TF32_SPLIT4_GROUPS: u32 = 2;
-/// Dynamic shared memory of the TF32 kernel with `kv_split` 4: one ring per
-/// group (208,896 bytes: fits Hopper's 227 KiB per block, not an A100's 163 KiB,
-/// where the host stays at `kv_split` <= 2).
-pub const FLASH_SMEM_BYTES_TF32_SPLIT4: u32 = FLASH_TF32_SPLIT4_GROUPS * FLASH_SMEM_BYTES_TF32;
-/// The host doubles `kv_split` (1 -> 2, up to [`FLASH_TF32_KV_SPLIT_AUTO_MAX`]:
+/// Largest `kv_split` of the TF32 kernel. (A `kv_split` 4, 32-row tiles with
+/// two warp groups on alternate K/V tiles, was tried on 2026-11-22: 48.6 us
+/// against 39.7 for 2 at B=1, T=1024 on an H200, and compute-sanitizer
+/// racecheck flagged it; removed.)
+pub const FLASH_TF32_KV_SPLIT_MAX: u32 = 2;
+/// The host doubles `kv_split` (1 -> 2, up to [`FLASH_TF32_KV_SPLIT_MAX`]:
 /// half the query rows per block, twice the blocks) while the grid would have
 /// fewer than this many blocks per SM: at B=1, T=1024, 128-row tiles give 96
 /// blocks on 132 SMs and 64-row tiles 192; at B=8 the 128-row tiles halve the
@@ -91,7 +82,7 @@ pub const FLASH_COMBINE_THREADS: u32 = FLASH_HEAD_SIZE;
 
 /// Prefill flash attention (both precisions).
 /// - TF32: grid (ceil(t / (ROWS_MAX / kv_split)) * nh * b), [`FLASH_TF32_THREADS`]
-///   threads, [`FLASH_SMEM_BYTES_TF32`] bytes ([`FLASH_SMEM_BYTES_TF32_SPLIT4`] at `kv_split` 4).
+///   threads, [`FLASH_SMEM_BYTES_TF32`] bytes.
 /// - FP32: grid (ceil(t/BLOCK_Q), nh, b), [`FLASH_THREADS`] threads, [`FLASH_SMEM_BYTES_FP32`] bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -113,7 +104,7 @@ pub struct FlashAttentionParams {
     pub window: u32,
     /// log2(e) / sqrt(HS): scores go straight to `exp2`.
     pub scale_log2e: f32,
-    /// TF32 kernel only (FP32 ignores it): 1, 2 or 4 warps per 16-row slice,
+    /// TF32 kernel only (FP32 ignores it): 1 or 2 warps per 16-row slice,
     /// splitting the keys between them (see [`FLASH_TF32_SUB_KEYS`],
     /// [`FLASH_TF32_KV_SPLIT_MAX`]).
     pub kv_split: u32,

@@ -42,9 +42,6 @@ pub struct FlashWorkspace {
     parts_stride: usize,
     /// TF32 prefill `kv_split` forced by [`Self::force_tf32_kv_split`]; `None`: by grid size.
     tf32_kv_split: Option<u32>,
-    /// Largest `kv_split` this device's shared memory allows (4 needs
-    /// FLASH_SMEM_BYTES_TF32_SPLIT4 per block: Hopper yes, A100 no).
-    tf32_kv_split_max: u32,
     /// Set by [`Self::set_kv_rounded`]: the caller's K/V are TF32 values.
     kv_rounded: bool,
 }
@@ -55,15 +52,6 @@ const ML_FLOATS: usize = 2;
 impl FlashWorkspace {
     pub fn new(gpu: &Gpu, max_b: usize, nh: usize, max_t: usize) -> Result<Self, GpuError> {
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_TF32, FLASH_SMEM_BYTES_TF32)?;
-        // kv_split 4 where the device grants its two rings; else stay at 2.
-        let tf32_kv_split_max = if gpu
-            .set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_TF32, FLASH_SMEM_BYTES_TF32_SPLIT4)
-            .is_ok()
-        {
-            FLASH_TF32_KV_SPLIT_MAX
-        } else {
-            FLASH_TF32_KV_SPLIT_MAX / 2
-        };
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_FP32, FLASH_SMEM_BYTES_FP32)?;
         let parts_stride = max_t.div_ceil(FLASH_DECODE_CHUNK as usize) * FLASH_DECODE_PARTS_PER_CHUNK as usize;
         let rows = max_b * nh * FLASH_DECODE_MAX_T as usize;
@@ -75,33 +63,21 @@ impl FlashWorkspace {
             max_t,
             parts_stride,
             tf32_kv_split: None,
-            tf32_kv_split_max,
             kv_rounded: false,
         })
     }
 
     /// Force the TF32 prefill kernel's `kv_split` (1: 128-query tiles; 2:
-    /// 64-query tiles, each K/V tile's keys split between two warps; 4:
-    /// 32-query tiles, two groups of warps on alternate tiles, if
-    /// [`Self::tf32_kv_split_max`] allows), for tests and benchmarks; `None`
-    /// restores the automatic choice (by grid size, see
-    /// `FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM`). Results agree either way.
+    /// 64-query tiles, each K/V tile's keys split between two warps), for
+    /// tests and benchmarks; `None` restores the automatic choice (by grid
+    /// size, see `FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM`). Results agree
+    /// either way.
     pub fn force_tf32_kv_split(&mut self, split: Option<u32>) {
         assert!(
-            match split {
-                None => true,
-                Some(s) => s.is_power_of_two() && s <= self.tf32_kv_split_max,
-            },
-            "FlashWorkspace: kv_split must be 1, 2 or up to {} on this device, got {split:?}",
-            self.tf32_kv_split_max
+            matches!(split, None | Some(1) | Some(2)),
+            "FlashWorkspace: kv_split must be 1 or 2, got {split:?}"
         );
         self.tf32_kv_split = split;
-    }
-
-    /// Largest TF32 `kv_split` on this device (4 on Hopper, 2 where a block
-    /// cannot have FLASH_SMEM_BYTES_TF32_SPLIT4 of shared memory).
-    pub fn tf32_kv_split_max(&self) -> u32 {
-        self.tf32_kv_split_max
     }
 
     /// Promise (true) that every K/V value the TF32 prefill kernel will read
@@ -193,25 +169,16 @@ mod configs {
     /// TF32 prefill `kv_split`: 128-query tiles (each K/V tile read once per
     /// 128 queries) unless that grid would leave SMs short of blocks; then
     /// halve the tiles (twice the blocks, half the longest chain) until it
-    /// does not or `max` is reached (B=1, T=1024: 96 -> 192 blocks).
-    pub fn tf32_kv_split(gpu: &Gpu, s: &Shape, forced: Option<u32>, max: u32) -> u32 {
+    /// does not or FLASH_TF32_KV_SPLIT_MAX is reached (B=1, T=1024: 96 -> 192 blocks).
+    pub fn tf32_kv_split(gpu: &Gpu, s: &Shape, forced: Option<u32>) -> u32 {
         forced.unwrap_or_else(|| {
             let want = FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM as usize * gpu.sm_count();
             let mut split = 1;
-            while split < max && (tf32_q_tiles(s, split) as usize * s.nh * s.b) < want {
+            while split < FLASH_TF32_KV_SPLIT_MAX && (tf32_q_tiles(s, split) as usize * s.nh * s.b) < want {
                 split *= 2;
             }
             split
         })
-    }
-
-    /// Dynamic shared memory of the TF32 kernel at this `kv_split`.
-    pub fn tf32_smem(kv_split: u32) -> u32 {
-        if kv_split == FLASH_TF32_KV_SPLIT_MAX {
-            FLASH_SMEM_BYTES_TF32_SPLIT4
-        } else {
-            FLASH_SMEM_BYTES_TF32
-        }
     }
 
     pub fn prefill(s: &Shape, precision: FlashPrecision, kv_split: u32) -> LaunchConfig {
@@ -220,7 +187,7 @@ mod configs {
             FlashPrecision::Tf32 => LaunchConfig {
                 grid_dim: (tf32_q_tiles(s, kv_split) * (s.nh * s.b) as u32, 1, 1),
                 block_dim: (FLASH_TF32_THREADS, 1, 1),
-                shared_mem_bytes: tf32_smem(kv_split),
+                shared_mem_bytes: FLASH_SMEM_BYTES_TF32,
             },
             FlashPrecision::Fp32 => LaunchConfig {
                 grid_dim: ((s.t as u32).div_ceil(FLASH_BLOCK_Q), s.nh as u32, s.b as u32),
@@ -491,7 +458,7 @@ fn run(
         let (name, kv_split) = match precision {
             FlashPrecision::Tf32 => (
                 ATTENTION_FORWARD_FLASH_TF32,
-                configs::tf32_kv_split(gpu, &s, ws.tf32_kv_split, FLASH_TF32_KV_SPLIT_AUTO_MAX),
+                configs::tf32_kv_split(gpu, &s, ws.tf32_kv_split),
             ),
             FlashPrecision::Fp32 => (ATTENTION_FORWARD_FLASH_FP32, 1),
         };
