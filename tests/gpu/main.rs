@@ -6,6 +6,7 @@ mod device;
 mod flash_attention;
 mod forward;
 mod kernels;
+mod matmul_small;
 mod matmul_tf32;
 mod perplexity;
 mod pipeline;

@@ -12,6 +12,7 @@ pub mod encoder;
 pub mod gelu;
 pub mod layernorm;
 pub mod matmul;
+pub mod matmul_small;
 pub mod matmul_tf32;
 // Hopper only: the PTX assembler accepts `wgmma` for sm_90a alone.
 #[cfg(feature = "sm90a")]

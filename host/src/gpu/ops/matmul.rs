@@ -8,13 +8,20 @@
 //! kernel sums the S partials in a fixed order (deterministic, no atomics)
 //! and applies bias and GELU. [`plan_tiled`] picks tile and S with a wave
 //! model of the GPU ([`predict_tiled_us`]), for the device's real SM count.
+//!
+//! For few rows (`n <= SMALL_MAX_ROWS`) the small-M kernels
+//! (`gpu_kernels::ops::matmul_small`: 64-row tiles, K split across the
+//! warps of a block, one launch) compete too; [`plan_auto`] holds the rule
+//! that picks among all of them.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul::{
     MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_BLOCKS_PER_SM, MATMUL_BLOCKS_PER_SM_MID, MATMUL_FORWARD,
     MATMUL_FORWARD_GEMV, MATMUL_FORWARD_MID, MATMUL_FORWARD_NAIVE, MATMUL_GEMV_BLOCK, MATMUL_GEMV_MAX_ROWS,
-    MATMUL_NAIVE_SIDE, MATMUL_SPLIT_REDUCE, MATMUL_SPLIT_REDUCE_BLOCK, MATMUL_SPLIT_REDUCE_PER_THREAD, MATMUL_TILE_K,
-    MATMUL_TILE_M, MATMUL_TILE_M_MID, MATMUL_TILE_N, MatmulParams, MatmulSplitReduceParams, matmul_shared_bytes,
+    MATMUL_NAIVE_SIDE, MATMUL_SMALL_BLOCK, MATMUL_SMALL_KERNELS, MATMUL_SMALL_TILE_M, MATMUL_SMALL_TILE_NS,
+    MATMUL_SPLIT_REDUCE, MATMUL_SPLIT_REDUCE_BLOCK, MATMUL_SPLIT_REDUCE_PER_THREAD, MATMUL_TILE_K, MATMUL_TILE_M,
+    MATMUL_TILE_M_MID, MATMUL_TILE_N, MatmulParams, MatmulSplitReduceParams, matmul_shared_bytes,
+    matmul_small_shared_bytes,
 };
 
 use super::args::{OpError, check_len, count_u32, in_ptr, out_ptr, to_u32};
@@ -80,6 +87,33 @@ const GEMV_STEP_US: f64 = 0.7;
 const GEMV_STEP_FLOATS: usize = 128;
 /// Bytes per f32.
 const F32_BYTES: usize = 4;
+
+/// Most rows [`plan_auto`] considers for the small-M kernels: two 64-row
+/// block rows. Past that the 128-row tiles fill the GPU and reuse operands
+/// better, and the small kernels' model is not calibrated.
+pub const SMALL_MAX_ROWS: usize = 128;
+// The small-M kernels' model (`predict_small_us`), fitted to H200 runs
+// (132 SMs; n = 64 and 128, the five GPT-2 (N, K) of `bench gemm`, every
+// tile width): one block per SM at a time (the warps' rings take 166..221
+// KiB), and a block's time grows with `c` by a part per k-slice that does
+// not depend on the tile width (staging the 64 `inp` rows, waiting for
+// them) and a part per output (the FFMAs, ~45 % of SM peak).
+
+/// Time per unit of `c` of one block, independent of the tile width, µs:
+/// 8 µs at c = 768.
+const SMALL_US_PER_K: f64 = 8.0 / 768.0;
+/// Time per unit of `c` per output of the block tile, µs: 7 µs per 1024
+/// outputs at c = 768.
+const SMALL_US_PER_K_OUTPUT: f64 = 7.0 / (1024.0 * 768.0);
+/// Launch and epilogue of one small-M launch, µs.
+const SMALL_LAUNCH_US: f64 = 2.0;
+/// What the tiled wave model ([`predict_tiled_us`]) leaves out at small n,
+/// µs: measured minus predicted time of the tiled plans at n = 64 and 128
+/// on the H200 is 8.3..9.6 µs for all ten (N, K) (launch gaps, pipeline
+/// fill, the split reduction's ramp). It ranks tiled plans among themselves
+/// without it; [`plan_auto`] adds it when it compares a tiled plan with the
+/// small-M kernel, whose model is fitted to absolute times.
+const TILED_SMALL_N_MISSING_US: f64 = 9.0;
 
 /// How the tiled kernel runs: block tile rows (`MATMUL_TILE_M` or
 /// `MATMUL_TILE_M_MID`; the tile is always `MATMUL_TILE_N` columns wide) and
@@ -198,6 +232,96 @@ pub fn predict_gemv_chunked_us(n: usize, c: usize, oc: usize) -> f64 {
     chunks as f64 * (GEMV_LAUNCH_US + walk.max(stream))
 }
 
+/// The small-M kernel's tile width (a value of `MATMUL_SMALL_TILE_NS`; the
+/// tile is always `MATMUL_SMALL_TILE_M` rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmallPlan {
+    pub tile_n: u32,
+}
+
+impl SmallPlan {
+    /// Every small-M plan, widest tile first.
+    pub fn all() -> impl Iterator<Item = SmallPlan> {
+        MATMUL_SMALL_TILE_NS.into_iter().map(|tile_n| SmallPlan { tile_n })
+    }
+
+    /// Index of the tile width in `MATMUL_SMALL_TILE_NS` (None: no such kernel).
+    fn index(&self) -> Option<usize> {
+        MATMUL_SMALL_TILE_NS.iter().position(|&t| t == self.tile_n)
+    }
+
+    /// Blocks of the launch for an `n x oc` output.
+    pub fn blocks(&self, n: usize, oc: usize) -> usize {
+        n.div_ceil(MATMUL_SMALL_TILE_M as usize) * oc.div_ceil(self.tile_n as usize)
+    }
+}
+
+/// Predicted time of the small-M kernel under `plan`, µs: `ceil(blocks /
+/// sms)` blocks in turn on the busiest SM (one resident at a time), each
+/// costing `c` times a part per k and a part per output of its tile.
+pub fn predict_small_us(plan: &SmallPlan, n: usize, c: usize, oc: usize, sms: usize) -> f64 {
+    if plan.index().is_none() {
+        return f64::INFINITY;
+    }
+    let waves = plan.blocks(n, oc).div_ceil(sms.max(1));
+    let outputs = (MATMUL_SMALL_TILE_M * plan.tile_n) as f64;
+    let block_us = c as f64 * (SMALL_US_PER_K + SMALL_US_PER_K_OUTPUT * outputs);
+    waves as f64 * block_us + SMALL_LAUNCH_US
+}
+
+/// The fastest small-M plan by [`predict_small_us`] (ties keep the wider tile).
+pub fn plan_small(n: usize, c: usize, oc: usize, sms: usize) -> SmallPlan {
+    let mut best = SmallPlan {
+        tile_n: MATMUL_SMALL_TILE_NS[0],
+    };
+    let mut best_us = predict_small_us(&best, n, c, oc, sms);
+    for plan in SmallPlan::all() {
+        let us = predict_small_us(&plan, n, c, oc, sms);
+        if us < best_us {
+            (best, best_us) = (plan, us);
+        }
+    }
+    best
+}
+
+/// What [`MatmulKernel::Auto`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AutoPlan {
+    Gemv,
+    GemvChunked,
+    Small(SmallPlan),
+    Tiled(TiledPlan),
+}
+
+/// The rule of [`MatmulKernel::Auto`] (with a split-K workspace of
+/// `workspace_floats`): GEMV for `n <= MATMUL_GEMV_MAX_ROWS` (decode: the
+/// weights are streamed once, nothing else comes close); otherwise the
+/// tiled plan ([`plan_tiled`], split-K within the workspace), unless
+/// chunked GEMV (`n <= FP32_CHUNKED_GEMV_MAX_ROWS`) is predicted faster;
+/// then, for `n <= SMALL_MAX_ROWS`, the small-M kernel ([`plan_small`])
+/// where it is predicted faster than that tiled plan. Ties keep the tiled
+/// plan.
+pub fn plan_auto(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: usize) -> AutoPlan {
+    if n <= MATMUL_GEMV_MAX_ROWS as usize {
+        return AutoPlan::Gemv;
+    }
+    let tiled = plan_tiled(n, c, oc, sms, workspace_floats);
+    let tiled_us = predict_tiled_us(&tiled, n, c, oc, sms);
+    // Chunked GEMV against the tiled plan in the wave model's own units (as
+    // calibrated together), then the small-M kernel against the winner.
+    let mut best = AutoPlan::Tiled(tiled);
+    if n <= FP32_CHUNKED_GEMV_MAX_ROWS && predict_gemv_chunked_us(n, c, oc) < tiled_us {
+        best = AutoPlan::GemvChunked;
+    }
+    if n <= SMALL_MAX_ROWS && best == AutoPlan::Tiled(tiled) {
+        let small = plan_small(n, c, oc, sms);
+        if predict_small_us(&small, n, c, oc, sms) < tiled_us + TILED_SMALL_N_MISSING_US {
+            best = AutoPlan::Small(small);
+        }
+    }
+    best
+}
+
 /// The fastest tiled plan by [`predict_tiled_us`] for an `n x oc` output
 /// over depth `c` on `sms` SMs, among both tiles unsplit and split-K plans
 /// whose partials fit `workspace_floats` (0: no split-K). Splits are at least
@@ -281,9 +405,10 @@ impl MatmulWorkspace {
 /// Which matmul kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulKernel {
-    /// GEMV for `n <= MATMUL_GEMV_MAX_ROWS` (decode), else the fastest
-    /// predicted of chunked GEMV (`n <= FP32_CHUNKED_GEMV_MAX_ROWS`) and the
-    /// tiled plan, split-K included when a workspace is given.
+    /// With a workspace ([`matmul_forward_ws`]): [`plan_auto`]'s choice
+    /// (GEMV for `n <= MATMUL_GEMV_MAX_ROWS`, else the fastest predicted of
+    /// the tiled plan with split-K, the small-M kernel and chunked GEMV).
+    /// Without one ([`matmul_forward_with`]): [`choose`].
     Auto,
     /// The tiled kernel unsplit, tile by [`plan_tiled`].
     Tiled,
@@ -292,6 +417,8 @@ pub enum MatmulKernel {
     SplitK,
     /// GEMV launches over chunks of `MATMUL_GEMV_MAX_ROWS` rows.
     GemvChunked,
+    /// The small-M kernel (K split inside the block), tile by [`plan_small`].
+    Small,
     Gemv,
     Naive,
 }
@@ -331,6 +458,33 @@ pub fn tiled_launch_config(plan: &TiledPlan, n: u32, oc: u32) -> Result<(&'stati
             grid_dim: (oc.div_ceil(MATMUL_TILE_N), rows, plan.splits),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: matmul_shared_bytes(plan.tile_m),
+        },
+    ))
+}
+
+/// Launch configuration of the small-M kernel under `plan` for an `n x oc`
+/// output: one block per `MATMUL_SMALL_TILE_M x tile_n` tile.
+pub fn small_launch_config(plan: &SmallPlan, n: u32, oc: u32) -> Result<(&'static str, LaunchConfig), OpError> {
+    let Some(i) = plan.index() else {
+        return Err(OpError::shape(
+            OP,
+            format!("no small-M kernel has {}-column tiles", plan.tile_n),
+        ));
+    };
+    let rows = n.div_ceil(MATMUL_SMALL_TILE_M);
+    if rows > MAX_GRID_YZ {
+        return Err(OpError::TooLarge {
+            op: OP,
+            what: "row blocks",
+            value: rows as usize,
+        });
+    }
+    Ok((
+        MATMUL_SMALL_KERNELS[i],
+        LaunchConfig {
+            grid_dim: (oc.div_ceil(plan.tile_n), rows, 1),
+            block_dim: (MATMUL_SMALL_BLOCK, 1, 1),
+            shared_mem_bytes: matmul_small_shared_bytes(plan.tile_n),
         },
     ))
 }
@@ -385,6 +539,12 @@ pub fn launch_config(
                     shared_mem_bytes: 0,
                 },
             ))
+        }
+        // (The caller raises the kernel's dynamic shared-memory limit: it
+        // needs more than 48 KiB.)
+        MatmulKernel::Small => {
+            let plan = plan_small(n as usize, c as usize, oc as usize, sms);
+            small_launch_config(&plan, n, oc)
         }
         MatmulKernel::SplitK | MatmulKernel::GemvChunked => {
             Err(OpError::shape(OP, format!("{kernel:?} is not a single launch")))
@@ -513,6 +673,26 @@ pub fn matmul_forward_plan<B: DevicePtr<f32>>(
     args.tiled(gpu, plan, ws)
 }
 
+/// The small-M kernel under an explicit `plan` (tests, tuning).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_small<B: DevicePtr<f32>>(
+    gpu: &Gpu,
+    plan: &SmallPlan,
+    gelu: bool,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<f32>,
+    weight: &impl DevicePtr<f32>,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<(), OpError> {
+    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, n, c, oc)? else {
+        return Ok(());
+    };
+    args.small(gpu, plan)
+}
+
 /// One call's checked arguments: device addresses and sizes.
 struct Args {
     out: *mut f32,
@@ -584,18 +764,13 @@ impl Args {
         let (n, c, oc, sms) = (self.n, self.c, self.oc, gpu.sm_count());
         let ws_floats = ws.as_ref().map_or(0, |w| w.floats);
         match kernel {
-            MatmulKernel::Auto => {
-                if n <= MATMUL_GEMV_MAX_ROWS as usize {
-                    return self.single(gpu, MatmulKernel::Gemv);
-                }
-                let plan = plan_tiled(n, c, oc, sms, ws_floats);
-                if n <= FP32_CHUNKED_GEMV_MAX_ROWS
-                    && predict_gemv_chunked_us(n, c, oc) < predict_tiled_us(&plan, n, c, oc, sms)
-                {
-                    return self.gemv_chunked(gpu);
-                }
-                self.tiled(gpu, &plan, ws)
-            }
+            MatmulKernel::Auto => match plan_auto(n, c, oc, sms, ws_floats) {
+                AutoPlan::Gemv => self.single(gpu, MatmulKernel::Gemv),
+                AutoPlan::GemvChunked => self.gemv_chunked(gpu),
+                AutoPlan::Small(plan) => self.small(gpu, &plan),
+                AutoPlan::Tiled(plan) => self.tiled(gpu, &plan, ws),
+            },
+            MatmulKernel::Small => self.small(gpu, &plan_small(n, c, oc, sms)),
             MatmulKernel::SplitK => {
                 let plan = plan_tiled(n, c, oc, sms, ws_floats);
                 self.tiled(gpu, &plan, ws)
@@ -619,6 +794,21 @@ impl Args {
         // in `Args::new`); the configuration comes from `launch_config` for
         // this kernel (GEMV only for n <= MATMUL_GEMV_MAX_ROWS); kernels check
         // alignment before any 16-byte access.
+        unsafe { gpu.launch(name, cfg, self.params(0, self.n))? };
+        Ok(())
+    }
+
+    /// The small-M kernel under `plan`.
+    fn small(&self, gpu: &Gpu, plan: &SmallPlan) -> Result<(), OpError> {
+        let (name, cfg) = small_launch_config(plan, to_u32(OP, "n", self.n)?, to_u32(OP, "oc", self.oc)?)?;
+        // More than the default 48 KiB of dynamic shared memory (asked once
+        // per kernel).
+        gpu.set_max_dynamic_shared(name, cfg.shared_mem_bytes)?;
+        // SAFETY: out n*oc, inp n*c, weight oc*c and bias oc floats (checked
+        // in `Args::new`); grid, block and shared memory from
+        // `small_launch_config` for this tile width (same params constants
+        // as the kernel); the kernel ignores k_chunk and checks alignment
+        // before any 16-byte access.
         unsafe { gpu.launch(name, cfg, self.params(0, self.n))? };
         Ok(())
     }
@@ -745,6 +935,8 @@ mod tests {
 
     /// H100 / H200 SXM.
     const SMS: usize = 132;
+    /// Most dynamic shared memory one block may use on sm_80/sm_90 (227 KiB).
+    const SM_SHARED_LIMIT_BYTES: u32 = 227 * 1024;
     /// GPT-2 124M's (N, K) and the M of `bench gemm`.
     const GEMM_M: [usize; 3] = [64, 1024, 8192];
     const GEMM_NK: [(usize, usize); 5] = [(2304, 768), (768, 768), (3072, 768), (768, 3072), (50304, 768)];
@@ -798,6 +990,49 @@ mod tests {
         assert_eq!(plan(8192, 3072, 768).splits, 1);
         assert_eq!(plan(8192, 50304, 768).splits, 1);
         assert_eq!(plan(1024, 50304, 768).splits, 1);
+    }
+
+    /// Auto takes the small-M kernel where it measured faster than the
+    /// tiled plans on the H200 (n = 64: N = 2304, 3072 and 768 x 768; n = 128:
+    /// 768 x 768) and the tiled plans elsewhere (deep K, the LM head, n = 128
+    /// with wide N, n = 1024).
+    #[test]
+    fn auto_takes_the_small_kernel_where_it_measured_faster() {
+        let ws = |m, n, k| split_k_workspace_floats(m, k, n, SMS);
+        let auto = |m, n, k| plan_auto(m, k, n, SMS, ws(m, n, k));
+        let small = |p: AutoPlan| matches!(p, AutoPlan::Small(_));
+        for (m, n, k) in [(64, 2304, 768), (64, 3072, 768), (64, 768, 768), (128, 768, 768)] {
+            assert!(small(auto(m, n, k)), "{m} {n} {k}: {:?}", auto(m, n, k));
+        }
+        for (m, n, k) in [
+            (64, 768, 3072),
+            (64, 50304, 768),
+            (128, 2304, 768),
+            (128, 3072, 768),
+            (1024, 2304, 768),
+        ] {
+            assert!(!small(auto(m, n, k)), "{m} {n} {k}: {:?}", auto(m, n, k));
+        }
+        assert_eq!(auto(8, 768, 768), AutoPlan::Gemv);
+        // The widths of the measured winners at n = 64.
+        assert_eq!(auto(64, 2304, 768), AutoPlan::Small(SmallPlan { tile_n: 24 }));
+        assert_eq!(auto(64, 3072, 768), AutoPlan::Small(SmallPlan { tile_n: 24 }));
+    }
+
+    #[test]
+    fn small_launch_covers_the_output() {
+        for plan in SmallPlan::all() {
+            for (n, oc) in [(1, 1), (64, 2304), (65, 770), (128, 33)] {
+                let (_, cfg) = small_launch_config(&plan, n, oc).unwrap();
+                assert!(cfg.grid_dim.0 * plan.tile_n >= oc && cfg.grid_dim.1 * MATMUL_SMALL_TILE_M >= n);
+                assert!(
+                    cfg.shared_mem_bytes <= SM_SHARED_LIMIT_BYTES,
+                    "{plan:?}: {}",
+                    cfg.shared_mem_bytes
+                );
+            }
+        }
+        assert!(small_launch_config(&SmallPlan { tile_n: 12 }, 64, 64).is_err());
     }
 
     /// The model reproduces its calibration points within 5 %.
