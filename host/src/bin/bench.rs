@@ -21,8 +21,8 @@ use host::gpu::engine::{AttentionKind, GpuEngine, Precision};
 use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
 use host::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use host::gpu::ops::matmul::{
-    FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_ws,
-    split_k_workspace_floats,
+    FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulWorkspace, SMALL_MAX_ROWS, SmallPlan, TiledPlan,
+    matmul_forward_plan, matmul_forward_small, matmul_forward_ws, split_k_workspace_floats,
 };
 use host::gpu::ops::matmul_tf32::{
     MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32, matmul_forward_tf32_opts,
@@ -97,6 +97,9 @@ struct Args {
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// `gemm` section: only these M (comma-separated), e.g. for a profiler.
+    #[arg(long, value_delimiter = ',')]
+    gemm_m: Vec<usize>,
     /// `trace` section: the prefill shape B,T.
     #[arg(long, default_value = "1,1024", value_parser = parse_shape)]
     trace_shape: (usize, usize),
@@ -160,7 +163,13 @@ fn tflops(flops: f64, us: f64) -> f64 {
 fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let blas32 = Blas::new(gpu.stream.clone(), BlasMode::Fp32)?;
     let blas_tf32 = Blas::new(gpu.stream.clone(), BlasMode::Tf32)?;
-    let ms: &[usize] = if args.quick { &QUICK_M } else { &GEMM_M };
+    let ms: &[usize] = if !args.gemm_m.is_empty() {
+        &args.gemm_m
+    } else if args.quick {
+        &QUICK_M
+    } else {
+        &GEMM_M
+    };
     println!(
         "\n== GEMM out[M,N] = inp[M,K] · W[N,K]ᵀ (no bias), median of {} samples",
         args.samples
@@ -353,6 +362,18 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
                 Ok(())
             })?;
             res.push((format!("ours_fp32_tile{tile}"), t));
+        }
+        // Every small-M tile width (rows `ours_fp32_small_n<width>`).
+        if m <= SMALL_MAX_ROWS {
+            for plan in SmallPlan::all() {
+                let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
+                    let GemmSets { inp, w, out, .. } = &mut *sets;
+                    let bias = None::<&CudaSlice<f32>>;
+                    matmul_forward_small(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, m, k, n)?;
+                    Ok(())
+                })?;
+                res.push((format!("ours_fp32_small_n{}", plan.tile_n), t));
+            }
         }
         // Every split of both tiles (rows `ours_fp32_t<tile>_s<splits>`): what
         // the wave model's choice is measured against.
@@ -627,7 +648,9 @@ fn bench_trace(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let gpu = Gpu::new(args.device)?;
     let mut engine = GpuEngine::new(gpu, &weights, b, config.max_seq_len, Precision::Tf32)?;
     let mut rng = rand::rng();
-    let toks: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..config.vocab_size as u32)).collect();
+    let toks: Vec<u32> = (0..b * t)
+        .map(|_| rng.random_range(0..config.vocab_size as u32))
+        .collect();
     let (med, n) = time_forward(&mut engine, args, |e, _| e.forward(&toks, b, t, 0, LogitsWanted::Last))?;
     println!("\n== trace: TF32 prefill B={b} T={t}: median {med:.3} ms over {n} samples");
     engine.gpu().synchronize()?;
@@ -638,7 +661,9 @@ fn bench_trace(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     // SAFETY: as above.
     let stopped = unsafe { cudarc::driver::sys::cuProfilerStop() };
     println!("profiler range: start {started:?}, stop {stopped:?}");
-    report.e2e.push(serde_json::json!({"precision": "Tf32", "what": "trace", "b": b, "t": t, "median_ms": med, "samples": n}));
+    report.e2e.push(
+        serde_json::json!({"precision": "Tf32", "what": "trace", "b": b, "t": t, "median_ms": med, "samples": n}),
+    );
     Ok(())
 }
 
