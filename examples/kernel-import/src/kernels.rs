@@ -114,6 +114,7 @@ pub unsafe extern "ptx-kernel" fn test_math(p: MathParams) {
             *row(MATH_SQRT_RN) = sqrt_rn(x);
             *row(MATH_RCP_RN) = rcp_rn(x);
             *row(MATH_TO_TF32) = f32::from_bits(to_tf32(x));
+            *row(MATH_RCP_APPROX) = rcp_approx(x);
         }
         i += grid_stride_x();
     }

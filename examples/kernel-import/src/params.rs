@@ -88,7 +88,8 @@ pub const MATH_RSQRT_PRECISE: u32 = 5;
 pub const MATH_SQRT_RN: u32 = 6;
 pub const MATH_RCP_RN: u32 = 7;
 pub const MATH_TO_TF32: u32 = 8;
-pub const MATH_ROWS: u32 = 9;
+pub const MATH_RCP_APPROX: u32 = 9;
+pub const MATH_ROWS: u32 = 10;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -50,6 +50,19 @@ unary_ptx!(
 unary_ptx!(
     /// 1/x, correctly rounded (`rcp.rn.f32`, IEEE 754, subnormals kept).
     rcp_rn, "rcp.rn.f32");
+unary_ptx!(
+    /// 1/x, `rcp.approx.ftz.f32`: rel ≤ 2^-23 (the PTX ISA promises 1 ulp),
+    /// ftz (a subnormal x gives ±inf, a result below 2^-126 is ±0). ±0 gives
+    /// ±inf, ±inf gives ±0, NaN stays NaN. One SFU instruction where `/`
+    /// compiles to the IEEE division sequence.
+    rcp_approx, "rcp.approx.ftz.f32");
+
+/// `a * b + c` with one rounding (`fma.rn.f32`). Rust never contracts a
+/// multiply and an add into one, so kernels ask for it by name.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::intrinsics::fmaf32(a, b, c)
+}
 
 /// e^x as `2^(x log2 e)` on the SFU. Rounding `x log2 e` to f32 adds a
 /// relative error of up to |x|·2^-24·ln 2, so the bound is

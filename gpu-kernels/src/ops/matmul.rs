@@ -2,6 +2,7 @@
 
 use super::gelu::gelu;
 use super::vec4::{VEC, aligned16, load4, store4};
+use crate::device::math::fma;
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::warp_reduce_sum;
 use crate::device::{
@@ -60,14 +61,6 @@ fn epilogue_of(bias: *const f32, gelu_on: u32, acc: f32, col: usize) -> f32 {
 #[inline(always)]
 fn vec_loads(p: &MatmulParams) -> bool {
     p.c as usize % VEC == 0 && aligned16(p.inp) && aligned16(p.weight)
-}
-
-/// `a * b + c` with one rounding (`fma.rn.f32`): one FFMA per multiply-add,
-/// where `a * b + c` in Rust is a separate `mul.rn` and `add.rn` (Rust does
-/// not contract floating-point expressions).
-#[inline(always)]
-fn fma(a: f32, b: f32, c: f32) -> f32 {
-    core::intrinsics::fmaf32(a, b, c)
 }
 
 /// Global read of 16-byte chunk `q` of a `rows x TK` slice (rows `r0..`,

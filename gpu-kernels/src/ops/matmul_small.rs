@@ -18,6 +18,7 @@
 use super::gelu::gelu;
 use super::vec4::{VEC, aligned16, load4, store4};
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group};
+use crate::device::math::fma;
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::{WARP_SIZE, block_idx_x, block_idx_y, lane_id, sync_threads, sync_warp, thread_idx_x, warp_id};
 use crate::params::matmul::{
@@ -53,12 +54,6 @@ const _: () = assert!(TK % VEC == 0 && PAD % VEC == 0 && STAGES >= 2);
 const _: () = assert!(BM % ROWS_PER_ROUND == 0);
 // The k-quad step below reads two 16-byte chunks per row.
 const _: () = assert!(CHUNKS_K == 2);
-
-/// `a * b + c` with one rounding (`fma.rn.f32`).
-#[inline(always)]
-fn fma(a: f32, b: f32, c: f32) -> f32 {
-    core::intrinsics::fmaf32(a, b, c)
-}
 
 /// Element-wise sum of two 4-float groups.
 #[inline(always)]
@@ -141,7 +136,7 @@ unsafe fn small<const TN: usize>(p: &MatmulParams) {
             // Scalar path (c % 4 != 0 or unaligned operands): plain loads and
             // shared stores; the next `sync_warp` before the slice is read
             // orders them like the cp.async wait.
-            let mut put = |dst: *mut f32, src: *const f32, row: usize, rows: usize| {
+            let put = |dst: *mut f32, src: *const f32, row: usize, rows: usize| {
                 for e in 0..VEC {
                     let v = if row < rows && k + e < c {
                         // SAFETY: row < rows and k + e < c: inside the matrix.
