@@ -24,7 +24,7 @@
 //! The body is generic over the tile shape; the macro at the bottom exports
 //! one kernel per shape in [`crate::params::matmul_tf32::MATMUL_TF32_VARIANTS`].
 
-use crate::device::math::tanh_precise;
+use super::gelu::gelu;
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, to_tf32};
 use crate::device::shared::dynamic_shared;
 use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
@@ -75,15 +75,6 @@ struct F2([f32; 2]);
 /// `BN + 8` words, the 8-byte fragment stores of a half-warp (rows g..g+3,
 /// columns 2t) cover all 32 banks once.
 const EPI_PAD: usize = MATMUL_TF32_EPI_PAD as usize;
-
-/// sqrt(2/pi), of the tanh approximation of GELU (same formula as the FP32 `gelu_forward`).
-const GELU_SCALE: f32 = 0.797_884_560_802_865_4;
-const GELU_CUBIC: f32 = 0.044_715;
-
-#[inline(always)]
-fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + tanh_precise(GELU_SCALE * (x + GELU_CUBIC * x * x * x)))
-}
 
 /// The output tile `(row, column)` of block `pid` in a `tiles_m x tiles_n`
 /// grid under grouped rasterisation: `GROUP_M` row panels advance together
@@ -145,25 +136,8 @@ unsafe fn load_slab<const ROWS: usize, const THREADS: usize>(
     }
 }
 
-/// Most iterations [`unroll_below!`] writes out.
-const UNROLL_MAX: usize = 16;
-
-/// Repeat `$body` for `$i` = 0, 1, ... while `$i < $n` (a constant, at most
-/// `UNROLL_MAX`), with `$i` a constant each time. The fragment and
-/// accumulator arrays must be indexed by constants to stay in registers, and
-/// LLVM's unroller gives up on the larger MMA nests (it leaves a loop over a
-/// local-memory array).
-macro_rules! unroll_below {
-    ($i:ident < $n:expr => $body:block) => {
-        unroll_below!(@ $i $n, $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
-    };
-    (@ $i:ident $n:expr, $body:block; $($k:literal)*) => {
-        $( if $k < $n { let $i: usize = $k; $body } )*
-    };
-}
-
 /// Most 16-byte chunks one thread rounds per stage ([`round_stage`]).
-const ROUND_MAX_CHUNKS: usize = UNROLL_MAX * ROUND_BATCH;
+const ROUND_MAX_CHUNKS: usize = super::UNROLL_MAX * ROUND_BATCH;
 /// Chunks [`round_stage`] loads before it stores any: enough loads in flight
 /// to cover most of the shared-memory latency, few enough registers (16)
 /// not to raise the kernels' register counts (8 raised 64x64's from 119 to
@@ -232,7 +206,7 @@ unsafe fn mma_vector<const MI: usize, const NI: usize>(
     g: usize,
     k: usize,
 ) {
-    const { assert!(MI <= UNROLL_MAX && NI <= UNROLL_MAX) };
+    const { assert!(MI <= super::UNROLL_MAX && NI <= super::UNROLL_MAX) };
     // a[mi] = (row g, row g+8) of mma tile mi; b[ni] = row g of tile ni.
     let mut a = [[[0u32; CHUNK]; 2]; MI];
     unroll_below!(mi < MI => {
