@@ -28,10 +28,23 @@ fn vectorisable(r: &Row, c: usize) -> bool {
     c % VEC == 0 && aligned16(r.x) && aligned16(r.out) && aligned16(r.weight) && aligned16(r.bias) && add_aligned
 }
 
-/// Layernorm of one row of `c` floats by one warp. Two passes over the row
-/// (mean, then the mean of squared deviations) instead of E[x²] − E[x]²,
-/// which cancels badly when |mean| is large next to the spread; the re-reads
-/// hit L1 (or, fused, read back what this same lane wrote on the first pass).
+/// 16-byte vectors of a row that each lane holds in registers on the fast
+/// path: rows of up to `ROW_VECS_PER_LANE * 32 * 4` = 1024 channels (GPT-2
+/// small and medium; wider rows take the re-reading path). With the fused
+/// add's second operand that is 64 registers of row data per lane.
+const ROW_VECS_PER_LANE: usize = 8;
+
+/// Layernorm of one row of `c` floats by one warp, two passes (mean, then
+/// the mean of squared deviations) rather than E[x²] − E[x]², which cancels
+/// badly when |mean| is large next to the spread.
+///
+/// Fast path (aligned, `c % 4 == 0`, `c <= 1024`): the lane's share of the
+/// row is loaded into registers by loads issued back to back, none of whose
+/// results is used before the last is issued (one memory round trip per row
+/// instead of one per vector: at 1024 rows there are too few warps to hide
+/// them); both passes read the registers, and the residual (when fused) is
+/// stored from them. Otherwise the row is re-read from memory for each pass
+/// (L1 hits, or, fused, what this lane wrote on the first pass).
 ///
 /// # Safety
 /// Every pointer of `r` is valid for `c` floats (weight, bias) or the row's
@@ -41,7 +54,59 @@ unsafe fn layernorm_row(r: Row, c: usize, round: u32) {
     let lane = lane_id() as usize;
     let lanes = WARP_SIZE as usize;
     let inv_c = 1.0 / c as f32;
-    if vectorisable(&r, c) {
+    if vectorisable(&r, c) && c <= ROW_VECS_PER_LANE * lanes * VEC {
+        let c4 = c / VEC;
+        // Vector k of this lane is row vector lane + 32k (coalesced per k).
+        let has = |k: usize| lane + k * lanes < c4;
+        let at = |k: usize| (lane + k * lanes) * VEC;
+        // The row (fused: the first addend) and the fused second addend.
+        let mut v = [[0f32; VEC]; ROW_VECS_PER_LANE];
+        let mut v2 = [[0f32; VEC]; ROW_VECS_PER_LANE];
+        unroll_below!(k < ROW_VECS_PER_LANE => {
+            if has(k) {
+                // SAFETY: vector k is inside the row; aligned (checked above).
+                unsafe {
+                    match r.add {
+                        Some((a, b)) => (v[k], v2[k]) = (load4(a.add(at(k))), load4(b.add(at(k)))),
+                        None => v[k] = load4(r.x.add(at(k))),
+                    }
+                }
+            }
+        });
+        let mut sum = 0.0;
+        unroll_below!(k < ROW_VECS_PER_LANE => {
+            if has(k) {
+                if r.add.is_some() {
+                    v[k] = [v[k][0] + v2[k][0], v[k][1] + v2[k][1], v[k][2] + v2[k][2], v[k][3] + v2[k][3]];
+                    // SAFETY: as above.
+                    unsafe { store4(r.x.add(at(k)), v[k]) };
+                }
+                sum += (v[k][0] + v[k][1]) + (v[k][2] + v[k][3]);
+            }
+        });
+        let mean = warp_reduce_sum(sum) * inv_c;
+        let mut var = 0.0;
+        unroll_below!(k < ROW_VECS_PER_LANE => {
+            if has(k) {
+                let d = v[k].map(|e| e - mean);
+                var += (d[0] * d[0] + d[1] * d[1]) + (d[2] * d[2] + d[3] * d[3]);
+            }
+        });
+        let rstd = rsqrt_precise(warp_reduce_sum(var) * inv_c + LAYERNORM_EPS);
+        unroll_below!(k < ROW_VECS_PER_LANE => {
+            if has(k) {
+                // SAFETY: as above; weight and bias hold c floats.
+                unsafe {
+                    let (w, b) = (load4(r.weight.add(at(k))), load4(r.bias.add(at(k))));
+                    let mut o = [0.0; VEC];
+                    for e in 0..VEC {
+                        o[e] = rounded((v[k][e] - mean) * rstd * w[e] + b[e], round);
+                    }
+                    store4(r.out.add(at(k)), o);
+                }
+            }
+        });
+    } else if vectorisable(&r, c) {
         let c4 = c / VEC;
         let mut sum = 0.0;
         let mut i = lane;
