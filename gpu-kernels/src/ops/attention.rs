@@ -41,44 +41,52 @@ fn cache_at(p: &AttentionParams, b: u32, h: u32, pos: u32) -> usize {
 /// A grid-stride loop over (row, token, channel), reads and writes both
 /// coalesced: 4 channels per step with 16-byte accesses when C and the head
 /// size are multiples of 4 and the buffers aligned (the host sizes the grid
-/// for that: `kv_store_vectorised`), else one.
+/// for that: `kv_store_vectorised`), else one. Index arithmetic is u32 (the
+/// host checks that `b*t*3c` and the cache size fit): the 64-bit divisions
+/// it needs otherwise took longer than the copy.
 ///
 /// # Safety
-/// Buffers as documented on [`AttentionParams`]; `pos0 + t <= max_t`.
+/// Buffers as documented on [`AttentionParams`]; `pos0 + t <= max_t`;
+/// `b*t*3c` and `b*nh*max_t*hs` fit in u32.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
-    let (c, hs) = (p.c as usize, (p.c / p.nh) as usize);
-    let total = (p.b * p.t * p.c) as usize;
-    // Where channel `ch` of token `bt` lands in the cache, and where it is read.
-    let at = |bt: usize, ch: usize| {
-        let (b, t) = (bt / p.t as usize, bt % p.t as usize);
-        let dst = cache_at(&p, b as u32, (ch / hs) as u32, p.pos0 + t as u32) + ch % hs;
-        (bt * 3 * c + ch, dst)
+    let (c, hs, t) = (p.c, p.c / p.nh, p.t);
+    let total = p.b * t * c;
+    // Where channel `ch` of token `bt` is read, and where it lands in the cache.
+    let at = |bt: u32, ch: u32| {
+        let (b, pos) = (bt / t, p.pos0 + bt % t);
+        let dst = ((b * p.nh + ch / hs) * p.max_t + pos) * hs + ch % hs;
+        ((bt * 3 * c + ch) as usize, dst as usize)
     };
-    let vectorised = c % VEC == 0 && hs % VEC == 0 && aligned16(p.qkv) && aligned16(p.k_cache) && aligned16(p.v_cache);
-    let mut i = global_idx_x() as usize;
+    let (c_us, stride) = (c as usize, grid_stride_x());
+    let vectorised = c % VEC as u32 == 0
+        && hs % VEC as u32 == 0
+        && aligned16(p.qkv)
+        && aligned16(p.k_cache)
+        && aligned16(p.v_cache);
+    let mut i = global_idx_x();
     if vectorised {
-        while i < total / VEC {
-            let e = i * VEC;
+        while i < total / VEC as u32 {
+            let e = i * VEC as u32;
             // A 4-channel group never straddles a head (hs % 4 == 0).
             let (src, dst) = at(e / c, e % c);
             // SAFETY: src + 2c + 4 <= b*t*3c; dst + 4 is inside the cache
             // (pos0 + t <= max_t); all 16-byte aligned (checked).
             unsafe {
-                store4(p.k_cache.add(dst), load4(p.qkv.add(src + c)));
-                store4(p.v_cache.add(dst), load4(p.qkv.add(src + 2 * c)));
+                store4(p.k_cache.add(dst), load4(p.qkv.add(src + c_us)));
+                store4(p.v_cache.add(dst), load4(p.qkv.add(src + 2 * c_us)));
             }
-            i += grid_stride_x() as usize;
+            i += stride;
         }
     } else {
         while i < total {
             let (src, dst) = at(i / c, i % c);
             // SAFETY: src + 2c < b*t*3c; dst is inside the cache (pos0 + t <= max_t).
             unsafe {
-                *p.k_cache.add(dst) = *p.qkv.add(src + c);
-                *p.v_cache.add(dst) = *p.qkv.add(src + 2 * c);
+                *p.k_cache.add(dst) = *p.qkv.add(src + c_us);
+                *p.v_cache.add(dst) = *p.qkv.add(src + 2 * c_us);
             }
-            i += grid_stride_x() as usize;
+            i += stride;
         }
     }
 }
