@@ -29,6 +29,9 @@
 //!   ready operands with 16-byte `ld.shared.v4` and no `cvt` (Q is rounded once,
 //!   straight from global memory into registers). `kv_rounded` skips that
 //!   pass when the caller's K/V are already TF32 values.
+//! - A call from position 0 (`kv_from_qkv`) reads K/V tiles straight from
+//!   `qkv` (row stride 3C) and each block copies its own query rows' K/V into
+//!   the caches, so no separate store kernel runs before it.
 //! - Contraction orders are free as long as both operands agree, so they are
 //!   chosen for vector loads without bank conflicts (row stride 68 = 4 mod 32):
 //!   QKᵀ: lane t holds dims [8t, 8t+8) and [32+8t, 40+8t) of its rows, in that
@@ -51,7 +54,7 @@
 //! groups with shuffles and writes one partial (max, sum, acc[64]); the combine
 //! kernel merges the partials of each (query, head).
 
-use crate::device::math::exp2_approx;
+use crate::device::math::{exp2_approx, fma};
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::shfl_xor_f32;
@@ -101,6 +104,11 @@ const SUB_STEPS: usize = SUB_K / MMA_N;
 const SUBS_PER_TILE: usize = BK / SUB_K;
 /// Floats one lane hands over in the kv_split merge: acc (32), m (2), l (2).
 const MERGE_VALS: usize = DIM_STEPS * 4 + 4;
+/// 16-byte K (and V) chunks per thread when a block stores its own rows into
+/// the caches (`kv_from_qkv`): at most `ROWS_MAX` rows of `VECS_PER_ROW`.
+const STORE_CHUNKS_PER_THREAD: usize = FLASH_TF32_ROWS_MAX as usize * VECS_PER_ROW / T_THREADS;
+const _: () = assert!(STORE_CHUNKS_PER_THREAD * T_THREADS == FLASH_TF32_ROWS_MAX as usize * VECS_PER_ROW);
+const _: () = assert!(STORE_CHUNKS_PER_THREAD == 8, "the store loops are unrolled by `unroll8!`");
 const _: () = assert!(FLASH_TF32_ROWS_MAX as usize == T_WARPS * WARP_ROWS);
 const _: () = assert!(
     SUBS_PER_TILE == 2 && SUB_STEPS == 4,
@@ -158,12 +166,6 @@ unsafe fn ld4(p: *const f32) -> [f32; 4] {
 #[inline(always)]
 unsafe fn st4(p: *mut f32, v: [f32; 4]) {
     unsafe { *(p as *mut F4) = F4(v) }
-}
-
-/// a*b + c with one rounding (`fma.rn.f32`); Rust does not contract `a*b+c` itself.
-#[inline(always)]
-fn fma(a: f32, b: f32, c: f32) -> f32 {
-    core::intrinsics::fmaf32(a, b, c)
 }
 
 /// `exp2(x - m)` where `m` is a running maximum that may still be -inf (no
@@ -429,13 +431,15 @@ struct TileCopy {
 const T_COPY_BATCH: usize = 4;
 
 /// Issue this thread's `cp.async` copies of K/V tile rows `key0..key0+64`
-/// (rows at or past `n_keys` are zero-filled, never read).
+/// (rows at or past `n_keys` are zero-filled, never read) from rows of
+/// `src_stride` floats.
 ///
 /// # Safety
-/// `dst` is a shared tile of [`TILE`] floats; `src` is a K or V plane whose
-/// rows `0..n_keys` (`n_keys >= 1`) are readable.
+/// `dst` is a shared tile of [`TILE`] floats; `src` holds K or V rows of
+/// `HS` floats every `src_stride` floats (16-byte aligned), rows
+/// `0..n_keys` (`n_keys >= 1`) readable.
 #[inline(always)]
-unsafe fn load_tile_tf32(dst: *mut f32, src: *const f32, key0: u32, n_keys: u32, cp: TileCopy) {
+unsafe fn load_tile_tf32(dst: *mut f32, src: *const f32, src_stride: u32, key0: u32, n_keys: u32, cp: TileCopy) {
     for pass in 0..cp.passes {
         unroll4!(i => {
             let r = cp.row + (pass * T_COPY_BATCH as u32 + i as u32) * cp.row_step;
@@ -446,7 +450,7 @@ unsafe fn load_tile_tf32(dst: *mut f32, src: *const f32, key0: u32, n_keys: u32,
             unsafe {
                 cp_async_16_zfill(
                     dst.add((r * STRIDE as u32 + cp.col) as usize),
-                    src.add((src_row * HS as u32 + cp.col) as usize),
+                    src.add((src_row * src_stride + cp.col) as usize),
                     if valid { 16 } else { 0 },
                 );
             }
@@ -640,12 +644,21 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     let k_s = smem;
     let v_s = unsafe { k_s.add(T_STAGES * TILE) };
     let plane = ((bi * nh + h) * max_t * hs) as usize;
-    let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
+    // Where K/V rows come from: the caches, or (`kv_from_qkv`: this call
+    // fills them from position 0) this call's own `qkv` rows, whose K/V the
+    // block also stores into the caches below (no separate store kernel).
+    let from_qkv = p.kv_from_qkv != 0;
+    let (k_g, v_g, kv_stride) = if from_qkv {
+        let row0 = (bi * t * 3 * c + h * hs) as usize;
+        unsafe { (p.qkv.add(row0 + c as usize), p.qkv.add(row0 + 2 * c as usize), 3 * c) }
+    } else {
+        unsafe { (p.k_cache.add(plane).cast_const(), p.v_cache.add(plane).cast_const(), hs) }
+    };
     let load_kv = |i: u32, stage: u32| unsafe {
         let key0 = (first_tile + i) * bk;
         let at = stage as usize * TILE;
-        load_tile_tf32(k_s.add(at), k_g, key0, n_keys, cp);
-        load_tile_tf32(v_s.add(at), v_g, key0, n_keys, cp);
+        load_tile_tf32(k_s.add(at), k_g, kv_stride, key0, n_keys, cp);
+        load_tile_tf32(v_s.add(at), v_g, kv_stride, key0, n_keys, cp);
     };
     // Two tiles in flight from the start (commit group i holds tile i; maybe empty).
     load_kv(0, 0);
@@ -654,6 +667,33 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         load_kv(1, 1);
     }
     cp_async_commit();
+
+    if from_qkv {
+        // Keys q0..q0 + q_rows (pos0 = 0) are this block's own query rows:
+        // copy their K and V into the caches, all loads of a thread before
+        // its stores (they mostly hit L2: the tile copies read the same rows).
+        let chunks = q_rows * VECS_PER_ROW as u32;
+        let mut kv = [[[0f32; VEC]; 2]; STORE_CHUNKS_PER_THREAD];
+        unroll8!(j => {
+            let i = gtid + j as u32 * gt;
+            if i < chunks {
+                let (r, col) = (q0 + i / VECS_PER_ROW as u32, (i % VECS_PER_ROW as u32) * VEC as u32);
+                let src = (r * kv_stride + col) as usize;
+                kv[j] = unsafe { [ld4(k_g.add(src)), ld4(v_g.add(src))] };
+            }
+        });
+        unroll8!(j => {
+            let i = gtid + j as u32 * gt;
+            if i < chunks {
+                let (r, col) = (q0 + i / VECS_PER_ROW as u32, (i % VECS_PER_ROW as u32) * VEC as u32);
+                let dst = plane + (r * hs + col) as usize;
+                unsafe {
+                    st4(p.k_cache.add(dst), kv[j][0]);
+                    st4(p.v_cache.add(dst), kv[j][1]);
+                }
+            }
+        });
+    }
 
     // This warp's rows: local query index, absolute positions (rows g and g+8).
     let w_q0 = q0 + slice * rows_w;

@@ -4,7 +4,9 @@
 //! Kernels (all in `ops::flash_attention`):
 //! - The first half of the op's contract, appending this call's K,V rows of
 //!   `qkv` to the layer's KV cache, is the shared `attention_kv_store`
-//!   kernel of `ops::attention`.
+//!   kernel of `ops::attention`, except for a TF32 prefill from position 0:
+//!   there the prefill kernel reads K,V from `qkv` and stores them itself
+//!   ([`FlashAttentionParams::kv_from_qkv`]), one launch fewer per layer.
 //! - [`ATTENTION_FORWARD_FLASH_TF32`]: prefill on tensor cores, one block of
 //!   8 warps per (query tile, head, batch row), 1-D grid, heaviest tiles first;
 //!   the query tile is 128, 64 or 32 rows by [`FlashAttentionParams::kv_split`].
@@ -89,10 +91,11 @@ pub const FLASH_COMBINE_THREADS: u32 = FLASH_HEAD_SIZE;
 pub struct FlashAttentionParams {
     /// [B, T, C]
     pub out: *mut f32,
-    /// [B][NH][maxT][HS], positions 0..pos0+t filled.
-    pub k_cache: *const f32,
-    pub v_cache: *const f32,
-    /// [B, T, 3C]; only the Q third is read.
+    /// [B][NH][maxT][HS], positions 0..pos0+t filled (or, with
+    /// `kv_from_qkv`, written by this kernel).
+    pub k_cache: *mut f32,
+    pub v_cache: *mut f32,
+    /// [B, T, 3C]; only the Q third is read (all of it with `kv_from_qkv`).
     pub qkv: *const f32,
     pub b: u32,
     pub t: u32,
@@ -114,6 +117,12 @@ pub struct FlashAttentionParams {
     /// kernel skips rounding each K/V tile in shared memory. Results are then
     /// identical to 0's. 0: the kernel rounds (any f32 input).
     pub kv_rounded: u32,
+    /// TF32 kernel only: nonzero (only with `pos0 == 0`) makes the kernel
+    /// read K/V from `qkv` instead of the caches and store this call's K/V
+    /// into the caches itself, each block its own query rows: the caller
+    /// then launches no `attention_kv_store`. 0: K/V are read from the
+    /// caches, which the caller has filled.
+    pub kv_from_qkv: u32,
 }
 
 /// Flash-decoding, pass 1. Grid (max_chunks, nh, b * t), [`FLASH_DECODE_THREADS`] threads.

@@ -3,7 +3,8 @@
 //!
 //! Three entry points, all with `attention_forward`'s arguments plus a
 //! [`FlashPrecision`] and a [`FlashWorkspace`]; each first appends this call's
-//! K,V to the cache (the `attention_kv_store` kernel it shares with the unfused path) and then attends:
+//! K,V to the cache (the `attention_kv_store` kernel it shares with the unfused path;
+//! a TF32 prefill from position 0 does it inside the attention kernel) and then attends:
 //! - [`attention_forward_flash`]: picks the path by `t`: flash-decoding for
 //!   `t <= FLASH_DECODE_MAX_T` (decode steps), prefill flash attention otherwise.
 //! - [`attention_forward_flash_prefill`]: always the prefill kernel.
@@ -396,7 +397,10 @@ fn run(
         s.window as u32,
     );
 
-    // The op's first half, K,V into the cache, is the shared store kernel.
+    // The op's first half, K,V into the cache, is the shared store kernel,
+    // except where the TF32 prefill kernel does it: a call from position 0
+    // (each block stores its own rows while reading K/V from `qkv`).
+    let kv_from_qkv = !decode && precision == FlashPrecision::Tf32 && s.pos0 == 0;
     let store = AttentionParams {
         out: std::ptr::null_mut(),
         k_cache: k,
@@ -411,9 +415,11 @@ fn run(
         window,
         scale: 0.0,
     };
-    // SAFETY: sizes checked by `s.check` (cache >= b*nh*max_t*HS, pos0+t <= max_t, qkv >= b*t*3c);
-    // the store kernel does not touch `out`.
-    unsafe { super::attention::launch_kv_store(gpu, &store)? };
+    if !kv_from_qkv {
+        // SAFETY: sizes checked by `s.check` (cache >= b*nh*max_t*HS, pos0+t <= max_t, qkv >= b*t*3c);
+        // the store kernel does not touch `out`.
+        unsafe { super::attention::launch_kv_store(gpu, &store)? };
+    }
 
     if decode {
         let chunks = configs::decode_chunks(&s);
@@ -480,6 +486,7 @@ fn run(
             scale_log2e: s.scale_log2e(),
             kv_split,
             kv_rounded: u32::from(ws.kv_rounded),
+            kv_from_qkv: u32::from(kv_from_qkv),
         };
         // SAFETY: as above; the config gives the kernel the grid, threads and
         // shared memory it lays out for this kv_split (1, 2, or 4 only where
