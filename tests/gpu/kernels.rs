@@ -160,7 +160,15 @@ const LAYERNORM_NAIVE_ATOL: f32 = 5e-5;
 fn layernorm_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     // 2052 channels: past the register-resident path (2048), the re-reading one.
-    for &(n, c) in &[(1, 768), (3 * 37, 768), (4 * 64, 1024), (1024, 768), (3, 2052), (7, 66), (5, 3)] {
+    for &(n, c) in &[
+        (1, 768),
+        (3 * 37, 768),
+        (4 * 64, 1024),
+        (1024, 768),
+        (3, 2052),
+        (7, 66),
+        (5, 3),
+    ] {
         // A large common offset: the two-pass variance must not cancel.
         let inp: Vec<f32> = random_vec(n * c, 2.0).iter().map(|x| x + 10.0).collect();
         let (w, bias) = (random_vec(c, 1.0), random_vec(c, 1.0));
@@ -201,7 +209,15 @@ fn layernorm_matches_cpu() {
 #[test]
 fn residual_layernorm_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    for &(n, c) in &[(1, 768), (3 * 37, 768), (1024, 768), (4 * 64, 1600), (3, 2052), (7, 66), (5, 3)] {
+    for &(n, c) in &[
+        (1, 768),
+        (3 * 37, 768),
+        (1024, 768),
+        (4 * 64, 1600),
+        (3, 2052),
+        (7, 66),
+        (5, 3),
+    ] {
         for (round, misaligned) in [(false, false), (true, false), (false, true)] {
             // Offset inputs: the variance of the sum must not cancel either.
             let inp1: Vec<f32> = random_vec(n * c + 1, 2.0).iter().map(|x| x + 10.0).collect();

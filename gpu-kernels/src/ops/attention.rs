@@ -59,11 +59,8 @@ pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
         ((bt * 3 * c + ch) as usize, dst as usize)
     };
     let (c_us, stride) = (c as usize, grid_stride_x());
-    let vectorised = c % VEC as u32 == 0
-        && hs % VEC as u32 == 0
-        && aligned16(p.qkv)
-        && aligned16(p.k_cache)
-        && aligned16(p.v_cache);
+    let vectorised =
+        c % VEC as u32 == 0 && hs % VEC as u32 == 0 && aligned16(p.qkv) && aligned16(p.k_cache) && aligned16(p.v_cache);
     let mut i = global_idx_x();
     if vectorised {
         while i < total / VEC as u32 {

@@ -108,7 +108,10 @@ const MERGE_VALS: usize = DIM_STEPS * 4 + 4;
 /// the caches (`kv_from_qkv`): at most `ROWS_MAX` rows of `VECS_PER_ROW`.
 const STORE_CHUNKS_PER_THREAD: usize = FLASH_TF32_ROWS_MAX as usize * VECS_PER_ROW / T_THREADS;
 const _: () = assert!(STORE_CHUNKS_PER_THREAD * T_THREADS == FLASH_TF32_ROWS_MAX as usize * VECS_PER_ROW);
-const _: () = assert!(STORE_CHUNKS_PER_THREAD == 8, "the store loops are unrolled by `unroll8!`");
+const _: () = assert!(
+    STORE_CHUNKS_PER_THREAD == 8,
+    "the store loops are unrolled by `unroll8!`"
+);
 const _: () = assert!(FLASH_TF32_ROWS_MAX as usize == T_WARPS * WARP_ROWS);
 const _: () = assert!(
     SUBS_PER_TILE == 2 && SUB_STEPS == 4,

@@ -17,8 +17,8 @@
 
 use super::gelu::gelu;
 use super::vec4::{VEC, aligned16, load4, store4};
-use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group};
 use crate::device::math::fma;
+use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::{WARP_SIZE, block_idx_x, block_idx_y, lane_id, sync_threads, sync_warp, thread_idx_x, warp_id};
 use crate::params::matmul::{
