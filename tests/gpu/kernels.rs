@@ -159,7 +159,7 @@ const LAYERNORM_NAIVE_ATOL: f32 = 5e-5;
 #[test]
 fn layernorm_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    // 2052 channels: past the register-resident path (2048), the re-reading one.
+    // 2052 channels: past the register-resident path (up to 1024), the re-reading one.
     for &(n, c) in &[
         (1, 768),
         (3 * 37, 768),
