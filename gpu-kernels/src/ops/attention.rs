@@ -42,8 +42,9 @@ fn cache_at(p: &AttentionParams, b: u32, h: u32, pos: u32) -> usize {
 /// coalesced: 4 channels per step with 16-byte accesses when C and the head
 /// size are multiples of 4 and the buffers aligned (the host sizes the grid
 /// for that: `kv_store_vectorised`), else one. Index arithmetic is u32 (the
-/// host checks that `b*t*3c` and the cache size fit): the 64-bit divisions
-/// it needs otherwise took longer than the copy.
+/// host checks that `b*t*3c` and the cache size fit), which is no faster
+/// than 64-bit in measurement (H200, 1x1024: 6.4 vs 6.6 µs, mostly the fixed
+/// cost of a small launch) but needs no 64-bit divisions.
 ///
 /// # Safety
 /// Buffers as documented on [`AttentionParams`]; `pos0 + t <= max_t`;
