@@ -142,8 +142,8 @@ unsafe fn matmul_tf32_wgmma_body<
     const {
         assert!(Acc::N == BN);
         assert!(BM % WG_ROWS == 0 && CONSUMERS == BM / WG_ROWS * WG_THREADS);
-        // One or two consumer warpgroups (their barrier ids below).
-        assert!(BM / WG_ROWS <= 2);
+        // One to three consumer warpgroups (their barrier ids below).
+        assert!(BM / WG_ROWS <= 3);
         assert!(2 * STAGES as u32 * MBARRIER_BYTES <= WGMMA_BARRIER_BYTES);
         // The epilogue parks the output tile in the stages' memory.
         assert!(BM * (BN + EPI_PAD) * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
@@ -244,10 +244,10 @@ unsafe fn matmul_tf32_wgmma_body<
                 fence_proxy_async_shared();
                 // A constant barrier id per warpgroup (a computed one makes ptxas
                 // reserve all 16).
-                if warpgroup == 0 {
-                    named_barrier_sync(WARPGROUP_BARRIER_BASE, WG_THREADS as u32);
-                } else {
-                    named_barrier_sync(WARPGROUP_BARRIER_BASE + 1, WG_THREADS as u32);
+                match warpgroup {
+                    0 => named_barrier_sync(WARPGROUP_BARRIER_BASE, WG_THREADS as u32),
+                    1 => named_barrier_sync(WARPGROUP_BARRIER_BASE + 1, WG_THREADS as u32),
+                    _ => named_barrier_sync(WARPGROUP_BARRIER_BASE + 2, WG_THREADS as u32),
                 }
             }
             let a_addr = stage(s) + (warpgroup * WG_ROWS) as u32 * SWIZZLE_ROW_BYTES;
@@ -335,6 +335,7 @@ macro_rules! matmul_tf32_wgmma_kernel {
 }
 
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x256, MATMUL_TF32_WGMMA_128X256);
+matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_192x192, MATMUL_TF32_WGMMA_192X192);
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x192, MATMUL_TF32_WGMMA_128X192);
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x128, MATMUL_TF32_WGMMA_128X128);
 matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_64x128, MATMUL_TF32_WGMMA_64X128);

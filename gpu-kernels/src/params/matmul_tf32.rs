@@ -193,6 +193,10 @@ const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, blocks_pe
 /// thread), 4 stages (193 KiB): the most tensor work per staged byte
 /// (42.7 FLOP/B).
 pub const MATMUL_TF32_WGMMA_128X256: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_128x256", 128, 256, 4, 1);
+/// 192x192, 3 consumer warpgroups of m64n192, 4 stages (193 KiB): M = 8192
+/// x N = 2304 in 516 blocks (3.9 waves on 132 SMs, the last 91 % full)
+/// where 128x256 needs 576 (4.36 waves, the last 36 % full).
+pub const MATMUL_TF32_WGMMA_192X192: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_192x192", 192, 192, 4, 1);
 /// 128x192, 2 warpgroups of m64n192, 5 stages (201 KiB): N = 768 in 4
 /// column tiles instead of 3 (M = 8192: 256 blocks, two full waves on 132
 /// SMs, where 128x256 needs 1.45 waves).
@@ -206,8 +210,9 @@ pub const MATMUL_TF32_WGMMA_64X128: TileShape = wgmma_tile("matmul_forward_tf32_
 pub const MATMUL_TF32_WGMMA_64X64: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x64", 64, 64, 4, 3);
 
 /// Every `wgmma` tile shape (sm_90a module only).
-pub const MATMUL_TF32_WGMMA_VARIANTS: [TileShape; 5] = [
+pub const MATMUL_TF32_WGMMA_VARIANTS: [TileShape; 6] = [
     MATMUL_TF32_WGMMA_128X256,
+    MATMUL_TF32_WGMMA_192X192,
     MATMUL_TF32_WGMMA_128X192,
     MATMUL_TF32_WGMMA_128X128,
     MATMUL_TF32_WGMMA_64X128,
