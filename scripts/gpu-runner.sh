@@ -55,7 +55,7 @@ SANITIZER_FILTERS="${SANITIZER_FILTERS:-}"
 # errors too). racecheck is ~50x slower: the kernels with shared memory and
 # barriers, at sizes that finish in a few minutes.
 MEMCHECK_FILTERS="${MEMCHECK_FILTERS---skip forward::out_of_memory_is_an_error_that_says_how_much}"
-RACECHECK_FILTERS="${RACECHECK_FILTERS-flash_attention::flash_prefill_tf32 flash_attention::flash_decode device:: matmul_tf32::matmul_tf32_awkward kernels::layernorm kernels::softmax kernels::attention_windowed kernels::argmax kernels::matmul_tiled_unaligned matmul_tf32::matmul_tf32_split_k kernels::matmul_split_k_explicit matmul_small::matmul_small_matches_cpu_every_tile matmul_small::matmul_small_unaligned_operands}"
+RACECHECK_FILTERS="${RACECHECK_FILTERS-flash_attention::flash_prefill_tf32 flash_attention::flash_decode device:: matmul_tf32::matmul_tf32_awkward kernels::layernorm kernels::softmax kernels::attention_windowed kernels::argmax kernels::matmul_tiled_unaligned matmul_tf32::matmul_tf32_split_k kernels::matmul_split_k_explicit matmul_small::matmul_small_is_deterministic matmul_small::matmul_small_unaligned_operands}"
 export MEMCHECK_FILTERS RACECHECK_FILTERS
 SANITIZER_TIMEOUT="${SANITIZER_TIMEOUT:-300}"
 ORACLE="${ORACLE:-1}"

@@ -359,7 +359,7 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
 /// A split-K workspace of `floats` NaNs: a partial the tiled kernel fails to
 /// write, or a reduction reading past its splits, shows as NaN.
 fn nan_workspace(gpu: &Gpu, floats: usize) -> MatmulWorkspace {
-    MatmulWorkspace::from_buffer(poisoned(gpu, floats.max(1)))
+    MatmulWorkspace::from_buffer(gpu, poisoned(gpu, floats.max(1))).unwrap()
 }
 
 /// `(n, c, oc)` shapes for split-K through the planner: GPT-2's prefill
@@ -494,21 +494,33 @@ fn matmul_split_k_explicit_plans_and_unaligned() {
 fn matmul_blocks_per_sm_match_driver() {
     use gpu_kernels::params::matmul::{
         MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_BLOCKS_PER_SM, MATMUL_BLOCKS_PER_SM_MID, MATMUL_FORWARD,
-        MATMUL_FORWARD_MID, MATMUL_TILE_M, MATMUL_TILE_M_MID, matmul_shared_bytes,
+        MATMUL_FORWARD_MID, MATMUL_FORWARD_SMALL, MATMUL_SMALL_BLOCK, MATMUL_SMALL_BLOCKS_PER_SM, MATMUL_TILE_M,
+        MATMUL_TILE_M_MID, matmul_shared_bytes, matmul_small_shared_bytes,
     };
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    for (name, threads, tile, want) in [
-        (MATMUL_FORWARD, MATMUL_BLOCK, MATMUL_TILE_M, MATMUL_BLOCKS_PER_SM),
+    for (name, threads, shared, want) in [
+        (
+            MATMUL_FORWARD,
+            MATMUL_BLOCK,
+            matmul_shared_bytes(MATMUL_TILE_M),
+            MATMUL_BLOCKS_PER_SM,
+        ),
         (
             MATMUL_FORWARD_MID,
             MATMUL_BLOCK_MID,
-            MATMUL_TILE_M_MID,
+            matmul_shared_bytes(MATMUL_TILE_M_MID),
             MATMUL_BLOCKS_PER_SM_MID,
+        ),
+        (
+            MATMUL_FORWARD_SMALL,
+            MATMUL_SMALL_BLOCK,
+            matmul_small_shared_bytes(),
+            MATMUL_SMALL_BLOCKS_PER_SM,
         ),
     ] {
         let f = gpu.function(name).unwrap();
         let got = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, matmul_shared_bytes(tile) as usize, None)
+            .occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)
             .unwrap();
         println!(
             "{name}: {got} resident blocks per SM ({} registers)",

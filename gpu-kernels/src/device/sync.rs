@@ -42,6 +42,24 @@ pub fn thread_fence() {
     unsafe { asm!("fence.acq_rel.gpu;") }
 }
 
+/// `atomicAdd` on a `u32` in global memory with acquire-release semantics
+/// at GPU scope (`atom.acq_rel.gpu.global.add.u32`): returns the old value.
+/// With [`thread_fence`] around it, this is the arrival counter of the
+/// "last block finishes the job" pattern: the writes a block made before
+/// its arrival are visible to the block that arrives last.
+///
+/// # Safety
+/// `p` is a 4-byte aligned `u32` in global memory.
+#[inline(always)]
+pub unsafe fn atomic_add_acq_rel_u32(p: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) p, v = in(reg32) v)
+    };
+    old
+}
+
 /// Abort the kernel (`trap`): the launch fails with an error the host sees
 /// at its next synchronisation. What a `#[panic_handler]` on the GPU calls.
 #[inline(always)]

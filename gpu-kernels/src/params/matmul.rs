@@ -70,65 +70,49 @@ pub const MATMUL_GEMV_BLOCK: u32 = 128;
 /// Threads per block of the naive kernel, as a square `NAIVE_SIDE x NAIVE_SIDE`.
 pub const MATMUL_NAIVE_SIDE: u32 = 16;
 
-/// Small-M kernels (`ops::matmul_small`): a `64 x BN` output tile per block
-/// whose `MATMUL_SMALL_WARPS` warps each take every `MATMUL_SMALL_WARPS`-th
-/// k-slice of `c` (the K reduction split inside the block), then sum their
-/// partial tiles through shared memory in warp order (deterministic, no
-/// atomics). For `n` up to a few tiles of rows, where the 128-row tiles
-/// waste rows and grid split-K pays a second launch. One kernel per `BN`.
-pub const MATMUL_FORWARD_SMALL_N32: &str = "matmul_forward_small_n32";
-/// [`MATMUL_FORWARD_SMALL_N32`] with a 24-column tile.
-pub const MATMUL_FORWARD_SMALL_N24: &str = "matmul_forward_small_n24";
-/// [`MATMUL_FORWARD_SMALL_N32`] with a 16-column tile.
-pub const MATMUL_FORWARD_SMALL_N16: &str = "matmul_forward_small_n16";
-/// [`MATMUL_FORWARD_SMALL_N32`] with an 8-column tile.
-pub const MATMUL_FORWARD_SMALL_N8: &str = "matmul_forward_small_n8";
-/// The small-M kernels' tile widths, in the order of [`MATMUL_SMALL_KERNELS`].
-pub const MATMUL_SMALL_TILE_NS: [u32; 4] = [32, 24, 16, 8];
-/// Kernel names by tile width (same order as [`MATMUL_SMALL_TILE_NS`]).
-pub const MATMUL_SMALL_KERNELS: [&str; 4] = [
-    MATMUL_FORWARD_SMALL_N32,
-    MATMUL_FORWARD_SMALL_N24,
-    MATMUL_FORWARD_SMALL_N16,
-    MATMUL_FORWARD_SMALL_N8,
-];
-/// Lanes of a warp along the tile's rows; each lane holds rows `ty + 8 i`.
-pub const MATMUL_SMALL_LANES_M: u32 = 8;
-/// Lanes of a warp along the tile's columns; each lane holds columns `tx + 4 j`.
-pub const MATMUL_SMALL_LANES_N: u32 = 4;
-/// Rows each lane accumulates: with 8 row lanes a 64-row tile, which covers
-/// the short prompts this kernel is for in one block row.
+/// Small-M kernel (`ops::matmul_small`): a `MATMUL_SMALL_TILE_M x
+/// MATMUL_SMALL_TILE_N` output tile per block over one split of `c` (grid
+/// z); each block writes its partial tile to a workspace, and the block of a
+/// tile that arrives last (an arrival counter per tile) sums the partials in
+/// split order, adds the bias and applies GELU: split-K in one launch,
+/// deterministic. For `n` up to a couple of tiles of rows (short prompts),
+/// where the 128-row tiles waste rows and a second reduction launch costs as
+/// much as the GEMM.
+pub const MATMUL_FORWARD_SMALL: &str = "matmul_forward_small";
+/// Rows of `out` per block tile: one tile row covers a 64-token prompt.
+pub const MATMUL_SMALL_TILE_M: u32 = 64;
+/// Columns of `out` per block tile: small, so that N = 768 still gives 12
+/// tiles to split, and the A tile (re-read once per tile column) stays
+/// cheap next to W.
+pub const MATMUL_SMALL_TILE_N: u32 = 64;
+/// Rows each thread accumulates (`ty + 8 i`).
 pub const MATMUL_SMALL_THREAD_M: u32 = 8;
-/// Rows of `out` per block tile.
-pub const MATMUL_SMALL_TILE_M: u32 = MATMUL_SMALL_LANES_M * MATMUL_SMALL_THREAD_M;
-/// Warps per block = K groups. A block is alone on its SM (the tile is
-/// small so that N = 768..3072 gives about one block per SM), and its warps
-/// must keep the FFMA pipes busy: eight ran at a third of peak on the H200.
-/// Twelve is the most whose registers fit (the 32-column tile takes ~130 per
-/// thread; 16 warps would need <= 128) and whose rings fit 227 KiB.
-pub const MATMUL_SMALL_WARPS: u32 = 12;
-/// Threads per block.
-pub const MATMUL_SMALL_BLOCK: u32 = MATMUL_SMALL_WARPS * 32;
-/// Depth of one k-slice a warp stages (two 16-byte chunks per row).
+/// Columns each thread accumulates (`tx + 16 j`).
+pub const MATMUL_SMALL_THREAD_N: u32 = 4;
+/// Threads per block: one per `THREAD_M x THREAD_N` patch of the tile.
+pub const MATMUL_SMALL_BLOCK: u32 =
+    (MATMUL_SMALL_TILE_M / MATMUL_SMALL_THREAD_M) * (MATMUL_SMALL_TILE_N / MATMUL_SMALL_THREAD_N);
+/// Depth of one staged k-slice (two 16-byte chunks per row); a split's depth
+/// (`k_chunk`) is a multiple of it.
 pub const MATMUL_SMALL_TILE_K: u32 = 8;
-/// Staging buffers per warp (`cp.async` ring): three slices in flight while
-/// the fourth is consumed hide the L2/HBM latency with one block per SM.
+/// Shared-memory slices of the `cp.async` ring: three in flight while the
+/// fourth is read.
 pub const MATMUL_SMALL_STAGES: u32 = 4;
-/// Floats of padding after each staged row (`TILE_K + PAD = 12`: the 8 rows a
-/// warp reads with one `ld.shared.v4` fall in 8 distinct bank quads) and
-/// after each row of a partial tile (`BN + PAD`: a warp's scalar stores of
-/// one register hit 32 distinct banks). Keeps rows 16-byte aligned.
+/// Floats of padding after each staged row (`TILE_K + PAD = 12`): the 16
+/// W rows a warp reads with one `ld.shared.v4` cover the 8 bank quads twice
+/// each (the minimum for 256 bytes); keeps rows 16-byte aligned.
 pub const MATMUL_SMALL_PAD: u32 = 4;
+/// Floats of one block's partial tile in the workspace.
+pub const MATMUL_SMALL_PARTIAL_FLOATS: u32 = MATMUL_SMALL_TILE_M * MATMUL_SMALL_TILE_N;
+/// Blocks of the small-M kernel resident on one SM (the host's model uses
+/// it; a GPU test checks it against the driver's occupancy calculator).
+pub const MATMUL_SMALL_BLOCKS_PER_SM: u32 = 4;
 
-/// Dynamic shared memory, bytes, of the small-M kernel with `tile_n`
-/// columns: the larger of the warps' staging rings and the partial tiles
-/// summed at the end (which reuse the same memory).
-pub const fn matmul_small_shared_bytes(tile_n: u32) -> u32 {
-    let rows = MATMUL_SMALL_TILE_M + tile_n;
-    let staging = MATMUL_SMALL_WARPS * MATMUL_SMALL_STAGES * rows * (MATMUL_SMALL_TILE_K + MATMUL_SMALL_PAD);
-    let partials = MATMUL_SMALL_WARPS * MATMUL_SMALL_TILE_M * (tile_n + MATMUL_SMALL_PAD);
-    let floats = if staging > partials { staging } else { partials };
-    floats * core::mem::size_of::<f32>() as u32
+/// Dynamic shared memory, bytes, of the small-M kernel: the ring of staged
+/// slices, each the tile's A rows then its W rows.
+pub const fn matmul_small_shared_bytes() -> u32 {
+    let rows = MATMUL_SMALL_TILE_M + MATMUL_SMALL_TILE_N;
+    MATMUL_SMALL_STAGES * rows * (MATMUL_SMALL_TILE_K + MATMUL_SMALL_PAD) * core::mem::size_of::<f32>() as u32
 }
 
 #[repr(C)]
@@ -174,4 +158,37 @@ pub struct MatmulSplitReduceParams {
     pub gelu: u32,
 }
 
-crate::kernel_params!(MatmulParams, MatmulSplitReduceParams);
+/// Arguments of [`MATMUL_FORWARD_SMALL`]. Grid `(ceil(oc / TILE_N),
+/// ceil(n / TILE_M), splits)`; block `z` sums `k` in `z * k_chunk ..
+/// min(c, (z + 1) * k_chunk)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulSmallParams {
+    /// `[n * oc]`
+    pub out: *mut f32,
+    /// `[n * c]`
+    pub inp: *const f32,
+    /// `[oc * c]`
+    pub weight: *const f32,
+    /// `[oc]`, or null for no bias.
+    pub bias: *const f32,
+    /// `[tiles * splits * MATMUL_SMALL_PARTIAL_FLOATS]` (`tiles` = grid x *
+    /// grid y): the blocks' partial tiles, in a layout of the kernel's own.
+    /// Unused (may be null) when `splits == 1`.
+    pub partial: *mut f32,
+    /// `[tiles]` arrival counters, all zero before the launch; the last block
+    /// of each tile sets its counter back to zero. Unused when `splits == 1`.
+    pub counters: *mut u32,
+    pub n: u32,
+    pub c: u32,
+    pub oc: u32,
+    /// Nonzero: apply GELU to the result.
+    pub gelu: u32,
+    /// Depth of `c` per split: a nonzero multiple of `MATMUL_SMALL_TILE_K`
+    /// with `ceil(c / k_chunk) == splits` (every split non-empty).
+    pub k_chunk: u32,
+    /// Splits of `c` (= grid z).
+    pub splits: u32,
+}
+
+crate::kernel_params!(MatmulParams, MatmulSplitReduceParams, MatmulSmallParams);

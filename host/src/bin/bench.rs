@@ -67,6 +67,8 @@ const NAIVE_MAX_M: usize = 1024;
 /// Up to this many rows the FP32 tiled kernel is also timed unsplit on each
 /// tile (checks the wave model's tile choice where it matters).
 const FP32_EACH_TILE_MAX_M: usize = 1024;
+/// Split counts of the small-M kernel's sweep (up to `SMALL_MAX_ROWS` rows).
+const FP32_SMALL_SWEEP_SPLITS: [usize; 12] = [1, 2, 3, 4, 6, 8, 10, 11, 12, 16, 24, 32];
 /// Split counts of the FP32 split-K sweep (up to `FP32_EACH_TILE_MAX_M` rows).
 const FP32_SWEEP_SPLITS: [usize; 8] = [2, 3, 4, 6, 8, 12, 16, 24];
 /// Largest split-K workspace the sweep allocates, floats (1 GiB).
@@ -310,13 +312,15 @@ fn timing_us(t: &host::bench::Timing) -> f64 {
 }
 
 /// Our FP32 matmuls (`host::gpu::ops::matmul`): `auto` is what the engine
-/// runs (GEMV, chunked GEMV or the tiled plan, split-K allowed); `tiled` the
-/// tiled kernel unsplit (tile by the wave model); `splitk` the tiled plan
-/// with split-K allowed even where `auto` would take chunked GEMV (same as
-/// `auto` elsewhere); `gemv_chunked` at M <= 64; the naive one up to 1024
-/// rows (it takes seconds at M = 8192 x 50304 and only sets the baseline);
-/// up to 1024 rows also each tile unsplit (`tile128`, `tile64`). The split-K
-/// workspace is allocated once per shape, outside the timing.
+/// runs (GEMV, chunked GEMV, the small-M kernel or the tiled plan, split-K
+/// allowed); `tiled` the tiled kernel unsplit (tile by the wave model);
+/// `splitk` the tiled plan with split-K allowed even where `auto` would take
+/// another kernel; `small` the small-M kernel's planned split (up to
+/// `SMALL_MAX_ROWS` rows); `gemv_chunked` at M <= 64; the naive one up to
+/// 1024 rows (it takes seconds at M = 8192 x 50304 and only sets the
+/// baseline); up to 1024 rows also each tile unsplit (`tile128`, `tile64`),
+/// every split of the tiled and (M <= `SMALL_MAX_ROWS`) small-M kernels.
+/// Workspaces are allocated once per shape, outside the timing.
 fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<(String, host::bench::Timing)>> {
     let (m, n, k, sn) = (sets.m, sets.n, sets.k, sets.sets());
     let mut ws = MatmulWorkspace::new(gpu, split_k_workspace_floats(m, k, n, gpu.sm_count()))?;
@@ -325,6 +329,9 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
         ("ours_fp32_tiled", MatmulKernel::Tiled),
         ("ours_fp32_splitk", MatmulKernel::SplitK),
     ];
+    if m <= SMALL_MAX_ROWS {
+        kernels.push(("ours_fp32_small", MatmulKernel::Small));
+    }
     if m <= FP32_CHUNKED_GEMV_MAX_ROWS {
         kernels.push(("ours_fp32_gemv_chunked", MatmulKernel::GemvChunked));
     }
@@ -363,16 +370,26 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
             })?;
             res.push((format!("ours_fp32_tile{tile}"), t));
         }
-        // Every small-M tile width (rows `ours_fp32_small_n<width>`).
+        // The small-M kernel at every split count of the sweep (rows
+        // `ours_fp32_small_s<splits>`): what its model's choice is measured
+        // against.
         if m <= SMALL_MAX_ROWS {
-            for plan in SmallPlan::all() {
+            let mut last = 0;
+            for s in FP32_SMALL_SWEEP_SPLITS {
+                let plan = SmallPlan::split(k, s);
+                if plan.splits == last {
+                    continue;
+                }
+                last = plan.splits;
+                let mut sweep_ws = MatmulWorkspace::new(gpu, plan.workspace_floats(m, n))?;
                 let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
                     let GemmSets { inp, w, out, .. } = &mut *sets;
                     let bias = None::<&CudaSlice<f32>>;
-                    matmul_forward_small(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, m, k, n)?;
+                    let ws = Some(&mut sweep_ws);
+                    matmul_forward_small(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, m, k, n, ws)?;
                     Ok(())
                 })?;
-                res.push((format!("ours_fp32_small_n{}", plan.tile_n), t));
+                res.push((format!("ours_fp32_small_s{}", plan.splits), t));
             }
         }
         // Every split of both tiles (rows `ours_fp32_t<tile>_s<splits>`): what

@@ -9,18 +9,19 @@
 //! and applies bias and GELU. [`plan_tiled`] picks tile and S with a wave
 //! model of the GPU ([`predict_tiled_us`]), for the device's real SM count.
 //!
-//! For few rows (`n <= SMALL_MAX_ROWS`) the small-M kernels
-//! (`gpu_kernels::ops::matmul_small`: 64-row tiles, K split across the
-//! warps of a block, one launch) compete too; [`plan_auto`] holds the rule
-//! that picks among all of them.
+//! For few rows (`n <= SMALL_MAX_ROWS`) the small-M kernel
+//! (`gpu_kernels::ops::matmul_small`: 64x64 tiles, split-K finished by the
+//! last block of each tile, one launch) competes too; [`plan_auto`] holds
+//! the rule that picks among all of them.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul::{
     MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_BLOCKS_PER_SM, MATMUL_BLOCKS_PER_SM_MID, MATMUL_FORWARD,
-    MATMUL_FORWARD_GEMV, MATMUL_FORWARD_MID, MATMUL_FORWARD_NAIVE, MATMUL_GEMV_BLOCK, MATMUL_GEMV_MAX_ROWS,
-    MATMUL_NAIVE_SIDE, MATMUL_SMALL_BLOCK, MATMUL_SMALL_KERNELS, MATMUL_SMALL_TILE_M, MATMUL_SMALL_TILE_NS,
-    MATMUL_SPLIT_REDUCE, MATMUL_SPLIT_REDUCE_BLOCK, MATMUL_SPLIT_REDUCE_PER_THREAD, MATMUL_TILE_K, MATMUL_TILE_M,
-    MATMUL_TILE_M_MID, MATMUL_TILE_N, MatmulParams, MatmulSplitReduceParams, matmul_shared_bytes,
+    MATMUL_FORWARD_GEMV, MATMUL_FORWARD_MID, MATMUL_FORWARD_NAIVE, MATMUL_FORWARD_SMALL, MATMUL_GEMV_BLOCK,
+    MATMUL_GEMV_MAX_ROWS, MATMUL_NAIVE_SIDE, MATMUL_SMALL_BLOCK, MATMUL_SMALL_BLOCKS_PER_SM,
+    MATMUL_SMALL_PARTIAL_FLOATS, MATMUL_SMALL_TILE_K, MATMUL_SMALL_TILE_M, MATMUL_SMALL_TILE_N, MATMUL_SPLIT_REDUCE,
+    MATMUL_SPLIT_REDUCE_BLOCK, MATMUL_SPLIT_REDUCE_PER_THREAD, MATMUL_TILE_K, MATMUL_TILE_M, MATMUL_TILE_M_MID,
+    MATMUL_TILE_N, MatmulParams, MatmulSmallParams, MatmulSplitReduceParams, matmul_shared_bytes,
     matmul_small_shared_bytes,
 };
 
@@ -92,21 +93,30 @@ const F32_BYTES: usize = 4;
 /// block rows. Past that the 128-row tiles fill the GPU and reuse operands
 /// better, and the small kernels' model is not calibrated.
 pub const SMALL_MAX_ROWS: usize = 128;
-// The small-M kernels' model (`predict_small_us`), fitted to H200 runs
-// (132 SMs; n = 64 and 128, the five GPT-2 (N, K) of `bench gemm`, every
-// tile width): one block per SM at a time (the warps' rings take 166..221
-// KiB), and a block's time grows with `c` by a part per k-slice that does
-// not depend on the tile width (staging the 64 `inp` rows, waiting for
-// them) and a part per output (the FFMAs, ~45 % of SM peak).
+// The small-M kernel's model (`predict_small_us`), fitted to the H200 sweep
+// of every split count at n = 64 and 128 (`bench gemm`, rows
+// `ours_fp32_small_s<splits>`; docs/performance.md, "Small-M FP32 v2"). An SM
+// runs one 8-deep k-slice of a 64x64 block in 0.43 µs whether the block is
+// alone or not (the SM issues at about a third of its peak either way; more
+// resident blocks gain a little), and a split launch pays 5-12 µs for the
+// last blocks' sum: the partials' stores, a fence and an atomic per block,
+// then L2 round trips for the loads, each ~0.9 µs.
 
-/// Time per unit of `c` of one block, independent of the tile width, µs:
-/// 8 µs at c = 768.
-const SMALL_US_PER_K: f64 = 8.0 / 768.0;
-/// Time per unit of `c` per output of the block tile, µs: 7 µs per 1024
-/// outputs at c = 768.
-const SMALL_US_PER_K_OUTPUT: f64 = 7.0 / (1024.0 * 768.0);
-/// Launch and epilogue of one small-M launch, µs.
-const SMALL_LAUNCH_US: f64 = 2.0;
+/// Time of one k-slice of one block on an SM, µs.
+const SMALL_US_PER_SLICE: f64 = 0.43;
+/// Fraction of [`SMALL_US_PER_SLICE`] each further resident block saves
+/// (0.38 µs per block-slice measured with 3 blocks per SM, 0.34 with 4).
+const SMALL_RESIDENT_GAIN: f64 = 0.07;
+/// Fixed cost of a split launch's sum, µs (5.6 µs at 2 splits).
+const SMALL_FIXUP_US: f64 = 5.2;
+/// Cost of the sum per split, µs (8.4 µs at 11 splits, 11.8 at 24).
+const SMALL_FIXUP_US_PER_SPLIT: f64 = 0.27;
+/// Smallest depth of `c` one split of the small kernel covers.
+const SMALL_MIN_SPLIT_DEPTH: usize = 32;
+/// Most waves of resident blocks a split small-M grid may take (splitting
+/// is for grids that under-fill the GPU; the bound caps the workspace).
+const SMALL_MAX_SPLIT_WAVES: usize = 2;
+
 /// What the tiled wave model ([`predict_tiled_us`]) leaves out at small n,
 /// µs: measured minus predicted time of the tiled plans at n = 64 and 128
 /// on the H200 is 8.3..9.6 µs for all ten (N, K) (launch gaps, pipeline
@@ -232,50 +242,102 @@ pub fn predict_gemv_chunked_us(n: usize, c: usize, oc: usize) -> f64 {
     chunks as f64 * (GEMV_LAUNCH_US + walk.max(stream))
 }
 
-/// The small-M kernel's tile width (a value of `MATMUL_SMALL_TILE_NS`; the
-/// tile is always `MATMUL_SMALL_TILE_M` rows).
+/// How the small-M kernel runs: `splits` blocks per 64x64 output tile
+/// (grid z), each covering `k_chunk` of `c` (the last one the rest). With
+/// `splits > 1` the partial tiles go through a [`MatmulWorkspace`] and the
+/// last block of each tile sums them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SmallPlan {
-    pub tile_n: u32,
+    pub splits: u32,
+    pub k_chunk: u32,
 }
 
 impl SmallPlan {
-    /// Every small-M plan, widest tile first.
-    pub fn all() -> impl Iterator<Item = SmallPlan> {
-        MATMUL_SMALL_TILE_NS.into_iter().map(|tile_n| SmallPlan { tile_n })
+    /// One split: every block covers all of `c` (no workspace).
+    pub fn unsplit(c: usize) -> Self {
+        SmallPlan {
+            splits: 1,
+            k_chunk: c as u32,
+        }
     }
 
-    /// Index of the tile width in `MATMUL_SMALL_TILE_NS` (None: no such kernel).
-    fn index(&self) -> Option<usize> {
-        MATMUL_SMALL_TILE_NS.iter().position(|&t| t == self.tile_n)
+    /// At most `splits` splits of `c`, each a multiple of
+    /// `MATMUL_SMALL_TILE_K` deep, none empty: the count may come out lower
+    /// than asked.
+    pub fn split(c: usize, splits: usize) -> Self {
+        let tk = MATMUL_SMALL_TILE_K as usize;
+        let chunk = c.div_ceil(splits.max(1)).div_ceil(tk) * tk;
+        if chunk == 0 || chunk >= c {
+            return Self::unsplit(c);
+        }
+        SmallPlan {
+            splits: c.div_ceil(chunk) as u32,
+            k_chunk: chunk as u32,
+        }
     }
 
-    /// Blocks of the launch for an `n x oc` output.
+    /// Output tiles of an `n x oc` output.
+    pub fn tiles(n: usize, oc: usize) -> usize {
+        n.div_ceil(MATMUL_SMALL_TILE_M as usize) * oc.div_ceil(MATMUL_SMALL_TILE_N as usize)
+    }
+
+    /// Blocks of the launch.
     pub fn blocks(&self, n: usize, oc: usize) -> usize {
-        n.div_ceil(MATMUL_SMALL_TILE_M as usize) * oc.div_ceil(self.tile_n as usize)
+        Self::tiles(n, oc) * self.splits.max(1) as usize
+    }
+
+    /// Floats of workspace the plan needs (partial tiles; 0 unsplit).
+    pub fn workspace_floats(&self, n: usize, oc: usize) -> usize {
+        if self.splits > 1 {
+            self.blocks(n, oc) * MATMUL_SMALL_PARTIAL_FLOATS as usize
+        } else {
+            0
+        }
     }
 }
 
-/// Predicted time of the small-M kernel under `plan`, µs: `ceil(blocks /
-/// sms)` blocks in turn on the busiest SM (one resident at a time), each
-/// costing `c` times a part per k and a part per output of its tile.
+/// Predicted time of the small-M kernel under `plan`, µs: the busiest SM's
+/// blocks (spread breadth-first while the grid fits the resident slots, else
+/// full waves) times their k-slices, plus the last blocks' sum.
 pub fn predict_small_us(plan: &SmallPlan, n: usize, c: usize, oc: usize, sms: usize) -> f64 {
-    if plan.index().is_none() {
-        return f64::INFINITY;
-    }
-    let waves = plan.blocks(n, oc).div_ceil(sms.max(1));
-    let outputs = (MATMUL_SMALL_TILE_M * plan.tile_n) as f64;
-    let block_us = c as f64 * (SMALL_US_PER_K + SMALL_US_PER_K_OUTPUT * outputs);
-    waves as f64 * block_us + SMALL_LAUNCH_US
+    let resident = MATMUL_SMALL_BLOCKS_PER_SM as usize;
+    let sms = sms.max(1);
+    let blocks = plan.blocks(n, oc);
+    let slices = (plan.k_chunk as usize).min(c).div_ceil(MATMUL_SMALL_TILE_K as usize);
+    let per_sm = if blocks <= sms * resident {
+        blocks.div_ceil(sms)
+    } else {
+        blocks.div_ceil(sms * resident) * resident
+    };
+    let together = per_sm.clamp(1, resident) as f64;
+    let slice_us = SMALL_US_PER_SLICE * (1.0 - SMALL_RESIDENT_GAIN * (together - 1.0));
+    let fixup = if plan.splits > 1 {
+        SMALL_FIXUP_US + SMALL_FIXUP_US_PER_SPLIT * plan.splits as f64
+    } else {
+        0.0
+    };
+    (per_sm * slices) as f64 * slice_us + fixup
 }
 
-/// The fastest small-M plan by [`predict_small_us`] (ties keep the wider tile).
-pub fn plan_small(n: usize, c: usize, oc: usize, sms: usize) -> SmallPlan {
-    let mut best = SmallPlan {
-        tile_n: MATMUL_SMALL_TILE_NS[0],
-    };
+/// The fastest small-M plan by [`predict_small_us`] whose partials fit
+/// `workspace_floats` (0: unsplit only). Ties keep fewer splits.
+pub fn plan_small(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: usize) -> SmallPlan {
+    let mut best = SmallPlan::unsplit(c);
     let mut best_us = predict_small_us(&best, n, c, oc, sms);
-    for plan in SmallPlan::all() {
+    let slots = sms.max(1) * MATMUL_SMALL_BLOCKS_PER_SM as usize;
+    let mut last_splits = 1;
+    for s in 2..=MAX_SPLITS {
+        let plan = SmallPlan::split(c, s);
+        if (plan.k_chunk as usize) < SMALL_MIN_SPLIT_DEPTH {
+            break;
+        }
+        if plan.splits == last_splits {
+            continue;
+        }
+        last_splits = plan.splits;
+        if plan.blocks(n, oc) > SMALL_MAX_SPLIT_WAVES * slots || plan.workspace_floats(n, oc) > workspace_floats {
+            continue;
+        }
         let us = predict_small_us(&plan, n, c, oc, sms);
         if us < best_us {
             (best, best_us) = (plan, us);
@@ -314,7 +376,7 @@ pub fn plan_auto(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: us
         best = AutoPlan::GemvChunked;
     }
     if n <= SMALL_MAX_ROWS && best == AutoPlan::Tiled(tiled) {
-        let small = plan_small(n, c, oc, sms);
+        let small = plan_small(n, c, oc, sms, workspace_floats);
         if predict_small_us(&small, n, c, oc, sms) < tiled_us + TILED_SMALL_N_MISSING_US {
             best = AutoPlan::Small(small);
         }
@@ -362,38 +424,52 @@ pub fn plan_tiled(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: u
 /// Workspace floats that let every call with `n <= max_n` rows (depth `c`,
 /// `oc` columns) on `sms` SMs run the plan [`plan_tiled`] picks with no
 /// limit. Plans depend on `n` only through `ceil(n / MATMUL_TILE_M_MID)`, so
-/// one `n` per 64 rows (the largest) is checked.
+/// one `n` per 64 rows (the largest) is checked; likewise the small-M
+/// kernel's split plans for `n <= SMALL_MAX_ROWS`.
 pub fn split_k_workspace_floats(max_n: usize, c: usize, oc: usize, sms: usize) -> usize {
     let step = MATMUL_TILE_M_MID as usize;
-    (1..=max_n.div_ceil(step))
-        .map(|b| {
-            let n = (b * step).min(max_n);
-            plan_tiled(n, c, oc, sms, usize::MAX).workspace_floats(n, oc)
-        })
-        .max()
-        .unwrap_or(0)
+    let tiled = (1..=max_n.div_ceil(step)).map(|b| {
+        let n = (b * step).min(max_n);
+        plan_tiled(n, c, oc, sms, usize::MAX).workspace_floats(n, oc)
+    });
+    // The small-M kernel's plans depend on n through ceil(n / 64) too.
+    let small_rows = max_n.min(SMALL_MAX_ROWS);
+    let small_step = MATMUL_SMALL_TILE_M as usize;
+    let small = (1..=small_rows.div_ceil(small_step)).map(|b| {
+        let n = (b * small_step).min(small_rows);
+        plan_small(n, c, oc, sms, usize::MAX).workspace_floats(n, oc)
+    });
+    tiled.chain(small).max().unwrap_or(0)
 }
 
 /// Scratch for split-K partial sums, allocated once by its owner (the engine
-/// sizes it with [`split_k_workspace_floats`]) and reused by every call.
+/// sizes it with [`split_k_workspace_floats`]) and reused by every call,
+/// plus the small-M kernel's per-tile arrival counters (zero between calls).
+/// Calls that share a workspace must run one after another (one stream).
 pub struct MatmulWorkspace {
     partial: CudaSlice<f32>,
     floats: usize,
+    counters: CudaSlice<u32>,
 }
 
 impl MatmulWorkspace {
     /// A workspace of `floats` floats (0 is allowed: it disables split-K).
     pub fn new(gpu: &Gpu, floats: usize) -> Result<Self, GpuError> {
-        Ok(Self {
-            partial: gpu.alloc(floats)?,
-            floats,
-        })
+        Self::from_buffer(gpu, gpu.alloc(floats)?)
     }
 
-    /// A workspace over an existing buffer (all of it).
-    pub fn from_buffer(partial: CudaSlice<f32>) -> Self {
+    /// A workspace over an existing buffer (all of it); the counters are
+    /// allocated here, zeroed.
+    pub fn from_buffer(gpu: &Gpu, partial: CudaSlice<f32>) -> Result<Self, GpuError> {
         let floats = partial.len();
-        Self { partial, floats }
+        // A split small-M plan has at least two partial tiles per output
+        // tile, so this many counters cover any plan the partials fit.
+        let counters = gpu.alloc(floats / (2 * MATMUL_SMALL_PARTIAL_FLOATS as usize) + 1)?;
+        Ok(Self {
+            partial,
+            floats,
+            counters,
+        })
     }
 
     /// Its size in floats.
@@ -417,7 +493,7 @@ pub enum MatmulKernel {
     SplitK,
     /// GEMV launches over chunks of `MATMUL_GEMV_MAX_ROWS` rows.
     GemvChunked,
-    /// The small-M kernel (K split inside the block), tile by [`plan_small`].
+    /// The small-M kernel, split-K by [`plan_small`] within the workspace.
     Small,
     Gemv,
     Naive,
@@ -463,30 +539,23 @@ pub fn tiled_launch_config(plan: &TiledPlan, n: u32, oc: u32) -> Result<(&'stati
 }
 
 /// Launch configuration of the small-M kernel under `plan` for an `n x oc`
-/// output: one block per `MATMUL_SMALL_TILE_M x tile_n` tile.
-pub fn small_launch_config(plan: &SmallPlan, n: u32, oc: u32) -> Result<(&'static str, LaunchConfig), OpError> {
-    let Some(i) = plan.index() else {
-        return Err(OpError::shape(
-            OP,
-            format!("no small-M kernel has {}-column tiles", plan.tile_n),
-        ));
-    };
+/// output: one block per 64x64 tile and split.
+pub fn small_launch_config(plan: &SmallPlan, n: u32, oc: u32) -> Result<LaunchConfig, OpError> {
     let rows = n.div_ceil(MATMUL_SMALL_TILE_M);
-    if rows > MAX_GRID_YZ {
-        return Err(OpError::TooLarge {
-            op: OP,
-            what: "row blocks",
-            value: rows as usize,
-        });
+    for (what, value) in [("row blocks", rows), ("splits", plan.splits)] {
+        if value > MAX_GRID_YZ {
+            return Err(OpError::TooLarge {
+                op: OP,
+                what,
+                value: value as usize,
+            });
+        }
     }
-    Ok((
-        MATMUL_SMALL_KERNELS[i],
-        LaunchConfig {
-            grid_dim: (oc.div_ceil(plan.tile_n), rows, 1),
-            block_dim: (MATMUL_SMALL_BLOCK, 1, 1),
-            shared_mem_bytes: matmul_small_shared_bytes(plan.tile_n),
-        },
-    ))
+    Ok(LaunchConfig {
+        grid_dim: (oc.div_ceil(MATMUL_SMALL_TILE_N), rows, plan.splits.max(1)),
+        block_dim: (MATMUL_SMALL_BLOCK, 1, 1),
+        shared_mem_bytes: matmul_small_shared_bytes(),
+    })
 }
 
 /// Kernel name and launch configuration of a one-launch kernel (`Tiled`,
@@ -540,11 +609,9 @@ pub fn launch_config(
                 },
             ))
         }
-        // (The caller raises the kernel's dynamic shared-memory limit: it
-        // needs more than 48 KiB.)
         MatmulKernel::Small => {
-            let plan = plan_small(n as usize, c as usize, oc as usize, sms);
-            small_launch_config(&plan, n, oc)
+            let plan = plan_small(n as usize, c as usize, oc as usize, sms, 0);
+            Ok((MATMUL_FORWARD_SMALL, small_launch_config(&plan, n, oc)?))
         }
         MatmulKernel::SplitK | MatmulKernel::GemvChunked => {
             Err(OpError::shape(OP, format!("{kernel:?} is not a single launch")))
@@ -673,7 +740,8 @@ pub fn matmul_forward_plan<B: DevicePtr<f32>>(
     args.tiled(gpu, plan, ws)
 }
 
-/// The small-M kernel under an explicit `plan` (tests, tuning).
+/// The small-M kernel under an explicit `plan` (tests, tuning): `plan.splits
+/// > 1` needs `ws` with `plan.workspace_floats(n, oc)` floats.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_small<B: DevicePtr<f32>>(
     gpu: &Gpu,
@@ -686,11 +754,12 @@ pub fn matmul_forward_small<B: DevicePtr<f32>>(
     n: usize,
     c: usize,
     oc: usize,
+    ws: Option<&mut MatmulWorkspace>,
 ) -> Result<(), OpError> {
     let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, n, c, oc)? else {
         return Ok(());
     };
-    args.small(gpu, plan)
+    args.small(gpu, plan, ws)
 }
 
 /// One call's checked arguments: device addresses and sizes.
@@ -767,10 +836,10 @@ impl Args {
             MatmulKernel::Auto => match plan_auto(n, c, oc, sms, ws_floats) {
                 AutoPlan::Gemv => self.single(gpu, MatmulKernel::Gemv),
                 AutoPlan::GemvChunked => self.gemv_chunked(gpu),
-                AutoPlan::Small(plan) => self.small(gpu, &plan),
+                AutoPlan::Small(plan) => self.small(gpu, &plan, ws),
                 AutoPlan::Tiled(plan) => self.tiled(gpu, &plan, ws),
             },
-            MatmulKernel::Small => self.small(gpu, &plan_small(n, c, oc, sms)),
+            MatmulKernel::Small => self.small(gpu, &plan_small(n, c, oc, sms, ws_floats), ws),
             MatmulKernel::SplitK => {
                 let plan = plan_tiled(n, c, oc, sms, ws_floats);
                 self.tiled(gpu, &plan, ws)
@@ -799,17 +868,56 @@ impl Args {
     }
 
     /// The small-M kernel under `plan`.
-    fn small(&self, gpu: &Gpu, plan: &SmallPlan) -> Result<(), OpError> {
-        let (name, cfg) = small_launch_config(plan, to_u32(OP, "n", self.n)?, to_u32(OP, "oc", self.oc)?)?;
-        // More than the default 48 KiB of dynamic shared memory (asked once
-        // per kernel).
-        gpu.set_max_dynamic_shared(name, cfg.shared_mem_bytes)?;
+    fn small(&self, gpu: &Gpu, plan: &SmallPlan, ws: Option<&mut MatmulWorkspace>) -> Result<(), OpError> {
+        let (n, c, oc) = (self.n, self.c, self.oc);
+        let tk = MATMUL_SMALL_TILE_K as usize;
+        let chunk = plan.k_chunk as usize;
+        let splits = plan.splits.max(1) as usize;
+        let valid = if splits == 1 {
+            chunk >= c
+        } else {
+            chunk > 0 && chunk.is_multiple_of(tk) && c.div_ceil(chunk) == splits
+        };
+        if !valid {
+            return Err(OpError::shape(
+                OP,
+                format!("small-M plan {plan:?} does not cut c = {c} into {splits} non-empty multiples of {tk}"),
+            ));
+        }
+        let cfg = small_launch_config(plan, to_u32(OP, "n", n)?, to_u32(OP, "oc", oc)?)?;
+        let (partial, counters) = if splits > 1 {
+            let Some(ws) = ws else {
+                return Err(OpError::shape(OP, "a split small-M plan needs a MatmulWorkspace"));
+            };
+            check_len(OP, "split-K workspace", ws.floats, plan.workspace_floats(n, oc))?;
+            check_len(OP, "split-K counters", ws.counters.len(), SmallPlan::tiles(n, oc))?;
+            (out_ptr(gpu, &mut ws.partial), out_ptr(gpu, &mut ws.counters))
+        } else {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        };
+        let params = MatmulSmallParams {
+            out: self.out,
+            inp: self.inp,
+            weight: self.weight,
+            bias: self.bias,
+            partial,
+            counters,
+            n: n as u32,
+            c: c as u32,
+            oc: oc as u32,
+            gelu: self.gelu as u32,
+            k_chunk: if splits == 1 { c as u32 } else { plan.k_chunk },
+            splits: splits as u32,
+        };
         // SAFETY: out n*oc, inp n*c, weight oc*c and bias oc floats (checked
-        // in `Args::new`); grid, block and shared memory from
-        // `small_launch_config` for this tile width (same params constants
-        // as the kernel); the kernel ignores k_chunk and checks alignment
-        // before any 16-byte access.
-        unsafe { gpu.launch(name, cfg, self.params(0, self.n))? };
+        // in `Args::new`); k_chunk and splits as the kernel requires (checked
+        // above); when split, the workspace holds the plan's partials and at
+        // least one counter per tile, zero between calls (the kernel's last
+        // blocks reset them; a workspace's calls run in stream order), and
+        // its buffer is a whole allocation (256-byte aligned); grid, block
+        // and shared memory from `small_launch_config` (same params
+        // constants as the kernel).
+        unsafe { gpu.launch(MATMUL_FORWARD_SMALL, cfg, params)? };
         Ok(())
     }
 
@@ -992,47 +1100,98 @@ mod tests {
         assert_eq!(plan(1024, 50304, 768).splits, 1);
     }
 
-    /// Auto takes the small-M kernel where it measured faster than the
-    /// tiled plans on the H200 (n = 64: N = 2304, 3072 and 768 x 768; n = 128:
-    /// 768 x 768) and the tiled plans elsewhere (deep K, the LM head, n = 128
-    /// with wide N, n = 1024).
+    /// Auto takes the small-M kernel where it measured fastest on the H200
+    /// (GPT-2's four layer projections at n = 64, 11 splits each) and the
+    /// tiled plans where they did (the LM head, n = 128 with N = 3072,
+    /// n = 1024); GEMV for decode.
     #[test]
     fn auto_takes_the_small_kernel_where_it_measured_faster() {
         let ws = |m, n, k| split_k_workspace_floats(m, k, n, SMS);
         let auto = |m, n, k| plan_auto(m, k, n, SMS, ws(m, n, k));
         let small = |p: AutoPlan| matches!(p, AutoPlan::Small(_));
-        for (m, n, k) in [(64, 2304, 768), (64, 3072, 768), (64, 768, 768), (128, 768, 768)] {
-            assert!(small(auto(m, n, k)), "{m} {n} {k}: {:?}", auto(m, n, k));
+        for (m, n, k) in [(64, 2304, 768), (64, 3072, 768), (64, 768, 768), (64, 768, 3072)] {
+            assert!(
+                matches!(auto(m, n, k), AutoPlan::Small(SmallPlan { splits: 11, .. })),
+                "{m} {n} {k}: {:?}",
+                auto(m, n, k)
+            );
         }
-        for (m, n, k) in [
-            (64, 768, 3072),
-            (64, 50304, 768),
-            (128, 2304, 768),
-            (128, 3072, 768),
-            (1024, 2304, 768),
-        ] {
+        for (m, n, k) in [(64, 50304, 768), (128, 3072, 768), (1024, 2304, 768), (1024, 768, 3072)] {
             assert!(!small(auto(m, n, k)), "{m} {n} {k}: {:?}", auto(m, n, k));
         }
         assert_eq!(auto(8, 768, 768), AutoPlan::Gemv);
-        // The widths of the measured winners at n = 64.
-        assert_eq!(auto(64, 2304, 768), AutoPlan::Small(SmallPlan { tile_n: 24 }));
-        assert_eq!(auto(64, 3072, 768), AutoPlan::Small(SmallPlan { tile_n: 24 }));
+    }
+
+    /// The small kernel's model reproduces the H200 sweep it was fitted to
+    /// within 12 % (n = 64, µs; `bench gemm` rows `ours_fp32_small_s<S>`).
+    #[test]
+    fn small_model_matches_calibration() {
+        for (n, k, splits, want) in [
+            (2304, 768, 11, 18.5),
+            (768, 768, 11, 12.3),
+            (3072, 768, 11, 20.5),
+            (768, 3072, 11, 22.7),
+            (768, 768, 1, 41.5),
+            (2304, 768, 6, 19.7),
+            (768, 768, 4, 17.3),
+        ] {
+            let plan = SmallPlan::split(k, splits);
+            let got = predict_small_us(&plan, 64, k, n, SMS);
+            assert!((got / want - 1.0).abs() < 0.12, "{n} {k} {splits}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn small_split_covers_c_with_aligned_nonempty_chunks() {
+        for c in [0, 1, 7, 8, 63, 64, 130, 257, 768, 3072] {
+            for s in 1..=70 {
+                let p = SmallPlan::split(c, s);
+                assert!(p.splits >= 1 && p.splits as usize <= s.max(1), "{c} {s} {p:?}");
+                if p.splits > 1 {
+                    let k = p.k_chunk as usize;
+                    assert_eq!(k % MATMUL_SMALL_TILE_K as usize, 0);
+                    assert!(
+                        (p.splits as usize - 1) * k < c && p.splits as usize * k >= c,
+                        "{c} {s} {p:?}"
+                    );
+                } else {
+                    assert_eq!(p.k_chunk as usize, c);
+                }
+            }
+        }
+    }
+
+    /// Small-M plans stay within the workspace, and a workspace sized by
+    /// `split_k_workspace_floats` has a counter for every tile of them.
+    #[test]
+    fn small_plans_respect_workspace() {
+        for m in [9, 64, 100, 128] {
+            for &(n, k) in &GEMM_NK {
+                assert_eq!(plan_small(m, k, n, SMS, 0).splits, 1);
+                let ws = split_k_workspace_floats(m, k, n, SMS);
+                let plan = plan_small(m, k, n, SMS, ws);
+                assert!(plan.workspace_floats(m, n) <= ws, "{m} {n} {k}: {plan:?}");
+                if plan.splits > 1 {
+                    let counters = ws / (2 * MATMUL_SMALL_PARTIAL_FLOATS as usize) + 1;
+                    assert!(SmallPlan::tiles(m, n) <= counters);
+                    assert!(plan.k_chunk as usize >= SMALL_MIN_SPLIT_DEPTH);
+                }
+                let t = predict_small_us(&plan, m, k, n, SMS);
+                println!("small M={m} N={n} K={k}: {plan:?} {t:.1} us");
+            }
+        }
     }
 
     #[test]
     fn small_launch_covers_the_output() {
-        for plan in SmallPlan::all() {
+        for plan in [SmallPlan::unsplit(768), SmallPlan::split(768, 11)] {
             for (n, oc) in [(1, 1), (64, 2304), (65, 770), (128, 33)] {
-                let (_, cfg) = small_launch_config(&plan, n, oc).unwrap();
-                assert!(cfg.grid_dim.0 * plan.tile_n >= oc && cfg.grid_dim.1 * MATMUL_SMALL_TILE_M >= n);
-                assert!(
-                    cfg.shared_mem_bytes <= SM_SHARED_LIMIT_BYTES,
-                    "{plan:?}: {}",
-                    cfg.shared_mem_bytes
-                );
+                let cfg = small_launch_config(&plan, n, oc).unwrap();
+                assert!(cfg.grid_dim.0 * MATMUL_SMALL_TILE_N >= oc && cfg.grid_dim.1 * MATMUL_SMALL_TILE_M >= n);
+                assert_eq!(cfg.grid_dim.2, plan.splits);
+                assert!(cfg.shared_mem_bytes <= SM_SHARED_LIMIT_BYTES);
             }
         }
-        assert!(small_launch_config(&SmallPlan { tile_n: 12 }, 64, 64).is_err());
     }
 
     /// The model reproduces its calibration points within 5 %.
