@@ -125,6 +125,14 @@ const SMALL_MAX_SPLIT_WAVES: usize = 2;
 /// small-M kernel, whose model is fitted to absolute times.
 const TILED_SMALL_N_MISSING_US: f64 = 9.0;
 
+/// `(splits, k_chunk)` cutting `c` into at most `splits` chunks, each a
+/// multiple of `step` deep and none empty (the count may come out lower);
+/// `None` when that leaves one chunk.
+fn split_depth(c: usize, splits: usize, step: usize) -> Option<(u32, u32)> {
+    let chunk = c.div_ceil(splits.max(1)).div_ceil(step) * step;
+    (chunk > 0 && chunk < c).then(|| (c.div_ceil(chunk) as u32, chunk as u32))
+}
+
 /// How the tiled kernel runs: block tile rows (`MATMUL_TILE_M` or
 /// `MATMUL_TILE_M_MID`; the tile is always `MATMUL_TILE_N` columns wide) and
 /// the split of `c`: `splits` blocks along grid z, each covering `k_chunk`
@@ -150,15 +158,13 @@ impl TiledPlan {
     /// deep (so 16-byte loads stay aligned), none empty: the split count may
     /// come out lower than asked.
     pub fn split(tile_m: u32, c: usize, splits: usize) -> Self {
-        let tk = MATMUL_TILE_K as usize;
-        let chunk = c.div_ceil(splits.max(1)).div_ceil(tk) * tk;
-        if chunk == 0 || chunk >= c {
-            return Self::unsplit(tile_m, c);
-        }
-        TiledPlan {
-            tile_m,
-            splits: c.div_ceil(chunk) as u32,
-            k_chunk: chunk as u32,
+        match split_depth(c, splits, MATMUL_TILE_K as usize) {
+            Some((splits, k_chunk)) => TiledPlan {
+                tile_m,
+                splits,
+                k_chunk,
+            },
+            None => Self::unsplit(tile_m, c),
         }
     }
 
@@ -265,14 +271,9 @@ impl SmallPlan {
     /// `MATMUL_SMALL_TILE_K` deep, none empty: the count may come out lower
     /// than asked.
     pub fn split(c: usize, splits: usize) -> Self {
-        let tk = MATMUL_SMALL_TILE_K as usize;
-        let chunk = c.div_ceil(splits.max(1)).div_ceil(tk) * tk;
-        if chunk == 0 || chunk >= c {
-            return Self::unsplit(c);
-        }
-        SmallPlan {
-            splits: c.div_ceil(chunk) as u32,
-            k_chunk: chunk as u32,
+        match split_depth(c, splits, MATMUL_SMALL_TILE_K as usize) {
+            Some((splits, k_chunk)) => SmallPlan { splits, k_chunk },
+            None => Self::unsplit(c),
         }
     }
 
@@ -1049,24 +1050,34 @@ mod tests {
     const GEMM_M: [usize; 3] = [64, 1024, 8192];
     const GEMM_NK: [(usize, usize); 5] = [(2304, 768), (768, 768), (3072, 768), (768, 3072), (50304, 768)];
 
-    #[test]
-    fn split_covers_c_with_aligned_nonempty_chunks() {
+    /// `split(c, s)` gives at most `s` chunks of `c`, each a multiple of
+    /// `step` deep, covering `c` with none empty (or one chunk of all of `c`).
+    fn check_splits(step: u32, split: impl Fn(usize, usize) -> (u32, u32)) {
         for c in [0, 1, 7, 8, 63, 64, 130, 257, 768, 3072] {
             for s in 1..=70 {
-                let p = TiledPlan::split(MATMUL_TILE_M, c, s);
-                assert!(p.splits >= 1 && p.splits as usize <= s.max(1), "{c} {s} {p:?}");
-                if p.splits > 1 {
-                    let k = p.k_chunk as usize;
-                    assert_eq!(k % MATMUL_TILE_K as usize, 0);
-                    assert!(
-                        (p.splits as usize - 1) * k < c && p.splits as usize * k >= c,
-                        "{c} {s} {p:?}"
-                    );
+                let (splits, k_chunk) = split(c, s);
+                let (splits, k) = (splits as usize, k_chunk as usize);
+                assert!(splits >= 1 && splits <= s.max(1), "{c} {s}: {splits} x {k}");
+                if splits > 1 {
+                    assert_eq!(k % step as usize, 0);
+                    assert!((splits - 1) * k < c && splits * k >= c, "{c} {s}: {splits} x {k}");
                 } else {
-                    assert_eq!(p.k_chunk as usize, c);
+                    assert_eq!(k, c);
                 }
             }
         }
+    }
+
+    #[test]
+    fn split_covers_c_with_aligned_nonempty_chunks() {
+        check_splits(MATMUL_TILE_K, |c, s| {
+            let p = TiledPlan::split(MATMUL_TILE_M, c, s);
+            (p.splits, p.k_chunk)
+        });
+        check_splits(MATMUL_SMALL_TILE_K, |c, s| {
+            let p = SmallPlan::split(c, s);
+            (p.splits, p.k_chunk)
+        });
     }
 
     #[test]
@@ -1138,26 +1149,6 @@ mod tests {
             let plan = SmallPlan::split(k, splits);
             let got = predict_small_us(&plan, 64, k, n, SMS);
             assert!((got / want - 1.0).abs() < 0.12, "{n} {k} {splits}: {got} vs {want}");
-        }
-    }
-
-    #[test]
-    fn small_split_covers_c_with_aligned_nonempty_chunks() {
-        for c in [0, 1, 7, 8, 63, 64, 130, 257, 768, 3072] {
-            for s in 1..=70 {
-                let p = SmallPlan::split(c, s);
-                assert!(p.splits >= 1 && p.splits as usize <= s.max(1), "{c} {s} {p:?}");
-                if p.splits > 1 {
-                    let k = p.k_chunk as usize;
-                    assert_eq!(k % MATMUL_SMALL_TILE_K as usize, 0);
-                    assert!(
-                        (p.splits as usize - 1) * k < c && p.splits as usize * k >= c,
-                        "{c} {s} {p:?}"
-                    );
-                } else {
-                    assert_eq!(p.k_chunk as usize, c);
-                }
-            }
         }
     }
 
