@@ -95,7 +95,8 @@ pub fn check(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) -> Sta
     s
 }
 
-fn down(gpu: &Gpu, buf: &CudaSlice<f32>) -> Vec<f32> {
+/// A device buffer back on the host.
+pub fn down(gpu: &Gpu, buf: &CudaSlice<f32>) -> Vec<f32> {
     gpu.download(buf).unwrap()
 }
 

@@ -13,7 +13,7 @@ use host::gpu::ops::matmul::{
     split_k_workspace_floats,
 };
 
-use crate::kernels::{check, poisoned, random_vec};
+use crate::kernels::{check, down, poisoned, random_vec};
 
 /// Tolerance of the FP32 matmul tests (`kernels.rs`): the kernel sums `c`
 /// products in another order than the CPU.
@@ -42,10 +42,6 @@ const SHAPES: [(usize, usize, usize); 12] = [
     (127, 516, 4),
     (64, 4, 200),
 ];
-
-fn down(gpu: &Gpu, buf: &CudaSlice<f32>) -> Vec<f32> {
-    gpu.download(buf).unwrap()
-}
 
 /// Host inputs of one case: `inp`, `weight` (scaled so outputs are O(1)
 /// whatever c is), `bias`.

@@ -133,6 +133,16 @@ fn split_depth(c: usize, splits: usize, step: usize) -> Option<(u32, u32)> {
     (chunk > 0 && chunk < c).then(|| (c.div_ceil(chunk) as u32, chunk as u32))
 }
 
+/// Every distinct split of `c` a planner considers: [`split_depth`] for 2..=
+/// `MAX_SPLITS` asked, while the chunk stays at least `min_depth` deep, each
+/// resulting split count once.
+fn split_candidates(c: usize, step: usize, min_depth: usize) -> impl Iterator<Item = (u32, u32)> {
+    let mut last_splits = 1;
+    (2..=MAX_SPLITS)
+        .map_while(move |s| split_depth(c, s, step).filter(|&(_, chunk)| chunk as usize >= min_depth))
+        .filter(move |&(splits, _)| std::mem::replace(&mut last_splits, splits) != splits)
+}
+
 /// How the tiled kernel runs: block tile rows (`MATMUL_TILE_M` or
 /// `MATMUL_TILE_M_MID`; the tile is always `MATMUL_TILE_N` columns wide) and
 /// the split of `c`: `splits` blocks along grid z, each covering `k_chunk`
@@ -326,16 +336,8 @@ pub fn plan_small(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: u
     let mut best = SmallPlan::unsplit(c);
     let mut best_us = predict_small_us(&best, n, c, oc, sms);
     let slots = sms.max(1) * MATMUL_SMALL_BLOCKS_PER_SM as usize;
-    let mut last_splits = 1;
-    for s in 2..=MAX_SPLITS {
-        let plan = SmallPlan::split(c, s);
-        if (plan.k_chunk as usize) < SMALL_MIN_SPLIT_DEPTH {
-            break;
-        }
-        if plan.splits == last_splits {
-            continue;
-        }
-        last_splits = plan.splits;
+    for (splits, k_chunk) in split_candidates(c, MATMUL_SMALL_TILE_K as usize, SMALL_MIN_SPLIT_DEPTH) {
+        let plan = SmallPlan { splits, k_chunk };
         if plan.blocks(n, oc) > SMALL_MAX_SPLIT_WAVES * slots || plan.workspace_floats(n, oc) > workspace_floats {
             continue;
         }
@@ -403,16 +405,12 @@ pub fn plan_tiled(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: u
         };
         consider(TiledPlan::unsplit(tile_m, c));
         let slots = sms.max(1) * TiledPlan::unsplit(tile_m, c).kernel().2 as usize;
-        let mut last_splits = 1;
-        for s in 2..=MAX_SPLITS {
-            let plan = TiledPlan::split(tile_m, c, s);
-            if (plan.k_chunk as usize) < MIN_SPLIT_DEPTH {
-                break;
-            }
-            if plan.splits == last_splits {
-                continue;
-            }
-            last_splits = plan.splits;
+        for (splits, k_chunk) in split_candidates(c, MATMUL_TILE_K as usize, MIN_SPLIT_DEPTH) {
+            let plan = TiledPlan {
+                tile_m,
+                splits,
+                k_chunk,
+            };
             if plan.blocks(n, oc) > MAX_SPLIT_WAVES * slots || plan.workspace_floats(n, oc) > workspace_floats {
                 continue;
             }
