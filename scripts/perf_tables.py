@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Turn one GPU run's bench JSON files into the markdown tables of docs/performance.md.
 
+Tables: GEMM, attention, end to end (ours vs PyTorch), and where the JSON
+has them, the decode GEMVs (`bench gemv`) and PyTorch's hand-written
+CUDA-graph decode (`torch_bench.py`'s decode_graph).
+
 usage: perf_tables.py BENCH_RUST_JSON [BENCH_TORCH_JSON]
 
 Both files come from the same gpu-runner.sh run (BENCH=1), so ratios compare
@@ -80,6 +84,40 @@ def attention_table(rust):
     return "\n".join(out)
 
 
+def gemv_table(rust):
+    rows = rust.get("gemv", [])
+    if not rows:
+        return "(no gemv results)"
+    copy = (rust.get("copy_bandwidth") or {}).get("gb_s")
+    head = f"Floor: bytes (weight + input + output + bias) / device copy bandwidth ({copy:.0f} GB/s, read + write).\n" \
+        "Times: CUDA-graph replay (GPU time per call) where it worked, else host-launched.\n\n" if copy else ""
+    out = ["| shape | oc x c | rows | variant | median µs | timed as | host-launched µs | GB/s | % of copy bw | floor µs | time / fastest cuBLAS |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        vs = r.get("vs_cublas_time")
+        out.append(
+            f"| {r['shape']} | {r['oc']}x{r['c']} | {r['rows']} | {r['variant']} | {r['median_us']:.2f} | {r['timed_as']} "
+            f"| {r['timing_stream']['median_us']:.2f} | {r['gb_s']:.0f} | {r['pct_of_copy']:.1f} | {r['floor_us']:.2f} "
+            f"| {f'{vs:.2f}' if vs is not None else '-'} |"
+        )
+    return head + "\n".join(out)
+
+
+def decode_graph_table(torch):
+    if not torch:
+        return "(no PyTorch results)"
+    err = torch.get("decode_graph_error")
+    if not torch.get("decode_graph"):
+        return f"(decode_graph failed: {err})" if err else "(no decode_graph results)"
+    out = [f"decode_graph FAILED after these rows: {err}", ""] if err else []
+    out += ["| precision | B | prompt | T_MAX | ms per step | tokens/s | max abs diff vs transformers | transformers' max abs logit |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in torch["decode_graph"]:
+        out.append(f"| {r['precision']} | {r['b']} | {r['prompt']} | {r['t_max']} | {r['median_ms_per_step']:.3f} "
+                   f"| {r['tokens_per_s']:.0f} | {r['max_abs_vs_hf']:.2e} | {r.get('hf_logits_max_abs', float('nan')):.2e} |")
+    return "\n".join(out)
+
+
 def main():
     rust = json.load(open(sys.argv[1]))
     torch = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else None
@@ -87,6 +125,11 @@ def main():
     print("### GEMM\n\n" + gemm_table(rust) + "\n")
     print("### Attention\n\n" + attention_table(rust) + "\n")
     print("### End to end (decode rows: ours ms = ms per step)\n\n" + e2e_table(rust, torch) + "\n")
+    if rust.get("gemv"):
+        print("### Decode GEMV (FP32)\n\n" + gemv_table(rust) + "\n")
+    if torch and ("decode_graph" in torch or "decode_graph_error" in torch):
+        print("### PyTorch decode: hand-written step, static KV cache, CUDA graph (TF32 off)\n\n"
+              + decode_graph_table(torch) + "\n")
 
 
 if __name__ == "__main__":
