@@ -24,7 +24,7 @@
 #   TEST_TIMEOUT=240            seconds per test binary
 #   TEST_ARGS=                  extra libtest args for every test binary
 #   SANITIZE=1                  0 skips step 4
-#   SANITIZER_TOOLS="memcheck racecheck"
+#   SANITIZER_TOOLS="memcheck racecheck synccheck"
 #   SANITIZER_FILTERS=          libtest name filters for the sanitized run
 #                               (space-separated; empty = the whole binary)
 #   MEMCHECK_FILTERS=, RACECHECK_FILTERS=   per-tool filters, override the above
@@ -48,15 +48,17 @@ mkdir -p "$OUT"
 TEST_TIMEOUT="${TEST_TIMEOUT:-240}"
 TEST_ARGS="${TEST_ARGS:-}"
 SANITIZE="${SANITIZE:-1}"
-SANITIZER_TOOLS="${SANITIZER_TOOLS:-memcheck racecheck}"
+SANITIZER_TOOLS="${SANITIZER_TOOLS:-memcheck racecheck synccheck}"
 SANITIZER_FILTERS="${SANITIZER_FILTERS:-}"
 # memcheck: every GPU test except the one that asks for terabytes on purpose
 # (its failed cuMemAlloc is the expected result, but memcheck counts API
 # errors too). racecheck is ~50x slower: the kernels with shared memory and
 # barriers, at sizes that finish in a few minutes.
 MEMCHECK_FILTERS="${MEMCHECK_FILTERS---skip forward::out_of_memory_is_an_error_that_says_how_much}"
-RACECHECK_FILTERS="${RACECHECK_FILTERS-flash_attention::flash_prefill_tf32 flash_attention::flash_decode device:: matmul_tf32::matmul_tf32_awkward kernels::layernorm kernels::softmax kernels::attention_windowed kernels::argmax kernels::matmul_tiled_unaligned matmul_tf32::matmul_tf32_split_k kernels::matmul_split_k_explicit matmul_small::matmul_small_is_deterministic matmul_small::matmul_small_unaligned_operands}"
-export MEMCHECK_FILTERS RACECHECK_FILTERS
+RACECHECK_FILTERS="${RACECHECK_FILTERS-flash_attention::flash_prefill_tf32 flash_attention::flash_decode device:: matmul_tf32::matmul_tf32_awkward kernels::layernorm kernels::softmax kernels::attention_windowed kernels::argmax kernels::matmul_tiled_unaligned matmul_tf32::matmul_tf32_split_k kernels::matmul_split_k_explicit matmul_small::matmul_small_is_deterministic matmul_small::matmul_small_unaligned_operands decode::decode_attention_rows_at_different_positions decode::decode_graph_windowed}"
+# synccheck: the decode kernels' barriers (sync_threads_or after early exits).
+SYNCCHECK_FILTERS="${SYNCCHECK_FILTERS-decode::}"
+export MEMCHECK_FILTERS RACECHECK_FILTERS SYNCCHECK_FILTERS
 SANITIZER_TIMEOUT="${SANITIZER_TIMEOUT:-300}"
 ORACLE="${ORACLE:-1}"
 ORACLE_TIMEOUT="${ORACLE_TIMEOUT:-240}"

@@ -6,6 +6,7 @@ mod cpu_reference;
 mod hub;
 mod oracle;
 mod perplexity;
+mod sample_twin;
 mod sampling;
 mod tokenizer;
 mod tune_cache;

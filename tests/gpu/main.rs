@@ -2,6 +2,7 @@
 //! with a printed reason where no GPU is usable, and fails instead when
 //! `GPT2_REQUIRE_GPU=1` (the GPU runner sets it).
 
+mod decode;
 mod device;
 mod flash_attention;
 mod forward;
@@ -10,3 +11,4 @@ mod matmul_small;
 mod matmul_tf32;
 mod perplexity;
 mod pipeline;
+mod sampling;

@@ -67,3 +67,57 @@ pub fn trap() -> ! {
     // SAFETY: trap ends the kernel; nothing runs after it.
     unsafe { core::arch::nvptx::trap() }
 }
+
+/// Programmatic dependent launch (PDL), the device half: wait until the
+/// kernels this one depends on have finished and their memory writes are
+/// visible (`griddepcontrol.wait`, sm_90+).
+///
+/// A kernel launched with programmatic stream serialisation may start while
+/// the previous kernel in its stream is still running. Before this call it
+/// may only read memory that no earlier kernel writes (weights, say: their
+/// loads then overlap the previous kernel's tail); after it, everything.
+/// Launched without PDL, it returns at once. Compiled only into the sm_90a
+/// module (feature `sm90a`); elsewhere a no-op, since the host launches the
+/// portable module without PDL.
+#[inline(always)]
+pub fn grid_dependency_wait() {
+    #[cfg(feature = "sm90a")]
+    // SAFETY: a wait has no memory-safety preconditions.
+    unsafe {
+        asm!("griddepcontrol.wait;", options(nostack))
+    }
+}
+
+/// PDL, the other half: let the next kernel in the stream start launching
+/// its blocks (`griddepcontrol.launch_dependents`, sm_90+) once every block
+/// of this one has called it or exited. Calling it after
+/// [`grid_dependency_wait`] keeps at most one kernel waiting ahead of the
+/// running one. A no-op outside the sm_90a module.
+#[inline(always)]
+pub fn launch_dependents() {
+    #[cfg(feature = "sm90a")]
+    // SAFETY: only a scheduling hint; no memory effects.
+    unsafe {
+        asm!("griddepcontrol.launch_dependents;", options(nostack))
+    }
+}
+
+/// `__syncthreads_or(pred)`: a block-wide barrier (like [`sync_threads`])
+/// that also returns, to every thread, whether `pred` was true in any of
+/// them (`bar.red.or.pred`). Broadcasts one thread's decision, such as
+/// "this block arrived last", without a shared-memory slot.
+///
+/// Must be reached by all threads of the block, as [`sync_threads`].
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    let any: u32;
+    // SAFETY: a barrier with a reduction; no memory-safety preconditions.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; bar.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
+            x = in(reg32) pred as u32,
+            r = out(reg32) any,
+        )
+    };
+    any != 0
+}

@@ -25,6 +25,8 @@ pub mod saxpy;
 pub mod argmax;
 pub mod attention;
 pub mod convert;
+// Issue 13: the decode step's fused kernels.
+pub mod decode;
 pub mod encoder;
 pub mod gelu;
 pub mod layernorm;
@@ -37,3 +39,5 @@ pub mod matmul_tf32_wgmma;
 pub mod residual;
 pub mod softmax;
 pub mod vec4;
+// GPU sampling (the rule is in `params::sample`).
+pub mod sample;

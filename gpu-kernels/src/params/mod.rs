@@ -34,6 +34,7 @@ pub mod flash_attention;
 pub mod argmax;
 pub mod attention;
 pub mod convert;
+pub mod decode;
 pub mod encoder;
 pub mod gelu;
 pub mod layernorm;
@@ -41,3 +42,8 @@ pub mod matmul;
 pub mod matmul_tf32;
 pub mod residual;
 pub mod softmax;
+
+// GPU sampling: the rule shared by the kernel and its CPU twin, and the
+// counter-based generator both draw from (host and device).
+pub mod philox;
+pub mod sample;

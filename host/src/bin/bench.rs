@@ -1,33 +1,40 @@
-//! `bench`: speed of our kernels against cuBLAS, the attention kernels
-//! (unfused vs flash), and the end-to-end engine. CUDA-event timing after warm-up, median of
+//! `bench`: speed of our kernels against cuBLAS, the decode GEMVs against
+//! cuBLAS and the copy-bandwidth floor, the attention kernels (unfused vs
+//! flash), and the end-to-end engine. CUDA-event timing after warm-up, median of
 //! `--samples` (≥ 20) samples, operands rotated among enough sets to exceed L2.
 //!
-//! Usage: `bench [gemm|attention|e2e|all]... [--json PATH] [--samples N] [--quick]`
+//! Usage: `bench [gemm|gemv|attention|e2e|all]... [--json PATH] [--samples N] [--quick]`
 //! Prints the device name, then a table per section; `--json` writes every
 //! number (see `host::bench::GemmResult`).
 
 use anyhow::Context;
 use clap::Parser;
+use cudarc::cublas::{Gemv, GemvConfig, sys as blas_sys};
 use cudarc::driver::CudaSlice;
-use cudarc::driver::sys::CUevent_flags;
-use gpu_kernels::params::matmul::{MATMUL_TILE_M, MATMUL_TILE_M_MID};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
 use host::bench::{
-    AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, l2_bytes, tf32_variants,
-    time_calls,
+    AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random, l2_bytes,
+    tf32_variants, time_calls,
 };
 use host::generate::{Backend, LogitsWanted};
 use host::gpu::Gpu;
-use host::gpu::engine::{AttentionKind, GpuEngine, Precision};
+use gpu_kernels::params::decode::DECODE_MAX_ROWS;
+use host::gpu::ops::decode::{
+    DecodeLaunch, DecodeWorkspace, Input as DecodeInput, Output as DecodeOutput, decode_gemv,
+};
+use host::gpu::engine::{AttentionKind, DecodePath, GpuEngine, Precision};
 use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
 use host::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use host::gpu::ops::matmul::{
     FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulWorkspace, SMALL_MAX_ROWS, SmallPlan, TiledPlan,
-    matmul_forward_plan, matmul_forward_small, matmul_forward_ws, split_k_workspace_floats,
+    matmul_forward_plan, matmul_forward_small, matmul_forward_with, matmul_forward_ws, split_k_workspace_floats,
 };
 use host::gpu::ops::matmul_tf32::{
     MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32, matmul_forward_tf32_opts,
     matmul_forward_tf32_with,
 };
+use host::gpu::runtime::dptr_mut;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
 use rand::Rng;
@@ -78,11 +85,37 @@ const FP32_SWEEP_MAX_WORKSPACE: usize = 1 << 28;
 const BENCH_SPLIT_MAX_ROWS: usize = 2048;
 /// `--quick`: one M only.
 const QUICK_M: [usize; 1] = [1024];
+/// `gemv` section: GPT-2 124M's decode matmuls as (name, out, in, has bias):
+/// the weight is `out x in`.
+const GEMV_SHAPES: [(&str, usize, usize, bool); 5] = [
+    ("qkv", 2304, 768, true),
+    ("attproj", 768, 768, true),
+    ("fc", 3072, 768, true),
+    ("fcproj", 768, 3072, true),
+    ("lm_head", 50304, 768, false),
+];
+/// Input rows of the `gemv` section (batch sizes of a decode step).
+const GEMV_ROWS: [usize; 2] = [1, 8];
+/// `--quick`: batch 1 only.
+const GEMV_QUICK_ROWS: [usize; 1] = [1];
+/// The weight copies rotated per shape span at least this many L2 sizes, so
+/// every timed call reads its weight from HBM.
+const GEMV_L2_MULTIPLE: usize = 4;
+/// At least this many samples per GEMV measurement (each is cheap).
+const GEMV_MIN_SAMPLES: usize = 100;
+/// Bytes copied by the bandwidth measurement (read once and written once:
+/// twice this is counted).
+const COPY_BYTES: usize = 1 << 30;
+/// Random data uploaded once and copied over the copy source (64 MB).
+const COPY_FILL_FLOATS: usize = 1 << 24;
+/// cuBLAS workspace of the `gemv` section's handle (PyTorch's default on
+/// Hopper), set explicitly so cuBLAS never allocates during graph capture.
+const GEMV_CUBLAS_WORKSPACE: usize = 32 << 20;
 
 #[derive(Parser)]
-#[command(about = "Benchmarks: GEMM (ours vs cuBLAS), attention, end to end")]
+#[command(about = "Benchmarks: GEMM (ours vs cuBLAS), GEMV, attention, end to end")]
 struct Args {
-    /// Sections: gemm, attention, e2e, all (default all).
+    /// Sections: gemm, gemv, attention, e2e, trace, all (default all: every one but trace).
     sections: Vec<String>,
     /// Write all results as JSON here.
     #[arg(long)]
@@ -118,6 +151,10 @@ struct Report {
     device: String,
     l2_bytes: usize,
     gemm: Vec<GemmResult>,
+    /// The `gemv` section's rows (see `bench_gemv`).
+    gemv: Vec<serde_json::Value>,
+    /// The device-to-device copy the `gemv` floor divides by.
+    copy_bandwidth: Option<serde_json::Value>,
     attention: Vec<serde_json::Value>,
     e2e: Vec<serde_json::Value>,
     notes: Vec<String>,
@@ -131,7 +168,7 @@ fn main() -> anyhow::Result<()> {
     );
     let mut sections = args.sections.clone();
     if sections.is_empty() || sections.iter().any(|s| s == "all") {
-        sections = vec!["gemm".into(), "attention".into(), "e2e".into()];
+        sections = vec!["gemm".into(), "gemv".into(), "attention".into(), "e2e".into()];
     }
     let gpu = Gpu::new(args.device)?;
     let mut report = Report {
@@ -144,10 +181,11 @@ fn main() -> anyhow::Result<()> {
     for s in &sections {
         match s.as_str() {
             "gemm" => bench_gemm(&gpu, &args, &mut report)?,
+            "gemv" => bench_gemv(&gpu, &args, &mut report)?,
             "attention" => bench_attention(&gpu, &args, &mut report)?,
             "e2e" => bench_e2e(&gpu, &args, &mut report)?,
             "trace" => bench_trace(&args, &mut report)?,
-            other => anyhow::bail!("unknown section `{other}` (gemm, attention, e2e, trace, all)"),
+            other => anyhow::bail!("unknown section `{other}` (gemm, gemv, attention, e2e, trace, all)"),
         }
     }
     if let Some(path) = &args.json {
@@ -302,6 +340,324 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                 );
             }
             report.gemm.extend(rows);
+        }
+    }
+    Ok(())
+}
+
+/// The decode GEMV (`gpu::ops::decode::decode_gemv`) with a bias epilogue.
+#[allow(clippy::too_many_arguments)]
+fn decode_gemv_bench(
+    gpu: &Gpu,
+    ws: &std::cell::RefCell<DecodeWorkspace>,
+    pdl: bool,
+    out: &mut CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    rows: usize,
+    c: usize,
+    oc: usize,
+) -> anyhow::Result<()> {
+    let output = DecodeOutput::Rows {
+        out,
+        residual: None,
+        gelu: false,
+    };
+    let launch = DecodeLaunch { pdl };
+    decode_gemv(gpu, &mut ws.borrow_mut(), launch, DecodeInput::Rows(inp), None, w, bias, output, rows, c, oc)?;
+    Ok(())
+}
+
+/// One GEMV implementation of the `gemv` section: `launch(out, inp, weight,
+/// bias, rows, c, oc)` computes `out[rows, oc] = inp[rows, c] · weight[oc, c]ᵀ
+/// (+ bias[oc])` on [`Gpu::stream`]. Another variant (a new kernel) is one
+/// more entry in `bench_gemv`'s list.
+struct GemvVariant<'a> {
+    name: &'static str,
+    /// A cuBLAS reference: the ratio column divides by the fastest of these.
+    cublas: bool,
+    /// Whether it takes this many rows.
+    takes: fn(usize) -> bool,
+    launch: Box<GemvLaunch<'a>>,
+}
+
+/// See [`GemvVariant`].
+type GemvLaunch<'a> = dyn Fn(
+        &mut CudaSlice<f32>,
+        &CudaSlice<f32>,
+        &CudaSlice<f32>,
+        Option<&CudaSlice<f32>>,
+        usize,
+        usize,
+        usize,
+    ) -> anyhow::Result<()>
+    + 'a;
+
+/// `y[oc] = W[oc, c] · x[c]` with cublasSgemv: W's row-major buffer read
+/// column-major is a `c x oc` matrix (lda = c), so `y = Aᵀx` (`trans = T`).
+fn cublas_sgemv(
+    blas: &Blas,
+    out: &mut CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    c: usize,
+    oc: usize,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        out.len() >= oc && inp.len() >= c && w.len() >= oc * c,
+        "cuBLAS gemv: buffers too small"
+    );
+    let cfg = GemvConfig {
+        trans: blas_sys::cublasOperation_t::CUBLAS_OP_T,
+        m: c as i32,
+        n: oc as i32,
+        alpha: 1.0f32,
+        lda: c as i32,
+        incx: 1,
+        beta: 0.0f32,
+        incy: 1,
+    };
+    // SAFETY: sizes checked above match (m, n, lda, incx, incy).
+    unsafe { blas.blas.gemv(cfg, w, inp, out)? };
+    Ok(())
+}
+
+/// Time `op(set)` for every set like [`time_calls`], but with one pass over
+/// all sets captured once into a CUDA graph and replayed: each sample is one
+/// replay between CUDA events, divided by `sets`. Without the host's launch
+/// cost in the way this is the GPU's own time per call (kernels back to back,
+/// as in a captured decode step). One untimed pass runs before the capture
+/// (first-call setup: kernel lookup, cuBLAS heuristics).
+fn time_graph(
+    gpu: &Gpu,
+    sets: usize,
+    warmup: usize,
+    samples: usize,
+    mut op: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<Timing> {
+    let sets = sets.max(1);
+    for s in 0..sets {
+        op(s)?;
+    }
+    gpu.synchronize()?;
+    gpu.stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    let captured = (0..sets).try_for_each(&mut op);
+    // End the capture whatever happened, so the stream is usable again.
+    let graph = gpu.stream.end_capture(CUgraphInstantiate_flags(0));
+    captured?;
+    let graph = graph?.context("stream capture produced no graph")?;
+    graph.upload()?;
+    for _ in 0..warmup.max(1) {
+        graph.launch()?;
+    }
+    gpu.synchronize()?;
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples.max(1) {
+        let start = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        graph.launch()?;
+        let end = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        times.push(start.elapsed_ms(&end)? as f64 * 1e3 / sets as f64);
+    }
+    let median_us = median(&mut times);
+    Ok(Timing {
+        median_us,
+        min_us: times[0],
+        max_us: times[times.len() - 1],
+        samples: times.len(),
+        calls_per_sample: sets,
+    })
+}
+
+/// Device-to-device copy bandwidth: `COPY_BYTES` copied from one buffer to
+/// another (random contents), CUDA-event timed, median of the samples;
+/// bytes read plus bytes written per second. Returns (GB/s, timing).
+fn copy_bandwidth(gpu: &Gpu, args: &Args) -> anyhow::Result<(f64, Timing)> {
+    let n = COPY_BYTES / 4;
+    let fill = gpu.upload(&fill_random(COPY_FILL_FLOATS, 99))?;
+    let mut src = gpu.alloc::<f32>(n)?;
+    for off in (0..n).step_by(COPY_FILL_FLOATS) {
+        let len = COPY_FILL_FLOATS.min(n - off);
+        gpu.stream
+            .memcpy_dtod(&fill.slice(0..len), &mut src.slice_mut(off..off + len))?;
+    }
+    let mut dst = gpu.alloc::<f32>(n)?;
+    let t = time_calls::<anyhow::Error>(gpu, 1, args.warmup, args.samples, |_| {
+        gpu.stream.memcpy_dtod(&src, &mut dst)?;
+        Ok(())
+    })?;
+    gpu.synchronize()?;
+    Ok((2.0 * COPY_BYTES as f64 / (t.median_us * 1e-6) / 1e9, t))
+}
+
+/// Decode GEMVs: every GPT-2 124M matmul of a decode step (`GEMV_SHAPES`) at
+/// 1 and 8 input rows, for each variant of the list below: cuBLAS (FP32,
+/// `CUBLAS_PEDANTIC_MATH`: cublasSgemv at 1 row, cublasSgemm with M = rows,
+/// as torch's `F.linear` calls it, at every row count) and ours
+/// (`matmul_forward_with(MatmulKernel::Gemv)`, with the bias where GPT-2 has
+/// one; cuBLAS gets none). Each shape's weight is copied until the copies
+/// span `GEMV_L2_MULTIPLE` times the L2 (at least 2 copies), each with its
+/// own random input and output, and the calls rotate among them, so every
+/// call reads its weight from HBM. Each variant is timed twice: a pass over
+/// all copies captured in a CUDA graph and replayed (`graph`, the headline:
+/// GPU time per call, as in a captured decode step), and the same calls
+/// launched from the host (`stream`, as `gemm` times). The floor is the
+/// problem's bytes (weight, input, output, bias) over the device-to-device
+/// copy bandwidth measured first in this process.
+fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()> {
+    let samples = args.samples.max(GEMV_MIN_SAMPLES);
+    let (copy_gbs, copy_t) = copy_bandwidth(gpu, args)?;
+    println!(
+        "\n== GEMV out[rows,oc] = inp[rows,c] · W[oc,c]ᵀ (+bias), FP32, median of {samples} samples; \
+         device copy {copy_gbs:.0} GB/s (read + write, {} MiB copied, median {:.1} us)",
+        COPY_BYTES >> 20,
+        copy_t.median_us
+    );
+    println!("   (graph: one captured pass over the rotated copies, replayed; stream: launched from the host)");
+    report.copy_bandwidth = Some(serde_json::json!({
+        "bytes_copied": COPY_BYTES, "bytes_counted": 2 * COPY_BYTES, "gb_s": copy_gbs, "timing": copy_t,
+    }));
+    // Declared before `blas`, so it is freed after the handle is destroyed.
+    let mut blas_ws = gpu.alloc::<u8>(GEMV_CUBLAS_WORKSPACE)?;
+    let blas = Blas::new(gpu.stream.clone(), BlasMode::Fp32)?;
+    // SAFETY: the handle is live (owned by `blas`); `blas_ws` is a device
+    // buffer of that size that outlives the handle.
+    let status = unsafe {
+        blas_sys::cublasSetWorkspace_v2(
+            *blas.blas.handle(),
+            dptr_mut(&mut blas_ws).cast(),
+            GEMV_CUBLAS_WORKSPACE,
+        )
+    };
+    anyhow::ensure!(
+        status == blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+        "cublasSetWorkspace: {status:?}"
+    );
+    let decode_ws = std::cell::RefCell::new(DecodeWorkspace::new(gpu, DECODE_MAX_ROWS as usize, 1, 1)?);
+    // The variants: a new kernel is one more entry.
+    let variants: Vec<GemvVariant> = vec![
+        GemvVariant {
+            name: "cublas_sgemv",
+            cublas: true,
+            takes: |rows| rows == 1,
+            launch: Box::new(|out, inp, w, _bias, _rows, c, oc| cublas_sgemv(&blas, out, inp, w, c, oc)),
+        },
+        GemvVariant {
+            name: "cublas_sgemm",
+            cublas: true,
+            takes: |_| true,
+            launch: Box::new(|out, inp, w, _bias, rows, c, oc| blas.gemm(out, inp, w, rows, oc, c)),
+        },
+        GemvVariant {
+            name: "ours_gemv",
+            cublas: false,
+            takes: |rows| rows <= MATMUL_GEMV_MAX_ROWS as usize,
+            launch: Box::new(|out, inp, w, bias, rows, c, oc| {
+                matmul_forward_with(gpu, MatmulKernel::Gemv, false, out, inp, w, bias, rows, c, oc)?;
+                Ok(())
+            }),
+        },
+        // The decode step's fused GEMV (plain epilogue: bias), launched as
+        // in the engine's graph, with and without programmatic dependent
+        // launch (PDL only matters between kernels: in the graph pass here,
+        // one call's weight loads overlap the previous call's tail).
+        GemvVariant {
+            name: "ours_decode_gemv",
+            cublas: false,
+            takes: |rows| rows <= DECODE_MAX_ROWS as usize,
+            launch: Box::new(|out, inp, w, bias, rows, c, oc| {
+                decode_gemv_bench(gpu, &decode_ws, false, out, inp, w, bias, rows, c, oc)
+            }),
+        },
+        GemvVariant {
+            name: "ours_decode_gemv_pdl",
+            cublas: false,
+            takes: |rows| rows <= DECODE_MAX_ROWS as usize,
+            launch: Box::new(|out, inp, w, bias, rows, c, oc| {
+                decode_gemv_bench(gpu, &decode_ws, true, out, inp, w, bias, rows, c, oc)
+            }),
+        },
+    ];
+    let all_rows: &[usize] = if args.quick { &GEMV_QUICK_ROWS } else { &GEMV_ROWS };
+    println!(
+        "{:>8} {:>11} {:>4}  {:16} {:>9} {:>9} {:>8} {:>7} {:>9}",
+        "shape", "oc x c", "rows", "variant", "graph us", "stream us", "GB/s", "% copy", "/ cuBLAS"
+    );
+    for (shape, oc, c, has_bias) in GEMV_SHAPES {
+        // Weight copies: uploaded once, copied on the device.
+        let w_bytes = 4 * oc * c;
+        let sets = (GEMV_L2_MULTIPLE * report.l2_bytes).div_ceil(w_bytes).max(2);
+        let first = gpu.upload(&fill_random(oc * c, 1000 + oc as u64 + c as u64))?;
+        let mut weights = vec![first];
+        for _ in 1..sets {
+            let mut w = gpu.alloc::<f32>(oc * c)?;
+            gpu.stream.memcpy_dtod(&weights[0], &mut w)?;
+            weights.push(w);
+        }
+        let bias = gpu.upload(&fill_random(oc, 7))?;
+        let bias = has_bias.then_some(&bias);
+        for &rows in all_rows {
+            let inp: Vec<CudaSlice<f32>> = (0..sets)
+                .map(|i| gpu.upload(&fill_random(rows * c, 2 * i as u64 + 1)))
+                .collect::<Result<_, _>>()?;
+            let mut out: Vec<CudaSlice<f32>> = (0..sets)
+                .map(|_| gpu.upload(&vec![f32::NAN; rows * oc]))
+                .collect::<Result<_, _>>()?;
+            let bytes = 4 * (oc * c + rows * c + rows * oc + if has_bias { oc } else { 0 });
+            let floor_us = bytes as f64 / (copy_gbs * 1e9) * 1e6;
+            // (name, cublas, graph timing, stream timing)
+            let mut measured: Vec<(&str, bool, Option<Timing>, Timing)> = Vec::new();
+            for v in variants.iter().filter(|v| (v.takes)(rows)) {
+                let mut call = |i: usize| (v.launch)(&mut out[i], &inp[i], &weights[i], bias, rows, c, oc);
+                let stream = time_calls::<anyhow::Error>(gpu, sets, args.warmup, samples, &mut call)?;
+                let graph = match time_graph(gpu, sets, args.warmup, samples, &mut call) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        let note = format!("gemv {shape} rows={rows} {}: CUDA graph timing failed: {e:#}", v.name);
+                        println!("   {note}");
+                        report.notes.push(note);
+                        gpu.synchronize()?;
+                        None
+                    }
+                };
+                measured.push((v.name, v.cublas, graph, stream));
+            }
+            let headline = |g: &Option<Timing>, s: &Timing| g.map_or(s.median_us, |g| g.median_us);
+            let best_cublas = measured
+                .iter()
+                .filter(|m| m.1)
+                .map(|m| headline(&m.2, &m.3))
+                .min_by(|a, b| a.total_cmp(b));
+            let pct = |us: f64| bytes as f64 / (us * 1e-6) / 1e9 / copy_gbs * 100.0;
+            println!(
+                "{shape:>8} {:>11} {rows:>4}  {:16} {floor_us:>9.2} {:>9} {copy_gbs:>8.0} {:>7.1} {:>9}",
+                format!("{oc}x{c}"),
+                "floor (copy bw)",
+                "-",
+                100.0,
+                best_cublas.map_or("-".into(), |b| format!("{:.2}", floor_us / b))
+            );
+            for (name, cublas, graph, stream) in &measured {
+                let us = headline(graph, stream);
+                let gbs = bytes as f64 / (us * 1e-6) / 1e9;
+                let vs = best_cublas.map(|b| us / b);
+                println!(
+                    "{shape:>8} {:>11} {rows:>4}  {name:16} {:>9} {:>9.2} {gbs:>8.0} {:>7.1} {:>9}",
+                    format!("{oc}x{c}"),
+                    graph.map_or("-".into(), |g| format!("{:.2}", g.median_us)),
+                    stream.median_us,
+                    pct(us),
+                    vs.map_or("-".into(), |v| format!("{v:.2}")),
+                );
+                report.gemv.push(serde_json::json!({
+                    "shape": shape, "oc": oc, "c": c, "rows": rows, "bias": has_bias, "variant": name,
+                    "cublas": cublas, "median_us": us, "timed_as": if graph.is_some() { "graph" } else { "stream" },
+                    "timing_graph": graph, "timing_stream": stream, "bytes": bytes, "gb_s": gbs,
+                    "pct_of_copy": pct(us), "floor_us": floor_us, "copy_gb_s": copy_gbs,
+                    "vs_cublas_time": vs, "weight_copies": sets,
+                }));
+            }
         }
     }
     Ok(())
@@ -632,6 +988,8 @@ fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
         engine.set_attention_kind(AttentionKind::Flash);
         engine.set_attention_window(0);
         let attn = format!("{:?}", engine.attention_in_use());
+        bench_decode_paths(&mut engine, args, &prec, report, &mut tokens)?;
+        engine.set_decode_path(DecodePath::Graph, true);
         for b in E2E_DECODE_BATCH {
             let toks = tokens(b * E2E_DECODE_PROMPT);
             engine.forward(&toks, b, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
@@ -645,6 +1003,71 @@ fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                 "decode", E2E_DECODE_PROMPT, 0
             );
             report.e2e.push(serde_json::json!({"precision": prec, "attention": attn, "what": "decode", "b": b, "pos0": E2E_DECODE_PROMPT, "median_ms_per_step": med, "tokens_per_s": tps, "samples": n}));
+        }
+    }
+    Ok(())
+}
+
+/// Steps each device-driven decode sample runs back to back.
+const DECODE_DEVICE_STEPS: usize = 32;
+
+/// Decode steps on every path (`DecodePath`: graph and eager with and
+/// without PDL, and the per-op kernels) at batch 1 and 8 after
+/// `E2E_DECODE_PROMPT` tokens. Two timings per path:
+/// - `host`: one `forward(t = 1)` plus `argmax()` per step, as the
+///   generation loop calls them (uploads, launch or replay, the id read
+///   back and the wait for it), CUDA-event timed per step;
+/// - `device` (fused paths): `DECODE_DEVICE_STEPS` steps fed by the device
+///   (`decode_on_device`) between two events, per step: the GPU's own step
+///   time, with no host round trip between steps.
+fn bench_decode_paths(
+    engine: &mut GpuEngine,
+    args: &Args,
+    prec: &str,
+    report: &mut Report,
+    tokens: &mut impl FnMut(usize) -> Vec<u32>,
+) -> anyhow::Result<()> {
+    let paths = [
+        (DecodePath::Graph, true),
+        (DecodePath::Graph, false),
+        (DecodePath::Eager, true),
+        (DecodePath::Eager, false),
+        (DecodePath::Unfused, false),
+    ];
+    for b in E2E_DECODE_BATCH {
+        let prompt = tokens(b * E2E_DECODE_PROMPT);
+        for (path, pdl) in paths {
+            engine.set_decode_path(path, pdl);
+            engine.forward(&prompt, b, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
+            let step = tokens(b);
+            let (host_ms, n) = time_forward(engine, args, |e, i| {
+                e.forward(&step, b, 1, E2E_DECODE_PROMPT + i, LogitsWanted::Last)?;
+                e.argmax()?;
+                Ok(())
+            })?;
+            let mut device_ms = None;
+            if path != DecodePath::Unfused {
+                let mut samples = Vec::new();
+                for i in 0..args.warmup + args.samples {
+                    engine.forward(&step, b, 1, E2E_DECODE_PROMPT, LogitsWanted::Last)?;
+                    let gpu = engine.gpu().stream.clone();
+                    let start = gpu.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+                    engine.decode_on_device(DECODE_DEVICE_STEPS)?;
+                    let end = gpu.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+                    let ms = start.elapsed_ms(&end)? as f64 / DECODE_DEVICE_STEPS as f64;
+                    if i >= args.warmup {
+                        samples.push(ms);
+                    }
+                }
+                device_ms = Some(median(&mut samples));
+            }
+            let shown = device_ms.map_or("-".to_string(), |m| format!("{m:.4}"));
+            println!(
+                "{prec:>6} decode {b:>2} rows after {E2E_DECODE_PROMPT}: {:>8} pdl={pdl:<5} host {host_ms:.4} ms/step, device {shown} ms/step ({:.0} tok/s)",
+                format!("{path:?}"),
+                b as f64 / (device_ms.unwrap_or(host_ms) * 1e-3)
+            );
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_path", "path": format!("{path:?}"), "pdl": pdl, "b": b, "pos0": E2E_DECODE_PROMPT, "host_ms_per_step": host_ms, "device_ms_per_step": device_ms, "samples": n}));
         }
     }
     Ok(())

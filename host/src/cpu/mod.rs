@@ -5,3 +5,5 @@ pub mod forward;
 pub mod ops;
 
 pub use forward::{CpuLayer, CpuModel, CpuParams};
+// Twin of the sampling kernel (`gpu::ops::sample`).
+pub mod sample;

@@ -34,6 +34,10 @@ use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, ModelConfig, Tensor, Weights};
 
+mod decode;
+pub use decode::DecodePath;
+use decode::DecodeState;
+
 /// Arithmetic of the matmuls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
@@ -170,6 +174,10 @@ pub struct GpuEngine {
     kv_cache: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
     acts: Activations,
     last: Option<Last>,
+    /// The fused decode step's state, scratch and graphs; `None` where its
+    /// kernels do not serve the model. Its graphs hold the addresses of the
+    /// buffers above, which never move: the engine allocates them once.
+    decode: Option<DecodeState>,
 }
 
 /// Bytes of one f32.
@@ -277,6 +285,8 @@ impl GpuEngine {
         } else {
             None
         };
+        let decode =
+            DecodeState::new(&gpu, &config, max_batch, max_seq_len).with_context(|| oom("the decode-step state"))?;
         gpu.synchronize().context("uploading the weights")?;
         Ok(GpuEngine {
             gpu,
@@ -293,6 +303,7 @@ impl GpuEngine {
             kv_cache,
             acts,
             last: None,
+            decode,
         })
     }
 
@@ -327,7 +338,10 @@ impl GpuEngine {
                 matmul_ws += l * 12 * c * c + vp * c;
             }
         }
-        (weights + kv + acts + flash + matmul_ws) * F32_BYTES + rows * 4 + max_batch * 4
+        (weights + kv + acts + flash + matmul_ws) * F32_BYTES
+            + rows * 4
+            + max_batch * 4
+            + DecodeState::device_bytes(config, max_batch, max_seq_len, sms)
     }
 
     /// Choose the attention kernels (no allocation: the flash workspace
@@ -548,7 +562,11 @@ impl Backend for GpuEngine {
         let cfg = self.config;
         let (c, nh, v, vp) = (cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size);
         self.last = None;
+        self.mark_ids_stale();
         check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "engine")?;
+        if t == 1 && want == LogitsWanted::Last && self.decode_path_in_use(b) != DecodePath::Unfused {
+            return self.decode_forward(tokens, b, pos0);
+        }
 
         let n = b * t;
         let (gpu, prec, p, a) = (&self.gpu, self.precision, &self.params, &mut self.acts);
@@ -711,6 +729,13 @@ impl Backend for GpuEngine {
 
     fn argmax(&mut self) -> Result<Vec<u32>> {
         let last = self.last.context("argmax() called before a successful forward()")?;
+        if let Some(ids) = self.fresh_ids() {
+            // The fused step chose them already.
+            let ids = ids.slice(0..last.b);
+            let mut out = vec![0u32; last.b];
+            self.gpu.stream.memcpy_dtoh(&ids, &mut out).ctx("reading the argmax ids")?;
+            return Ok(out);
+        }
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
         let per_row = last.rows / last.b;
         // Row bi's last position is logits row bi * per_row + per_row - 1.

@@ -1,6 +1,6 @@
 //! Context, stream, module and typed kernel launches.
 //!
-//! `unsafe` lives in two places only: [`Gpu::launch`]/[`Gpu::launch_in`] (the kernel trusts the
+//! `unsafe` lives in two places only: [`Gpu::launch`]/[`Gpu::launch_in`]/[`Gpu::launch_pdl`] (the kernel trusts the
 //! pointers inside its parameter struct) and [`dptr`]/[`dptr_mut`] (turning a
 //! `CudaSlice` into the raw device address a parameter struct carries).
 
@@ -211,6 +211,74 @@ impl Gpu {
         // SAFETY: forwarded from this function's contract (`name` is a kernel
         // of the `gpu-kernels` module).
         unsafe { self.launch_in(&self.kernels, name, cfg, params) }
+    }
+
+    /// [`Gpu::launch`] with programmatic dependent launch (PDL) when `pdl`:
+    /// the kernel may start while the previous kernel on the stream is still
+    /// running, and must call `device::grid_dependency_wait` before touching
+    /// anything an earlier kernel writes. Through `cuLaunchKernelEx` with
+    /// programmatic stream serialisation (cudarc has no safe API for launch
+    /// attributes); stream capture turns it into a programmatic graph edge.
+    /// Without `pdl` this is [`Gpu::launch`].
+    ///
+    /// # Safety
+    /// As for [`Gpu::launch`]; with `pdl`, the kernel also keeps the PDL
+    /// contract above (the `ops::decode` kernels do).
+    pub unsafe fn launch_pdl<P: KernelParams>(
+        &self,
+        name: &'static str,
+        cfg: LaunchConfig,
+        params: P,
+        pdl: bool,
+    ) -> Result<(), GpuError> {
+        use cudarc::driver::sys;
+        if !pdl {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.launch(name, cfg, params) };
+        }
+        let f = self.function(name)?;
+        let mut block = ParamBlock(params);
+        let mut args = [&mut block as *mut ParamBlock<P> as *mut std::ffi::c_void];
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
+        // SAFETY: `config`, `attr`, `args` and `block` outlive the call (the
+        // driver copies the parameters at launch); `args` holds one pointer
+        // to the kernel's single by-value parameter, the struct `P`, as the
+        // kernel's signature says (this function's contract); the function
+        // belongs to this context's module.
+        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .ctx(name)?;
+        Ok(())
+    }
+
+    /// Blocks of kernel `name` one SM holds at once with `threads` threads and
+    /// `shared_bytes` of dynamic shared memory (the driver's occupancy
+    /// calculator), at least 1.
+    pub fn resident_blocks_per_sm(&self, name: &'static str, threads: u32, shared_bytes: u32) -> Result<u32, GpuError> {
+        let f = self.function(name)?;
+        let n = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, shared_bytes as usize, None)
+            .ctx("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+        Ok(n.max(1))
     }
 
     /// Raise a kernel's dynamic shared-memory limit above the default 48 KiB.

@@ -7,6 +7,7 @@ pub mod argmax;
 pub mod args;
 pub mod attention;
 pub mod convert;
+pub mod decode;
 pub mod encoder;
 pub mod gelu;
 pub mod layernorm;
@@ -14,3 +15,5 @@ pub mod matmul;
 pub mod matmul_tf32;
 pub mod residual;
 pub mod softmax;
+// GPU sampling (twin: `cpu::sample`).
+pub mod sample;

@@ -1,0 +1,648 @@
+//! The decode step's fused kernels (contract: `params::decode`).
+//!
+//! `decode_gemv`: a group of `k_warps` warps owns one output column at a
+//! time, each warp one chunk of [`DECODE_GEMV_CHUNK`] floats of its weight
+//! row, 8 16-byte loads per lane all in flight at once; the groups stride
+//! over the columns, issuing the next column's loads before they reduce and
+//! store the current one. Few registers (one chunk, no double buffer) keep
+//! many warps resident, which is what keeps enough bytes in flight: for
+//! GPT-2's projections the whole matrix is requested at kernel start. The
+//! input rows, after the prologue, sit in shared memory, so the weight is
+//! the only stream from HBM. The first chunk is loaded before
+//! [`grid_dependency_wait`]: under programmatic dependent launch those loads
+//! overlap the previous kernel's tail (weights are never written by a kernel).
+//!
+//! `decode_attention`: flash-decoding as `ops::flash_attention`'s decode
+//! kernel (8 lanes share a key, 8 keys per lane group, online softmax merged
+//! by shuffles), with the position read from the device and the combine done
+//! by the chunk block that arrives last.
+
+use super::gelu::gelu;
+use super::vec4::{VEC, load4, store4};
+use crate::device::math::{exp2_approx, fma, rsqrt_precise};
+use crate::device::shared::dynamic_shared_align16;
+use crate::device::warp::{shfl_xor_f32, warp_reduce_sum};
+use crate::device::{
+    WARP_SIZE, atomic_add_acq_rel_u32, block_dim_x, block_idx_x, block_idx_y, block_idx_z, grid_dependency_wait,
+    grid_dim_x, lane_id, launch_dependents, sync_threads, sync_threads_or, thread_fence, thread_idx_x, warp_id,
+};
+use crate::params::decode::*;
+use crate::params::layernorm::LAYERNORM_EPS;
+
+const ROWS: usize = DECODE_MAX_ROWS as usize;
+const LOADS: usize = DECODE_GEMV_LOADS as usize;
+const CHUNK: usize = DECODE_GEMV_CHUNK as usize;
+const LANES: usize = WARP_SIZE as usize;
+const _: () = assert!(CHUNK == LANES * LOADS * VEC);
+
+/// One chunk of a weight row: lane `l` holds floats `k0 + (j*32 + l)*4 ..+4`
+/// for `j < LOADS`, so each load instruction of a warp reads 512
+/// consecutive bytes.
+type Chunk = [[f32; VEC]; LOADS];
+
+/// Load the chunk of `row` (a weight row of `c` floats) that starts at `k0`;
+/// floats at or past `c` read as 0 (never from memory).
+///
+/// # Safety
+/// `row` holds `c` floats and is 16-byte aligned; `c % 4 == 0`.
+#[inline(always)]
+unsafe fn load_chunk(row: *const f32, k0: usize, c: usize, lane: usize) -> Chunk {
+    let mut w = [[0.0f32; VEC]; LOADS];
+    unroll_below!(j < LOADS => {
+        let k = k0 + (j * LANES + lane) * VEC;
+        if k < c {
+            // SAFETY: k + 4 <= c (c % 4 == 0), aligned.
+            w[j] = unsafe { load4(row.add(k)) };
+        }
+    });
+    w
+}
+
+/// `acc[r] += Σ w · x[r]` over this lane's part of the chunk at `k0`, for
+/// rows `r < n` of the staged input `xs` (`[n][c]` in shared memory).
+///
+/// # Safety
+/// `xs` holds `n * c` floats, 16-byte aligned; `c % 4 == 0`; `n <= R`.
+#[inline(always)]
+unsafe fn dot_chunk<const R: usize>(
+    acc: &mut [f32; R],
+    w: &Chunk,
+    xs: *const f32,
+    k0: usize,
+    c: usize,
+    n: usize,
+    lane: usize,
+) {
+    unroll_below!(j < LOADS => {
+        let k = k0 + (j * LANES + lane) * VEC;
+        if k < c {
+            let wj = w[j];
+            unroll_below!(r < R => {
+                if r < n {
+                    // SAFETY: r < n, k + 4 <= c.
+                    let x = unsafe { load4(xs.add(r * c + k)) };
+                    acc[r] = fma(x[0], wj[0], fma(x[1], wj[1], fma(x[2], wj[2], fma(x[3], wj[3], acc[r]))));
+                }
+            });
+        }
+    });
+}
+
+/// Fill the shared rows `xs[r][0..c]` for `r < n`: the embedding
+/// (`tokens` non-null; block 0 also writes it to `embed_out`) or the input
+/// rows, 16 bytes per thread per step.
+///
+/// # Safety
+/// `params::decode::DecodeGemvParams`' contract; `xs` holds `n * c` floats.
+#[inline(always)]
+unsafe fn stage_rows(p: &DecodeGemvParams, xs: *mut f32, n: usize, c: usize) {
+    let c4 = c / VEC;
+    let mut i = thread_idx_x() as usize;
+    let stride = block_dim_x() as usize;
+    while i < n * c4 {
+        let (r, k) = (i / c4, (i % c4) * VEC);
+        // SAFETY: r < n, k + 4 <= c; token and position clamped into the tables.
+        unsafe {
+            let x = if p.tokens.is_null() {
+                load4(p.inp.add(r * c + k))
+            } else {
+                let tok = (*p.tokens.add(r)).min(p.vocab - 1) as usize;
+                let pos = (*p.pos.add(r)).min(p.max_pos - 1) as usize;
+                let (a, b) = (load4(p.wte.add(tok * c + k)), load4(p.wpe.add(pos * c + k)));
+                let x = [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]];
+                if block_idx_x() == 0 {
+                    store4(p.embed_out.add(r * c + k), x);
+                }
+                x
+            };
+            store4(xs.add(r * c + k), x);
+        }
+        i += stride;
+    }
+}
+
+/// Copy the layernorm's weight and bias (`c` floats each) to shared memory.
+/// Called before [`grid_dependency_wait`]: weights only, so under PDL the
+/// loads overlap the previous kernel.
+///
+/// # Safety
+/// `ln_weight`/`ln_bias` hold `c` floats (16-byte aligned); `dst` holds `2 * c`.
+#[inline(always)]
+unsafe fn stage_ln_params(p: &DecodeGemvParams, dst: *mut f32, c: usize) {
+    let mut k = thread_idx_x() as usize * VEC;
+    let step = block_dim_x() as usize * VEC;
+    while k < c {
+        // SAFETY: k + 4 <= c (c % 4 == 0).
+        unsafe {
+            store4(dst.add(k), load4(p.ln_weight.add(k)));
+            store4(dst.add(c + k), load4(p.ln_bias.add(k)));
+        }
+        k += step;
+    }
+}
+
+/// Layernorm each staged row in place: warp `r` finds row `r`'s mean and
+/// rstd (two passes over shared memory: mean, then the biased variance
+/// around it), then every thread normalises its elements of every row with
+/// the weight and bias staged in `lnp` (`[2][c]`). `stats` holds `2 * n`.
+///
+/// # Safety
+/// `xs` holds `n * c` staged floats; `lnp` and `stats` as said; every
+/// thread of the block calls this (it has a barrier).
+#[inline(always)]
+unsafe fn layernorm_rows(xs: *mut f32, lnp: *const f32, stats: *mut f32, n: usize, c: usize) {
+    let lane = lane_id() as usize;
+    let warps = (block_dim_x() / WARP_SIZE) as usize;
+    let inv_c = 1.0 / c as f32;
+    let mut r = warp_id() as usize;
+    while r < n {
+        // SAFETY (loop): row r < n of xs; k < c.
+        let row = unsafe { xs.add(r * c) };
+        let mut sum = 0.0f32;
+        let mut k = lane;
+        while k < c {
+            sum += unsafe { *row.add(k) };
+            k += LANES;
+        }
+        let mean = warp_reduce_sum(sum) * inv_c;
+        let mut var = 0.0f32;
+        k = lane;
+        while k < c {
+            let d = unsafe { *row.add(k) } - mean;
+            var = fma(d, d, var);
+            k += LANES;
+        }
+        let rstd = rsqrt_precise(warp_reduce_sum(var) * inv_c + LAYERNORM_EPS);
+        if lane == 0 {
+            // SAFETY: r < n.
+            unsafe {
+                *stats.add(2 * r) = mean;
+                *stats.add(2 * r + 1) = rstd;
+            }
+        }
+        r += warps;
+    }
+    sync_threads();
+    let mut i = thread_idx_x() as usize;
+    let step = block_dim_x() as usize;
+    while i < n * c {
+        let (r, k) = (i / c, i % c);
+        // SAFETY: i < n*c, r < n, k < c.
+        unsafe {
+            let (mean, rstd) = (*stats.add(2 * r), *stats.add(2 * r + 1));
+            let x = *xs.add(i);
+            *xs.add(i) = fma((x - mean) * rstd, *lnp.add(k), *lnp.add(c + k));
+        }
+        i += step;
+    }
+}
+
+/// Where output value `v` of row `r`, column `col` goes: `out` (after the
+/// residual), or with the qkv epilogue q / the K and V caches.
+///
+/// # Safety
+/// The params' contract; `r < n`, `col < oc`.
+#[inline(always)]
+unsafe fn store_out(p: &DecodeGemvParams, r: usize, col: usize, v: f32) {
+    let oc = p.oc as usize;
+    unsafe {
+        if p.k_cache.is_null() {
+            let v = if p.residual.is_null() {
+                v
+            } else {
+                v + *p.residual.add(r * oc + col)
+            };
+            *p.out.add(r * oc + col) = v;
+            return;
+        }
+        let c = oc / 3;
+        if col < c {
+            *p.out.add(r * c + col) = v;
+            return;
+        }
+        let pos = *p.pos.add(r);
+        if pos >= p.max_t {
+            return;
+        }
+        let (cache, cc) = if col < 2 * c {
+            (p.k_cache, col - c)
+        } else {
+            (p.v_cache, col - 2 * c)
+        };
+        let nh = p.nh as usize;
+        let hs = c / nh;
+        let (h, d) = (cc / hs, cc % hs);
+        *cache.add(((r * nh + h) * p.max_t as usize + pos as usize) * hs + d) = v;
+    }
+}
+
+/// The greedy epilogue's end: each block's best (value, column) per row goes
+/// to the partial buffers; the last block to arrive reduces them, writes the
+/// ids and advances the step state.
+///
+/// `best` is this lane's (value, column) for row `lane` (lanes `< n`).
+///
+/// # Safety
+/// The params' contract; `scratch` is `DECODE_GEMV_ARGMAX_SMEM_BYTES` of
+/// shared memory, 8-byte aligned; every thread of the block calls this.
+#[inline(always)]
+unsafe fn argmax_finish(p: &DecodeGemvParams, best: (f32, u32), scratch: *mut u32, n: usize) {
+    let lane = lane_id() as usize;
+    let warp = warp_id() as usize;
+    let warps = (block_dim_x() / WARP_SIZE) as usize;
+    let (sv, si) = (scratch as *mut f32, unsafe { scratch.add(DECODE_GEMV_MAX_WARPS as usize * ROWS) });
+    if lane < n {
+        // SAFETY: warp < MAX_WARPS, lane < ROWS.
+        unsafe {
+            *sv.add(warp * ROWS + lane) = best.0;
+            *si.add(warp * ROWS + lane) = best.1;
+        }
+    }
+    sync_threads();
+    let block = block_idx_x() as usize;
+    if warp == 0 && lane < n {
+        let mut b = (f32::NEG_INFINITY, u32::MAX);
+        for w in 0..warps {
+            // SAFETY: as above.
+            let (v, i) = unsafe { (*sv.add(w * ROWS + lane), *si.add(w * ROWS + lane)) };
+            b = better(b, (v, i));
+        }
+        // SAFETY: part buffers hold gridDim.x * n entries.
+        unsafe {
+            *p.part_val.add(block * n + lane) = b.0;
+            *p.part_idx.add(block * n + lane) = b.1;
+        }
+        thread_fence();
+    }
+    let arrived_last = sync_threads_or(
+        thread_idx_x() == 0
+            // SAFETY: counter is a live u32, zero between launches.
+            && unsafe { atomic_add_acq_rel_u32(p.counter, 1) } == grid_dim_x() - 1,
+    );
+    if !arrived_last {
+        return;
+    }
+    thread_fence();
+    if warp == 0 && lane < n {
+        let mut b = (f32::NEG_INFINITY, u32::MAX);
+        for blk in 0..grid_dim_x() as usize {
+            // SAFETY: written by every block before its arrival; volatile
+            // reads skip L1, which never held these lines anyway.
+            let (v, i) = unsafe {
+                (
+                    core::ptr::read_volatile(p.part_val.add(blk * n + lane)),
+                    core::ptr::read_volatile(p.part_idx.add(blk * n + lane)),
+                )
+            };
+            b = better(b, (v, i));
+        }
+        // Every row has a finite or -inf winner unless every logit was NaN:
+        // then id 0, a valid token.
+        let id = if b.1 == u32::MAX { 0 } else { b.1 };
+        // SAFETY: ids, tokens_next, pos_next hold n entries.
+        unsafe {
+            *p.ids.add(lane) = id;
+            *p.tokens_next.add(lane) = id;
+            *p.pos_next.add(lane) += 1;
+        }
+    }
+    if thread_idx_x() == 0 {
+        // SAFETY: as above; no block touches the counter any more.
+        unsafe { *p.counter = 0 };
+    }
+}
+
+/// The better of two (value, id) candidates: larger value, then lower id;
+/// NaN never wins (id `u32::MAX` marks "none yet").
+#[inline(always)]
+fn better(a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
+    if b.1 == u32::MAX || b.0.is_nan() {
+        return a;
+    }
+    if a.1 == u32::MAX || b.0 > a.0 || (b.0 == a.0 && b.1 < a.1) {
+        b
+    } else {
+        a
+    }
+}
+
+/// The decode GEMV for up to `R` rows (see the module docs and
+/// `DecodeGemvParams`): one accumulator per row in registers, so the
+/// batch-1 kernel holds few registers and many warps fit on an SM.
+///
+/// # Safety
+/// `DecodeGemvParams`' contract, with the launch it describes; `n <= R`.
+#[inline(always)]
+unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
+    let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
+    let lane = lane_id() as usize;
+    let warp = warp_id() as usize;
+    let kw = p.k_warps as usize;
+    let groups = (block_dim_x() / WARP_SIZE) as usize / kw;
+    let (group, k0) = (warp / kw, (warp % kw) * CHUNK);
+    let stride = grid_dim_x() as usize * groups;
+    let mut base = block_idx_x() as usize * groups;
+
+    // Weights only: safe to read before the previous kernel has finished,
+    // so under PDL these loads overlap its tail.
+    let mut cur: Chunk = [[0.0; VEC]; LOADS];
+    if base + group < oc {
+        // SAFETY: column base + group < oc, a row of c floats.
+        cur = unsafe { load_chunk(p.weight.add((base + group) * c), k0, c, lane) };
+    }
+    // SAFETY: the launch provides n*c floats, then the split sums, the
+    // argmax scratch, and with a layernorm 2*c floats of its parameters and
+    // 2*n of row statistics; every part is a multiple of 4 floats long, so
+    // each stays 16-byte aligned.
+    let xs = unsafe { dynamic_shared_align16::<f32>() };
+    let red = unsafe { xs.add(n * c) };
+    let lnp = unsafe { red.add((DECODE_GEMV_RED_SMEM_BYTES + DECODE_GEMV_ARGMAX_SMEM_BYTES) as usize / 4) };
+    let ln = !p.ln_weight.is_null();
+    if ln {
+        unsafe { stage_ln_params(&p, lnp, c) };
+    }
+    grid_dependency_wait();
+    launch_dependents();
+
+    unsafe { stage_rows(&p, xs, n, c) };
+    sync_threads();
+    if ln {
+        unsafe { layernorm_rows(xs, lnp, lnp.add(2 * c), n, c) };
+        sync_threads();
+    }
+
+    let greedy = !p.ids.is_null();
+    let mut best = (f32::NEG_INFINITY, u32::MAX);
+    // `base` is uniform across the block, so every barrier below is reached
+    // by all its threads.
+    while base < oc {
+        let col = base + group;
+        let mut acc = [0.0f32; R];
+        if col < oc {
+            unsafe { dot_chunk::<R>(&mut acc, &cur, xs, k0, c, n, lane) };
+        }
+        // The next column's loads go out before this one's sums and stores.
+        let next = col + stride;
+        if next < oc {
+            // SAFETY: next < oc.
+            cur = unsafe { load_chunk(p.weight.add(next * c), k0, c, lane) };
+        }
+        // Every lane gets every row's sum; lane r keeps row r's.
+        let mut mine = 0.0f32;
+        unroll_below!(r < R => {
+            if r < n {
+                let s = warp_reduce_sum(acc[r]);
+                if lane == r {
+                    mine = s;
+                }
+            }
+        });
+        if kw > 1 {
+            if lane < n {
+                // SAFETY: warp < MAX_WARPS, lane < ROWS.
+                unsafe { *red.add(warp * ROWS + lane) = mine };
+            }
+            sync_threads();
+            if warp % kw == 0 && lane < n {
+                mine = 0.0;
+                for j in 0..kw {
+                    // SAFETY: the group's warps wrote these before the barrier.
+                    mine += unsafe { *red.add((warp + j) * ROWS + lane) };
+                }
+            }
+        }
+        if warp % kw == 0 && col < oc && lane < n {
+            let mut v = mine;
+            if !p.bias.is_null() {
+                // SAFETY: col < oc.
+                v += unsafe { *p.bias.add(col) };
+            }
+            if p.gelu != 0 {
+                v = gelu(v);
+            }
+            // SAFETY: lane < n, col < oc.
+            unsafe { store_out(&p, lane, col, v) };
+            if greedy && col < p.v as usize {
+                best = better(best, (v, col as u32));
+            }
+        }
+        if kw > 1 {
+            // `red` is rewritten next round.
+            sync_threads();
+        }
+        base += stride;
+    }
+    if greedy {
+        // SAFETY: the launch adds the argmax scratch after the split sums.
+        let scratch = unsafe { red.add(DECODE_GEMV_RED_SMEM_BYTES as usize / 4) } as *mut u32;
+        unsafe { argmax_finish(&p, best, scratch, n) };
+    }
+}
+
+macro_rules! decode_gemv_entry {
+    ($name:ident, $rows:expr) => {
+        /// [`decode_gemv_rows`] for up to this many rows.
+        ///
+        /// # Safety
+        /// `DecodeGemvParams`' contract, with the launch it describes.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: DecodeGemvParams) {
+            // SAFETY: forwarded; the host picks the entry with n <= rows.
+            unsafe { decode_gemv_rows::<{ $rows }>(p) }
+        }
+    };
+}
+decode_gemv_entry!(decode_gemv_1, 1);
+decode_gemv_entry!(decode_gemv_2, 2);
+decode_gemv_entry!(decode_gemv_4, 4);
+decode_gemv_entry!(decode_gemv, ROWS);
+
+const HS: usize = DECODE_HEAD_SIZE as usize;
+const ATT_LANES: usize = 8;
+/// Key groups per block (8 lanes each).
+const ATT_GROUPS: usize = DECODE_ATTN_THREADS as usize / ATT_LANES;
+/// Keys each group scores per chunk.
+const ATT_KEYS_PER_GROUP: usize = DECODE_ATTN_CHUNK as usize / ATT_GROUPS;
+/// Dimensions per lane: two 16-byte vectors, at `4*l8` and `32 + 4*l8`.
+const ATT_HALF: usize = HS / 2;
+const _: () = assert!(ATT_LANES * 2 * VEC == HS);
+const _: () = assert!(ATT_GROUPS * ATT_KEYS_PER_GROUP == DECODE_ATTN_CHUNK as usize);
+const _: () = assert!(ATT_KEYS_PER_GROUP <= crate::ops::UNROLL_MAX);
+
+/// `exp2(x - m)` where `m` may still be -inf (no key seen): then every `x`
+/// is -inf too and the result must be 0, not NaN.
+#[inline(always)]
+fn softmax_base(m: f32) -> f32 {
+    if m == f32::NEG_INFINITY { 0.0 } else { m }
+}
+
+/// Merge online-softmax states (m, l, acc) of lanes `lane_mask` apart.
+#[inline(always)]
+fn merge_state(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], lane_mask: u32) {
+    let m2 = shfl_xor_f32(*m, lane_mask);
+    let l2 = shfl_xor_f32(*l, lane_mask);
+    let m_new = m.max(m2);
+    let base = softmax_base(m_new);
+    let (a1, a2) = (exp2_approx(*m - base), exp2_approx(m2 - base));
+    *l = *l * a1 + l2 * a2;
+    for x in acc.iter_mut() {
+        let x2 = shfl_xor_f32(*x, lane_mask);
+        *x = *x * a1 + x2 * a2;
+    }
+    *m = m_new;
+}
+
+/// Decode attention (see the module docs and `DecodeAttentionParams`).
+///
+/// # Safety
+/// `DecodeAttentionParams`' contract, with the launch it describes.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
+    grid_dependency_wait();
+    launch_dependents();
+    let (c, nh, max_t, window) = (p.c as usize, p.nh as usize, p.max_t as usize, p.window as usize);
+    let tid = thread_idx_x() as usize;
+    let lane = lane_id() as usize;
+    let (grp, l8) = (tid / ATT_LANES, lane % ATT_LANES);
+    let chunk = block_idx_x() as usize;
+    let h = block_idx_y() as usize;
+    let r = block_idx_z() as usize;
+    // SAFETY: pos holds n entries; clamped so no key index reaches max_t.
+    let pos = (unsafe { *p.pos.add(r) } as usize).min(max_t - 1);
+    let key_lo = if window > 0 {
+        (pos + 1).saturating_sub(window)
+    } else {
+        0
+    };
+    let chunks = (pos + 1 - key_lo).div_ceil(DECODE_ATTN_CHUNK as usize);
+    if chunk >= chunks {
+        return;
+    }
+    let key_begin = key_lo + chunk * DECODE_ATTN_CHUNK as usize;
+    let key_end = pos + 1;
+
+    // This lane's 8 query dimensions, pre-scaled into log2 units.
+    // SAFETY: q holds n*c floats; h*HS + 36 + 4 <= c.
+    let q_g = unsafe { p.q.add(r * c + h * HS + VEC * l8) };
+    let (qa, qb) = unsafe { (load4(q_g), load4(q_g.add(ATT_HALF))) };
+    let mut q = [0f32; 2 * VEC];
+    for e in 0..VEC {
+        q[e] = qa[e] * p.scale_log2e;
+        q[VEC + e] = qb[e] * p.scale_log2e;
+    }
+    let plane = (r * nh + h) * max_t * HS + VEC * l8;
+    // SAFETY: cache row r, head h: max_t * HS floats from `plane`.
+    let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
+    // Keys interleave across groups, so neighbouring groups read neighbouring rows.
+    let key_of = |i: usize| key_begin + grp + i * ATT_GROUPS;
+
+    // Every K and V load of the chunk first (V does not depend on the
+    // scores), so the chunk costs one memory round trip, not two.
+    let mut kv = [[[0f32; VEC]; 4]; ATT_KEYS_PER_GROUP];
+    unroll_below!(i < ATT_KEYS_PER_GROUP => {
+        let key = key_of(i);
+        if key < key_end {
+            // SAFETY: key < key_end <= max_t.
+            unsafe {
+                kv[i] = [
+                    load4(k_g.add(key * HS)),
+                    load4(k_g.add(key * HS + ATT_HALF)),
+                    load4(v_g.add(key * HS)),
+                    load4(v_g.add(key * HS + ATT_HALF)),
+                ];
+            }
+        }
+    });
+    let mut s = [0f32; ATT_KEYS_PER_GROUP];
+    unroll_below!(i < ATT_KEYS_PER_GROUP => {
+        let key = key_of(i);
+        let (ka, kb) = (kv[i][0], kv[i][1]);
+        let mut dot = 0f32;
+        for e in 0..VEC {
+            dot = fma(q[e], ka[e], dot);
+            dot = fma(q[VEC + e], kb[e], dot);
+        }
+        // All lanes shuffle (full mask), valid key or not.
+        let mut off = 1;
+        while off < ATT_LANES as u32 {
+            dot += shfl_xor_f32(dot, off);
+            off *= 2;
+        }
+        s[i] = if key < key_end { dot } else { f32::NEG_INFINITY };
+    });
+    let mut m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let base = softmax_base(m);
+    let mut l = 0f32;
+    let mut acc = [0f32; 2 * VEC];
+    unroll_below!(i < ATT_KEYS_PER_GROUP => {
+        if key_of(i) < key_end {
+            let w = exp2_approx(s[i] - base);
+            l += w;
+            let (va, vb) = (kv[i][2], kv[i][3]);
+            for e in 0..VEC {
+                acc[e] = fma(w, va[e], acc[e]);
+                acc[VEC + e] = fma(w, vb[e], acc[VEC + e]);
+            }
+        }
+    });
+    // Merge the warp's 4 key groups (lanes 8 and 16 apart).
+    merge_state(&mut m, &mut l, &mut acc, 8);
+    merge_state(&mut m, &mut l, &mut acc, 16);
+
+    let head = r * nh + h;
+    let first = head * p.parts_stride as usize;
+    if lane < ATT_LANES {
+        let part = first + chunk * DECODE_ATTN_PARTS_PER_CHUNK as usize + warp_id() as usize;
+        // SAFETY: part < (head + 1) * parts_stride (chunks * 2 <= parts_stride).
+        unsafe {
+            let a = p.part_acc.add(part * HS + VEC * l8);
+            store4(a, [acc[0], acc[1], acc[2], acc[3]]);
+            store4(a.add(ATT_HALF), [acc[4], acc[5], acc[6], acc[7]]);
+            if l8 == 0 {
+                *p.part_ml.add(2 * part) = m;
+                *p.part_ml.add(2 * part + 1) = l;
+            }
+        }
+        thread_fence();
+    }
+    // SAFETY: counter holds n * nh entries, zero between launches.
+    let counter = unsafe { p.counter.add(head) };
+    // A row's only chunk is last without asking the counter.
+    let arrived_last = sync_threads_or(
+        tid == 0 && (chunks == 1 || unsafe { atomic_add_acq_rel_u32(counter, 1) } as usize == chunks - 1),
+    );
+    if !arrived_last {
+        return;
+    }
+    thread_fence();
+    // The combine: thread d owns dimension d.
+    let parts = chunks * DECODE_ATTN_PARTS_PER_CHUNK as usize;
+    if tid < HS {
+        let ml = unsafe { p.part_ml.add(2 * first) };
+        let mut m_all = f32::NEG_INFINITY;
+        for i in 0..parts {
+            // SAFETY: part i < parts of this head, written before the arrivals.
+            m_all = m_all.max(unsafe { core::ptr::read_volatile(ml.add(2 * i)) });
+        }
+        // Finite: the part holding the query's own key saw a real score.
+        let (mut l_all, mut o) = (0f32, 0f32);
+        for i in 0..parts {
+            let (mi, li, ai) = unsafe {
+                (
+                    core::ptr::read_volatile(ml.add(2 * i)),
+                    core::ptr::read_volatile(ml.add(2 * i + 1)),
+                    core::ptr::read_volatile(p.part_acc.add((first + i) * HS + tid)),
+                )
+            };
+            let w = exp2_approx(mi - m_all);
+            l_all = fma(li, w, l_all);
+            o = fma(ai, w, o);
+        }
+        // SAFETY: r < n, h*HS + tid < c.
+        unsafe { *p.out.add(r * c + h * HS + tid) = o / l_all };
+    }
+    if tid == 0 {
+        // SAFETY: every block of this head has arrived; none touches it again.
+        unsafe { *counter = 0 };
+    }
+}

@@ -1,0 +1,186 @@
+//! The decode step's fused kernels (`ops::decode`): a few rows, one new
+//! token each, at positions the device holds.
+//!
+//! A decode step reads every weight once, so it is bound by memory
+//! bandwidth and, at ~60 kernels per token, by the gaps between kernels.
+//! These kernels fold the small ops into the matrix-vector products that
+//! need them, and take the step's state (token ids, per-row positions) from
+//! device memory, so one captured CUDA graph serves every step:
+//!
+//! - [`DECODE_GEMV`]: `out = epilogue(prologue(inp) · weightᵀ)`. Prologues:
+//!   the token + position embedding (`wte[tokens[r]] + wpe[pos[r]]`, the
+//!   encoder) and/or a layernorm of each input row. Epilogues: bias, GELU,
+//!   a residual add, the qkv split (q to `out`, k and v into the KV cache at
+//!   each row's position), and the greedy choice over the vocabulary (the LM
+//!   head), whose last block also advances the step state.
+//! - [`DECODE_ATTENTION`]: flash-decoding over the cache with a fixed grid
+//!   of key chunks sized for the cache (chunks past a row's position exit at
+//!   once); the last chunk block of each (row, head) to finish merges the
+//!   partials, so there is no separate combine launch.
+//!
+//! Rows may sit at different positions (`pos[r]`), so a scheduler can batch
+//! requests that started at different times.
+
+/// [`DecodeGemvParams`] kernels, by the most rows they serve (one
+/// accumulator per row in registers: fewer rows, fewer registers, more
+/// resident warps): `DECODE_GEMV_VARIANTS[i]` serves up to
+/// `DECODE_GEMV_VARIANT_ROWS[i]` rows; [`DECODE_GEMV`] is the 8-row one.
+pub const DECODE_GEMV: &str = "decode_gemv";
+pub const DECODE_GEMV_VARIANTS: [&str; 4] = ["decode_gemv_1", "decode_gemv_2", "decode_gemv_4", DECODE_GEMV];
+pub const DECODE_GEMV_VARIANT_ROWS: [u32; 4] = [1, 2, 4, DECODE_MAX_ROWS];
+pub const DECODE_ATTENTION: &str = "decode_attention";
+
+/// Most rows (batch entries) one decode launch serves: each lane keeps one
+/// accumulator per row in registers.
+pub const DECODE_MAX_ROWS: u32 = 8;
+/// 16-byte weight loads a lane issues at once: a warp reads a chunk of
+/// `32 * 8 * 4 = 1024` floats of a weight row, all loads in flight before
+/// the first is used.
+pub const DECODE_GEMV_LOADS: u32 = 8;
+/// Floats of a weight row one warp covers: a row of `c` floats is split
+/// over `ceil(c / CHUNK)` warps of a block (`k_warps`), whose partial dot
+/// products meet in shared memory.
+pub const DECODE_GEMV_CHUNK: u32 = 32 * DECODE_GEMV_LOADS * 4;
+/// Largest `c` (inner size) the GEMV stages in shared memory: `rows * c`
+/// floats, up to 8 x 6400 (gpt2-xl's fcproj) = 200 KiB. The host raises the
+/// kernel's dynamic shared-memory limit to what a launch needs.
+pub const DECODE_GEMV_MAX_C: u32 = 6400;
+/// Most warps per GEMV block.
+pub const DECODE_GEMV_MAX_WARPS: u32 = 8;
+/// Shared memory after the staged rows for the split rows' partial sums:
+/// one float per (warp, row).
+pub const DECODE_GEMV_RED_SMEM_BYTES: u32 = DECODE_GEMV_MAX_WARPS * DECODE_MAX_ROWS * 4;
+/// Shared memory the greedy epilogue adds after those: one (value, index)
+/// pair per (warp, row).
+pub const DECODE_GEMV_ARGMAX_SMEM_BYTES: u32 = DECODE_GEMV_MAX_WARPS * DECODE_MAX_ROWS * 8;
+
+/// Dynamic shared memory of a [`DECODE_GEMV`] launch of `n` rows, inner size
+/// `c`, with or without a layernorm prologue: the staged rows, the split
+/// sums, the argmax scratch, then the layernorm's weight and bias and each
+/// row's (mean, rstd), padded to 4 floats.
+pub const fn decode_gemv_shared_bytes(n: u32, c: u32, ln: bool) -> u32 {
+    let ln_bytes = if ln { (2 * c + (2 * n).next_multiple_of(4)) * 4 } else { 0 };
+    n * c * 4 + DECODE_GEMV_RED_SMEM_BYTES + DECODE_GEMV_ARGMAX_SMEM_BYTES + ln_bytes
+}
+
+/// Attention: keys per chunk (one block each).
+pub const DECODE_ATTN_CHUNK: u32 = 64;
+/// Attention: threads per block (2 warps; 8 lanes share a key, 8 head
+/// dimensions each).
+pub const DECODE_ATTN_THREADS: u32 = 64;
+/// Attention: partials each chunk block writes (one per warp).
+pub const DECODE_ATTN_PARTS_PER_CHUNK: u32 = DECODE_ATTN_THREADS / 32;
+/// Head size the attention kernel is written for (every GPT-2 size has 64).
+pub const DECODE_HEAD_SIZE: u32 = 64;
+
+/// Decode GEMV: `out[r, col] = epilogue(Σ_k x[r, k] · weight[col, k])` for
+/// rows `r < n` and columns `col < oc`, where `x` is `inp` after the
+/// prologue.
+///
+/// Launch: a 1-D grid of blocks of `warps * 32` threads, `warps` a
+/// multiple of `k_warps = ceil(c / DECODE_GEMV_CHUNK)` and at most
+/// [`DECODE_GEMV_MAX_WARPS`]: each group of `k_warps` warps owns one column
+/// at a time (warp `j` of the group its `j`-th chunk of `c`), and the
+/// block's `warps / k_warps` groups stride over the columns together.
+/// Dynamic shared memory: [`decode_gemv_shared_bytes`]. `c % 4 == 0`, `c <=` [`DECODE_GEMV_MAX_C`], `n <=`
+/// [`DECODE_MAX_ROWS`], every pointer 16-byte aligned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeGemvParams {
+    /// `[n, oc]`; with `k_cache`, `[n, oc / 3]` (the q third only).
+    pub out: *mut f32,
+    /// `[n, c]` input rows; unused (may be null) with `tokens`.
+    pub inp: *const f32,
+    /// `[c]` each: when `ln_weight` is non-null, the prologue layernorms
+    /// every input row (GPT-2's eps, biased variance).
+    pub ln_weight: *const f32,
+    pub ln_bias: *const f32,
+    /// `[oc, c]`, row-major (GPT-2's (out, in) layout).
+    pub weight: *const f32,
+    /// `[oc]` or null.
+    pub bias: *const f32,
+    /// `[n, oc]` or null: added after bias (and GELU). May not alias `out`.
+    pub residual: *const f32,
+    /// Non-null: the embedding prologue. Input row `r` is
+    /// `wte[min(tokens[r], vocab - 1)] + wpe[min(pos[r], max_pos - 1)]`
+    /// (clamped: never an out-of-bounds read), and block 0 writes it to
+    /// `embed_out` (`[n, c]`, the residual stream).
+    pub tokens: *const u32,
+    /// `[n]`: each row's position (the new token's index in its sequence).
+    /// Read by the embedding prologue and the KV-cache epilogue.
+    pub pos: *const u32,
+    pub wte: *const f32,
+    pub wpe: *const f32,
+    pub embed_out: *mut f32,
+    pub vocab: u32,
+    pub max_pos: u32,
+    /// Non-null (with `v_cache`): the qkv epilogue. Columns `[0, C)` go to
+    /// `out` as q, `[C, 2C)` to `k_cache` and `[2C, 3C)` to `v_cache` at
+    /// `[(r * nh + h) * max_t + pos[r]] * HS + d`, where `C = oc / 3`,
+    /// `HS = C / nh`; rows whose `pos[r] >= max_t` store nothing.
+    pub k_cache: *mut f32,
+    pub v_cache: *mut f32,
+    pub nh: u32,
+    pub max_t: u32,
+    /// Non-null: the greedy epilogue (the LM head). Each block writes its
+    /// best (value, column) per row over columns `< v` to `part_val` /
+    /// `part_idx` (`[blocks, n]` each), and the block that arrives last (on
+    /// `counter`, zero between launches) picks each row's argmax over them
+    /// (ties to the lowest id, NaN never wins), writes it to `ids[r]` and
+    /// `tokens_next[r]` and adds 1 to `pos_next[r]`, then resets `counter`.
+    pub ids: *mut u32,
+    pub tokens_next: *mut u32,
+    pub pos_next: *mut u32,
+    pub part_val: *mut f32,
+    pub part_idx: *mut u32,
+    pub counter: *mut u32,
+    /// Real vocabulary: columns `>= v` (padding) never win the argmax.
+    pub v: u32,
+    pub n: u32,
+    pub c: u32,
+    pub oc: u32,
+    /// Nonzero: GELU after the bias.
+    pub gelu: u32,
+    /// Warps sharing one column: `ceil(c / DECODE_GEMV_CHUNK)`.
+    pub k_warps: u32,
+}
+
+/// Decode attention over the KV cache, one query per row, at each row's
+/// position `pos[r]` (the key at `pos[r]` already stored by the qkv GEMV).
+///
+/// Launch: grid `(ceil(max_t / DECODE_ATTN_CHUNK), nh, n)`,
+/// [`DECODE_ATTN_THREADS`] threads. Chunk blocks wholly past a row's last
+/// key return at once; the others write (max, sum, acc) partials, and the
+/// last of them to arrive (on `counter[r * nh + h]`, zero between launches)
+/// merges them into `out`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeAttentionParams {
+    /// `[n, C]`
+    pub out: *mut f32,
+    /// `[n, C]` queries.
+    pub q: *const f32,
+    /// `[max_batch][nh][max_t][HS]`; row `r` of the call is cache row `r`.
+    pub k_cache: *const f32,
+    pub v_cache: *const f32,
+    /// `[n]` positions; a row with `pos[r] >= max_t` attends to keys
+    /// `0..max_t` (never read out of bounds; the host never sends one).
+    pub pos: *const u32,
+    /// `[n * nh * parts_stride * HS]` and `[n * nh * parts_stride * 2]`.
+    pub part_acc: *mut f32,
+    pub part_ml: *mut f32,
+    /// `[n * nh]` arrival counters.
+    pub counter: *mut u32,
+    pub n: u32,
+    pub max_t: u32,
+    pub c: u32,
+    pub nh: u32,
+    /// 0 = unlimited; else each query sees its last `window` keys.
+    pub window: u32,
+    /// log2(e) / sqrt(HS).
+    pub scale_log2e: f32,
+    /// Partials per (row, head) the buffers hold room for (>= chunks * 2).
+    pub parts_stride: u32,
+}
+
+crate::kernel_params!(DecodeGemvParams, DecodeAttentionParams);

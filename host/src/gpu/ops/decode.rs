@@ -1,0 +1,448 @@
+//! Launch wrappers of the decode step's fused kernels (`gpu_kernels::ops::decode`):
+//! [`decode_gemv`] (a matrix-vector product with the small ops folded in)
+//! and [`decode_attention`] (flash-decoding at device-held positions).
+//! CPU twins: `cpu::decode`.
+
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use gpu_kernels::params::decode::*;
+
+use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
+use crate::gpu::Gpu;
+
+const OP_GEMV: &str = "decode_gemv";
+const OP_ATTN: &str = "decode_attention";
+/// Dynamic shared memory a kernel gets without raising its limit.
+const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
+/// Floats per partial's (max, sum) pair.
+const ML_FLOATS: usize = 2;
+
+/// How the decode kernels are launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeLaunch {
+    /// Programmatic dependent launch: each kernel's weight loads overlap
+    /// the previous kernel's tail. Only the sm_90a module's kernels wait on
+    /// the dependency (`Gpu::has_wgmma`); elsewhere this is ignored.
+    pub pdl: bool,
+}
+
+/// Scratch of the decode kernels, sized once for up to `max_rows` rows of
+/// `nh` heads over `max_t` positions: attention partials and arrival
+/// counters, and the greedy LM head's per-block bests and counter. The
+/// counters start at zero and every kernel leaves them at zero.
+pub struct DecodeWorkspace {
+    part_acc: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    attn_counters: CudaSlice<u32>,
+    best_val: CudaSlice<f32>,
+    best_idx: CudaSlice<u32>,
+    best_counter: CudaSlice<u32>,
+    max_rows: usize,
+    nh: usize,
+    max_t: usize,
+    parts_stride: usize,
+    /// Most GEMV blocks of a launch: the greedy partials hold that many rows.
+    max_blocks: usize,
+    /// Resident GEMV blocks per SM, per (kernel, threads, shared bytes).
+    occupancy: HashMap<(&'static str, u32, u32), u32>,
+}
+
+/// Most GEMV blocks a launch uses per SM: the grid is sized to be resident
+/// at once (warps stride over the columns), so no block waits for a slot.
+const MAX_BLOCKS_PER_SM: usize = 16;
+
+impl DecodeWorkspace {
+    pub fn new(gpu: &Gpu, max_rows: usize, nh: usize, max_t: usize) -> Result<Self, OpError> {
+        if max_rows == 0 || max_rows > DECODE_MAX_ROWS as usize {
+            return Err(OpError::shape(
+                OP_GEMV,
+                format!("{max_rows} rows: the decode kernels serve 1..={DECODE_MAX_ROWS}"),
+            ));
+        }
+        let parts_stride = max_t.div_ceil(DECODE_ATTN_CHUNK as usize) * DECODE_ATTN_PARTS_PER_CHUNK as usize;
+        let heads = max_rows * nh;
+        let max_blocks = gpu.sm_count() * MAX_BLOCKS_PER_SM;
+        Ok(Self {
+            part_acc: gpu.alloc(heads * parts_stride * DECODE_HEAD_SIZE as usize)?,
+            part_ml: gpu.alloc(heads * parts_stride * ML_FLOATS)?,
+            attn_counters: gpu.alloc(heads)?,
+            best_val: gpu.alloc(max_blocks * max_rows)?,
+            best_idx: gpu.alloc(max_blocks * max_rows)?,
+            best_counter: gpu.alloc(1)?,
+            max_rows,
+            nh,
+            max_t,
+            parts_stride,
+            max_blocks,
+            occupancy: HashMap::new(),
+        })
+    }
+
+    /// Device floats (and u32s) the workspace holds for these sizes.
+    pub fn device_words(sm_count: usize, max_rows: usize, nh: usize, max_t: usize) -> usize {
+        let parts_stride = max_t.div_ceil(DECODE_ATTN_CHUNK as usize) * DECODE_ATTN_PARTS_PER_CHUNK as usize;
+        let heads = max_rows * nh;
+        heads * parts_stride * (DECODE_HEAD_SIZE as usize + ML_FLOATS)
+            + heads
+            + 2 * sm_count * MAX_BLOCKS_PER_SM * max_rows
+            + 1
+    }
+
+    fn resident(&mut self, gpu: &Gpu, kernel: &'static str, threads: u32, shared: u32) -> Result<u32, OpError> {
+        if let Some(&b) = self.occupancy.get(&(kernel, threads, shared)) {
+            return Ok(b);
+        }
+        let b = gpu.resident_blocks_per_sm(kernel, threads, shared)?;
+        self.occupancy.insert((kernel, threads, shared), b);
+        Ok(b)
+    }
+}
+
+/// The embedding prologue's tables and state: row `r`'s input is
+/// `wte[tokens[r]] + wpe[pos[r]]`, also written to `out` (the residual stream).
+pub struct Embed<'a> {
+    pub tokens: &'a CudaSlice<u32>,
+    pub pos: &'a CudaSlice<u32>,
+    /// `[vocab, c]`
+    pub wte: &'a CudaSlice<f32>,
+    /// `[max_pos, c]`
+    pub wpe: &'a CudaSlice<f32>,
+    pub vocab: usize,
+    pub max_pos: usize,
+    pub out: &'a mut CudaSlice<f32>,
+}
+
+/// What the GEMV multiplies.
+pub enum Input<'a> {
+    /// `[n, c]` rows.
+    Rows(&'a CudaSlice<f32>),
+    /// The token + position embedding of each row.
+    Embed(Embed<'a>),
+}
+
+/// Where the GEMV's results go.
+pub enum Output<'a> {
+    /// `out[n, oc] = (gelu?)(x·Wᵀ + bias) + residual`.
+    Rows {
+        out: &'a mut CudaSlice<f32>,
+        residual: Option<&'a CudaSlice<f32>>,
+        gelu: bool,
+    },
+    /// The qkv projection: q to `q` (`[n, oc/3]`), k and v into the caches
+    /// (`[max_batch][nh][max_t][oc/3/nh]`) at each row's `pos`.
+    Qkv {
+        q: &'a mut CudaSlice<f32>,
+        k_cache: &'a mut CudaSlice<f32>,
+        v_cache: &'a mut CudaSlice<f32>,
+        pos: &'a CudaSlice<u32>,
+        nh: usize,
+        max_t: usize,
+    },
+    /// The LM head: logits to `logits` (`[n, oc]`), each row's argmax over
+    /// the first `v` columns to `ids` and `tokens_next`, and `pos_next[r] += 1`.
+    Greedy {
+        logits: &'a mut CudaSlice<f32>,
+        ids: &'a mut CudaSlice<u32>,
+        tokens_next: &'a mut CudaSlice<u32>,
+        pos_next: &'a mut CudaSlice<u32>,
+        v: usize,
+    },
+}
+
+/// The launch of a GEMV of `n` rows, inner size `c`, `oc` columns, and its
+/// `k_warps`: warps per column (one per chunk of `c`), groups of them per
+/// block, blocks (all resident at once: the groups stride over the
+/// columns), and the dynamic shared memory (`decode_gemv_shared_bytes`).
+fn gemv_config(
+    gpu: &Gpu,
+    ws: &mut DecodeWorkspace,
+    n: usize,
+    c: usize,
+    oc: usize,
+    ln: bool,
+) -> Result<(LaunchConfig, u32), OpError> {
+    let k_warps = c.div_ceil(DECODE_GEMV_CHUNK as usize);
+    let max_warps = DECODE_GEMV_MAX_WARPS as usize;
+    // As many column groups as fit in a block of at most 8 warps, unless
+    // that leaves SMs without a block (768 columns in groups of 8: 96
+    // blocks on 132 SMs): then half as many.
+    let mut groups = (max_warps / k_warps).max(1);
+    if groups > 1 && oc.div_ceil(groups) < gpu.sm_count() {
+        groups /= 2;
+    }
+    let threads = (groups * k_warps * 32) as u32;
+    let kernel = gemv_kernel(n);
+    let shared = decode_gemv_shared_bytes(n as u32, c as u32, ln);
+    if shared > DEFAULT_SHARED_LIMIT {
+        gpu.set_max_dynamic_shared(kernel, shared)?;
+    }
+    let resident = ws.resident(gpu, kernel, threads, shared)? as usize;
+    let blocks = oc
+        .div_ceil(groups)
+        .min(gpu.sm_count() * resident.min(MAX_BLOCKS_PER_SM))
+        .min(ws.max_blocks)
+        .max(1);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    Ok((cfg, k_warps as u32))
+}
+
+/// The GEMV kernel for `n` rows: the one with the fewest accumulators that serves them.
+fn gemv_kernel(n: usize) -> &'static str {
+    DECODE_GEMV_VARIANTS
+        .iter()
+        .zip(DECODE_GEMV_VARIANT_ROWS)
+        .find(|&(_, rows)| n <= rows as usize)
+        .map_or(DECODE_GEMV, |(name, _)| name)
+}
+
+/// `Output = epilogue(prologue(Input) · weightᵀ)` for `n` rows (see
+/// `DecodeGemvParams`): `ln` layernorms each input row first; `weight` is
+/// `[oc, c]`, `bias` `[oc]`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_gemv(
+    gpu: &Gpu,
+    ws: &mut DecodeWorkspace,
+    launch: DecodeLaunch,
+    input: Input<'_>,
+    ln: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    weight: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    output: Output<'_>,
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<(), OpError> {
+    if n == 0 || n > ws.max_rows {
+        return Err(OpError::shape(
+            OP_GEMV,
+            format!("{n} rows: the workspace serves 1..={}", ws.max_rows),
+        ));
+    }
+    if c == 0 || !c.is_multiple_of(4) || c > DECODE_GEMV_MAX_C as usize || oc == 0 {
+        return Err(OpError::shape(
+            OP_GEMV,
+            format!("c = {c}, oc = {oc}: c must be a positive multiple of 4 up to {DECODE_GEMV_MAX_C}"),
+        ));
+    }
+    to_u32(OP_GEMV, "oc * c", oc * c)?;
+    check_len(OP_GEMV, "weight", weight.len(), oc * c)?;
+    let null = std::ptr::null::<f32>();
+    let mut p = DecodeGemvParams {
+        out: std::ptr::null_mut(),
+        inp: null,
+        ln_weight: null,
+        ln_bias: null,
+        weight: in_ptr(gpu, weight),
+        bias: null,
+        residual: null,
+        tokens: std::ptr::null(),
+        pos: std::ptr::null(),
+        wte: null,
+        wpe: null,
+        embed_out: std::ptr::null_mut(),
+        vocab: 0,
+        max_pos: 0,
+        k_cache: std::ptr::null_mut(),
+        v_cache: std::ptr::null_mut(),
+        nh: 0,
+        max_t: 0,
+        ids: std::ptr::null_mut(),
+        tokens_next: std::ptr::null_mut(),
+        pos_next: std::ptr::null_mut(),
+        part_val: std::ptr::null_mut(),
+        part_idx: std::ptr::null_mut(),
+        counter: std::ptr::null_mut(),
+        v: 0,
+        n: n as u32,
+        c: c as u32,
+        oc: oc as u32,
+        gelu: 0,
+        k_warps: 1,
+    };
+    let mut addrs = vec![p.weight as usize];
+    match input {
+        Input::Rows(inp) => {
+            check_len(OP_GEMV, "inp", inp.len(), n * c)?;
+            p.inp = in_ptr(gpu, inp);
+            addrs.push(p.inp as usize);
+        }
+        Input::Embed(e) => {
+            if e.vocab == 0 || e.max_pos == 0 {
+                return Err(OpError::shape(OP_GEMV, "empty embedding table"));
+            }
+            check_len(OP_GEMV, "tokens", e.tokens.len(), n)?;
+            check_len(OP_GEMV, "pos", e.pos.len(), n)?;
+            check_len(OP_GEMV, "wte", e.wte.len(), e.vocab * c)?;
+            check_len(OP_GEMV, "wpe", e.wpe.len(), e.max_pos * c)?;
+            check_len(OP_GEMV, "embed out", e.out.len(), n * c)?;
+            p.tokens = in_ptr(gpu, e.tokens);
+            p.pos = in_ptr(gpu, e.pos);
+            p.wte = in_ptr(gpu, e.wte);
+            p.wpe = in_ptr(gpu, e.wpe);
+            p.embed_out = out_ptr(gpu, e.out);
+            p.vocab = to_u32(OP_GEMV, "vocab", e.vocab)?;
+            p.max_pos = to_u32(OP_GEMV, "max_pos", e.max_pos)?;
+            addrs.extend([p.wte as usize, p.wpe as usize, p.embed_out as usize]);
+        }
+    }
+    if let Some((w, b)) = ln {
+        check_len(OP_GEMV, "ln_weight", w.len(), c)?;
+        check_len(OP_GEMV, "ln_bias", b.len(), c)?;
+        p.ln_weight = in_ptr(gpu, w);
+        p.ln_bias = in_ptr(gpu, b);
+        addrs.extend([p.ln_weight as usize, p.ln_bias as usize]);
+    }
+    if let Some(b) = bias {
+        check_len(OP_GEMV, "bias", b.len(), oc)?;
+        p.bias = in_ptr(gpu, b);
+    }
+    match output {
+        Output::Rows { out, residual, gelu } => {
+            check_len(OP_GEMV, "out", out.len(), n * oc)?;
+            p.out = out_ptr(gpu, out);
+            if let Some(r) = residual {
+                check_len(OP_GEMV, "residual", r.len(), n * oc)?;
+                p.residual = in_ptr(gpu, r);
+                if p.residual as usize == p.out as usize {
+                    return Err(OpError::shape(OP_GEMV, "residual may not alias out"));
+                }
+            }
+            p.gelu = gelu as u32;
+        }
+        Output::Qkv {
+            q,
+            k_cache,
+            v_cache,
+            pos,
+            nh,
+            max_t,
+        } => {
+            let cq = oc / 3;
+            if !oc.is_multiple_of(3) || nh == 0 || !cq.is_multiple_of(nh) || max_t == 0 {
+                return Err(OpError::shape(
+                    OP_GEMV,
+                    format!("qkv: oc = {oc} must be 3 x C with C divisible by nh = {nh}"),
+                ));
+            }
+            check_len(OP_GEMV, "q", q.len(), n * cq)?;
+            check_len(OP_GEMV, "pos", pos.len(), n)?;
+            to_u32(OP_GEMV, "cache", n * cq * max_t)?;
+            check_len(OP_GEMV, "k_cache", k_cache.len(), n * cq * max_t)?;
+            check_len(OP_GEMV, "v_cache", v_cache.len(), n * cq * max_t)?;
+            p.out = out_ptr(gpu, q);
+            p.k_cache = out_ptr(gpu, k_cache);
+            p.v_cache = out_ptr(gpu, v_cache);
+            p.pos = in_ptr(gpu, pos);
+            p.nh = nh as u32;
+            p.max_t = max_t as u32;
+        }
+        Output::Greedy {
+            logits,
+            ids,
+            tokens_next,
+            pos_next,
+            v,
+        } => {
+            if v == 0 || v > oc {
+                return Err(OpError::shape(OP_GEMV, format!("vocabulary {v} outside 1..={oc}")));
+            }
+            check_len(OP_GEMV, "logits", logits.len(), n * oc)?;
+            check_len(OP_GEMV, "ids", ids.len(), n)?;
+            check_len(OP_GEMV, "tokens_next", tokens_next.len(), n)?;
+            check_len(OP_GEMV, "pos_next", pos_next.len(), n)?;
+            p.out = out_ptr(gpu, logits);
+            p.ids = out_ptr(gpu, ids);
+            p.tokens_next = out_ptr(gpu, tokens_next);
+            p.pos_next = out_ptr(gpu, pos_next);
+            p.part_val = out_ptr(gpu, &mut ws.best_val);
+            p.part_idx = out_ptr(gpu, &mut ws.best_idx);
+            p.counter = out_ptr(gpu, &mut ws.best_counter);
+            p.v = v as u32;
+        }
+    }
+    addrs.push(p.out as usize);
+    if !aligned16(&addrs) {
+        return Err(OpError::shape(OP_GEMV, "buffers must be 16-byte aligned"));
+    }
+    let (cfg, k_warps) = gemv_config(gpu, ws, n, c, oc, ln.is_some())?;
+    p.k_warps = k_warps;
+    // SAFETY: every buffer the params name was checked above to hold what
+    // the kernel reads or writes for n rows, c, oc (and the greedy
+    // partials hold max_blocks >= grid rows); 16-byte aligned; c % 4 == 0,
+    // c <= MAX_C, n <= MAX_ROWS; the launch gives n*c floats of shared
+    // memory (+ the greedy scratch); the kernel keeps the PDL contract.
+    unsafe { gpu.launch_pdl(gemv_kernel(n), cfg, p, launch.pdl && gpu.has_wgmma())? };
+    Ok(())
+}
+
+/// Attention of one query per row over the KV cache, at each row's
+/// position `pos[r]` (keys `0..=pos[r]`, or the last `window`), heads of
+/// size [`DECODE_HEAD_SIZE`]: `out[n, c]` from `q[n, c]`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention(
+    gpu: &Gpu,
+    ws: &mut DecodeWorkspace,
+    launch: DecodeLaunch,
+    out: &mut CudaSlice<f32>,
+    q: &CudaSlice<f32>,
+    k_cache: &CudaSlice<f32>,
+    v_cache: &CudaSlice<f32>,
+    pos: &CudaSlice<u32>,
+    n: usize,
+    c: usize,
+    nh: usize,
+    window: usize,
+) -> Result<(), OpError> {
+    let max_t = ws.max_t;
+    if n == 0 || n > ws.max_rows || nh != ws.nh || nh * DECODE_HEAD_SIZE as usize != c {
+        return Err(OpError::shape(
+            OP_ATTN,
+            format!(
+                "n = {n}, nh = {nh}, c = {c}: the workspace serves up to {} rows of {} heads of size {DECODE_HEAD_SIZE}",
+                ws.max_rows, ws.nh
+            ),
+        ));
+    }
+    check_len(OP_ATTN, "out", out.len(), n * c)?;
+    check_len(OP_ATTN, "q", q.len(), n * c)?;
+    check_len(OP_ATTN, "pos", pos.len(), n)?;
+    to_u32(OP_ATTN, "cache", n * c * max_t)?;
+    check_len(OP_ATTN, "k_cache", k_cache.len(), n * c * max_t)?;
+    check_len(OP_ATTN, "v_cache", v_cache.len(), n * c * max_t)?;
+    let p = DecodeAttentionParams {
+        out: out_ptr(gpu, out),
+        q: in_ptr(gpu, q),
+        k_cache: in_ptr(gpu, k_cache),
+        v_cache: in_ptr(gpu, v_cache),
+        pos: in_ptr(gpu, pos),
+        part_acc: out_ptr(gpu, &mut ws.part_acc),
+        part_ml: out_ptr(gpu, &mut ws.part_ml),
+        counter: out_ptr(gpu, &mut ws.attn_counters),
+        n: n as u32,
+        max_t: max_t as u32,
+        c: c as u32,
+        nh: nh as u32,
+        window: to_u32(OP_ATTN, "window", window)?,
+        scale_log2e: std::f32::consts::LOG2_E / (DECODE_HEAD_SIZE as f32).sqrt(),
+        parts_stride: ws.parts_stride as u32,
+    };
+    if !aligned16(&[p.out as usize, p.q as usize, p.k_cache as usize, p.v_cache as usize]) {
+        return Err(OpError::shape(OP_ATTN, "buffers must be 16-byte aligned"));
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (max_t.div_ceil(DECODE_ATTN_CHUNK as usize) as u32, nh as u32, n as u32),
+        block_dim: (DECODE_ATTN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: caches hold n rows of nh x max_t x 64 floats, q and out n x c
+    // (checked); the workspace's partials hold n*nh*parts_stride entries,
+    // parts_stride >= chunks * 2 for this max_t, and its counters n*nh,
+    // zero between launches; the kernel keeps the PDL contract.
+    unsafe { gpu.launch_pdl(DECODE_ATTENTION, cfg, p, launch.pdl && gpu.has_wgmma())? };
+    Ok(())
+}

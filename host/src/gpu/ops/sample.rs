@@ -1,0 +1,135 @@
+//! `sample_forward`: the next token of each row chosen on the device
+//! (greedy, temperature, top-k, top-p, a Philox draw), so only one id per
+//! row comes back to the host. Twin of `cpu::sample::sample_forward`; the
+//! rule is in `gpu_kernels::params::sample`.
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, ValidAsZeroBits};
+use gpu_kernels::params::sample::{
+    SAMPLE_BLOCK, SAMPLE_FORWARD, SAMPLE_MAX_VOCAB, SampleParams, SampleRow, sample_shared_bytes,
+};
+
+use super::args::{OpError, check_len, in_ptr, out_ptr, to_u32};
+use crate::gpu::Gpu;
+use crate::sample::SamplingParams;
+
+const OP: &str = "sample_forward";
+
+/// A [`SampleRow`] as device memory holds it: cudarc's `DeviceRepr` cannot
+/// be implemented for `gpu_kernels`' type in this crate, hence the wrapper.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceSampleRow(pub SampleRow);
+// SAFETY: SampleRow is repr(C) plain numbers (f32, u32, f32, u32, u64: 24
+// bytes, no padding), the same layout on host and device, valid as zero bits
+// (temperature 0: greedy).
+unsafe impl DeviceRepr for DeviceSampleRow {}
+// SAFETY: as above.
+unsafe impl ValidAsZeroBits for DeviceSampleRow {}
+
+/// Launch configuration: one block per row.
+pub fn launch_config(n: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n, 1, 1),
+        block_dim: (SAMPLE_BLOCK, 1, 1),
+        shared_mem_bytes: sample_shared_bytes(),
+    }
+}
+
+/// The device settings of one row: `params` checked as `Sampler::new`
+/// checks them (temperature finite and >= 0, top-p in (0, 1]), with `seed`
+/// (the `Sampler`'s own, or any: the same seed and counter give the same
+/// token). `top_k` above `u32::MAX` keeps every token, as 0 does.
+pub fn sample_row(params: &SamplingParams, seed: u64) -> Result<SampleRow, OpError> {
+    if !(params.temperature.is_finite() && params.temperature >= 0.0) {
+        return Err(OpError::shape(
+            OP,
+            format!(
+                "temperature must be a finite number >= 0 (0 = greedy), got {}",
+                params.temperature
+            ),
+        ));
+    }
+    if !(params.top_p > 0.0 && params.top_p <= 1.0) {
+        return Err(OpError::shape(
+            OP,
+            format!("top-p must be in (0, 1], got {}", params.top_p),
+        ));
+    }
+    Ok(SampleRow {
+        temperature: params.temperature,
+        top_k: u32::try_from(params.top_k).unwrap_or(0),
+        top_p: params.top_p,
+        _pad: 0,
+        seed,
+    })
+}
+
+/// For `i < n`: `out[i]` (and `next_tokens[i]` when given) = the id row `i`
+/// chooses from the first `v` entries of `logits[i * row_stride..]` (the
+/// padding after them is never read), with settings `rows[i]` and draw
+/// counter `counter[i]` (0 for every row when `None`; the engine passes
+/// each row's position, so each step draws fresh numbers).
+///
+/// Rows may overlap (`row_stride` may be below `v`, even 0): logits are
+/// only read. The same logits, settings, counter and row index give the
+/// same id on every run and every GPU.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_forward<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<u32>,
+    logits: &impl DevicePtr<f32>,
+    rows: &impl DevicePtr<DeviceSampleRow>,
+    counter: Option<&C>,
+    next_tokens: Option<&mut N>,
+    n: usize,
+    v: usize,
+    row_stride: usize,
+) -> Result<(), OpError> {
+    if v == 0 {
+        return Err(OpError::shape(OP, "empty vocabulary"));
+    }
+    if v > SAMPLE_MAX_VOCAB as usize {
+        return Err(OpError::TooLarge {
+            op: OP,
+            what: "v",
+            value: v,
+        });
+    }
+    check_len(OP, "out", out.len(), n)?;
+    check_len(OP, "rows", rows.len(), n)?;
+    if let Some(c) = counter {
+        check_len(OP, "counter", c.len(), n)?;
+    }
+    if let Some(t) = &next_tokens {
+        check_len(OP, "next_tokens", t.len(), n)?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let need = (n - 1)
+        .checked_mul(row_stride)
+        .and_then(|s| s.checked_add(v))
+        .ok_or(OpError::TooLarge {
+            op: OP,
+            what: "logits span",
+            value: usize::MAX,
+        })?;
+    check_len(OP, "logits", logits.len(), need)?;
+    let params = SampleParams {
+        out: out_ptr(gpu, out),
+        logits: in_ptr(gpu, logits),
+        rows: in_ptr(gpu, rows).cast(),
+        counter: counter.map_or(std::ptr::null(), |c| in_ptr(gpu, c)),
+        next_tokens: next_tokens.map_or(std::ptr::null_mut(), |t| out_ptr(gpu, t)),
+        n: to_u32(OP, "n", n)?,
+        v: v as u32,
+        row_stride: to_u32(OP, "row_stride", row_stride)?,
+    };
+    // SAFETY: out, rows and (where given) counter and next_tokens hold n
+    // entries, logits every row's first v entries (checked above, the row
+    // offsets in 64 bits as the kernel computes them); 1 <= v <= 2^31; the
+    // launch gives one block of SAMPLE_BLOCK threads per row and
+    // sample_shared_bytes() of shared memory (under the 48 KB default).
+    unsafe { gpu.launch(SAMPLE_FORWARD, launch_config(params.n), params)? };
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! The fused decode step (`gpu::ops::decode`, `DecodePath`): the graph
+//! replay against the same kernels launched eagerly (same tokens, logits
+//! within 1e-6), both against the per-op kernels and the CPU reference,
+//! with and without programmatic dependent launch, windowed, at the row
+//! limit and past it; decode attention with rows at different positions
+//! against a plain CPU attention.
+
+use host::cpu::CpuModel;
+use host::generate::{Backend, LogitsWanted};
+use host::gpu::engine::{DecodePath, GpuEngine, Precision};
+use host::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, decode_attention};
+use host::model::checkpoint::Checkpoint;
+use host::model::fixtures::llmc_bytes;
+use host::model::{DType, ModelConfig};
+use rand::Rng;
+
+use crate::kernels::{check, down, poisoned, random_vec};
+
+/// Graph replay against the eager launches of the same kernels.
+const GRAPH_TOL: f32 = 1e-6;
+/// The fused kernels against the per-op ones (other summation orders).
+const PATHS_TOL: f32 = 1e-4;
+/// The FP32 bar against the CPU reference.
+const CPU_TOL: f32 = 1e-3;
+
+/// A small model with GPT-2's head size (64), which the fused kernels need:
+/// L=2, NH=3, C=192, V=1000 (padded to 1024), maxT=160.
+fn head64_config() -> ModelConfig {
+    let vocab_size = 1000;
+    ModelConfig {
+        max_seq_len: 160,
+        vocab_size,
+        padded_vocab_size: ModelConfig::pad_vocab(vocab_size),
+        num_layers: 2,
+        num_heads: 3,
+        channels: 192,
+    }
+}
+
+fn checkpoint(cfg: &ModelConfig, seed: u64) -> Checkpoint {
+    let bytes = llmc_bytes(cfg, seed, DType::F32).unwrap();
+    Checkpoint::from_bytes(bytes, "random.bin", Some(cfg.num_heads)).unwrap()
+}
+
+/// Greedy-decode `steps` tokens after a random prompt of `prompt` tokens
+/// per row on `path`; returns every step's last-position logits and ids.
+#[allow(clippy::too_many_arguments)]
+fn run_path(
+    eng: &mut GpuEngine,
+    path: DecodePath,
+    pdl: bool,
+    prompt: &[u32],
+    b: usize,
+    t: usize,
+    steps: usize,
+) -> (Vec<Vec<f32>>, Vec<Vec<u32>>) {
+    eng.set_decode_path(path, pdl);
+    eng.forward(prompt, b, t, 0, LogitsWanted::Last).unwrap();
+    let mut logits = vec![eng.logits().unwrap()];
+    let mut ids = vec![eng.argmax().unwrap()];
+    for s in 0..steps {
+        assert_eq!(eng.decode_path_in_use(b), path, "the engine took another path");
+        let next = ids.last().unwrap().clone();
+        eng.forward(&next, b, 1, t + s, LogitsWanted::Last).unwrap();
+        logits.push(eng.logits().unwrap());
+        ids.push(eng.argmax().unwrap());
+    }
+    (logits, ids)
+}
+
+/// Every path on one checkpoint: graph = eager (with and without PDL),
+/// both within `PATHS_TOL` of the per-op kernels on the same tokens, and
+/// the CPU reference fed the same tokens within the FP32 bar.
+fn paths_agree(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: usize) {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let seed: u64 = rand::rng().random();
+    eprintln!("decode paths: checkpoint seed {seed}");
+    let ck = checkpoint(cfg, seed);
+    let w = ck.weights().unwrap();
+    let mut eng = GpuEngine::new(gpu, &w, b, t + steps + 1, Precision::Fp32).unwrap();
+    eng.set_attention_window(window);
+    let mut rng = rand::rng();
+    let prompt: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
+    let (graph_logits, graph_ids) = run_path(&mut eng, DecodePath::Graph, true, &prompt, b, t, steps);
+    let what = |p: &str| format!("{p} L={} C={} B={b} T={t} W={window}", cfg.num_layers, cfg.channels);
+    for (path, pdl) in [(DecodePath::Graph, false), (DecodePath::Eager, true), (DecodePath::Eager, false)] {
+        let (logits, ids) = run_path(&mut eng, path, pdl, &prompt, b, t, steps);
+        assert_eq!(ids, graph_ids, "{path:?} pdl={pdl} chose other tokens than the graph");
+        check(
+            &what(&format!("{path:?} pdl={pdl} vs graph")),
+            &logits.concat(),
+            &graph_logits.concat(),
+            GRAPH_TOL,
+            0.0,
+        );
+    }
+    // The per-op kernels, fed the graph's tokens.
+    eng.set_decode_path(DecodePath::Unfused, false);
+    let mut cpu = CpuModel::new(&w, b, t + steps + 1).unwrap();
+    cpu.set_attention_window(window);
+    eng.forward(&prompt, b, t, 0, LogitsWanted::Last).unwrap();
+    cpu.forward(&prompt, b, t, 0, LogitsWanted::Last).unwrap();
+    let (mut unfused, mut on_cpu) = (vec![eng.logits().unwrap()], vec![cpu.logits().unwrap()]);
+    for s in 0..steps {
+        assert_eq!(eng.decode_path_in_use(b), DecodePath::Unfused);
+        eng.forward(&graph_ids[s], b, 1, t + s, LogitsWanted::Last).unwrap();
+        cpu.forward(&graph_ids[s], b, 1, t + s, LogitsWanted::Last).unwrap();
+        unfused.push(eng.logits().unwrap());
+        on_cpu.push(cpu.logits().unwrap());
+    }
+    check(
+        &what("graph vs per-op kernels"),
+        &graph_logits.concat(),
+        &unfused.concat(),
+        PATHS_TOL,
+        0.0,
+    );
+    check(&what("graph vs CPU"), &graph_logits.concat(), &on_cpu.concat(), CPU_TOL, 0.0);
+}
+
+#[test]
+fn decode_graph_equals_eager_and_cpu() {
+    paths_agree(&head64_config(), 3, 5, 40, 0);
+}
+
+#[test]
+fn decode_graph_windowed() {
+    // Window 9 < the 20 positions reached, and chunk boundaries crossed.
+    paths_agree(&head64_config(), 2, 7, 13, 9);
+}
+
+#[test]
+fn decode_graph_eight_rows_and_long_cache() {
+    // 8 rows (the fused kernels' limit), past two 64-key chunks.
+    paths_agree(&head64_config(), 8, 70, 80, 0);
+}
+
+#[test]
+fn decode_graph_124m() {
+    paths_agree(&ModelConfig::GPT2_124M, 1, 16, 24, 0);
+}
+
+/// An engine built for more rows than the fused kernels serve decodes the
+/// larger batches on the per-op kernels and the smaller ones fused.
+#[test]
+fn decode_past_the_row_limit_falls_back() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let cfg = head64_config();
+    let ck = checkpoint(&cfg, rand::rng().random());
+    let w = ck.weights().unwrap();
+    let mut eng = GpuEngine::new(gpu, &w, 9, 32, Precision::Fp32).unwrap();
+    assert_eq!(eng.decode_path_in_use(9), DecodePath::Unfused);
+    assert_eq!(eng.decode_path_in_use(8), DecodePath::Graph);
+    let prompt: Vec<u32> = (0..9 * 4).map(|i| (i * 37 % cfg.vocab_size) as u32).collect();
+    let (logits9, _) = run_path(&mut eng, DecodePath::Unfused, false, &prompt, 9, 4, 3);
+    // Row 0 of the batch of 9 equals the same row decoded alone, fused.
+    let (logits1, _) = run_path(&mut eng, DecodePath::Graph, true, &prompt[..4], 1, 4, 3);
+    let vp = cfg.padded_vocab_size;
+    let row0 = |l: &Vec<Vec<f32>>| l.iter().flat_map(|s| s[..vp].to_vec()).collect::<Vec<f32>>();
+    check("row 0 of 9 (per-op) vs alone (fused)", &row0(&logits9), &row0(&logits1), PATHS_TOL, 0.0);
+}
+
+/// Decode attention with every row at its own position (the state a
+/// scheduler batching requests of different ages would hand it), against a
+/// plain softmax attention on the CPU; unwritten output is NaN-poisoned.
+#[test]
+fn decode_attention_rows_at_different_positions() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let (n, nh, hs, max_t) = (5usize, 3usize, 64usize, 300usize);
+    let c = nh * hs;
+    for window in [0usize, 70] {
+        let pos: Vec<u32> = vec![0, 63, 64, 200, 299];
+        let q = random_vec(n * c, 1.0);
+        let kc = random_vec(n * nh * max_t * hs, 1.0);
+        let vc = random_vec(n * nh * max_t * hs, 1.0);
+        let mut ws = DecodeWorkspace::new(&gpu, n, nh, max_t).unwrap();
+        let mut out = poisoned(&gpu, n * c);
+        let (dq, dk, dv, dpos) = (
+            gpu.upload(&q).unwrap(),
+            gpu.upload(&kc).unwrap(),
+            gpu.upload(&vc).unwrap(),
+            gpu.upload(&pos).unwrap(),
+        );
+        for pdl in [false, true] {
+            decode_attention(&gpu, &mut ws, DecodeLaunch { pdl }, &mut out, &dq, &dk, &dv, &dpos, n, c, nh, window)
+                .unwrap();
+            let got = down(&gpu, &out);
+            let mut want = vec![0f32; n * c];
+            for r in 0..n {
+                let p = pos[r] as usize;
+                let lo = if window > 0 { (p + 1).saturating_sub(window) } else { 0 };
+                for h in 0..nh {
+                    let qv = &q[r * c + h * hs..r * c + (h + 1) * hs];
+                    let key = |j: usize| &kc[((r * nh + h) * max_t + j) * hs..][..hs];
+                    let val = |j: usize| &vc[((r * nh + h) * max_t + j) * hs..][..hs];
+                    let scores: Vec<f64> = (lo..=p)
+                        .map(|j| qv.iter().zip(key(j)).map(|(a, b)| (a * b) as f64).sum::<f64>() / (hs as f64).sqrt())
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for d in 0..hs {
+                        let o: f64 = (lo..=p).zip(&e).map(|(j, w)| w * val(j)[d] as f64).sum::<f64>() / z;
+                        want[r * c + h * hs + d] = o as f32;
+                    }
+                }
+            }
+            check(&format!("decode attention, window {window}, pdl {pdl}"), &got, &want, 1e-5, 0.0);
+        }
+    }
+}
