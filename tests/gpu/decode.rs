@@ -83,7 +83,11 @@ fn paths_agree(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: usiz
     let prompt: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
     let (graph_logits, graph_ids) = run_path(&mut eng, DecodePath::Graph, true, &prompt, b, t, steps);
     let what = |p: &str| format!("{p} L={} C={} B={b} T={t} W={window}", cfg.num_layers, cfg.channels);
-    for (path, pdl) in [(DecodePath::Graph, false), (DecodePath::Eager, true), (DecodePath::Eager, false)] {
+    for (path, pdl) in [
+        (DecodePath::Graph, false),
+        (DecodePath::Eager, true),
+        (DecodePath::Eager, false),
+    ] {
         let (logits, ids) = run_path(&mut eng, path, pdl, &prompt, b, t, steps);
         assert_eq!(ids, graph_ids, "{path:?} pdl={pdl} chose other tokens than the graph");
         check(
@@ -115,7 +119,13 @@ fn paths_agree(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: usiz
         PATHS_TOL,
         0.0,
     );
-    check(&what("graph vs CPU"), &graph_logits.concat(), &on_cpu.concat(), CPU_TOL, 0.0);
+    check(
+        &what("graph vs CPU"),
+        &graph_logits.concat(),
+        &on_cpu.concat(),
+        CPU_TOL,
+        0.0,
+    );
 }
 
 #[test]
@@ -157,7 +167,13 @@ fn decode_past_the_row_limit_falls_back() {
     let (logits1, _) = run_path(&mut eng, DecodePath::Graph, true, &prompt[..4], 1, 4, 3);
     let vp = cfg.padded_vocab_size;
     let row0 = |l: &Vec<Vec<f32>>| l.iter().flat_map(|s| s[..vp].to_vec()).collect::<Vec<f32>>();
-    check("row 0 of 9 (per-op) vs alone (fused)", &row0(&logits9), &row0(&logits1), PATHS_TOL, 0.0);
+    check(
+        "row 0 of 9 (per-op) vs alone (fused)",
+        &row0(&logits9),
+        &row0(&logits1),
+        PATHS_TOL,
+        0.0,
+    );
 }
 
 /// Decode attention with every row at its own position (the state a
@@ -182,8 +198,21 @@ fn decode_attention_rows_at_different_positions() {
             gpu.upload(&pos).unwrap(),
         );
         for pdl in [false, true] {
-            decode_attention(&gpu, &mut ws, DecodeLaunch { pdl }, &mut out, &dq, &dk, &dv, &dpos, n, c, nh, window)
-                .unwrap();
+            decode_attention(
+                &gpu,
+                &mut ws,
+                DecodeLaunch { pdl },
+                &mut out,
+                &dq,
+                &dk,
+                &dv,
+                &dpos,
+                n,
+                c,
+                nh,
+                window,
+            )
+            .unwrap();
             let got = down(&gpu, &out);
             let mut want = vec![0f32; n * c];
             for r in 0..n {
@@ -205,7 +234,13 @@ fn decode_attention_rows_at_different_positions() {
                     }
                 }
             }
-            check(&format!("decode attention, window {window}, pdl {pdl}"), &got, &want, 1e-5, 0.0);
+            check(
+                &format!("decode attention, window {window}, pdl {pdl}"),
+                &got,
+                &want,
+                1e-5,
+                0.0,
+            );
         }
     }
 }

@@ -59,7 +59,11 @@ pub const DECODE_GEMV_ARGMAX_SMEM_BYTES: u32 = DECODE_GEMV_MAX_WARPS * DECODE_MA
 /// sums, the argmax scratch, then the layernorm's weight and bias and each
 /// row's (mean, rstd), padded to 4 floats.
 pub const fn decode_gemv_shared_bytes(n: u32, c: u32, ln: bool) -> u32 {
-    let ln_bytes = if ln { (2 * c + (2 * n).next_multiple_of(4)) * 4 } else { 0 };
+    let ln_bytes = if ln {
+        (2 * c + (2 * n).next_multiple_of(4)) * 4
+    } else {
+        0
+    };
     n * c * 4 + DECODE_GEMV_RED_SMEM_BYTES + DECODE_GEMV_ARGMAX_SMEM_BYTES + ln_bytes
 }
 

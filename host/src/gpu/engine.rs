@@ -733,7 +733,10 @@ impl Backend for GpuEngine {
             // The fused step chose them already.
             let ids = ids.slice(0..last.b);
             let mut out = vec![0u32; last.b];
-            self.gpu.stream.memcpy_dtoh(&ids, &mut out).ctx("reading the argmax ids")?;
+            self.gpu
+                .stream
+                .memcpy_dtoh(&ids, &mut out)
+                .ctx("reading the argmax ids")?;
             return Ok(out);
         }
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
