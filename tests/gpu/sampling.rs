@@ -372,54 +372,28 @@ fn edge_cases_match_the_twin() {
 #[test]
 fn wrapper_rejects_bad_arguments() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let logits = gpu.upload(&vec![0f32; 100]).unwrap();
-    let rows = gpu.upload(&vec![DeviceSampleRow(row(1.0, 0, 1.0, 1)); 2]).unwrap();
-    let mut out = gpu.upload(&vec![POISON; 2]).unwrap();
-    let none = None::<&CudaSlice<u32>>;
-    let no_next = None::<&mut CudaSlice<u32>>;
-    // Empty vocabulary, logits too short for 2 rows of 60, too few rows.
-    assert!(
-        sample_forward(
-            &gpu,
-            &mut out,
-            &logits,
-            &rows,
-            none,
-            None::<&mut CudaSlice<u32>>,
-            2,
-            0,
-            50
-        )
-        .is_err()
-    );
-    assert!(
-        sample_forward(
-            &gpu,
-            &mut out,
-            &logits,
-            &rows,
-            none,
-            None::<&mut CudaSlice<u32>>,
-            2,
-            60,
-            60
-        )
-        .is_err()
-    );
-    assert!(sample_forward(&gpu, &mut out, &logits, &rows, none, no_next, 3, 10, 10).is_err());
+    let logits = gpu.upload(&[0f32; 100]).unwrap();
+    let rows = gpu.upload(&[DeviceSampleRow(row(1.0, 0, 1.0, 1)); 2]).unwrap();
     let short = gpu.upload(&[0u32]).unwrap();
-    assert!(
+    let mut out = gpu.upload(&[POISON; 2]).unwrap();
+    let mut launch = |counter: Option<&CudaSlice<u32>>, n, v, stride| {
         sample_forward(
             &gpu,
             &mut out,
             &logits,
             &rows,
-            Some(&short),
+            counter,
             None::<&mut CudaSlice<u32>>,
-            2,
-            50,
-            50
+            n,
+            v,
+            stride,
         )
-        .is_err()
-    );
+    };
+    assert!(launch(None, 2, 0, 50).is_err(), "empty vocabulary");
+    assert!(launch(None, 2, 60, 60).is_err(), "logits too short for 2 rows of 60");
+    assert!(launch(None, 3, 10, 10).is_err(), "out and rows hold 2 rows, not 3");
+    assert!(launch(Some(&short), 2, 50, 50).is_err(), "counter holds 1 row, not 2");
+    assert!(launch(None, 2, 50, 50).is_ok());
+    let ids = gpu.download(&out).unwrap();
+    assert!(ids.iter().all(|&i| i < 50), "{ids:?}");
 }

@@ -121,3 +121,22 @@ pub fn sync_threads_or(pred: bool) -> bool {
     };
     any != 0
 }
+
+/// `__syncthreads_count(pred)`: a block-wide barrier (like [`sync_threads`])
+/// that returns to every thread how many threads had `pred` true
+/// (`bar.red.popc`). Must be reached by every thread of the block.
+#[inline(always)]
+pub fn sync_threads_count(pred: bool) -> u32 {
+    let n: u32;
+    // SAFETY: a barrier with a reduction; no memory-safety preconditions.
+    // Not `nomem`: like `bar.sync`, it orders the block's memory accesses.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; bar.red.popc.u32 {n}, 0, p; }}",
+            x = in(reg32) pred as u32,
+            n = out(reg32) n,
+            options(nostack),
+        )
+    };
+    n
+}

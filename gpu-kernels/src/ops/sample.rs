@@ -42,7 +42,8 @@
 //! # Cost
 //! Full passes over the row: 1 for greedy; typically 4 with top-k 40 and
 //! top-p 0.95 (max, one or two top-k passes, one top-p pass, the draw), at
-//! most 1 + 3 + 3 + 2 + 1 with ties. The software exponential of
+//! most 10: 1 + (3 + 1) + (3 + 1) + 1, when both cuts fall inside runs of
+//! tied logits. The software exponential of
 //! [`sample_weight`] (about 30 instructions, the price of bit-exact
 //! agreement with the host) runs only for tokens inside the current
 //! candidate set: a handful with top-k, every near token with top-k 0.
@@ -51,11 +52,13 @@ use core::arch::asm;
 
 use crate::device::mma::shared_addr;
 use crate::device::warp::{shfl_idx_u32, shfl_xor_f32, shfl_xor_u32, warp_reduce_max_u32};
-use crate::device::{WARP_SIZE, block_idx_x, dynamic_shared, lane_id, sync_threads, thread_idx_x, warp_id};
+use crate::device::{
+    WARP_SIZE, block_idx_x, dynamic_shared, lane_id, sync_threads, sync_threads_count, thread_idx_x, warp_id,
+};
 use crate::params::sample::{
     SAMPLE_BLOCK, SAMPLE_BROADCAST_WORDS, SAMPLE_BUCKETS, SAMPLE_RADIX_BITS, SAMPLE_SCRATCH_WORDS, SampleParams,
-    SampleRow, draw_target, is_greedy, key_logit, logit_key, near_bound, row_random, sample_weight, temperature_scale,
-    top_p_active, top_p_target,
+    SampleRow, draw_target, is_greedy, key_logit, logit_key, near_bound, row_random, sample_shared_bytes,
+    sample_weight, temperature_scale, top_p_active, top_p_target,
 };
 
 const THREADS: u32 = SAMPLE_BLOCK;
@@ -78,6 +81,12 @@ const _: () = assert!(THREADS % WARP_SIZE == 0 && WARPS <= WARP_SIZE);
 const _: () = assert!(BUCKETS % THREADS == 0 && BUCKETS_PER_THREAD <= crate::ops::UNROLL_MAX);
 const _: () = assert!(UNROLL <= crate::ops::UNROLL_MAX);
 const _: () = assert!(SAMPLE_SCRATCH_WORDS == WARPS && SAMPLE_BROADCAST_WORDS >= 4);
+// The layout `Smem::get` carves.
+const _: () = assert!(
+    sample_shared_bytes() as usize
+        == BUCKETS as usize * (size_of::<u64>() + size_of::<u32>())
+            + (SAMPLE_SCRATCH_WORDS + SAMPLE_BROADCAST_WORDS) as usize * size_of::<u64>()
+);
 
 /// The launch's dynamic shared memory (`sample_shared_bytes()` bytes), carved.
 #[derive(Clone, Copy)]
@@ -206,25 +215,6 @@ unsafe fn block_scan_u64(v: u64, scratch: *mut u64) -> (u64, u64) {
     // The scratch may be written again right after return.
     sync_threads();
     (before + incl - v, total)
-}
-
-/// `__syncthreads_count(pred)`: a block-wide barrier (like [`sync_threads`])
-/// that returns to every thread how many threads had `pred` true
-/// (`bar.red.popc`). Must be reached by every thread of the block.
-#[inline(always)]
-fn sync_threads_count(pred: bool) -> u32 {
-    let n: u32;
-    // SAFETY: a barrier with a reduction; no memory-safety preconditions.
-    // Not `nomem`: like `bar.sync`, it orders the block's memory accesses.
-    unsafe {
-        asm!(
-            "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; bar.red.popc.u32 {n}, 0, p; }}",
-            x = in(reg32) pred as u32,
-            n = out(reg32) n,
-            options(nostack),
-        )
-    };
-    n
 }
 
 /// Maximum over the block; every thread gets it.

@@ -33,18 +33,21 @@
 //! # How close to the exact distribution
 //! `w_i = 2^32 · 2^{x_i} · (1 + e_i) - d_i` with `x_i` the computed
 //! `(l_i - M) · log2(e) / T`, `|e_i| <= 2^-21` (the polynomial of
-//! [`exp2_fixed`] and its f32 rounding; `tests/cpu/sample_twin.rs` measures
-//! it) and `0 <= d_i < 1` (the floor to an integer). `x_i` itself carries
-//! three f32 roundings: relative 3 · 2^-24, i.e. an absolute error up to
-//! `|x_i| · 1.8e-7` in the exponent. Tokens with `x_i < -32` (probability
-//! below 2^-32 relative to the most likely token) get weight 0. So each
-//! probability `w_i / W_S` is within a relative `2^-20 + |x_i| · 2.5e-7` of
-//! `exp((l_i - M)/T) / Z` plus an absolute `v · 2^-32 / (W_S / 2^32)` — at
-//! most 1.2e-5 for GPT-2's vocabulary, usually far less — and the draw adds
-//! at most 2^-64 per token. The CPU sampler's own f32 softmax is no more
-//! exact than that. The top-p cut decided on integer masses can differ from
-//! an exact-arithmetic cut only where the exact prefix mass lies within that
-//! error of `top_p`.
+//! [`exp2_fixed`] and its f32 rounding; `tests/cpu/sample_twin.rs` asserts
+//! it and measures about 9e-8) and `0 <= d_i < 1` (the floor to an
+//! integer). `x_i` itself carries four f32 roundings (`log2(e)`, the
+//! division by `T`, the subtraction, the product), a relative 3.5 · 2^-24:
+//! an error of at most `|x_i| · 1.5e-7` relative in `2^{x_i}`, so at most
+//! 4.6e-6 over the weighted range `x_i >= -32`. Below it (probability under
+//! 2^-32 of the most likely token's) the weight is 0. Together, each
+//! probability `w_i / W_S` is within a relative `2 · (2^-21 + 4.6e-6) <
+//! 1.1e-5` of the exact `exp((l_i - M)/T) / Z` over the same kept set, plus
+//! the floors: a relative `v / W_S <= v · 2^-32` (1.2e-5 for GPT-2's
+//! vocabulary at worst; `W_S` is usually many times `2^32`) and an absolute
+//! `2^-32`. The draw adds at most 2^-64 per token. The CPU sampler's own f32
+//! softmax is no more exact than that. The top-p cut, decided on integer
+//! masses, can differ from an exact-arithmetic cut only where the exact
+//! prefix mass lies within that error of `top_p`.
 
 use super::philox::{philox4x32_10, seed_key};
 
