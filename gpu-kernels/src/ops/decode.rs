@@ -17,6 +17,7 @@
 //! by shuffles), with the position read from the device and the combine done
 //! by the chunk block that arrives last.
 
+use super::flash_attention::{merge_state, softmax_base};
 use super::gelu::gelu;
 use super::vec4::{VEC, load4, store4};
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
@@ -250,7 +251,9 @@ unsafe fn argmax_finish(p: &DecodeGemvParams, best: (f32, u32), scratch: *mut u3
     let lane = lane_id() as usize;
     let warp = warp_id() as usize;
     let warps = (block_dim_x() / WARP_SIZE) as usize;
-    let (sv, si) = (scratch as *mut f32, unsafe { scratch.add(DECODE_GEMV_MAX_WARPS as usize * ROWS) });
+    let (sv, si) = (scratch as *mut f32, unsafe {
+        scratch.add(DECODE_GEMV_MAX_WARPS as usize * ROWS)
+    });
     if lane < n {
         // SAFETY: warp < MAX_WARPS, lane < ROWS.
         unsafe {
@@ -468,29 +471,6 @@ const ATT_HALF: usize = HS / 2;
 const _: () = assert!(ATT_LANES * 2 * VEC == HS);
 const _: () = assert!(ATT_GROUPS * ATT_KEYS_PER_GROUP == DECODE_ATTN_CHUNK as usize);
 const _: () = assert!(ATT_KEYS_PER_GROUP <= crate::ops::UNROLL_MAX);
-
-/// `exp2(x - m)` where `m` may still be -inf (no key seen): then every `x`
-/// is -inf too and the result must be 0, not NaN.
-#[inline(always)]
-fn softmax_base(m: f32) -> f32 {
-    if m == f32::NEG_INFINITY { 0.0 } else { m }
-}
-
-/// Merge online-softmax states (m, l, acc) of lanes `lane_mask` apart.
-#[inline(always)]
-fn merge_state(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], lane_mask: u32) {
-    let m2 = shfl_xor_f32(*m, lane_mask);
-    let l2 = shfl_xor_f32(*l, lane_mask);
-    let m_new = m.max(m2);
-    let base = softmax_base(m_new);
-    let (a1, a2) = (exp2_approx(*m - base), exp2_approx(m2 - base));
-    *l = *l * a1 + l2 * a2;
-    for x in acc.iter_mut() {
-        let x2 = shfl_xor_f32(*x, lane_mask);
-        *x = *x * a1 + x2 * a2;
-    }
-    *m = m_new;
-}
 
 /// Decode attention (see the module docs and `DecodeAttentionParams`).
 ///

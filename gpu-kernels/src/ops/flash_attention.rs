@@ -174,7 +174,7 @@ unsafe fn st4(p: *mut f32, v: [f32; 4]) {
 /// `exp2(x - m)` where `m` is a running maximum that may still be -inf (no
 /// key seen yet): then every `x` is -inf too and the result must be 0, not NaN.
 #[inline(always)]
-fn softmax_base(m: f32) -> f32 {
+pub(crate) fn softmax_base(m: f32) -> f32 {
     if m == f32::NEG_INFINITY { 0.0 } else { m }
 }
 
@@ -891,7 +891,7 @@ const _: () = assert!(DEC_KEYS_PER_GROUP == 8, "the key loops are unrolled by `u
 
 /// Merge online-softmax states (m, l, acc) of two lane sets; `m` in log2 units.
 #[inline(always)]
-fn merge_state(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], lane_mask: u32) {
+pub(crate) fn merge_state(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], lane_mask: u32) {
     let m2 = shfl_xor_f32(*m, lane_mask);
     let l2 = shfl_xor_f32(*l, lane_mask);
     let m_new = m.max(m2);

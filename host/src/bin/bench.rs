@@ -12,6 +12,7 @@ use clap::Parser;
 use cudarc::cublas::{Gemv, GemvConfig, sys as blas_sys};
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
 use host::bench::{
     AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random, l2_bytes,
@@ -19,12 +20,11 @@ use host::bench::{
 };
 use host::generate::{Backend, LogitsWanted};
 use host::gpu::Gpu;
-use gpu_kernels::params::decode::DECODE_MAX_ROWS;
+use host::gpu::engine::{AttentionKind, DecodePath, GpuEngine, Precision};
+use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
 use host::gpu::ops::decode::{
     DecodeLaunch, DecodeWorkspace, Input as DecodeInput, Output as DecodeOutput, decode_gemv,
 };
-use host::gpu::engine::{AttentionKind, DecodePath, GpuEngine, Precision};
-use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
 use host::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use host::gpu::ops::matmul::{
     FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulWorkspace, SMALL_MAX_ROWS, SmallPlan, TiledPlan,
@@ -365,7 +365,19 @@ fn decode_gemv_bench(
         gelu: false,
     };
     let launch = DecodeLaunch { pdl };
-    decode_gemv(gpu, &mut ws.borrow_mut(), launch, DecodeInput::Rows(inp), None, w, bias, output, rows, c, oc)?;
+    decode_gemv(
+        gpu,
+        &mut ws.borrow_mut(),
+        launch,
+        DecodeInput::Rows(inp),
+        None,
+        w,
+        bias,
+        output,
+        rows,
+        c,
+        oc,
+    )?;
     Ok(())
 }
 
@@ -536,7 +548,7 @@ fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
     );
     let decode_ws = std::cell::RefCell::new(DecodeWorkspace::new(gpu, DECODE_MAX_ROWS as usize, 1, 1)?);
     // The variants: a new kernel is one more entry.
-    let variants: Vec<GemvVariant> = vec![
+    let mut variants: Vec<GemvVariant> = vec![
         GemvVariant {
             name: "cublas_sgemv",
             cublas: true,
@@ -558,27 +570,22 @@ fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                 Ok(())
             }),
         },
-        // The decode step's fused GEMV (plain epilogue: bias), launched as
-        // in the engine's graph, with and without programmatic dependent
-        // launch (PDL only matters between kernels: in the graph pass here,
-        // one call's weight loads overlap the previous call's tail).
-        GemvVariant {
-            name: "ours_decode_gemv",
-            cublas: false,
-            takes: |rows| rows <= DECODE_MAX_ROWS as usize,
-            launch: Box::new(|out, inp, w, bias, rows, c, oc| {
-                decode_gemv_bench(gpu, &decode_ws, false, out, inp, w, bias, rows, c, oc)
-            }),
-        },
-        GemvVariant {
-            name: "ours_decode_gemv_pdl",
-            cublas: false,
-            takes: |rows| rows <= DECODE_MAX_ROWS as usize,
-            launch: Box::new(|out, inp, w, bias, rows, c, oc| {
-                decode_gemv_bench(gpu, &decode_ws, true, out, inp, w, bias, rows, c, oc)
-            }),
-        },
     ];
+    // The decode step's fused GEMV (plain epilogue: bias), launched as in
+    // the engine's graph, with and without programmatic dependent launch
+    // (PDL only matters between kernels: in the graph pass here, one call's
+    // weight loads overlap the previous call's tail).
+    let decode_ws = &decode_ws;
+    variants.extend(
+        [("ours_decode_gemv", false), ("ours_decode_gemv_pdl", true)].map(|(name, pdl)| GemvVariant {
+            name,
+            cublas: false,
+            takes: |rows| rows <= DECODE_MAX_ROWS as usize,
+            launch: Box::new(move |out, inp, w, bias, rows, c, oc| {
+                decode_gemv_bench(gpu, decode_ws, pdl, out, inp, w, bias, rows, c, oc)
+            }),
+        }),
+    );
     let all_rows: &[usize] = if args.quick { &GEMV_QUICK_ROWS } else { &GEMV_ROWS };
     println!(
         "{:>8} {:>11} {:>4}  {:16} {:>9} {:>9} {:>8} {:>7} {:>9}",

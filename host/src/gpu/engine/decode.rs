@@ -57,6 +57,8 @@ pub(super) struct DecodeState {
     capture_failed: bool,
     /// The last `forward` was a fused step: its argmax is in `ids`.
     ids_fresh: bool,
+    /// Host staging of the positions a `forward` step uploads.
+    host_pos: Vec<u32>,
     /// The position the next device-driven step decodes at (the state the
     /// last fused step left on the device).
     next_pos: usize,
@@ -82,6 +84,7 @@ impl DecodeState {
             graphs: HashMap::new(),
             capture_failed: false,
             ids_fresh: false,
+            host_pos: Vec::with_capacity(rows),
             next_pos: 0,
         }))
     }
@@ -141,36 +144,39 @@ impl GpuEngine {
         }
     }
 
-    /// One fused decode step: `tokens[r]` at position `pos0` of every row.
-    pub(super) fn decode_forward(&mut self, tokens: &[u32], b: usize, pos0: usize) -> Result<()> {
-        let path = self.decode_path_in_use(b);
-        let window = self.window;
+    /// The step's inputs and the decode state, borrowed apart.
+    fn split_for_step(&mut self) -> Result<(Step<'_>, &mut DecodeState)> {
         let d = self.decode.as_mut().context("the fused decode state is missing")?;
-        d.ids_fresh = false;
-        let pos = vec![pos0 as u32; b];
-        upload_state(&self.gpu, d, tokens, &pos)?;
-        let launch = DecodeLaunch { pdl: d.pdl };
-        let mut step = Step {
+        let step = Step {
             gpu: &self.gpu,
             config: &self.config,
             params: &self.params,
             acts: &mut self.acts,
             kv_cache: &mut self.kv_cache,
             max_t: self.max_seq_len,
-            window,
+            window: self.window,
         };
+        Ok((step, d))
+    }
+
+    /// One fused decode step: `tokens[r]` at position `pos0` of every row.
+    pub(super) fn decode_forward(&mut self, tokens: &[u32], b: usize, pos0: usize) -> Result<()> {
+        let path = self.decode_path_in_use(b);
+        let (mut step, d) = self.split_for_step()?;
+        d.ids_fresh = false;
+        upload_state(step.gpu, d, tokens, pos0)?;
         match path {
             DecodePath::Graph => {
-                let key = (b, window, d.pdl);
+                let key = (b, step.window, d.pdl);
                 if !d.graphs.contains_key(&key) {
                     // One eager step first: it raises shared-memory limits
                     // and fills the launch caches, which capture must not do.
                     // Its results are those of this step, so the replay
                     // below only repeats them.
-                    step.enqueue(&mut d.ws, &mut d.tokens, &mut d.pos, &mut d.ids, launch, b)?;
-                    upload_state(step.gpu, d, tokens, &pos)?;
+                    step.enqueue(d, b)?;
+                    upload_state(step.gpu, d, tokens, pos0)?;
                     step.gpu.synchronize()?;
-                    match capture(&mut step, d, launch, b) {
+                    match capture(&mut step, d, b) {
                         Ok(g) => {
                             d.graphs.insert(key, g);
                         }
@@ -184,10 +190,10 @@ impl GpuEngine {
                 }
                 match d.graphs.get(&key) {
                     Some(g) => g.launch().ctx("cuGraphLaunch")?,
-                    None => step.enqueue(&mut d.ws, &mut d.tokens, &mut d.pos, &mut d.ids, launch, b)?,
+                    None => step.enqueue(d, b)?,
                 }
             }
-            DecodePath::Eager => step.enqueue(&mut d.ws, &mut d.tokens, &mut d.pos, &mut d.ids, launch, b)?,
+            DecodePath::Eager => step.enqueue(d, b)?,
             DecodePath::Unfused => anyhow::bail!("decode_forward called on the unfused path"),
         }
         d.ids_fresh = true;
@@ -203,37 +209,26 @@ impl GpuEngine {
     /// graph path). Afterwards `argmax`/`logits` describe the last step.
     /// For benchmarks and for generation loops that read ids back later.
     pub fn decode_on_device(&mut self, steps: usize) -> Result<()> {
-        let last = self.last.context("decode_on_device() needs a fused decode step first")?;
+        let last = self
+            .last
+            .context("decode_on_device() needs a fused decode step first")?;
         let b = last.b;
         let path = self.decode_path_in_use(b);
-        let (window, max_t) = (self.window, self.max_seq_len);
-        let d = self.decode.as_mut().context("the fused decode state is missing")?;
+        let (mut step, d) = self.split_for_step()?;
         anyhow::ensure!(
             d.ids_fresh && path != DecodePath::Unfused,
             "decode_on_device() needs a fused decode step first"
         );
         anyhow::ensure!(
-            d.next_pos + steps <= max_t,
-            "{steps} more steps from position {} exceed the {max_t} positions the engine was built for",
-            d.next_pos
+            d.next_pos + steps <= step.max_t,
+            "{steps} more steps from position {} exceed the {} positions the engine was built for",
+            d.next_pos,
+            step.max_t
         );
-        let launch = DecodeLaunch { pdl: d.pdl };
-        let graph = d.graphs.get(&(b, window, d.pdl));
         for _ in 0..steps {
-            match (path, graph) {
+            match (path, d.graphs.get(&(b, step.window, d.pdl))) {
                 (DecodePath::Graph, Some(g)) => g.launch().ctx("cuGraphLaunch")?,
-                _ => {
-                    let mut step = Step {
-                        gpu: &self.gpu,
-                        config: &self.config,
-                        params: &self.params,
-                        acts: &mut self.acts,
-                        kv_cache: &mut self.kv_cache,
-                        max_t,
-                        window,
-                    };
-                    step.enqueue(&mut d.ws, &mut d.tokens, &mut d.pos, &mut d.ids, launch, b)?;
-                }
+                _ => step.enqueue(d, b)?,
             }
         }
         d.next_pos += steps;
@@ -241,29 +236,35 @@ impl GpuEngine {
     }
 }
 
-/// Write the step state of rows `0..tokens.len()`.
-fn upload_state(gpu: &Gpu, d: &mut DecodeState, tokens: &[u32], pos: &[u32]) -> Result<()> {
+/// Write the step state of rows `0..tokens.len()`: their tokens, all at
+/// position `pos0` (staged in a host buffer the state keeps, so a step
+/// allocates nothing).
+fn upload_state(gpu: &Gpu, d: &mut DecodeState, tokens: &[u32], pos0: usize) -> Result<()> {
     let b = tokens.len();
+    d.host_pos.clear();
+    d.host_pos.resize(b, pos0 as u32);
     gpu.stream
         .memcpy_htod(tokens, &mut d.tokens.slice_mut(0..b))
         .ctx("uploading token ids")?;
     gpu.stream
-        .memcpy_htod(pos, &mut d.pos.slice_mut(0..b))
+        .memcpy_htod(&d.host_pos, &mut d.pos.slice_mut(0..b))
         .ctx("uploading positions")?;
     Ok(())
 }
 
 /// Capture one step into a graph (the stream must be idle).
-fn capture(step: &mut Step<'_>, d: &mut DecodeState, launch: DecodeLaunch, b: usize) -> Result<CudaGraph> {
+fn capture(step: &mut Step<'_>, d: &mut DecodeState, b: usize) -> Result<CudaGraph> {
     let stream = step.gpu.stream.clone();
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .ctx("cuStreamBeginCapture")?;
-    let queued = step.enqueue(&mut d.ws, &mut d.tokens, &mut d.pos, &mut d.ids, launch, b);
+    let queued = step.enqueue(d, b);
     // End the capture whatever happened, so the stream is usable again.
     let graph = stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
     queued?;
-    let graph = graph.ctx("cuStreamEndCapture")?.context("the capture recorded no graph")?;
+    let graph = graph
+        .ctx("cuStreamEndCapture")?
+        .context("the capture recorded no graph")?;
     graph.upload().ctx("cuGraphUpload")?;
     Ok(graph)
 }
@@ -281,15 +282,9 @@ struct Step<'a> {
 
 impl Step<'_> {
     /// Queue the step's kernels for `b` rows, in the paper's order.
-    fn enqueue(
-        &mut self,
-        ws: &mut DecodeWorkspace,
-        tokens: &mut CudaSlice<u32>,
-        pos: &mut CudaSlice<u32>,
-        ids: &mut CudaSlice<u32>,
-        launch: DecodeLaunch,
-        b: usize,
-    ) -> Result<()> {
+    fn enqueue(&mut self, d: &mut DecodeState, b: usize) -> Result<()> {
+        let launch = DecodeLaunch { pdl: d.pdl };
+        let (ws, tokens, pos, ids) = (&mut d.ws, &mut d.tokens, &mut d.pos, &mut d.ids);
         let cfg = self.config;
         let (c, nh, v, vp) = (cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size);
         let (gpu, p, a) = (self.gpu, self.params, &mut *self.acts);
@@ -317,15 +312,52 @@ impl Step<'_> {
                 max_t: self.max_t,
             };
             let ln1 = Some((&lw.ln1w, &lw.ln1b));
-            decode_gemv(gpu, ws, launch, input, ln1, &lw.qkvw, Some(&lw.qkvb), qkv_out, b, c, 3 * c)?;
-            decode_attention(gpu, ws, launch, &mut a.atty, &a.qkv, k_cache, v_cache, pos, b, c, nh, self.window)?;
+            decode_gemv(
+                gpu,
+                ws,
+                launch,
+                input,
+                ln1,
+                &lw.qkvw,
+                Some(&lw.qkvb),
+                qkv_out,
+                b,
+                c,
+                3 * c,
+            )?;
+            decode_attention(
+                gpu,
+                ws,
+                launch,
+                &mut a.atty,
+                &a.qkv,
+                k_cache,
+                v_cache,
+                pos,
+                b,
+                c,
+                nh,
+                self.window,
+            )?;
             let out = Output::Rows {
                 out: &mut a.residual2,
                 residual: Some(&a.residual),
                 gelu: false,
             };
             let attproj = (&lw.attprojw, Some(&lw.attprojb));
-            decode_gemv(gpu, ws, launch, Input::Rows(&a.atty), None, attproj.0, attproj.1, out, b, c, c)?;
+            decode_gemv(
+                gpu,
+                ws,
+                launch,
+                Input::Rows(&a.atty),
+                None,
+                attproj.0,
+                attproj.1,
+                out,
+                b,
+                c,
+                c,
+            )?;
             // x + fcproj(gelu(fc(ln2(x))))
             let out = Output::Rows {
                 out: &mut a.fch_gelu,
@@ -333,14 +365,38 @@ impl Step<'_> {
                 gelu: true,
             };
             let ln2 = Some((&lw.ln2w, &lw.ln2b));
-            decode_gemv(gpu, ws, launch, Input::Rows(&a.residual2), ln2, &lw.fcw, Some(&lw.fcb), out, b, c, 4 * c)?;
+            decode_gemv(
+                gpu,
+                ws,
+                launch,
+                Input::Rows(&a.residual2),
+                ln2,
+                &lw.fcw,
+                Some(&lw.fcb),
+                out,
+                b,
+                c,
+                4 * c,
+            )?;
             let out = Output::Rows {
                 out: &mut a.residual,
                 residual: Some(&a.residual2),
                 gelu: false,
             };
             let fcproj = (&lw.fcprojw, Some(&lw.fcprojb));
-            decode_gemv(gpu, ws, launch, Input::Rows(&a.fch_gelu), None, fcproj.0, fcproj.1, out, b, 4 * c, c)?;
+            decode_gemv(
+                gpu,
+                ws,
+                launch,
+                Input::Rows(&a.fch_gelu),
+                None,
+                fcproj.0,
+                fcproj.1,
+                out,
+                b,
+                4 * c,
+                c,
+            )?;
         }
         // lnf, the LM head (tied to wte, no bias) and the greedy choice,
         // which also advances tokens and positions for the next step.
@@ -352,7 +408,19 @@ impl Step<'_> {
             v,
         };
         let lnf = Some((&p.lnfw, &p.lnfb));
-        decode_gemv(gpu, ws, launch, Input::Rows(&a.residual), lnf, &p.wte, None, out, b, c, vp)?;
+        decode_gemv(
+            gpu,
+            ws,
+            launch,
+            Input::Rows(&a.residual),
+            lnf,
+            &p.wte,
+            None,
+            out,
+            b,
+            c,
+            vp,
+        )?;
         Ok(())
     }
 }

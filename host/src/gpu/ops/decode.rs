@@ -52,6 +52,38 @@ pub struct DecodeWorkspace {
 /// at once (warps stride over the columns), so no block waits for a slot.
 const MAX_BLOCKS_PER_SM: usize = 16;
 
+/// Element counts of a [`DecodeWorkspace`]'s buffers: the one place both
+/// [`DecodeWorkspace::new`] and [`DecodeWorkspace::device_words`] read.
+struct WorkspaceSizes {
+    parts_stride: usize,
+    /// Attention partial accumulators (`heads * parts_stride * HS`).
+    part_acc: usize,
+    /// Their (max, sum) pairs.
+    part_ml: usize,
+    /// (row, head) pairs: one arrival counter each.
+    heads: usize,
+    /// GEMV blocks a launch may use: the greedy partials hold that many rows.
+    max_blocks: usize,
+    /// Greedy partials (values, and as many indices).
+    best: usize,
+}
+
+impl WorkspaceSizes {
+    fn new(sm_count: usize, max_rows: usize, nh: usize, max_t: usize) -> Self {
+        let parts_stride = max_t.div_ceil(DECODE_ATTN_CHUNK as usize) * DECODE_ATTN_PARTS_PER_CHUNK as usize;
+        let heads = max_rows * nh;
+        let max_blocks = sm_count * MAX_BLOCKS_PER_SM;
+        WorkspaceSizes {
+            parts_stride,
+            part_acc: heads * parts_stride * DECODE_HEAD_SIZE as usize,
+            part_ml: heads * parts_stride * ML_FLOATS,
+            heads,
+            max_blocks,
+            best: max_blocks * max_rows,
+        }
+    }
+}
+
 impl DecodeWorkspace {
     pub fn new(gpu: &Gpu, max_rows: usize, nh: usize, max_t: usize) -> Result<Self, OpError> {
         if max_rows == 0 || max_rows > DECODE_MAX_ROWS as usize {
@@ -60,33 +92,27 @@ impl DecodeWorkspace {
                 format!("{max_rows} rows: the decode kernels serve 1..={DECODE_MAX_ROWS}"),
             ));
         }
-        let parts_stride = max_t.div_ceil(DECODE_ATTN_CHUNK as usize) * DECODE_ATTN_PARTS_PER_CHUNK as usize;
-        let heads = max_rows * nh;
-        let max_blocks = gpu.sm_count() * MAX_BLOCKS_PER_SM;
+        let z = WorkspaceSizes::new(gpu.sm_count(), max_rows, nh, max_t);
         Ok(Self {
-            part_acc: gpu.alloc(heads * parts_stride * DECODE_HEAD_SIZE as usize)?,
-            part_ml: gpu.alloc(heads * parts_stride * ML_FLOATS)?,
-            attn_counters: gpu.alloc(heads)?,
-            best_val: gpu.alloc(max_blocks * max_rows)?,
-            best_idx: gpu.alloc(max_blocks * max_rows)?,
+            part_acc: gpu.alloc(z.part_acc)?,
+            part_ml: gpu.alloc(z.part_ml)?,
+            attn_counters: gpu.alloc(z.heads)?,
+            best_val: gpu.alloc(z.best)?,
+            best_idx: gpu.alloc(z.best)?,
             best_counter: gpu.alloc(1)?,
             max_rows,
             nh,
             max_t,
-            parts_stride,
-            max_blocks,
+            parts_stride: z.parts_stride,
+            max_blocks: z.max_blocks,
             occupancy: HashMap::new(),
         })
     }
 
-    /// Device floats (and u32s) the workspace holds for these sizes.
+    /// Device words (4-byte floats and u32s) the workspace holds for these sizes.
     pub fn device_words(sm_count: usize, max_rows: usize, nh: usize, max_t: usize) -> usize {
-        let parts_stride = max_t.div_ceil(DECODE_ATTN_CHUNK as usize) * DECODE_ATTN_PARTS_PER_CHUNK as usize;
-        let heads = max_rows * nh;
-        heads * parts_stride * (DECODE_HEAD_SIZE as usize + ML_FLOATS)
-            + heads
-            + 2 * sm_count * MAX_BLOCKS_PER_SM * max_rows
-            + 1
+        let z = WorkspaceSizes::new(sm_count, max_rows, nh, max_t);
+        z.part_acc + z.part_ml + z.heads + 2 * z.best + 1
     }
 
     fn resident(&mut self, gpu: &Gpu, kernel: &'static str, threads: u32, shared: u32) -> Result<u32, OpError> {
@@ -308,7 +334,7 @@ pub fn decode_gemv(
             if let Some(r) = residual {
                 check_len(OP_GEMV, "residual", r.len(), n * oc)?;
                 p.residual = in_ptr(gpu, r);
-                if p.residual as usize == p.out as usize {
+                if std::ptr::eq(p.residual, p.out) {
                     return Err(OpError::shape(OP_GEMV, "residual may not alias out"));
                 }
             }
