@@ -175,6 +175,12 @@ if (( ORACLE_OK )) && [[ -x "$GPU_OUT/bin/host" ]]; then
     run_prog "cli gpu tf32" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 --precision tf32 "$PROMPT"
     run_prog "cli cpu" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 --cpu "$PROMPT"
     run_prog "cli gpu sampled batch" "$GPU_OUT/bin/host" --weights "$W" -n 32 --seed 7 "$PROMPT" "Once upon a time, in a land far away"
+    # Decode speed as a user sees it (issue 13's CLI goal): 512 tokens at
+    # batch 1, greedy and sampled (default settings), and batch 8.
+    run_prog "cli gpu 512 greedy" "$GPU_OUT/bin/host" --weights "$W" -n 512 --temperature 0 "$PROMPT"
+    run_prog "cli gpu 512 sampled" "$GPU_OUT/bin/host" --weights "$W" -n 512 --seed 7 "$PROMPT"
+    EIGHT=("$PROMPT" "Once upon a time" "In the beginning" "The weather today" "My favourite food is" "Rust is a language" "GPUs are fast because" "The capital of France")
+    run_prog "cli gpu batch 8 greedy 256" "$GPU_OUT/bin/host" --weights "$W" -n 256 --temperature 0 "${EIGHT[@]}"
     if [[ -x "$GPU_OUT/bin/perplexity" ]]; then
         run_prog "perplexity gpu" "$GPU_OUT/bin/perplexity" "$ROOT/tests/data/perplexity_sample.txt" --weights "$W" --window 256 --stride 128
         run_prog "perplexity cpu" "$GPU_OUT/bin/perplexity" "$ROOT/tests/data/perplexity_sample.txt" --weights "$W" --window 256 --stride 128 --cpu

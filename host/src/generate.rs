@@ -3,8 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
+use gpu_kernels::params::sample::SampleRow;
 
+use crate::cpu::sample::sample_row;
 use crate::model::ModelConfig;
 use crate::model::config::EOT_TOKEN;
 use crate::sample::Sampler;
@@ -43,6 +45,51 @@ pub trait Backend {
     /// over the real vocabulary only (padded entries are never chosen; ties
     /// go to the lowest id).
     fn argmax(&mut self) -> anyhow::Result<Vec<u32>>;
+
+    /// The settings the following steps will be sampled with (one per row;
+    /// `None`: greedy), so a backend may fold the choice into its decode
+    /// step. Default: nothing to prepare.
+    fn prepare_sampling(&mut self, rows: Option<&[SampleRow]>) -> anyhow::Result<()> {
+        let _ = rows;
+        Ok(())
+    }
+
+    /// Each row's next token at the last position of the last `forward`, by
+    /// the rule of `gpu_kernels::params::sample` with settings `rows[r]`,
+    /// draw counter `pos` (the position the chosen token will take) and
+    /// row index `r`. Default: from [`Backend::logits`], with the CPU twin
+    /// of the rule (`cpu::sample`).
+    fn sample(&mut self, rows: &[SampleRow], pos: usize) -> anyhow::Result<Vec<u32>> {
+        let (v, vp) = (self.config().vocab_size, self.config().padded_vocab_size);
+        let logits = self.logits()?;
+        let b = rows.len();
+        ensure!(
+            b > 0 && logits.len().is_multiple_of(b * vp),
+            "sample(): {b} rows of settings for {} logits",
+            logits.len()
+        );
+        let per_row = logits.len() / (b * vp);
+        let counter = u32::try_from(pos).context("position beyond the sampling counter")?;
+        Ok(rows
+            .iter()
+            .enumerate()
+            .map(|(r, cfg)| {
+                let at = (r * per_row + per_row - 1) * vp;
+                sample_row(&logits[at..at + v], cfg, counter, r as u32)
+            })
+            .collect())
+    }
+
+    /// Pipelined decoding, after a decode step (`forward` with `t = 1`):
+    /// queue one more step that feeds each row the token the last step
+    /// chose, at position `pos` (the next one), and return that choice
+    /// (what `argmax` or, when sampling was prepared, `sample` would give),
+    /// read while the new step runs. `None` when the backend cannot do this
+    /// now (nothing was queued; use `forward`). Default: `None`.
+    fn choose_and_step(&mut self, pos: usize) -> anyhow::Result<Option<Vec<u32>>> {
+        let _ = pos;
+        Ok(None)
+    }
 }
 
 /// The argument checks every [`Backend::forward`] makes before touching its
@@ -130,8 +177,16 @@ impl Generation {
 /// decode steps with their own next token forced in place of the chosen one.
 /// A row stops at `<|endoftext|>` or after `max_new_tokens` tokens; the whole
 /// batch stops, with [`StopReason::ContextLimit`], when the next token would
-/// sit at position `backend.max_seq_len()`. Greedy sampling reads back only
-/// the ids (`backend.argmax()`), other sampling reads the last logits.
+/// sit at position `backend.max_seq_len()`.
+///
+/// Choosing: greedy reads back only the ids (`backend.argmax()`); other
+/// sampling asks `backend.sample()` with the sampler's settings for every
+/// row (the GPU engine samples on the device; the draw counter is the
+/// position, so the same seed gives the same tokens on either backend where
+/// their logits agree). Once every row is past its prompt, the loop
+/// pipelines where the backend can (`choose_and_step`): the device runs
+/// step k+1 while the host reads and streams step k's tokens (a row that
+/// just finished costs one step that is thrown away).
 pub fn generate<B: Backend + ?Sized>(
     backend: &mut B,
     prompts: &[Vec<u32>],
@@ -141,7 +196,6 @@ pub fn generate<B: Backend + ?Sized>(
 ) -> Result<Generation> {
     let b = prompts.len();
     let max_seq_len = backend.max_seq_len();
-    let (v, vp) = (backend.config().vocab_size, backend.config().padded_vocab_size);
     if b == 0 {
         bail!("no prompt given");
     }
@@ -176,10 +230,16 @@ pub fn generate<B: Backend + ?Sized>(
     result.prefill_time = start.elapsed();
     let decode_start = Instant::now();
 
+    let rows: Option<Vec<SampleRow>> = (!sampler.is_greedy()).then(|| vec![sampler.row(); b]);
+    backend.prepare_sampling(rows.as_deref())?;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+
     // `pos`: position of the token chosen next (= tokens in the cache).
     let mut pos = shared;
     let mut active = vec![true; b];
     let mut last_fed: Vec<u32> = prompts.iter().map(|p| p[shared - 1]).collect();
+    // Whether a decode step has run (`choose_and_step` needs one).
+    let mut decoded = false;
     loop {
         if pos >= max_seq_len {
             for row in 0..b {
@@ -190,21 +250,20 @@ pub fn generate<B: Backend + ?Sized>(
             break;
         }
         let needs_choice = |row: usize| active[row] && pos >= prompts[row].len();
+        // Pipeline when every row feeds its own choice next (all past their
+        // prompts), a next step fits, and some row may still want it.
+        let may_continue = (0..b).any(|r| active[r] && result.tokens[r].len() + 1 < max_new_tokens);
+        let pipelined = decoded && pos >= longest && pos + 1 < max_seq_len && may_continue;
+        let mut stepped = false;
         let chosen: Vec<u32> = if !(0..b).any(needs_choice) {
             vec![0; b]
-        } else if sampler.is_greedy() {
-            backend.argmax()?
+        } else if let Some(ids) = if pipelined { backend.choose_and_step(pos)? } else { None } {
+            stepped = true;
+            ids
+        } else if let Some(rows) = &rows {
+            backend.sample(rows, pos)?
         } else {
-            let logits = backend.logits()?;
-            (0..b)
-                .map(|row| {
-                    if needs_choice(row) {
-                        sampler.sample(&logits[row * vp..row * vp + v])
-                    } else {
-                        0
-                    }
-                })
-                .collect()
+            backend.argmax()?
         };
         batch.clear();
         for row in 0..b {
@@ -242,7 +301,10 @@ pub fn generate<B: Backend + ?Sized>(
             pos += 1;
             continue; // reports the context limit
         }
-        backend.forward(&batch, b, 1, pos, LogitsWanted::Last)?;
+        if !stepped {
+            backend.forward(&batch, b, 1, pos, LogitsWanted::Last)?;
+        }
+        decoded = true;
         pos += 1;
     }
     result.positions = pos;

@@ -3,8 +3,8 @@
 //! (temperature, then top-k, then top-p).
 
 use anyhow::{Result, ensure};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use gpu_kernels::params::sample::{SampleRow, is_greedy};
+use rand::Rng;
 
 /// How to pick tokens. `temperature == 0` means greedy (argmax).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,11 +30,16 @@ impl SamplingParams {
     };
 }
 
-/// A seeded sampler; the same seed and logits give the same tokens.
+/// A seeded sampler on the host; the same seed and logits give the same
+/// tokens. It applies the rule of `gpu_kernels::params::sample` (the one the
+/// GPU's `sample_forward` kernel applies; `cpu::sample` is its plain twin),
+/// so the generation loop may sample on either side and get the same ids.
 pub struct Sampler {
     params: SamplingParams,
     seed: u64,
-    rng: StdRng,
+    row: SampleRow,
+    /// Draws made by [`Sampler::sample`]: its Philox counter.
+    draws: u32,
 }
 
 impl Sampler {
@@ -51,10 +56,19 @@ impl Sampler {
             params.top_p
         );
         let seed = params.seed.unwrap_or_else(|| rand::rng().random());
+        let row = SampleRow {
+            temperature: params.temperature,
+            // Beyond u32::MAX keeps every token, as 0 does.
+            top_k: u32::try_from(params.top_k).unwrap_or(0),
+            top_p: params.top_p,
+            _pad: 0,
+            seed,
+        };
         Ok(Sampler {
             params,
             seed,
-            rng: StdRng::seed_from_u64(seed),
+            row,
+            draws: 0,
         })
     }
 
@@ -68,57 +82,24 @@ impl Sampler {
         &self.params
     }
 
+    /// The per-row settings the sampling rule (and the GPU kernel) reads.
+    pub fn row(&self) -> SampleRow {
+        self.row
+    }
+
     /// True when every choice is the argmax (no randomness involved).
     pub fn is_greedy(&self) -> bool {
-        self.params.temperature == 0.0 || self.params.top_k == 1
+        is_greedy(&self.row)
     }
 
     /// Pick a token id from the logits of one position over the real
-    /// vocabulary (the caller passes `vocab_size` entries, never the padding).
+    /// vocabulary (the caller passes `vocab_size` entries, never the
+    /// padding). Successive calls draw successive random numbers (the
+    /// rule's counter counts the calls; batch row 0).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         assert!(!logits.is_empty(), "no logits to sample from");
-        if self.is_greedy() {
-            return crate::cpu::forward::argmax(logits);
-        }
-        // Candidates, most likely first (ties: lowest id first).
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l / self.params.temperature))
-            .collect();
-        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if self.params.top_k > 0 && self.params.top_k < cand.len() {
-            cand.select_nth_unstable_by(self.params.top_k - 1, by_logit);
-            cand.truncate(self.params.top_k);
-        }
-        cand.sort_unstable_by(by_logit);
-
-        // Softmax over the candidates.
-        let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|&(_, l)| (l - max).exp()).collect();
-        let total: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
-
-        // Nucleus: the shortest prefix whose mass reaches top_p.
-        let mut keep = probs.len();
-        if self.params.top_p < 1.0 {
-            let mut mass = 0.0;
-            for (i, p) in probs.iter().enumerate() {
-                mass += p;
-                if mass >= self.params.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        let kept_mass: f32 = probs[..keep].iter().sum();
-        let mut u = self.rng.random::<f32>() * kept_mass;
-        for i in 0..keep {
-            u -= probs[i];
-            if u < 0.0 {
-                return cand[i].0;
-            }
-        }
-        cand[keep - 1].0
+        let id = crate::cpu::sample::sample_row(logits, &self.row, self.draws, 0);
+        self.draws = self.draws.wrapping_add(1);
+        id
     }
 }

@@ -1,17 +1,21 @@
 //! The fused decode step (`gpu::ops::decode`, `DecodePath`): the graph
 //! replay against the same kernels launched eagerly (same tokens, logits
 //! within 1e-6), both against the per-op kernels and the CPU reference,
-//! with and without programmatic dependent launch, windowed, at the row
+//! with and without programmatic dependent launch, with each launch knob
+//! (bit for bit the same), windowed, at the row
 //! limit and past it; decode attention with rows at different positions
-//! against a plain CPU attention.
+//! against a plain CPU attention; the step that ends by sampling against
+//! the sampler's CPU twin; pipelined generation against unpipelined.
 
 use host::cpu::CpuModel;
-use host::generate::{Backend, LogitsWanted};
-use host::gpu::engine::{DecodePath, GpuEngine, Precision};
+use gpu_kernels::params::sample::SampleRow;
+use host::generate::{Backend, LogitsWanted, StopReason, generate};
+use host::gpu::engine::{DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
 use host::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, decode_attention};
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
+use host::sample::{Sampler, SamplingParams};
 use rand::Rng;
 
 use crate::kernels::{check, down, poisoned, random_vec};
@@ -22,6 +26,9 @@ const GRAPH_TOL: f32 = 1e-6;
 const PATHS_TOL: f32 = 1e-4;
 /// The FP32 bar against the CPU reference.
 const CPU_TOL: f32 = 1e-3;
+/// An L2 prefetch distance shorter than one layer's weights of the test
+/// models, so each kernel's request spans pieces of several weights.
+const PREFETCH_SMALL_BYTES: usize = 64 << 10;
 
 /// A small model with GPT-2's head size (64), which the fused kernels need:
 /// L=2, NH=3, C=192, V=1000 (padded to 1024), maxT=160.
@@ -98,6 +105,31 @@ fn paths_agree(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: usiz
             0.0,
         );
     }
+    // The launch knobs change no value: the L2 prefetch (a hint) over the
+    // whole stream or split into pieces, fewer blocks per SM, the early PDL
+    // trigger give the same results bit for bit.
+    for tuning in [
+        DecodeTuning {
+            prefetch_ahead_bytes: PREFETCH_AHEAD_TRY_BYTES,
+            gemv_blocks_per_sm: 1,
+            early_trigger: true,
+        },
+        DecodeTuning {
+            prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
+            gemv_blocks_per_sm: 0,
+            early_trigger: false,
+        },
+    ] {
+        eng.set_decode_tuning(tuning);
+        let (logits, ids) = run_path(&mut eng, DecodePath::Graph, true, &prompt, b, t, steps);
+        assert_eq!(ids, graph_ids, "{tuning:?} changed the tokens");
+        assert!(
+            logits.concat().iter().zip(graph_logits.concat()).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: {tuning:?} changed the logits",
+            what("graph")
+        );
+    }
+    eng.set_decode_tuning(DecodeTuning::default());
     // The per-op kernels, fed the graph's tokens.
     eng.set_decode_path(DecodePath::Unfused, false);
     let mut cpu = CpuModel::new(&w, b, t + steps + 1).unwrap();
@@ -201,7 +233,7 @@ fn decode_attention_rows_at_different_positions() {
             decode_attention(
                 &gpu,
                 &mut ws,
-                DecodeLaunch { pdl },
+                DecodeLaunch::new(pdl),
                 &mut out,
                 &dq,
                 &dk,
@@ -241,6 +273,144 @@ fn decode_attention_rows_at_different_positions() {
                 1e-5,
                 0.0,
             );
+        }
+    }
+}
+
+/// Sampling settings that leave real randomness in a random model's logits.
+fn sampled_row(seed: u64) -> SampleRow {
+    Sampler::new(SamplingParams {
+        temperature: 0.9,
+        top_k: 50,
+        top_p: 0.95,
+        seed: Some(seed),
+    })
+    .unwrap()
+    .row()
+}
+
+/// The fused step that ends by sampling (graph and eager): every step's
+/// ids equal the CPU twin of the sampler applied to the same step's logits
+/// with the position as the draw counter, the device feeds them to the
+/// next step, and `argmax()` still gives the argmax.
+#[test]
+fn decode_graph_samples_like_the_cpu_twin() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let cfg = head64_config();
+    let seed: u64 = rand::rng().random();
+    eprintln!("sampled decode: seed {seed}");
+    let ck = checkpoint(&cfg, seed);
+    let w = ck.weights().unwrap();
+    let (b, t, steps) = (3, 4, 24);
+    let mut eng = GpuEngine::new(gpu, &w, b, t + steps + 2, Precision::Fp32).unwrap();
+    let mut rng = rand::rng();
+    let prompt: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
+    let rows: Vec<SampleRow> = (0..b as u64).map(|r| sampled_row(seed ^ r)).collect();
+    for (path, pdl) in [(DecodePath::Graph, true), (DecodePath::Eager, false)] {
+        eng.set_decode_path(path, pdl);
+        eng.prepare_sampling(Some(&rows)).unwrap();
+        eng.forward(&prompt, b, t, 0, LogitsWanted::Last).unwrap();
+        let mut ids = eng.sample(&rows, t).unwrap();
+        let mut differs_from_argmax = false;
+        for s in 0..steps {
+            let pos = t + s;
+            eng.forward(&ids, b, 1, pos, LogitsWanted::Last).unwrap();
+            let logits = eng.logits().unwrap();
+            ids = eng.sample(&rows, pos + 1).unwrap();
+            let mut twin = vec![0u32; b];
+            host::cpu::sample::sample_forward(
+                &mut twin,
+                &logits,
+                &rows,
+                Some(&vec![(pos + 1) as u32; b]),
+                None,
+                b,
+                cfg.vocab_size,
+                cfg.padded_vocab_size,
+            );
+            assert_eq!(ids, twin, "{path:?} step {s}: the device's sample differs from the twin's");
+            let argmax = eng.argmax().unwrap();
+            let want: Vec<u32> = (0..b)
+                .map(|r| {
+                    let row = &logits[r * cfg.padded_vocab_size..][..cfg.vocab_size];
+                    host::cpu::sample::argmax(row)
+                })
+                .collect();
+            assert_eq!(argmax, want, "{path:?} step {s}: argmax after a sampled step");
+            differs_from_argmax |= argmax != ids;
+        }
+        assert!(differs_from_argmax, "{path:?}: {steps} sampled steps never left the argmax");
+        eng.prepare_sampling(None).unwrap();
+    }
+}
+
+/// A backend that hides `choose_and_step`, so `generate` runs unpipelined
+/// on the same engine and kernels.
+struct Unpipelined<'a>(&'a mut GpuEngine);
+
+impl Backend for Unpipelined<'_> {
+    fn config(&self) -> &ModelConfig {
+        self.0.config()
+    }
+    fn max_seq_len(&self) -> usize {
+        self.0.max_seq_len()
+    }
+    fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> anyhow::Result<()> {
+        self.0.forward(tokens, b, t, pos0, want)
+    }
+    fn logits(&mut self) -> anyhow::Result<Vec<f32>> {
+        self.0.logits()
+    }
+    fn argmax(&mut self) -> anyhow::Result<Vec<u32>> {
+        self.0.argmax()
+    }
+    fn prepare_sampling(&mut self, rows: Option<&[SampleRow]>) -> anyhow::Result<()> {
+        self.0.prepare_sampling(rows)
+    }
+    fn sample(&mut self, rows: &[SampleRow], pos: usize) -> anyhow::Result<Vec<u32>> {
+        self.0.sample(rows, pos)
+    }
+}
+
+/// `generate` pipelined (the device runs step k+1 while the host reads
+/// step k) gives the same tokens as unpipelined, greedy and sampled, with
+/// prompts of different lengths (teacher forcing first) and rows that stop
+/// early; and it stops at the context limit as the unpipelined loop does.
+#[test]
+fn pipelined_generation_equals_unpipelined() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let cfg = head64_config();
+    let seed: u64 = rand::rng().random();
+    eprintln!("pipelined generation: seed {seed}");
+    let ck = checkpoint(&cfg, seed);
+    let w = ck.weights().unwrap();
+    let max_t = 48;
+    let mut eng = GpuEngine::new(gpu, &w, 3, max_t, Precision::Fp32).unwrap();
+    let mut rng = rand::rng();
+    let mut prompt = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect() };
+    let prompts = vec![prompt(5), prompt(9), prompt(6)];
+    for temperature in [0.0, 0.9] {
+        for max_new in [1, 7, 30, 100] {
+            let params = SamplingParams {
+                temperature,
+                top_k: 50,
+                top_p: 0.95,
+                seed: Some(seed),
+            };
+            let run = |backend: &mut dyn Backend| {
+                let mut streamed = Vec::new();
+                let g = generate(backend, &prompts, max_new, &mut Sampler::new(params).unwrap(), |r, id| {
+                    streamed.push((r, id))
+                })
+                .unwrap();
+                (g.tokens, g.stop, g.positions, streamed)
+            };
+            let piped = run(&mut eng);
+            let plain = run(&mut Unpipelined(&mut eng));
+            assert_eq!(piped, plain, "T={temperature} max_new={max_new}: pipelined generation differs");
+            if max_new == 100 {
+                assert!(piped.1.contains(&StopReason::ContextLimit), "{:?}", piped.1);
+            }
         }
     }
 }

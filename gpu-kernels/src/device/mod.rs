@@ -7,6 +7,7 @@
 pub mod index;
 pub mod math;
 pub mod mma;
+pub mod prefetch;
 pub mod shared;
 pub mod sync;
 pub mod tma;
@@ -17,6 +18,7 @@ pub mod wgmma;
 pub use index::*;
 pub use math::*;
 pub use mma::*;
+pub use prefetch::*;
 pub use shared::*;
 pub use sync::*;
 pub use warp::*;

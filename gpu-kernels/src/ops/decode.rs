@@ -25,7 +25,8 @@ use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::{shfl_xor_f32, warp_reduce_sum};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, block_dim_x, block_idx_x, block_idx_y, block_idx_z, grid_dependency_wait,
-    grid_dim_x, lane_id, launch_dependents, sync_threads, sync_threads_or, thread_fence, thread_idx_x, warp_id,
+    grid_dim_x, grid_dim_y, grid_dim_z, lane_id, launch_dependents, prefetch_l2_slice, sync_threads, sync_threads_or,
+    thread_fence, thread_idx_x, warp_id,
 };
 use crate::params::decode::*;
 use crate::params::layernorm::LAYERNORM_EPS;
@@ -40,6 +41,20 @@ const _: () = assert!(CHUNK == LANES * LOADS * VEC);
 /// for `j < LOADS`, so each load instruction of a warp reads 512
 /// consecutive bytes.
 type Chunk = [[f32; VEC]; LOADS];
+
+/// Ask L2 for this block's share (`block` of `blocks`) of every range.
+///
+/// # Safety
+/// Each range is as `PrefetchRange` says: readable, aligned, or empty.
+#[inline(always)]
+unsafe fn prefetch_ranges(ranges: &[PrefetchRange; DECODE_PREFETCH_RANGES], block: usize, blocks: usize) {
+    for r in ranges {
+        if r.bytes > 0 {
+            // SAFETY: the caller's contract.
+            unsafe { prefetch_l2_slice(r.ptr, r.bytes as usize, block, blocks) };
+        }
+    }
+}
 
 /// Load the chunk of `row` (a weight row of `c` floats) that starts at `k0`;
 /// floats at or past `c` read as 0 (never from memory).
@@ -337,6 +352,9 @@ fn better(a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
 /// `DecodeGemvParams`' contract, with the launch it describes; `n <= R`.
 #[inline(always)]
 unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
+    if p.early_trigger != 0 {
+        launch_dependents();
+    }
     let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
     let lane = lane_id() as usize;
     let warp = warp_id() as usize;
@@ -364,8 +382,15 @@ unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
     if ln {
         unsafe { stage_ln_params(&p, lnp, c) };
     }
+    let (block, blocks) = (block_idx_x() as usize, grid_dim_x() as usize);
+    if p.prefetch_late == 0 {
+        // SAFETY: the params' contract (later kernels' weights).
+        unsafe { prefetch_ranges(&p.prefetch, block, blocks) };
+    }
     grid_dependency_wait();
-    launch_dependents();
+    if p.early_trigger == 0 {
+        launch_dependents();
+    }
 
     unsafe { stage_rows(&p, xs, n, c) };
     sync_threads();
@@ -435,6 +460,10 @@ unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
         }
         base += stride;
     }
+    if p.prefetch_late != 0 {
+        // SAFETY: as above.
+        unsafe { prefetch_ranges(&p.prefetch, block, blocks) };
+    }
     if greedy {
         // SAFETY: the launch adds the argmax scratch after the split sums.
         let scratch = unsafe { red.add(DECODE_GEMV_RED_SMEM_BYTES as usize / 4) } as *mut u32;
@@ -478,8 +507,18 @@ const _: () = assert!(ATT_KEYS_PER_GROUP <= crate::ops::UNROLL_MAX);
 /// `DecodeAttentionParams`' contract, with the launch it describes.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
+    if p.early_trigger != 0 {
+        launch_dependents();
+    }
+    // Attention reads little from HBM: the time to fetch later weights.
+    let block = block_idx_x() + grid_dim_x() * (block_idx_y() + grid_dim_y() * block_idx_z());
+    let blocks = grid_dim_x() * grid_dim_y() * grid_dim_z();
+    // SAFETY: the params' contract (later kernels' weights).
+    unsafe { prefetch_ranges(&p.prefetch, block as usize, blocks as usize) };
     grid_dependency_wait();
-    launch_dependents();
+    if p.early_trigger == 0 {
+        launch_dependents();
+    }
     let (c, nh, max_t, window) = (p.c as usize, p.nh as usize, p.max_t as usize, p.window as usize);
     let tid = thread_idx_x() as usize;
     let lane = lane_id() as usize;

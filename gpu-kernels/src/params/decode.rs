@@ -77,6 +77,27 @@ pub const DECODE_ATTN_PARTS_PER_CHUNK: u32 = DECODE_ATTN_THREADS / 32;
 /// Head size the attention kernel is written for (every GPT-2 size has 64).
 pub const DECODE_HEAD_SIZE: u32 = 64;
 
+/// Ranges of later kernels' weights one decode kernel may prefetch into L2.
+pub const DECODE_PREFETCH_RANGES: usize = 3;
+
+/// A read-only byte range a decode kernel asks L2 to fetch for a later
+/// kernel (a hint: it changes no value any load returns). `ptr` is 16-byte
+/// aligned, `bytes % 16 == 0`; `bytes == 0` means none. The kernel's blocks
+/// share the range in equal slices.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PrefetchRange {
+    pub ptr: *const u8,
+    pub bytes: u64,
+}
+
+impl PrefetchRange {
+    pub const NONE: Self = PrefetchRange {
+        ptr: core::ptr::null(),
+        bytes: 0,
+    };
+}
+
 /// Decode GEMV: `out[r, col] = epilogue(Σ_k x[r, k] · weight[col, k])` for
 /// rows `r < n` and columns `col < oc`, where `x` is `inp` after the
 /// prologue.
@@ -147,6 +168,15 @@ pub struct DecodeGemvParams {
     pub gelu: u32,
     /// Warps sharing one column: `ceil(c / DECODE_GEMV_CHUNK)`.
     pub k_warps: u32,
+    /// Nonzero: prefetch `prefetch` after the main loop instead of before
+    /// the PDL wait (for a kernel that streams more than L2 holds, whose own
+    /// loads would evict an early prefetch).
+    pub prefetch_late: u32,
+    /// Nonzero: under PDL, let the next kernel launch before this one's
+    /// wait (as soon as all its blocks started), not after it.
+    pub early_trigger: u32,
+    /// Weights of later kernels to bring into L2 (see [`PrefetchRange`]).
+    pub prefetch: [PrefetchRange; DECODE_PREFETCH_RANGES],
 }
 
 /// Decode attention over the KV cache, one query per row, at each row's
@@ -185,6 +215,11 @@ pub struct DecodeAttentionParams {
     pub scale_log2e: f32,
     /// Partials per (row, head) the buffers hold room for (>= chunks * 2).
     pub parts_stride: u32,
+    /// As `DecodeGemvParams::early_trigger`.
+    pub early_trigger: u32,
+    /// Weights of later kernels to bring into L2 (see [`PrefetchRange`]),
+    /// requested before the PDL wait.
+    pub prefetch: [PrefetchRange; DECODE_PREFETCH_RANGES],
 }
 
 crate::kernel_params!(DecodeGemvParams, DecodeAttentionParams);

@@ -19,8 +19,9 @@ use host::bench::{
     tf32_variants, time_calls,
 };
 use host::generate::{Backend, LogitsWanted};
+use host::sample::{Sampler, SamplingParams};
 use host::gpu::Gpu;
-use host::gpu::engine::{AttentionKind, DecodePath, GpuEngine, Precision};
+use host::gpu::engine::{AttentionKind, DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
 use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
 use host::gpu::ops::decode::{
     DecodeLaunch, DecodeWorkspace, Input as DecodeInput, Output as DecodeOutput, decode_gemv,
@@ -364,7 +365,7 @@ fn decode_gemv_bench(
         residual: None,
         gelu: false,
     };
-    let launch = DecodeLaunch { pdl };
+    let launch = DecodeLaunch::new(pdl);
     decode_gemv(
         gpu,
         &mut ws.borrow_mut(),
@@ -1034,22 +1035,53 @@ fn bench_decode_paths(
     report: &mut Report,
     tokens: &mut impl FnMut(usize) -> Vec<u32>,
 ) -> anyhow::Result<()> {
+    let base = DecodeTuning::default();
+    let prefetch = PREFETCH_AHEAD_TRY_BYTES;
+    let tune = |prefetch_ahead_bytes, gemv_blocks_per_sm, early_trigger| DecodeTuning {
+        prefetch_ahead_bytes,
+        gemv_blocks_per_sm,
+        early_trigger,
+    };
+    // (path, PDL, launch knobs, sampled): sampled steps use the CLI's
+    // default settings (temperature 0.8, top-k 40, top-p 0.95).
     let paths = [
-        (DecodePath::Graph, true),
-        (DecodePath::Graph, false),
-        (DecodePath::Eager, true),
-        (DecodePath::Eager, false),
-        (DecodePath::Unfused, false),
+        (DecodePath::Graph, true, base, false),
+        (DecodePath::Graph, true, base, true),
+        (DecodePath::Graph, true, tune(0, 0, true), false),
+        (DecodePath::Graph, true, tune(0, 1, false), false),
+        (DecodePath::Graph, true, tune(0, 1, true), false),
+        (DecodePath::Graph, true, tune(prefetch, 0, false), false),
+        (DecodePath::Graph, true, tune(prefetch, 0, true), false),
+        (DecodePath::Graph, true, tune(prefetch, 1, true), false),
+        (DecodePath::Graph, false, base, false),
+        (DecodePath::Eager, true, base, false),
+        (DecodePath::Eager, false, base, false),
+        (DecodePath::Unfused, false, base, false),
     ];
+    let sample_row = Sampler::new(SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        seed: Some(E2E_SEED),
+    })?
+    .row();
     for b in E2E_DECODE_BATCH {
         let prompt = tokens(b * E2E_DECODE_PROMPT);
-        for (path, pdl) in paths {
+        let rows = vec![sample_row; b];
+        for (path, pdl, tuning, sampled) in paths {
             engine.set_decode_path(path, pdl);
+            engine.set_decode_tuning(tuning);
+            engine.prepare_sampling(sampled.then_some(&rows[..]))?;
             engine.forward(&prompt, b, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
             let step = tokens(b);
             let (host_ms, n) = time_forward(engine, args, |e, i| {
-                e.forward(&step, b, 1, E2E_DECODE_PROMPT + i, LogitsWanted::Last)?;
-                e.argmax()?;
+                let pos = E2E_DECODE_PROMPT + i;
+                e.forward(&step, b, 1, pos, LogitsWanted::Last)?;
+                if sampled {
+                    e.sample(&rows, pos + 1)?;
+                } else {
+                    e.argmax()?;
+                }
                 Ok(())
             })?;
             let mut device_ms = None;
@@ -1070,13 +1102,20 @@ fn bench_decode_paths(
             }
             let shown = device_ms.map_or("-".to_string(), |m| format!("{m:.4}"));
             println!(
-                "{prec:>6} decode {b:>2} rows after {E2E_DECODE_PROMPT}: {:>8} pdl={pdl:<5} host {host_ms:.4} ms/step, device {shown} ms/step ({:.0} tok/s)",
+                "{prec:>6} decode {b:>2} rows after {E2E_DECODE_PROMPT}: {:>8} pdl={pdl:<5} prefetch={:>2} MiB blocks/SM={} early={:<5} {} host {host_ms:.4} ms/step, device {shown} ms/step ({:.0} tok/s)",
                 format!("{path:?}"),
+                tuning.prefetch_ahead_bytes >> 20,
+                tuning.gemv_blocks_per_sm,
+                tuning.early_trigger,
+                if sampled { "sampled" } else { "greedy " },
                 b as f64 / (device_ms.unwrap_or(host_ms) * 1e-3)
             );
-            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_path", "path": format!("{path:?}"), "pdl": pdl, "b": b, "pos0": E2E_DECODE_PROMPT, "host_ms_per_step": host_ms, "device_ms_per_step": device_ms, "samples": n}));
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_path", "path": format!("{path:?}"), "pdl": pdl, "prefetch_bytes": tuning.prefetch_ahead_bytes, "gemv_blocks_per_sm": tuning.gemv_blocks_per_sm, "early_trigger": tuning.early_trigger, "sampled": sampled, "b": b, "pos0": E2E_DECODE_PROMPT, "host_ms_per_step": host_ms, "device_ms_per_step": device_ms, "samples": n}));
         }
     }
+    engine.set_decode_path(DecodePath::default(), true);
+    engine.set_decode_tuning(base);
+    engine.prepare_sampling(None)?;
     Ok(())
 }
 

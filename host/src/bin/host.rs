@@ -168,10 +168,13 @@ fn run(cli: Cli) -> Result<()> {
     if ended > 0 && prompts.len() > 1 {
         eprintln!("{ended} of {} rows ended with <|endoftext|>", prompts.len());
     }
+    let decode_rate = result.generated as f64 / result.decode_time.as_secs_f64().max(f64::MIN_POSITIVE);
     eprintln!(
-        "{} tokens generated ({:.1} tokens/s)",
+        "{} tokens generated ({:.1} tokens/s; prefill {:.2} ms, then {:.1} tokens/s)",
         result.generated,
-        result.tokens_per_second()
+        result.tokens_per_second(),
+        result.prefill_time.as_secs_f64() * 1e3,
+        decode_rate
     );
     Ok(())
 }

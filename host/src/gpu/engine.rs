@@ -14,6 +14,7 @@
 
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::CudaSlice;
+use gpu_kernels::params::sample::SampleRow;
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
@@ -31,12 +32,13 @@ use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::layernorm::{layernorm_forward, layernorm_forward_tf32, residual_layernorm_forward};
 use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
 use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32_opts};
+use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, ModelConfig, Tensor, Weights};
 
 mod decode;
-pub use decode::DecodePath;
-use decode::DecodeState;
+pub use decode::{DecodePath, DecodeTuning, PREFETCH_AHEAD_TRY_BYTES};
+use decode::{Chosen, DecodeState};
 
 /// Arithmetic of the matmuls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -178,6 +180,51 @@ pub struct GpuEngine {
     /// kernels do not serve the model. Its graphs hold the addresses of the
     /// buffers above, which never move: the engine allocates them once.
     decode: Option<DecodeState>,
+    /// Per-row settings and draw counters of the device sampler.
+    sampling: SamplingState,
+}
+
+/// The device sampler's inputs (`sample_forward`), made with the engine.
+struct SamplingState {
+    /// `[max_batch]` settings; rows `0..uploaded.len()` hold `uploaded`.
+    rows: CudaSlice<DeviceSampleRow>,
+    /// `[max_batch]` draw counters of an eager `sample`.
+    counter: CudaSlice<u32>,
+    /// The settings last uploaded.
+    uploaded: Vec<SampleRow>,
+    /// `prepare_sampling` asked for sampling: fused steps end by sampling.
+    prepared: bool,
+    /// Host staging of the counters (no allocation per call).
+    host_counter: Vec<u32>,
+}
+
+impl SamplingState {
+    fn new(gpu: &Gpu, max_batch: usize) -> Result<Self, OpError> {
+        Ok(SamplingState {
+            rows: gpu.alloc(max_batch)?,
+            counter: gpu.alloc(max_batch)?,
+            uploaded: Vec::with_capacity(max_batch),
+            prepared: false,
+            host_counter: Vec::with_capacity(max_batch),
+        })
+    }
+
+    /// Device bytes [`SamplingState::new`] allocates.
+    fn device_bytes(max_batch: usize) -> usize {
+        max_batch * (size_of::<DeviceSampleRow>() + size_of::<u32>())
+    }
+
+    /// Make `rows` the settings on the device (uploads only a change).
+    fn upload(&mut self, gpu: &Gpu, rows: &[SampleRow]) -> Result<()> {
+        if self.uploaded != rows {
+            let dev: Vec<DeviceSampleRow> = rows.iter().copied().map(DeviceSampleRow).collect();
+            gpu.stream
+                .memcpy_htod(&dev, &mut self.rows.slice_mut(0..rows.len()))
+                .ctx("uploading the sampling settings")?;
+            self.uploaded = rows.to_vec();
+        }
+        Ok(())
+    }
 }
 
 /// Bytes of one f32.
@@ -287,6 +334,7 @@ impl GpuEngine {
         };
         let decode =
             DecodeState::new(&gpu, &config, max_batch, max_seq_len).with_context(|| oom("the decode-step state"))?;
+        let sampling = SamplingState::new(&gpu, max_batch).with_context(|| oom("the sampler's state"))?;
         gpu.synchronize().context("uploading the weights")?;
         Ok(GpuEngine {
             gpu,
@@ -304,6 +352,7 @@ impl GpuEngine {
             acts,
             last: None,
             decode,
+            sampling,
         })
     }
 
@@ -342,6 +391,7 @@ impl GpuEngine {
             + rows * 4
             + max_batch * 4
             + DecodeState::device_bytes(config, max_batch, max_seq_len, sms)
+            + SamplingState::device_bytes(max_batch)
     }
 
     /// Choose the attention kernels (no allocation: the flash workspace
@@ -729,7 +779,7 @@ impl Backend for GpuEngine {
 
     fn argmax(&mut self) -> Result<Vec<u32>> {
         let last = self.last.context("argmax() called before a successful forward()")?;
-        if let Some(ids) = self.fresh_ids() {
+        if let Some(ids) = self.fresh_ids(Chosen::Argmax) {
             // The fused step chose them already.
             let ids = ids.slice(0..last.b);
             let mut out = vec![0u32; last.b];
@@ -751,6 +801,80 @@ impl Backend for GpuEngine {
             .memcpy_dtoh(&a.ids.slice(0..last.b), &mut ids)
             .ctx("reading the argmax ids")?;
         Ok(ids)
+    }
+
+    fn prepare_sampling(&mut self, rows: Option<&[SampleRow]>) -> Result<()> {
+        match rows {
+            Some(rows) => {
+                ensure!(
+                    rows.len() <= self.max_batch,
+                    "sampling settings for {} rows; the engine was built for {}",
+                    rows.len(),
+                    self.max_batch
+                );
+                self.sampling.upload(&self.gpu, rows)?;
+                self.sampling.prepared = true;
+            }
+            None => self.sampling.prepared = false,
+        }
+        Ok(())
+    }
+
+    fn sample(&mut self, rows: &[SampleRow], pos: usize) -> Result<Vec<u32>> {
+        let last = self.last.context("sample() called before a successful forward()")?;
+        ensure!(
+            rows.len() == last.b,
+            "sample(): {} rows of settings for a forward of {} rows",
+            rows.len(),
+            last.b
+        );
+        let b = last.b;
+        // The fused step sampled already, with these settings, at this position.
+        if self.sampling.uploaded == rows
+            && let Some(ids) = self.fresh_ids(Chosen::Sampled)
+            && self.decode_next_pos() == Some(pos)
+        {
+            let mut out = vec![0u32; b];
+            self.gpu
+                .stream
+                .memcpy_dtoh(&ids.slice(0..b), &mut out)
+                .ctx("reading the sampled ids")?;
+            return Ok(out);
+        }
+        let counter = u32::try_from(pos).context("position beyond the sampling counter")?;
+        self.sampling.upload(&self.gpu, rows)?;
+        let s = &mut self.sampling;
+        s.host_counter.clear();
+        s.host_counter.resize(b, counter);
+        self.gpu
+            .stream
+            .memcpy_htod(&s.host_counter, &mut s.counter.slice_mut(0..b))
+            .ctx("uploading the draw counters")?;
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        let per_row = last.rows / b;
+        let first = (per_row - 1) * vp;
+        let a = &mut self.acts;
+        sample_forward(
+            &self.gpu,
+            &mut a.ids,
+            &a.logits.slice(first..),
+            &s.rows,
+            Some(&s.counter),
+            None::<&mut CudaSlice<u32>>,
+            b,
+            v,
+            per_row * vp,
+        )?;
+        let mut ids = vec![0u32; b];
+        self.gpu
+            .stream
+            .memcpy_dtoh(&a.ids.slice(0..b), &mut ids)
+            .ctx("reading the sampled ids")?;
+        Ok(ids)
+    }
+
+    fn choose_and_step(&mut self, pos: usize) -> Result<Option<Vec<u32>>> {
+        self.fused_choose_and_step(pos)
     }
 }
 

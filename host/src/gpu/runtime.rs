@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
-    LaunchConfig, PushKernelArg,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use gpu_kernels::params::KernelParams;
 use gpu_kernels::params::matmul_tf32::TensorMap;
@@ -79,6 +79,8 @@ pub struct Gpu {
     shared_limits: Mutex<HashMap<&'static str, u32>>,
     /// Multiprocessors of the device, read once (launch configurations use it).
     sm_count: usize,
+    /// L2 bytes (the decode step's prefetch distance is bounded by it).
+    l2_bytes: usize,
 }
 
 impl Gpu {
@@ -117,10 +119,12 @@ impl Gpu {
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(GpuError::ModuleLoad)?;
         let sm_count = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let l2_bytes = attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?.max(0) as usize;
         Ok(Self {
             ctx,
             stream,
             sm_count,
+            l2_bytes,
             wgmma,
             tensor_maps: Mutex::new(TensorMapCache::default()),
             shared_limits: Mutex::new(HashMap::new()),
@@ -182,6 +186,11 @@ impl Gpu {
     /// Number of multiprocessors (SMs) of the device.
     pub fn sm_count(&self) -> usize {
         self.sm_count
+    }
+
+    /// Bytes of the device's L2 cache.
+    pub fn l2_bytes(&self) -> usize {
+        self.l2_bytes
     }
 
     /// The device's name, e.g. "NVIDIA H200".
@@ -303,6 +312,19 @@ impl Gpu {
         self.stream
             .alloc_zeros::<T>(n.max(1))
             .map_err(|e| GpuError::OutOfMemory(n * std::mem::size_of::<T>(), e))
+    }
+
+    /// Page-locked host memory of `n` zeroed `u32`s: device-to-host copies
+    /// into it are asynchronous (the slice's event says when one landed).
+    pub fn alloc_pinned_u32(&self, n: usize) -> Result<PinnedHostSlice<u32>, GpuError> {
+        // SAFETY: the memory is zeroed below before anything reads it; no
+        // flags: plain pinned memory the host reads back (not write-combined).
+        let mut host = unsafe { self.ctx.alloc_pinned_with_flags::<u32>(n.max(1), 0) }
+            .map_err(|e| GpuError::OutOfMemory(n * std::mem::size_of::<u32>(), e))?;
+        host.as_mut_slice()
+            .map_err(|e| GpuError::OutOfMemory(n * std::mem::size_of::<u32>(), e))?
+            .fill(0);
+        Ok(host)
     }
 
     /// Copy host data to a new device buffer.

@@ -11,15 +11,19 @@
 //! left them), replays, and reads back the ids.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use anyhow::{Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice};
-use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
+use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS, DECODE_PREFETCH_RANGES};
 
 use super::{Activations, DeviceParams, GpuEngine, Last};
 use crate::gpu::Gpu;
-use crate::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, Embed, Input, Output, decode_attention, decode_gemv};
+use crate::gpu::ops::decode::{
+    DecodeLaunch, DecodeWorkspace, Embed, Input, L2Prefetch, Output, decode_attention, decode_gemv,
+};
+use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::ModelConfig;
 
@@ -47,22 +51,80 @@ pub(super) struct DecodeState {
     pos: CudaSlice<u32>,
     /// `[rows]`: the ids the last step chose.
     ids: CudaSlice<u32>,
+    /// Pinned host copy of `ids`, for reading a step's choice while the
+    /// next step runs (`choose_and_step`).
+    ids_host: PinnedHostSlice<u32>,
     /// Rows the state serves (at most `DECODE_MAX_ROWS`).
     rows: usize,
     path: DecodePath,
     pdl: bool,
-    /// Captured steps, by (rows, window, pdl).
-    graphs: HashMap<(usize, usize, bool), CudaGraph>,
+    /// Captured steps, by [`GraphKey`].
+    graphs: HashMap<GraphKey, CudaGraph>,
     /// Set when capture failed once: the engine stays on the eager path.
     capture_failed: bool,
-    /// The last `forward` was a fused step: its argmax is in `ids`.
-    ids_fresh: bool,
+    /// What `ids` holds for the last `forward`.
+    ids_hold: Chosen,
     /// Host staging of the positions a `forward` step uploads.
     host_pos: Vec<u32>,
     /// The position the next device-driven step decodes at (the state the
     /// last fused step left on the device).
     next_pos: usize,
+    /// The launch knobs in force (see [`DecodeTuning`]).
+    tuning: DecodeTuning,
+    /// L2 bytes of the device: the prefetch distance stays within a third.
+    l2_bytes: usize,
+    /// Recorded after the copy of `ids` to `ids_host`: the driver does not
+    /// track the pinned buffer (the context's event tracking is off).
+    ids_copied: CudaEvent,
 }
+
+/// Launch knobs of the fused decode step, for experiments and the bench;
+/// the default is what measured fastest (docs/performance.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeTuning {
+    /// How far (bytes) past its own weights each kernel asks L2 to fetch
+    /// the weights of the kernels after it (0: no prefetch; capped at a
+    /// third of L2). See [`plan_prefetch`].
+    pub prefetch_ahead_bytes: usize,
+    /// Most GEMV blocks per SM (0: as many as fit). Fewer leave room on
+    /// each SM for the next kernel's blocks to start under PDL.
+    pub gemv_blocks_per_sm: usize,
+    /// Under PDL, let the next kernel launch as soon as this one's blocks
+    /// all started (before they wait), not after the wait.
+    pub early_trigger: bool,
+}
+
+impl Default for DecodeTuning {
+    fn default() -> Self {
+        DecodeTuning {
+            prefetch_ahead_bytes: 0,
+            gemv_blocks_per_sm: 0,
+            early_trigger: false,
+        }
+    }
+}
+
+/// What the `ids` buffer holds for the last `forward`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Chosen {
+    /// Nothing of it (the last `forward` was no fused step).
+    Nothing,
+    /// Each row's argmax (the LM head's greedy epilogue).
+    Argmax,
+    /// Each row's sampled token (the step ended with `sample_forward`).
+    Sampled,
+}
+
+/// A captured step: rows, attention window, PDL, whether it samples.
+type GraphKey = (usize, usize, bool, bool);
+
+/// A prefetch distance to try (`DecodeTuning::prefetch_ahead_bytes`): the
+/// largest GPT-2 124M matrix (fc, 9.4 MB) and more, well inside a Hopper L2
+/// (50 MB).
+pub const PREFETCH_AHEAD_TRY_BYTES: usize = 16 << 20;
+/// The prefetch distance never exceeds this fraction of L2, so prefetched
+/// lines are not evicted by the traffic before their use.
+const PREFETCH_L2_FRACTION: usize = 3;
 
 impl DecodeState {
     /// The state for up to `max_batch` rows (capped at the kernels'
@@ -78,14 +140,18 @@ impl DecodeState {
             tokens: gpu.alloc(rows)?,
             pos: gpu.alloc(rows)?,
             ids: gpu.alloc(rows)?,
+            ids_host: gpu.alloc_pinned_u32(rows)?,
             rows,
             path: DecodePath::default(),
             pdl: true,
             graphs: HashMap::new(),
             capture_failed: false,
-            ids_fresh: false,
+            ids_hold: Chosen::Nothing,
             host_pos: Vec::with_capacity(rows),
             next_pos: 0,
+            tuning: DecodeTuning::default(),
+            l2_bytes: gpu.l2_bytes(),
+            ids_copied: gpu.ctx.new_event(None).ctx("cuEventCreate")?,
         }))
     }
 
@@ -121,6 +187,15 @@ impl GpuEngine {
         }
     }
 
+    /// Set the fused decode step's launch knobs (see [`DecodeTuning`]).
+    /// Drops the captured graphs, which hold the old launches.
+    pub fn set_decode_tuning(&mut self, tuning: DecodeTuning) {
+        if let Some(d) = self.decode.as_mut() {
+            d.tuning = tuning;
+            d.graphs.clear();
+        }
+    }
+
     /// The decode path that a step of `rows` rows takes now.
     pub fn decode_path_in_use(&self, rows: usize) -> DecodePath {
         match &self.decode {
@@ -132,22 +207,65 @@ impl GpuEngine {
         }
     }
 
-    /// The argmax of the last fused step, if the last `forward` was one.
-    pub(super) fn fresh_ids(&self) -> Option<&CudaSlice<u32>> {
-        self.decode.as_ref().filter(|d| d.ids_fresh).map(|d| &d.ids)
+    /// The ids the last fused step chose as `what`, if the last `forward`
+    /// was such a step.
+    pub(super) fn fresh_ids(&self, what: Chosen) -> Option<&CudaSlice<u32>> {
+        self.decode.as_ref().filter(|d| d.ids_hold == what).map(|d| &d.ids)
     }
 
-    /// Forget that the ids are fresh (any other `forward`).
+    /// Forget what the last fused step chose (any other `forward`).
     pub(super) fn mark_ids_stale(&mut self) {
         if let Some(d) = self.decode.as_mut() {
-            d.ids_fresh = false;
+            d.ids_hold = Chosen::Nothing;
         }
     }
 
+    /// The position the next device-fed step decodes at, after a fused step.
+    pub(super) fn decode_next_pos(&self) -> Option<usize> {
+        self.decode.as_ref().map(|d| d.next_pos)
+    }
+
+    /// Whether a fused step of `b` rows ends by sampling: sampling was
+    /// prepared for exactly `b` rows.
+    fn step_samples(&self, b: usize) -> bool {
+        self.sampling.prepared && self.sampling.uploaded.len() == b
+    }
+
+    /// `Backend::choose_and_step` on the fused path: the choice of the last
+    /// fused step (argmax, or the prepared sampling), copied to pinned
+    /// memory, then one more step fed from the device at `pos`; the copy is
+    /// read while that step runs.
+    pub(super) fn fused_choose_and_step(&mut self, pos: usize) -> Result<Option<Vec<u32>>> {
+        let Some(last) = self.last else { return Ok(None) };
+        let b = last.b;
+        let want = if self.step_samples(b) {
+            Chosen::Sampled
+        } else {
+            Chosen::Argmax
+        };
+        let max_t = self.max_seq_len;
+        let Some(d) = self.decode.as_mut() else { return Ok(None) };
+        if d.ids_hold != want || d.next_pos != pos || pos >= max_t {
+            return Ok(None);
+        }
+        self.gpu
+            .stream
+            .memcpy_dtoh(&d.ids.slice(0..b), &mut d.ids_host)
+            .ctx("copying the chosen ids")?;
+        d.ids_copied.record(&self.gpu.stream).ctx("cuEventRecord")?;
+        self.decode_on_device(1)?;
+        let d = self.decode.as_mut().context("the fused decode state is missing")?;
+        d.ids_copied.synchronize().ctx("waiting for the chosen ids")?;
+        let ids = d.ids_host.as_slice().ctx("reading the chosen ids")?;
+        Ok(Some(ids[..b].to_vec()))
+    }
+
     /// The step's inputs and the decode state, borrowed apart.
-    fn split_for_step(&mut self) -> Result<(Step<'_>, &mut DecodeState)> {
+    fn split_for_step(&mut self, b: usize) -> Result<(Step<'_>, &mut DecodeState)> {
+        let sample = self.step_samples(b).then_some(&self.sampling.rows);
         let d = self.decode.as_mut().context("the fused decode state is missing")?;
         let step = Step {
+            sample,
             gpu: &self.gpu,
             config: &self.config,
             params: &self.params,
@@ -162,12 +280,12 @@ impl GpuEngine {
     /// One fused decode step: `tokens[r]` at position `pos0` of every row.
     pub(super) fn decode_forward(&mut self, tokens: &[u32], b: usize, pos0: usize) -> Result<()> {
         let path = self.decode_path_in_use(b);
-        let (mut step, d) = self.split_for_step()?;
-        d.ids_fresh = false;
+        let (mut step, d) = self.split_for_step(b)?;
+        d.ids_hold = Chosen::Nothing;
         upload_state(step.gpu, d, tokens, pos0)?;
         match path {
             DecodePath::Graph => {
-                let key = (b, step.window, d.pdl);
+                let key = (b, step.window, d.pdl, step.sample.is_some());
                 if !d.graphs.contains_key(&key) {
                     // One eager step first: it raises shared-memory limits
                     // and fills the launch caches, which capture must not do.
@@ -196,7 +314,7 @@ impl GpuEngine {
             DecodePath::Eager => step.enqueue(d, b)?,
             DecodePath::Unfused => anyhow::bail!("decode_forward called on the unfused path"),
         }
-        d.ids_fresh = true;
+        d.ids_hold = step.chosen();
         d.next_pos = pos0 + 1;
         self.last = Some(Last { b, rows: b });
         Ok(())
@@ -214,9 +332,9 @@ impl GpuEngine {
             .context("decode_on_device() needs a fused decode step first")?;
         let b = last.b;
         let path = self.decode_path_in_use(b);
-        let (mut step, d) = self.split_for_step()?;
+        let (mut step, d) = self.split_for_step(b)?;
         anyhow::ensure!(
-            d.ids_fresh && path != DecodePath::Unfused,
+            d.ids_hold == step.chosen() && path != DecodePath::Unfused,
             "decode_on_device() needs a fused decode step first"
         );
         anyhow::ensure!(
@@ -226,7 +344,7 @@ impl GpuEngine {
             step.max_t
         );
         for _ in 0..steps {
-            match (path, d.graphs.get(&(b, step.window, d.pdl))) {
+            match (path, d.graphs.get(&(b, step.window, d.pdl, step.sample.is_some()))) {
                 (DecodePath::Graph, Some(g)) => g.launch().ctx("cuGraphLaunch")?,
                 _ => step.enqueue(d, b)?,
             }
@@ -271,6 +389,8 @@ fn capture(step: &mut Step<'_>, d: &mut DecodeState, b: usize) -> Result<CudaGra
 
 /// What one step's kernels read and write.
 struct Step<'a> {
+    /// Per-row sampling settings when the step ends by sampling.
+    sample: Option<&'a CudaSlice<DeviceSampleRow>>,
     gpu: &'a Gpu,
     config: &'a ModelConfig,
     params: &'a DeviceParams,
@@ -281,13 +401,48 @@ struct Step<'a> {
 }
 
 impl Step<'_> {
+    /// What the step leaves in `ids`.
+    fn chosen(&self) -> Chosen {
+        if self.sample.is_some() {
+            Chosen::Sampled
+        } else {
+            Chosen::Argmax
+        }
+    }
+
     /// Queue the step's kernels for `b` rows, in the paper's order.
     fn enqueue(&mut self, d: &mut DecodeState, b: usize) -> Result<()> {
-        let launch = DecodeLaunch { pdl: d.pdl };
+        let (gpu, p) = (self.gpu, self.params);
+        // The weight each kernel streams, in launch order (attention: none).
+        let mut weights: Vec<Option<&CudaSlice<f32>>> = Vec::with_capacity(KERNELS_PER_LAYER * p.layers.len() + 1);
+        for lw in &p.layers {
+            weights.extend([Some(&lw.qkvw), None, Some(&lw.attprojw), Some(&lw.fcw), Some(&lw.fcprojw)]);
+        }
+        weights.push(Some(&p.wte));
+        let sizes: Vec<usize> = weights.iter().map(|w| w.map_or(0, |w| w.len())).collect();
+        let mut launches = Vec::with_capacity(weights.len());
+        let ahead = prefetch_floats(d.tuning.prefetch_ahead_bytes, d.l2_bytes);
+        for plan in plan_prefetch(&sizes, ahead) {
+            let mut prefetch = L2Prefetch::default().late(plan.late);
+            for (k, range) in plan.pieces {
+                if let Some(w) = weights[k] {
+                    prefetch.push(gpu, w, range)?;
+                }
+            }
+            launches.push(DecodeLaunch {
+                pdl: d.pdl,
+                prefetch,
+                blocks_per_sm: d.tuning.gemv_blocks_per_sm,
+                early_trigger: d.tuning.early_trigger,
+            });
+        }
+        let mut launches = launches.into_iter();
+        let mut next_launch = || launches.next().context("the prefetch plan is shorter than the step");
+
         let (ws, tokens, pos, ids) = (&mut d.ws, &mut d.tokens, &mut d.pos, &mut d.ids);
         let cfg = self.config;
         let (c, nh, v, vp) = (cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size);
-        let (gpu, p, a) = (self.gpu, self.params, &mut *self.acts);
+        let a = &mut *self.acts;
         for (li, (lw, (k_cache, v_cache))) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
             // x + attproj(attention(qkv(ln1(x)))); layer 0's x is the embedding.
             let input = if li == 0 {
@@ -315,7 +470,7 @@ impl Step<'_> {
             decode_gemv(
                 gpu,
                 ws,
-                launch,
+                next_launch()?,
                 input,
                 ln1,
                 &lw.qkvw,
@@ -328,7 +483,7 @@ impl Step<'_> {
             decode_attention(
                 gpu,
                 ws,
-                launch,
+                next_launch()?,
                 &mut a.atty,
                 &a.qkv,
                 k_cache,
@@ -348,7 +503,7 @@ impl Step<'_> {
             decode_gemv(
                 gpu,
                 ws,
-                launch,
+                next_launch()?,
                 Input::Rows(&a.atty),
                 None,
                 attproj.0,
@@ -368,7 +523,7 @@ impl Step<'_> {
             decode_gemv(
                 gpu,
                 ws,
-                launch,
+                next_launch()?,
                 Input::Rows(&a.residual2),
                 ln2,
                 &lw.fcw,
@@ -387,7 +542,7 @@ impl Step<'_> {
             decode_gemv(
                 gpu,
                 ws,
-                launch,
+                next_launch()?,
                 Input::Rows(&a.fch_gelu),
                 None,
                 fcproj.0,
@@ -411,7 +566,7 @@ impl Step<'_> {
         decode_gemv(
             gpu,
             ws,
-            launch,
+            next_launch()?,
             Input::Rows(&a.residual),
             lnf,
             &p.wte,
@@ -421,6 +576,138 @@ impl Step<'_> {
             c,
             vp,
         )?;
+        if let Some(rows) = self.sample {
+            // The sampled choice replaces the argmax as the ids and the next
+            // step's tokens; the draw counter is the position it will take
+            // (the LM head advanced `pos` to it).
+            sample_forward(gpu, ids, &a.logits, rows, Some(&*pos), Some(tokens), b, v, vp)?;
+        }
         Ok(())
+    }
+}
+
+/// Kernels per layer of the fused step: qkv, attention, attproj, fc, fcproj.
+const KERNELS_PER_LAYER: usize = 5;
+
+/// Prefetch distance in floats for `bytes`, capped at a
+/// `PREFETCH_L2_FRACTION` of an L2 of `l2_bytes`.
+fn prefetch_floats(bytes: usize, l2_bytes: usize) -> usize {
+    bytes.min(l2_bytes / PREFETCH_L2_FRACTION) / size_of::<f32>()
+}
+
+/// What one kernel of the step prefetches: `(kernel, floats)` pieces of
+/// later kernels' weights, and whether after its own loads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KernelPrefetch {
+    pub pieces: Vec<(usize, Range<usize>)>,
+    pub late: bool,
+}
+
+/// The L2 prefetch plan of a step whose kernels stream `sizes[k]` floats
+/// of weights each, in launch order (0 for a kernel that streams none).
+///
+/// The weights form one stream that repeats every step. Each kernel asks
+/// for the part of it from where earlier requests stopped up to `ahead`
+/// floats past the end of its own weights, wrapping into the next step's
+/// first weights at the end; the first kernel assumes the step before
+/// asked for the first `ahead` floats. A kernel whose own weights are
+/// longer than `ahead` asks late (its own stream would evict an early
+/// request). At most `DECODE_PREFETCH_RANGES` pieces per kernel (one per
+/// weight touched); a request that would need more stops there.
+pub(crate) fn plan_prefetch(sizes: &[usize], ahead: usize) -> Vec<KernelPrefetch> {
+    let total: usize = sizes.iter().sum();
+    let mut plans = vec![KernelPrefetch::default(); sizes.len()];
+    if ahead == 0 || total == 0 {
+        return plans;
+    }
+    let ahead = ahead.min(total);
+    // starts[k]: offset of kernel k's weights in the stream.
+    let starts: Vec<usize> = sizes
+        .iter()
+        .scan(0, |at, &n| {
+            let s = *at;
+            *at += n;
+            Some(s)
+        })
+        .collect();
+    // The kernel whose weights hold stream offset `o` (modulo one step),
+    // and the offset inside them. A kernel that streams nothing shares its
+    // start with the next one, and the last start <= o is that next one.
+    let owner = |o: usize| {
+        let o = o % total;
+        let k = starts.partition_point(|&s| s <= o) - 1;
+        (k, o - starts[k])
+    };
+    let mut frontier = ahead;
+    for (k, plan) in plans.iter_mut().enumerate() {
+        let end = starts[k] + sizes[k];
+        plan.late = sizes[k] > ahead;
+        let target = end + ahead;
+        let mut at = frontier.max(end);
+        while at < target && plan.pieces.len() < DECODE_PREFETCH_RANGES {
+            let (w, off) = owner(at);
+            let n = (sizes[w] - off).min(target - at);
+            plan.pieces.push((w, off..off + n));
+            at += n;
+        }
+        frontier = frontier.max(at);
+    }
+    plans
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Offsets of each kernel's weights in the stream.
+    fn starts(sizes: &[usize]) -> Vec<usize> {
+        sizes
+            .iter()
+            .scan(0, |at, &n| {
+                let s = *at;
+                *at += n;
+                Some(s)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn prefetch_plan_covers_the_stream_ahead_once() {
+        // Two "layers" of [qkv, attention, attproj, fc, fcproj] and a head:
+        // the stream is qkv0 [0, 30), attproj0 [30, 40), fc0 [40, 80), ...
+        let sizes = [30, 0, 10, 40, 40, 30, 0, 10, 40, 40, 200];
+        let plans = plan_prefetch(&sizes, 50);
+        // qkv0 ends at 30: it asks for 50..80 (the step before asked for
+        // the first 50), which is fc0's floats 10..40.
+        assert_eq!(plans[0].pieces, vec![(3, 10..40)]);
+        // Attention ends where qkv0 ends: nothing new.
+        assert!(plans[1].pieces.is_empty());
+        // fcproj0 ends at 120: 130..170 spans three weights.
+        assert_eq!(plans[4].pieces, vec![(5, 10..30), (7, 0..10), (8, 0..10)]);
+        // The head (200 > 50) asks late, for the next step's first 50.
+        assert!(plans[10].late && plans[..10].iter().all(|p| !p.late));
+        assert_eq!(plans[10].pieces, vec![(0, 0..30), (2, 0..10), (3, 0..10)]);
+        // Within a step, every offset from 50 to 50 past fcproj1's end is
+        // asked for exactly once.
+        let at = starts(&sizes);
+        let mut seen = vec![0u32; sizes.iter().sum()];
+        for p in &plans[..10] {
+            for (w, r) in &p.pieces {
+                for o in r.clone() {
+                    seen[at[*w] + o] += 1;
+                }
+            }
+        }
+        assert!(seen[50..290].iter().all(|&n| n == 1), "{seen:?}");
+        assert!(seen[..50].iter().chain(&seen[290..]).all(|&n| n == 0), "{seen:?}");
+    }
+
+    #[test]
+    fn prefetch_plan_off_and_tiny_streams() {
+        assert!(plan_prefetch(&[10, 0, 10], 0).iter().all(|p| p.pieces.is_empty() && !p.late));
+        assert!(plan_prefetch(&[0, 0], 8).iter().all(|p| p.pieces.is_empty()));
+        // A distance past the whole stream asks for each weight at most once per kernel.
+        let plans = plan_prefetch(&[4, 4], 100);
+        assert!(plans.iter().all(|p| p.pieces.iter().map(|(_, r)| r.len()).sum::<usize>() <= 8));
     }
 }

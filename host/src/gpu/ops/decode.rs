@@ -4,6 +4,8 @@
 //! CPU twins: `cpu::decode`.
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use gpu_kernels::params::decode::*;
@@ -19,12 +21,94 @@ const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 const ML_FLOATS: usize = 2;
 
 /// How the decode kernels are launched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecodeLaunch {
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeLaunch<'a> {
     /// Programmatic dependent launch: each kernel's weight loads overlap
     /// the previous kernel's tail. Only the sm_90a module's kernels wait on
     /// the dependency (`Gpu::has_wgmma`); elsewhere this is ignored.
     pub pdl: bool,
+    /// Weights of later kernels this launch asks L2 to fetch.
+    pub prefetch: L2Prefetch<'a>,
+    /// Most GEMV blocks per SM (0: as many as are resident at once).
+    pub blocks_per_sm: usize,
+    /// Under PDL, trigger the next kernel's launch before the wait.
+    pub early_trigger: bool,
+}
+
+impl DecodeLaunch<'_> {
+    /// A launch with PDL on or off, nothing to prefetch, every resident
+    /// block used, the next launch triggered after the wait.
+    pub fn new(pdl: bool) -> Self {
+        DecodeLaunch {
+            pdl,
+            prefetch: L2Prefetch::default(),
+            blocks_per_sm: 0,
+            early_trigger: false,
+        }
+    }
+}
+
+/// Up to [`DECODE_PREFETCH_RANGES`] ranges of buffers a decode kernel asks
+/// L2 to fetch for the kernels after it (a hint: no value changes). It
+/// borrows the buffers, so they outlive the launch that names them.
+#[derive(Clone, Copy, Debug)]
+pub struct L2Prefetch<'a> {
+    ranges: [PrefetchRange; DECODE_PREFETCH_RANGES],
+    used: usize,
+    late: bool,
+    _bufs: PhantomData<&'a CudaSlice<f32>>,
+}
+
+impl Default for L2Prefetch<'_> {
+    fn default() -> Self {
+        L2Prefetch {
+            ranges: [PrefetchRange::NONE; DECODE_PREFETCH_RANGES],
+            used: 0,
+            late: false,
+            _bufs: PhantomData,
+        }
+    }
+}
+
+impl<'a> L2Prefetch<'a> {
+    /// Add floats `range` of `buf` (rounded inwards to 16-byte bounds).
+    /// Full ([`DECODE_PREFETCH_RANGES`] ranges) or empty: ignored, as a hint
+    /// may be. Errors when the range is not inside `buf`.
+    pub fn push(&mut self, gpu: &Gpu, buf: &'a CudaSlice<f32>, range: Range<usize>) -> Result<(), OpError> {
+        if range.start > range.end || range.end > buf.len() {
+            return Err(OpError::shape(
+                OP_GEMV,
+                format!("prefetch range {range:?} outside a buffer of {}", buf.len()),
+            ));
+        }
+        const FLOATS_16B: usize = 4;
+        let (lo, hi) = (range.start.next_multiple_of(FLOATS_16B), range.end / FLOATS_16B * FLOATS_16B);
+        if hi <= lo || self.used == DECODE_PREFETCH_RANGES {
+            return Ok(());
+        }
+        let ptr = in_ptr(gpu, buf).wrapping_add(lo) as *const u8;
+        if !aligned16(&[ptr as usize]) {
+            return Ok(());
+        }
+        self.ranges[self.used] = PrefetchRange {
+            ptr,
+            bytes: ((hi - lo) * size_of::<f32>()) as u64,
+        };
+        self.used += 1;
+        Ok(())
+    }
+
+    /// Prefetch after the kernel's own loads, not before them: for a kernel
+    /// that streams more than L2 holds.
+    pub fn late(mut self, late: bool) -> Self {
+        self.late = late;
+        self
+    }
+
+    /// Bytes asked for.
+    pub fn bytes(&self) -> u64 {
+        self.ranges.iter().map(|r| r.bytes).sum()
+    }
 }
 
 /// Scratch of the decode kernels, sized once for up to `max_rows` rows of
@@ -187,6 +271,7 @@ fn gemv_config(
     c: usize,
     oc: usize,
     ln: bool,
+    blocks_per_sm: usize,
 ) -> Result<(LaunchConfig, u32), OpError> {
     let k_warps = c.div_ceil(DECODE_GEMV_CHUNK as usize);
     let max_warps = DECODE_GEMV_MAX_WARPS as usize;
@@ -203,10 +288,13 @@ fn gemv_config(
     if shared > DEFAULT_SHARED_LIMIT {
         gpu.set_max_dynamic_shared(kernel, shared)?;
     }
-    let resident = ws.resident(gpu, kernel, threads, shared)? as usize;
+    let mut per_sm = (ws.resident(gpu, kernel, threads, shared)? as usize).min(MAX_BLOCKS_PER_SM);
+    if blocks_per_sm > 0 {
+        per_sm = per_sm.min(blocks_per_sm);
+    }
     let blocks = oc
         .div_ceil(groups)
-        .min(gpu.sm_count() * resident.min(MAX_BLOCKS_PER_SM))
+        .min(gpu.sm_count() * per_sm)
         .min(ws.max_blocks)
         .max(1);
     let cfg = LaunchConfig {
@@ -233,7 +321,7 @@ fn gemv_kernel(n: usize) -> &'static str {
 pub fn decode_gemv(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
-    launch: DecodeLaunch,
+    launch: DecodeLaunch<'_>,
     input: Input<'_>,
     ln: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
     weight: &CudaSlice<f32>,
@@ -289,6 +377,9 @@ pub fn decode_gemv(
         oc: oc as u32,
         gelu: 0,
         k_warps: 1,
+        prefetch_late: launch.prefetch.late as u32,
+        early_trigger: launch.early_trigger as u32,
+        prefetch: launch.prefetch.ranges,
     };
     let mut addrs = vec![p.weight as usize];
     match input {
@@ -395,13 +486,14 @@ pub fn decode_gemv(
     if !aligned16(&addrs) {
         return Err(OpError::shape(OP_GEMV, "buffers must be 16-byte aligned"));
     }
-    let (cfg, k_warps) = gemv_config(gpu, ws, n, c, oc, ln.is_some())?;
+    let (cfg, k_warps) = gemv_config(gpu, ws, n, c, oc, ln.is_some(), launch.blocks_per_sm)?;
     p.k_warps = k_warps;
     // SAFETY: every buffer the params name was checked above to hold what
     // the kernel reads or writes for n rows, c, oc (and the greedy
     // partials hold max_blocks >= grid rows); 16-byte aligned; c % 4 == 0,
     // c <= MAX_C, n <= MAX_ROWS; the launch gives n*c floats of shared
-    // memory (+ the greedy scratch); the kernel keeps the PDL contract.
+    // memory (+ the greedy scratch); the kernel keeps the PDL contract; the
+    // prefetch ranges lie inside buffers `launch` borrows (L2Prefetch::push).
     unsafe { gpu.launch_pdl(gemv_kernel(n), cfg, p, launch.pdl && gpu.has_wgmma())? };
     Ok(())
 }
@@ -413,7 +505,7 @@ pub fn decode_gemv(
 pub fn decode_attention(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
-    launch: DecodeLaunch,
+    launch: DecodeLaunch<'_>,
     out: &mut CudaSlice<f32>,
     q: &CudaSlice<f32>,
     k_cache: &CudaSlice<f32>,
@@ -456,6 +548,8 @@ pub fn decode_attention(
         window: to_u32(OP_ATTN, "window", window)?,
         scale_log2e: std::f32::consts::LOG2_E / (DECODE_HEAD_SIZE as f32).sqrt(),
         parts_stride: ws.parts_stride as u32,
+        early_trigger: launch.early_trigger as u32,
+        prefetch: launch.prefetch.ranges,
     };
     if !aligned16(&[p.out as usize, p.q as usize, p.k_cache as usize, p.v_cache as usize]) {
         return Err(OpError::shape(OP_ATTN, "buffers must be 16-byte aligned"));
@@ -468,7 +562,8 @@ pub fn decode_attention(
     // SAFETY: caches hold n rows of nh x max_t x 64 floats, q and out n x c
     // (checked); the workspace's partials hold n*nh*parts_stride entries,
     // parts_stride >= chunks * 2 for this max_t, and its counters n*nh,
-    // zero between launches; the kernel keeps the PDL contract.
+    // zero between launches; the kernel keeps the PDL contract; the
+    // prefetch ranges lie inside buffers `launch` borrows.
     unsafe { gpu.launch_pdl(DECODE_ATTENTION, cfg, p, launch.pdl && gpu.has_wgmma())? };
     Ok(())
 }

@@ -10,7 +10,7 @@ use gpu_kernels::params::sample::{
 
 use super::args::{OpError, check_len, in_ptr, out_ptr, to_u32};
 use crate::gpu::Gpu;
-use crate::sample::SamplingParams;
+use crate::sample::{Sampler, SamplingParams};
 
 const OP: &str = "sample_forward";
 
@@ -40,28 +40,13 @@ pub fn launch_config(n: u32) -> LaunchConfig {
 /// (the `Sampler`'s own, or any: the same seed and counter give the same
 /// token). `top_k` above `u32::MAX` keeps every token, as 0 does.
 pub fn sample_row(params: &SamplingParams, seed: u64) -> Result<SampleRow, OpError> {
-    if !(params.temperature.is_finite() && params.temperature >= 0.0) {
-        return Err(OpError::shape(
-            OP,
-            format!(
-                "temperature must be a finite number >= 0 (0 = greedy), got {}",
-                params.temperature
-            ),
-        ));
-    }
-    if !(params.top_p > 0.0 && params.top_p <= 1.0) {
-        return Err(OpError::shape(
-            OP,
-            format!("top-p must be in (0, 1], got {}", params.top_p),
-        ));
-    }
-    Ok(SampleRow {
-        temperature: params.temperature,
-        top_k: u32::try_from(params.top_k).unwrap_or(0),
-        top_p: params.top_p,
-        _pad: 0,
-        seed,
-    })
+    let params = SamplingParams {
+        seed: Some(seed),
+        ..*params
+    };
+    Sampler::new(params)
+        .map(|s| s.row())
+        .map_err(|e| OpError::shape(OP, e.to_string()))
 }
 
 /// For `i < n`: `out[i]` (and `next_tokens[i]` when given) = the id row `i`
