@@ -8,5 +8,6 @@ mod oracle;
 mod perplexity;
 mod sample_twin;
 mod sampling;
+mod tiny_oracle;
 mod tokenizer;
 mod tune_cache;
