@@ -5,6 +5,7 @@ mod common;
 mod cpu_reference;
 mod hub;
 mod oracle;
+mod parser_props;
 mod perplexity;
 mod sample_twin;
 mod sampling;
