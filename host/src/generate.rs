@@ -242,10 +242,8 @@ pub fn generate<B: Backend + ?Sized>(
     let mut decoded = false;
     loop {
         if pos >= max_seq_len {
-            for row in 0..b {
-                if active[row] {
-                    result.stop[row] = StopReason::ContextLimit;
-                }
+            for (stop, _) in result.stop.iter_mut().zip(&active).filter(|(_, a)| **a) {
+                *stop = StopReason::ContextLimit;
             }
             break;
         }

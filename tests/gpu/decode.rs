@@ -7,8 +7,8 @@
 //! against a plain CPU attention; the step that ends by sampling against
 //! the sampler's CPU twin; pipelined generation against unpipelined.
 
-use host::cpu::CpuModel;
 use gpu_kernels::params::sample::SampleRow;
+use host::cpu::CpuModel;
 use host::generate::{Backend, LogitsWanted, StopReason, generate};
 use host::gpu::engine::{DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
 use host::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, decode_attention};
@@ -124,7 +124,11 @@ fn paths_agree(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: usiz
         let (logits, ids) = run_path(&mut eng, DecodePath::Graph, true, &prompt, b, t, steps);
         assert_eq!(ids, graph_ids, "{tuning:?} changed the tokens");
         assert!(
-            logits.concat().iter().zip(graph_logits.concat()).all(|(a, b)| a.to_bits() == b.to_bits()),
+            logits
+                .concat()
+                .iter()
+                .zip(graph_logits.concat())
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{}: {tuning:?} changed the logits",
             what("graph")
         );
@@ -137,10 +141,10 @@ fn paths_agree(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: usiz
     eng.forward(&prompt, b, t, 0, LogitsWanted::Last).unwrap();
     cpu.forward(&prompt, b, t, 0, LogitsWanted::Last).unwrap();
     let (mut unfused, mut on_cpu) = (vec![eng.logits().unwrap()], vec![cpu.logits().unwrap()]);
-    for s in 0..steps {
+    for (s, ids) in graph_ids.iter().take(steps).enumerate() {
         assert_eq!(eng.decode_path_in_use(b), DecodePath::Unfused);
-        eng.forward(&graph_ids[s], b, 1, t + s, LogitsWanted::Last).unwrap();
-        cpu.forward(&graph_ids[s], b, 1, t + s, LogitsWanted::Last).unwrap();
+        eng.forward(ids, b, 1, t + s, LogitsWanted::Last).unwrap();
+        cpu.forward(ids, b, 1, t + s, LogitsWanted::Last).unwrap();
         unfused.push(eng.logits().unwrap());
         on_cpu.push(cpu.logits().unwrap());
     }
@@ -328,7 +332,10 @@ fn decode_graph_samples_like_the_cpu_twin() {
                 cfg.vocab_size,
                 cfg.padded_vocab_size,
             );
-            assert_eq!(ids, twin, "{path:?} step {s}: the device's sample differs from the twin's");
+            assert_eq!(
+                ids, twin,
+                "{path:?} step {s}: the device's sample differs from the twin's"
+            );
             let argmax = eng.argmax().unwrap();
             let want: Vec<u32> = (0..b)
                 .map(|r| {
@@ -339,7 +346,10 @@ fn decode_graph_samples_like_the_cpu_twin() {
             assert_eq!(argmax, want, "{path:?} step {s}: argmax after a sampled step");
             differs_from_argmax |= argmax != ids;
         }
-        assert!(differs_from_argmax, "{path:?}: {steps} sampled steps never left the argmax");
+        assert!(
+            differs_from_argmax,
+            "{path:?}: {steps} sampled steps never left the argmax"
+        );
         eng.prepare_sampling(None).unwrap();
     }
 }
@@ -399,15 +409,22 @@ fn pipelined_generation_equals_unpipelined() {
             };
             let run = |backend: &mut dyn Backend| {
                 let mut streamed = Vec::new();
-                let g = generate(backend, &prompts, max_new, &mut Sampler::new(params).unwrap(), |r, id| {
-                    streamed.push((r, id))
-                })
+                let g = generate(
+                    backend,
+                    &prompts,
+                    max_new,
+                    &mut Sampler::new(params).unwrap(),
+                    |r, id| streamed.push((r, id)),
+                )
                 .unwrap();
                 (g.tokens, g.stop, g.positions, streamed)
             };
             let piped = run(&mut eng);
             let plain = run(&mut Unpipelined(&mut eng));
-            assert_eq!(piped, plain, "T={temperature} max_new={max_new}: pipelined generation differs");
+            assert_eq!(
+                piped, plain,
+                "T={temperature} max_new={max_new}: pipelined generation differs"
+            );
             if max_new == 100 {
                 assert!(piped.1.contains(&StopReason::ContextLimit), "{:?}", piped.1);
             }

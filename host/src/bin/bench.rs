@@ -19,7 +19,6 @@ use host::bench::{
     tf32_variants, time_calls,
 };
 use host::generate::{Backend, LogitsWanted};
-use host::sample::{Sampler, SamplingParams};
 use host::gpu::Gpu;
 use host::gpu::engine::{AttentionKind, DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
 use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
@@ -38,6 +37,7 @@ use host::gpu::ops::matmul_tf32::{
 use host::gpu::runtime::dptr_mut;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
+use host::sample::{Sampler, SamplingParams};
 use rand::Rng;
 
 /// Token counts M = B·T: one short prompt, one full context, a batch of 8 full contexts.
@@ -1047,7 +1047,7 @@ fn bench_decode_paths(
     let paths = [
         (DecodePath::Graph, true, base, false),
         (DecodePath::Graph, true, base, true),
-        (DecodePath::Graph, true, tune(0, 0, true), false),
+        (DecodePath::Graph, true, tune(0, 0, false), false),
         (DecodePath::Graph, true, tune(0, 1, false), false),
         (DecodePath::Graph, true, tune(0, 1, true), false),
         (DecodePath::Graph, true, tune(prefetch, 0, false), false),

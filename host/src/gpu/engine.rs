@@ -14,10 +14,10 @@
 
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::CudaSlice;
-use gpu_kernels::params::sample::SampleRow;
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
+use gpu_kernels::params::sample::SampleRow;
 
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::gpu::Gpu;
@@ -37,8 +37,8 @@ use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, ModelConfig, Tensor, Weights};
 
 mod decode;
-pub use decode::{DecodePath, DecodeTuning, PREFETCH_AHEAD_TRY_BYTES};
 use decode::{Chosen, DecodeState};
+pub use decode::{DecodePath, DecodeTuning, PREFETCH_AHEAD_TRY_BYTES};
 
 /// Arithmetic of the matmuls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

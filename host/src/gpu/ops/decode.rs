@@ -82,7 +82,10 @@ impl<'a> L2Prefetch<'a> {
             ));
         }
         const FLOATS_16B: usize = 4;
-        let (lo, hi) = (range.start.next_multiple_of(FLOATS_16B), range.end / FLOATS_16B * FLOATS_16B);
+        let (lo, hi) = (
+            range.start.next_multiple_of(FLOATS_16B),
+            range.end / FLOATS_16B * FLOATS_16B,
+        );
         if hi <= lo || self.used == DECODE_PREFETCH_RANGES {
             return Ok(());
         }
