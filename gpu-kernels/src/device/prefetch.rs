@@ -8,9 +8,9 @@
 
 use core::arch::asm;
 
-use super::thread_idx_x;
 #[cfg(not(feature = "sm90a"))]
 use super::block_dim_x;
+use super::thread_idx_x;
 
 /// Bytes of one cache line: the granule of the per-line prefetch.
 pub const L2_LINE_BYTES: usize = 128;
