@@ -112,11 +112,13 @@ fn paths_agree(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: usiz
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_AHEAD_TRY_BYTES,
             gemv_blocks_per_sm: 1,
+            gemv_block_warps: 2,
             early_trigger: true,
         },
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
             gemv_blocks_per_sm: 0,
+            gemv_block_warps: 0,
             early_trigger: false,
         },
     ] {

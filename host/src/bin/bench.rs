@@ -1041,6 +1041,11 @@ fn bench_decode_paths(
         prefetch_ahead_bytes,
         gemv_blocks_per_sm,
         early_trigger,
+        ..base
+    };
+    let warps = |gemv_block_warps| DecodeTuning {
+        gemv_block_warps,
+        ..base
     };
     // (path, PDL, launch knobs, sampled): sampled steps use the CLI's
     // default settings (temperature 0.8, top-k 40, top-p 0.95).
@@ -1053,6 +1058,8 @@ fn bench_decode_paths(
         (DecodePath::Graph, true, tune(prefetch, 0, false), false),
         (DecodePath::Graph, true, tune(prefetch, 0, true), false),
         (DecodePath::Graph, true, tune(prefetch, 1, true), false),
+        (DecodePath::Graph, true, warps(4), false),
+        (DecodePath::Graph, true, warps(2), false),
         (DecodePath::Graph, false, base, false),
         (DecodePath::Eager, true, base, false),
         (DecodePath::Eager, false, base, false),
@@ -1102,15 +1109,16 @@ fn bench_decode_paths(
             }
             let shown = device_ms.map_or("-".to_string(), |m| format!("{m:.4}"));
             println!(
-                "{prec:>6} decode {b:>2} rows after {E2E_DECODE_PROMPT}: {:>8} pdl={pdl:<5} prefetch={:>2} MiB blocks/SM={} early={:<5} {} host {host_ms:.4} ms/step, device {shown} ms/step ({:.0} tok/s)",
+                "{prec:>6} decode {b:>2} rows after {E2E_DECODE_PROMPT}: {:>8} pdl={pdl:<5} prefetch={:>2} MiB blocks/SM={} warps={} early={:<5} {} host {host_ms:.4} ms/step, device {shown} ms/step ({:.0} tok/s)",
                 format!("{path:?}"),
                 tuning.prefetch_ahead_bytes >> 20,
                 tuning.gemv_blocks_per_sm,
+                tuning.gemv_block_warps,
                 tuning.early_trigger,
                 if sampled { "sampled" } else { "greedy " },
                 b as f64 / (device_ms.unwrap_or(host_ms) * 1e-3)
             );
-            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_path", "path": format!("{path:?}"), "pdl": pdl, "prefetch_bytes": tuning.prefetch_ahead_bytes, "gemv_blocks_per_sm": tuning.gemv_blocks_per_sm, "early_trigger": tuning.early_trigger, "sampled": sampled, "b": b, "pos0": E2E_DECODE_PROMPT, "host_ms_per_step": host_ms, "device_ms_per_step": device_ms, "samples": n}));
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_path", "path": format!("{path:?}"), "pdl": pdl, "prefetch_bytes": tuning.prefetch_ahead_bytes, "gemv_blocks_per_sm": tuning.gemv_blocks_per_sm, "gemv_block_warps": tuning.gemv_block_warps, "early_trigger": tuning.early_trigger, "sampled": sampled, "b": b, "pos0": E2E_DECODE_PROMPT, "host_ms_per_step": host_ms, "device_ms_per_step": device_ms, "samples": n}));
         }
     }
     engine.set_decode_path(DecodePath::default(), true);

@@ -90,6 +90,11 @@ pub struct DecodeTuning {
     /// Most GEMV blocks per SM (0: as many as fit). Fewer leave room on
     /// each SM for the next kernel's blocks to start under PDL.
     pub gemv_blocks_per_sm: usize,
+    /// Most warps per GEMV block (0: the kernels' maximum, 8). Smaller
+    /// blocks pack more warps onto an SM when registers or shared memory
+    /// (the staged rows: 8 rows of the MLP's 3072 floats are 96 KB) limit
+    /// whole blocks.
+    pub gemv_block_warps: usize,
     /// Under PDL, let the next kernel launch as soon as this one's blocks
     /// all started (before they wait), not after the wait.
     pub early_trigger: bool,
@@ -100,6 +105,7 @@ impl Default for DecodeTuning {
         DecodeTuning {
             prefetch_ahead_bytes: 0,
             gemv_blocks_per_sm: 0,
+            gemv_block_warps: 0,
             // Measured 0.4-1 % faster on an H200, at 1 and 8 rows, in two runs.
             early_trigger: true,
         }
@@ -441,6 +447,7 @@ impl Step<'_> {
                 pdl: d.pdl,
                 prefetch,
                 blocks_per_sm: d.tuning.gemv_blocks_per_sm,
+                block_warps: d.tuning.gemv_block_warps,
                 early_trigger: d.tuning.early_trigger,
             });
         }

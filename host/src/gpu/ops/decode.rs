@@ -31,6 +31,9 @@ pub struct DecodeLaunch<'a> {
     pub prefetch: L2Prefetch<'a>,
     /// Most GEMV blocks per SM (0: as many as are resident at once).
     pub blocks_per_sm: usize,
+    /// Most warps per GEMV block (0: `DECODE_GEMV_MAX_WARPS`); at least
+    /// one column group (`ceil(c / DECODE_GEMV_CHUNK)` warps) either way.
+    pub block_warps: usize,
     /// Under PDL, trigger the next kernel's launch before the wait.
     pub early_trigger: bool,
 }
@@ -43,6 +46,7 @@ impl DecodeLaunch<'_> {
             pdl,
             prefetch: L2Prefetch::default(),
             blocks_per_sm: 0,
+            block_warps: 0,
             early_trigger: false,
         }
     }
@@ -275,9 +279,13 @@ fn gemv_config(
     oc: usize,
     ln: bool,
     blocks_per_sm: usize,
+    block_warps: usize,
 ) -> Result<(LaunchConfig, u32), OpError> {
     let k_warps = c.div_ceil(DECODE_GEMV_CHUNK as usize);
-    let max_warps = DECODE_GEMV_MAX_WARPS as usize;
+    let max_warps = match block_warps {
+        0 => DECODE_GEMV_MAX_WARPS as usize,
+        w => w.min(DECODE_GEMV_MAX_WARPS as usize),
+    };
     // As many column groups as fit in a block of at most 8 warps, unless
     // that leaves SMs without a block (768 columns in groups of 8: 96
     // blocks on 132 SMs): then half as many.
@@ -489,7 +497,16 @@ pub fn decode_gemv(
     if !aligned16(&addrs) {
         return Err(OpError::shape(OP_GEMV, "buffers must be 16-byte aligned"));
     }
-    let (cfg, k_warps) = gemv_config(gpu, ws, n, c, oc, ln.is_some(), launch.blocks_per_sm)?;
+    let (cfg, k_warps) = gemv_config(
+        gpu,
+        ws,
+        n,
+        c,
+        oc,
+        ln.is_some(),
+        launch.blocks_per_sm,
+        launch.block_warps,
+    )?;
     p.k_warps = k_warps;
     // SAFETY: every buffer the params name was checked above to hold what
     // the kernel reads or writes for n rows, c, oc (and the greedy
