@@ -48,11 +48,73 @@ find_pip_ptxas() {
     return 1
 }
 
+# A virtualenv with pip. Debian/Ubuntu split `venv`'s ensurepip into the
+# python3-venv package, which a fresh machine may lack: then install it with
+# apt-get when we are root (or have password-less sudo), else return 1 and
+# the caller falls back to fetching the wheel without pip.
+make_venv() {
+    [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -m pip --version >/dev/null 2>&1 && return 0
+    rm -rf "$VENV"
+    if python3 -m venv "$VENV" >/dev/null 2>&1; then return 0; fi
+    rm -rf "$VENV"
+    local sudo=""
+    if [[ "$(id -u)" != 0 ]]; then
+        sudo -n true 2>/dev/null || return 1
+        sudo="sudo -n"
+    fi
+    command -v apt-get >/dev/null || return 1
+    local pyver
+    pyver="$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+    echo "== python3 -m venv failed: installing python3-venv with apt-get"
+    $sudo apt-get update -qq >/dev/null || return 1
+    # python3.X-venv is the package that carries ensurepip for python3.X.
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "python${pyver}-venv" >/dev/null 2>&1 ||
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null || return 1
+    python3 -m venv "$VENV"
+}
+
+# Without venv or pip: a wheel is a zip file, so fetch the newest wheel that
+# matches NVCC_WHEEL_SPEC's major (13) for this machine from PyPI's JSON API
+# with python3's standard library and unpack it where find_pip_ptxas looks.
+fetch_wheel() {
+    local site="$VENV/lib/python3-wheel/site-packages"
+    mkdir -p "$site"
+    python3 - "$site" <<'PY'
+import io, json, platform, sys, urllib.parse, urllib.request, zipfile
+site = sys.argv[1]
+major = 13   # NVCC_WHEEL_SPEC: nvidia-cuda-nvcc>=13,<14
+index = "https://pypi.org/pypi/nvidia-cuda-nvcc/json"
+meta = json.load(urllib.request.urlopen(index, timeout=60))
+def key(v):
+    return tuple(int(x) if x.isdigit() else 0 for x in v.split("."))
+arch = platform.machine()
+for version in sorted(meta["releases"], key=key, reverse=True):
+    if key(version)[0] != major:
+        continue
+    wheels = [f for f in meta["releases"][version]
+              if f["filename"].endswith(".whl") and "manylinux" in f["filename"] and arch in f["filename"]]
+    if wheels:
+        break
+else:
+    sys.exit(f"no nvidia-cuda-nvcc {major}.x wheel for {arch} on PyPI")
+w = wheels[0]
+print(f"== fetching {w['filename']}")
+# Mirrors may answer with URLs relative to the JSON's own.
+data = urllib.request.urlopen(urllib.parse.urljoin(index, w["url"]), timeout=600).read()
+zipfile.ZipFile(io.BytesIO(data)).extractall(site)
+PY
+    chmod +x "$site"/nvidia/cu*/bin/* 2>/dev/null || true
+}
+
 if [[ -z "${PTXAS:-}" ]]; then
     if ! PTXAS="$(find_pip_ptxas)"; then
         echo "== installing ptxas from PyPI ($NVCC_WHEEL_SPEC) into $VENV"
-        [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$NVCC_WHEEL_SPEC"
+        if make_venv; then
+            "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$NVCC_WHEEL_SPEC"
+        else
+            echo "== no usable venv (python3-venv missing, cannot install it): fetching the wheel without pip"
+            fetch_wheel
+        fi
         PTXAS="$(find_pip_ptxas)" || { echo "error: nvidia-cuda-nvcc installed but no ptxas found under $VENV" >&2; exit 1; }
     fi
 fi

@@ -1,14 +1,14 @@
 //! GPT-2 kernels in Rust, compiled to PTX by rustc's `nvptx64-nvidia-cuda` backend.
 //!
 //! Two halves:
-//! - [`device`] (nvptx only): the device standard library, the role Rust-CUDA's
+//! - `device` (nvptx only): the device standard library, the role Rust-CUDA's
 //!   `cuda_std` plays: indices, barriers, warp shuffles and reductions, shared
 //!   memory, fast math, tensor-core `mma.sync`. Other Rust GPU crates can use it.
 //! - [`params`] (host and device): one `#[repr(C)]` parameter struct and one
 //!   name constant per kernel, so the host and the kernels cannot disagree on
 //!   arguments: the host builds the struct and passes it by value.
 //!
-//! The kernels themselves live in [`ops`], one module per GPT-2 op.
+//! The kernels themselves live in `ops` (nvptx only), one module per GPT-2 op.
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",

@@ -4,13 +4,11 @@
 //! `nvptx64-nvidia-cuda` backend instead of `rustc_codegen_nvvm`:
 //!
 //! ```no_run
-//! // build.rs of a crate that embeds kernels
-//! fn main() {
-//!     let ptx = kernel_builder::PtxBuilder::new("../my-kernels")
-//!         .build()
-//!         .unwrap_or_else(|e| panic!("{e}"));
-//!     println!("cargo:rustc-env=MY_KERNELS_PTX={}", ptx.display());
-//! }
+//! // build.rs of a crate that embeds kernels (the body of its `fn main`)
+//! let ptx = kernel_builder::PtxBuilder::new("../my-kernels")
+//!     .build()
+//!     .unwrap_or_else(|e| panic!("{e}"));
+//! println!("cargo:rustc-env=MY_KERNELS_PTX={}", ptx.display());
 //! // and in the crate: include_str!(env!("MY_KERNELS_PTX"))
 //! ```
 //!

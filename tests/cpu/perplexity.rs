@@ -77,8 +77,8 @@ fn windows_score_every_token_once_after_the_first() {
                         w.begin < w.score_from && w.score_from < w.end,
                         "{n}/{window}/{stride}: {w:?}"
                     );
-                    for j in w.score_from..w.end {
-                        scored[j] += 1;
+                    for count in &mut scored[w.score_from..w.end] {
+                        *count += 1;
                     }
                 }
                 // Only a last window of one token (nothing to score in it) is left out.
@@ -89,15 +89,11 @@ fn windows_score_every_token_once_after_the_first() {
                     "{n}/{window}/{stride}: text read to {last_end} only"
                 );
                 assert_eq!(scored[0], 0, "the first token has no context");
-                for j in 1..n {
+                for (j, &count) in scored.iter().enumerate().skip(1) {
                     // stride == window: a window's first token has no context in it.
                     let window_start = stride == window && j % window == 0;
                     let want = if window_start { 0 } else { 1 };
-                    assert_eq!(
-                        scored[j], want,
-                        "{n}/{window}/{stride}: token {j} scored {} times",
-                        scored[j]
-                    );
+                    assert_eq!(count, want, "{n}/{window}/{stride}: token {j} scored {count} times");
                 }
                 // Once past the first window, every target sees at least window - stride tokens.
                 if stride < window {

@@ -125,7 +125,7 @@ pub struct MmaParams {
     pub d: *mut f32,
     /// `[tiles][M][K]` row-major.
     pub a: *const f32,
-    /// `[tiles][K][N]` row-major (B[k][n]).
+    /// `[tiles][K][N]` row-major (B\[k\]\[n\]).
     pub b: *const f32,
     /// `[tiles][M][N]` row-major.
     pub c: *const f32,

@@ -91,7 +91,7 @@ pub const FLASH_COMBINE_THREADS: u32 = FLASH_HEAD_SIZE;
 pub struct FlashAttentionParams {
     /// [B, T, C]
     pub out: *mut f32,
-    /// [B][NH][maxT][HS], positions 0..pos0+t filled (or, with
+    /// `[B][NH][maxT][HS]`, positions 0..pos0+t filled (or, with
     /// `kv_from_qkv`, written by this kernel).
     pub k_cache: *mut f32,
     pub v_cache: *mut f32,

@@ -105,7 +105,7 @@ const MATMUL_OC_BLOCK: usize = 64;
 ///
 /// Parallel over blocks of output channels, each block computed for all rows
 /// and then copied into place. Each dot product is the same function of its
-/// two rows wherever it is computed (see [`dot_tile`]).
+/// two rows wherever it is computed (see `dot_tile`).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward(
     out: &mut [f32],

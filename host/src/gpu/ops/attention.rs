@@ -35,7 +35,7 @@ pub fn max_span(pos0: u32, t: u32, window: u32) -> u32 {
 }
 
 /// Launch configuration of the attention kernel of `variant` (the KV store's
-/// is [`kv_store_config`]).
+/// is `kv_store_config`).
 pub fn launch_config(variant: Variant, p: &AttentionParams) -> (&'static str, LaunchConfig) {
     let hs = p.c / p.nh;
     match variant {

@@ -62,7 +62,7 @@ fn block_cost(shape: &TileShape) -> u64 {
 }
 
 /// Predicted time of an `n x oc` GEMM with `shape` on `sms` SMs, in the
-/// units of [`block_cost`]: the busiest SM holds `ceil(blocks / sms)`
+/// units of `block_cost`: the busiest SM holds `ceil(blocks / sms)`
 /// blocks, runs them `blocks_per_sm` at a time, and a round of
 /// `blocks_per_sm` blocks takes as long whether or not it is full (a lone
 /// block gets about its share of the SM, not all of it).
