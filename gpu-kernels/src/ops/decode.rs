@@ -22,7 +22,7 @@ use super::gelu::gelu;
 use super::vec4::{VEC, load4, store4};
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::shared::dynamic_shared_align16;
-use crate::device::warp::{shfl_xor_f32, warp_reduce_sum};
+use crate::device::warp::{shfl_xor_f32, warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, block_dim_x, block_idx_x, block_idx_y, block_idx_z, grid_dependency_wait,
     grid_dim_x, grid_dim_y, grid_dim_z, lane_id, launch_dependents, prefetch_l2_slice, sync_threads, sync_threads_or,
@@ -104,36 +104,61 @@ unsafe fn dot_chunk<const R: usize>(
     });
 }
 
+/// 16-byte vectors each thread loads before it stores any while staging
+/// the input rows: a batch's loads are in flight together, so staging one
+/// row of 3072 floats with 192 threads costs one memory round trip instead
+/// of four (8 rows: 8 instead of 32). Larger batches raise the kernels'
+/// registers past 128, which halves the resident blocks.
+const STAGE_BATCH: usize = 4;
+const _: () = assert!(STAGE_BATCH <= crate::ops::UNROLL_MAX);
+
 /// Fill the shared rows `xs[r][0..c]` for `r < n`: the embedding
 /// (`tokens` non-null; block 0 also writes it to `embed_out`) or the input
-/// rows, 16 bytes per thread per step.
+/// rows, 16 bytes per vector, [`STAGE_BATCH`] vectors per thread in flight.
 ///
 /// # Safety
 /// `params::decode::DecodeGemvParams`' contract; `xs` holds `n * c` floats.
 #[inline(always)]
 unsafe fn stage_rows(p: &DecodeGemvParams, xs: *mut f32, n: usize, c: usize) {
     let c4 = c / VEC;
-    let mut i = thread_idx_x() as usize;
+    let total = n * c4;
     let stride = block_dim_x() as usize;
-    while i < n * c4 {
-        let (r, k) = (i / c4, (i % c4) * VEC);
-        // SAFETY: r < n, k + 4 <= c; token and position clamped into the tables.
-        unsafe {
-            let x = if p.tokens.is_null() {
-                load4(p.inp.add(r * c + k))
-            } else {
-                let tok = (*p.tokens.add(r)).min(p.vocab - 1) as usize;
-                let pos = (*p.pos.add(r)).min(p.max_pos - 1) as usize;
-                let (a, b) = (load4(p.wte.add(tok * c + k)), load4(p.wpe.add(pos * c + k)));
-                let x = [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]];
-                if block_idx_x() == 0 {
-                    store4(p.embed_out.add(r * c + k), x);
+    let embed = !p.tokens.is_null();
+    let mut base = thread_idx_x() as usize;
+    while base < total {
+        let mut x = [[0.0f32; VEC]; STAGE_BATCH];
+        unroll_below!(u < STAGE_BATCH => {
+            let i = base + u * stride;
+            if i < total {
+                let (r, k) = (i / c4, (i % c4) * VEC);
+                // SAFETY: r < n, k + 4 <= c; token and position clamped
+                // into the tables.
+                x[u] = unsafe {
+                    if embed {
+                        let tok = (*p.tokens.add(r)).min(p.vocab - 1) as usize;
+                        let pos = (*p.pos.add(r)).min(p.max_pos - 1) as usize;
+                        let (a, b) = (load4(p.wte.add(tok * c + k)), load4(p.wpe.add(pos * c + k)));
+                        [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+                    } else {
+                        load4(p.inp.add(r * c + k))
+                    }
+                };
+            }
+        });
+        unroll_below!(u < STAGE_BATCH => {
+            let i = base + u * stride;
+            if i < total {
+                let (r, k) = (i / c4, (i % c4) * VEC);
+                // SAFETY: as above; embed_out holds n * c floats.
+                unsafe {
+                    if embed && block_idx_x() == 0 {
+                        store4(p.embed_out.add(r * c + k), x[u]);
+                    }
+                    store4(xs.add(r * c + k), x[u]);
                 }
-                x
-            };
-            store4(xs.add(r * c + k), x);
-        }
-        i += stride;
+            }
+        });
+        base += STAGE_BATCH * stride;
     }
 }
 
@@ -415,16 +440,8 @@ unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
             // SAFETY: next < oc.
             cur = unsafe { load_chunk(p.weight.add(next * c), k0, c, lane) };
         }
-        // Every lane gets every row's sum; lane r keeps row r's.
-        let mut mine = 0.0f32;
-        unroll_below!(r < R => {
-            if r < n {
-                let s = warp_reduce_sum(acc[r]);
-                if lane == r {
-                    mine = s;
-                }
-            }
-        });
+        // Lane r gets row r's sum (rows past n summed zeros).
+        let mut mine = warp_reduce_sum_many(acc);
         if kw > 1 {
             if lane < n {
                 // SAFETY: warp < MAX_WARPS, lane < ROWS.
