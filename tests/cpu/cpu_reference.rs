@@ -383,16 +383,20 @@ fn forward_rejects_bad_requests_with_errors() {
     assert!(m.logits().is_err(), "logits after a failed forward");
 }
 
+/// The test_gpt2 shape (B=4, T=64) on a seeded random 124M checkpoint held in
+/// memory (~500 MB), checked against two other ways of computing the same
+/// logits at full 124M size: one row alone (B=1: the same row must give the
+/// same numbers whatever the batch), and that row's last position by
+/// KV-cache decoding (prefill 63 tokens, then one step). Not timed: CI
+/// machines vary.
 #[test]
-fn gpt2_124m_shape_runs_b4_t64() {
-    // The test_gpt2 shape on a seeded random 124M checkpoint held in memory
-    // (~500 MB): it must finish (release/test profile: seconds) and give
-    // finite logits. Not timed: CI machines vary.
+fn gpt2_124m_shape_b4_t64_agrees_with_one_row_and_kv_decode() {
     let cfg = ModelConfig::GPT2_124M;
     let (b, t) = (4, 64);
+    let (v, vp) = (cfg.vocab_size, cfg.padded_vocab_size);
     let ckpt = Checkpoint::from_bytes(llmc_bytes(&cfg, 124, DType::F32).unwrap(), "gpt2_124M.bin", None).unwrap();
-    let mut m = CpuModel::new(&ckpt.weights().unwrap(), b, t).unwrap();
-    drop(ckpt);
+    let weights = ckpt.weights().unwrap();
+    let mut m = CpuModel::new(&weights, b, t).unwrap();
     let mut rng = rand::rng();
     let tokens: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
     let start = std::time::Instant::now();
@@ -402,6 +406,38 @@ fn gpt2_124m_shape_runs_b4_t64() {
         start.elapsed().as_secs_f64()
     );
     let logits = m.logits().unwrap();
-    assert_eq!(logits.len(), b * t * cfg.padded_vocab_size);
+    assert_eq!(logits.len(), b * t * vp);
     assert!(logits.iter().all(|x| x.is_finite()));
+    drop(m);
+
+    // Row 2 alone: bit-identical (each row's arithmetic does not depend on
+    // the others).
+    let row = 2;
+    let row_tokens = &tokens[row * t..(row + 1) * t];
+    let batched = &logits[row * t * vp..(row + 1) * t * vp];
+    let mut one = CpuModel::new(&weights, 1, t).unwrap();
+    one.forward(row_tokens, 1, t, 0, LogitsWanted::All).unwrap();
+    let alone = one.logits().unwrap();
+    let differ = (0..t * vp)
+        .filter(|&i| alone[i].to_bits() != batched[i].to_bits())
+        .count();
+    assert_eq!(differ, 0, "row {row}: {differ} logits differ between B=4 and B=1");
+
+    // Its last position by KV-cache decoding: another order of work, so a
+    // tolerance (FP32 sums over 768..3072 terms).
+    let mut kv = CpuModel::new(&weights, 1, t).unwrap();
+    kv.forward(&row_tokens[..t - 1], 1, t - 1, 0, LogitsWanted::Last)
+        .unwrap();
+    kv.forward(&row_tokens[t - 1..], 1, 1, t - 1, LogitsWanted::Last)
+        .unwrap();
+    let step = kv.logits().unwrap();
+    let last = &batched[(t - 1) * vp..(t - 1) * vp + v];
+    let max_abs = (0..v).map(|i| (step[i] - last[i]).abs()).fold(0f32, f32::max);
+    eprintln!("124M: KV decode vs full forward, last position: max abs {max_abs:.2e}");
+    assert!(max_abs < 1e-3, "KV decode differs from the full forward by {max_abs}");
+    assert_eq!(
+        host::cpu::forward::argmax(&step[..v]),
+        host::cpu::forward::argmax(last),
+        "greedy token"
+    );
 }

@@ -24,15 +24,27 @@ fn bad_caches_are_errors() {
         TuneCache::parse(ok).unwrap().tile(1, 2, 3).unwrap().name,
         "matmul_forward_tf32_32x64"
     );
-    for bad in [
-        "not json",
-        r#"{"shapes": {}}"#,
-        r#"{"device": "X", "shapes": {"1,2": {"best": "matmul_forward_tf32_32x64"}}}"#,
-        r#"{"device": "X", "shapes": {"a,b,c": {"best": "matmul_forward_tf32_32x64"}}}"#,
-        r#"{"device": "X", "shapes": {"1,2,3": {"best": "no_such_kernel"}}}"#,
-        r#"{"device": "X", "shapes": {"1,2,3": {}}}"#,
+    // Each bad input, and what its message must say (so a wrong message,
+    // not only a missing error, fails).
+    for (bad, says) in [
+        ("not json", "expected ident"),
+        (r#"{"shapes": {}}"#, r#"no "device" string"#),
+        (r#"{"device": "X"}"#, r#"no "shapes" object"#),
+        (
+            r#"{"device": "X", "shapes": {"1,2": {"best": "matmul_forward_tf32_32x64"}}}"#,
+            r#"shape key "1,2" is not "M,N,K""#,
+        ),
+        (
+            r#"{"device": "X", "shapes": {"a,b,c": {"best": "matmul_forward_tf32_32x64"}}}"#,
+            r#"shape key "a,b,c" is not "M,N,K""#,
+        ),
+        (
+            r#"{"device": "X", "shapes": {"1,2,3": {"best": "no_such_kernel"}}}"#,
+            r#"1,2,3: unknown kernel "no_such_kernel""#,
+        ),
+        (r#"{"device": "X", "shapes": {"1,2,3": {}}}"#, r#"1,2,3: no "best""#),
     ] {
         let err = TuneCache::parse(bad).unwrap_err();
-        assert!(!err.is_empty(), "{bad}");
+        assert!(err.contains(says), "{bad}: the message {err:?} does not say {says:?}");
     }
 }
