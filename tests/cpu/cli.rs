@@ -3,8 +3,11 @@
 //!
 //! The binary is (re)built by `cargo build --profile test -p host --bin host`
 //! into this test's own target directory (so it is never stale); without
-//! cargo (a bundle copied to another machine) a `host` next to the test's
-//! profile directory is used, and the tests skip when there is none.
+//! cargo (a bundle copied to another machine) the bundle's `bin/host` (the
+//! layout of `scripts/gpu-bundle.sh`: `gpu-out/tests/cpu`, `gpu-out/bin/host`)
+//! or a `host` in the test's profile directory is used. The tests skip when
+//! there is none, and fail instead under `GPT2_REQUIRE_GPU=1` (the GPU
+//! runner, whose bundle must have it).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -46,7 +49,8 @@ fn host_bin() -> Option<&'static Path> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
     BIN.get_or_init(|| {
         let profile_dir = profile_dir();
-        let bin = profile_dir.join(format!("host{}", std::env::consts::EXE_SUFFIX));
+        let exe = format!("host{}", std::env::consts::EXE_SUFFIX);
+        let bin = profile_dir.join(&exe);
         if let Ok(cargo) = std::env::var("CARGO") {
             let target_dir = profile_dir.parent().expect("target dir");
             let profile = if profile_dir.ends_with("release") {
@@ -71,12 +75,22 @@ fn host_bin() -> Option<&'static Path> {
                 .expect("running cargo");
             assert!(status.success(), "building the host binary failed");
         }
-        if bin.is_file() {
-            Some(bin)
-        } else {
-            eprintln!("skipped: no host binary at {} and no cargo to build it", bin.display());
-            None
+        // gpu-bundle.sh's layout: this binary is gpu-out/tests/cpu, so
+        // profile_dir is gpu-out, and the programs are in gpu-out/bin.
+        let bundled = profile_dir.join("bin").join(&exe);
+        if let Some(found) = [&bin, &bundled].into_iter().find(|b| b.is_file()) {
+            return Some(found.clone());
         }
+        let why = format!(
+            "no host binary at {} or {} and no cargo to build it",
+            bin.display(),
+            bundled.display()
+        );
+        if host::gpu::require_gpu_env() {
+            panic!("{}=1 (the GPU runner) but {why}", host::gpu::runtime::REQUIRE_GPU_ENV);
+        }
+        eprintln!("skipped: {why}");
+        None
     })
     .as_deref()
 }
@@ -272,15 +286,47 @@ fn bad_inputs_fail_with_clear_messages() {
     assert!(err.contains("32"), "{err}");
 }
 
+/// Without `--cpu` the program runs on the GPU or fails; it never falls back
+/// to the CPU silently. Where this process finds no usable GPU, the default
+/// device must fail with a message that points at `--cpu`; where it finds one,
+/// the run must succeed. On every machine a device that does not exist must
+/// fail, which a silent CPU fallback would not.
 #[test]
 fn without_cpu_flag_a_missing_gpu_is_a_clear_error() {
     let Some(bin) = host_bin() else { return };
     let fx = Fixture::new("gpu");
-    let out = run(bin, &["--weights", fx.weights.to_str().unwrap(), "-n", "2", "hi"]);
-    if !out.status.success() {
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(1), "{err}");
-        assert!(err.contains("--cpu") && !err.contains("panicked"), "{err}");
+    let w = fx.weights.to_str().unwrap();
+    let no_gpu_here = host::gpu::Gpu::new(0).err();
+
+    let out = run(bin, &["--weights", w, "-n", "2", "hi"]);
+    let err = stderr(&out);
+    match &no_gpu_here {
+        Some(why) => {
+            eprintln!("no usable GPU here ({why}): the CLI must fail");
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "succeeded without a GPU (a CPU fallback?): {err}"
+            );
+            assert!(err.contains("--cpu") && !err.contains("panicked"), "{err}");
+            assert!(out.stdout.is_empty(), "generated text without a GPU");
+        }
+        None => assert!(out.status.success(), "a usable GPU, but the CLI failed: {err}"),
+    }
+
+    // No machine has GPU number 4096: running on it must fail, cleanly.
+    let out = run(bin, &["--device", "4096", "--weights", w, "-n", "2", "hi"]);
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "--device 4096 did not fail (a CPU fallback?): {err}"
+    );
+    assert!(!err.contains("panicked") && out.stdout.is_empty(), "{err}");
+    if no_gpu_here.is_none() {
+        assert!(err.contains("4096"), "{err}");
+    } else {
+        assert!(err.contains("--cpu"), "{err}");
     }
 }
 

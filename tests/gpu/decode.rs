@@ -167,23 +167,27 @@ fn paths_agree(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: usiz
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn decode_graph_equals_eager_and_cpu() {
     paths_agree(&head64_config(), 3, 5, 40, 0);
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn decode_graph_windowed() {
     // Window 9 < the 20 positions reached, and chunk boundaries crossed.
     paths_agree(&head64_config(), 2, 7, 13, 9);
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn decode_graph_eight_rows_and_long_cache() {
     // 8 rows (the fused kernels' limit), past two 64-key chunks.
     paths_agree(&head64_config(), 8, 70, 80, 0);
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn decode_graph_124m() {
     paths_agree(&ModelConfig::GPT2_124M, 1, 16, 24, 0);
 }
@@ -191,6 +195,7 @@ fn decode_graph_124m() {
 /// An engine built for more rows than the fused kernels serve decodes the
 /// larger batches on the per-op kernels and the smaller ones fused.
 #[test]
+#[ignore = "needs a GPU"]
 fn decode_past_the_row_limit_falls_back() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let cfg = head64_config();
@@ -218,6 +223,7 @@ fn decode_past_the_row_limit_falls_back() {
 /// scheduler batching requests of different ages would hand it), against a
 /// plain softmax attention on the CPU; unwritten output is NaN-poisoned.
 #[test]
+#[ignore = "needs a GPU"]
 fn decode_attention_rows_at_different_positions() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let (n, nh, hs, max_t) = (5usize, 3usize, 64usize, 300usize);
@@ -300,6 +306,7 @@ fn sampled_row(seed: u64) -> SampleRow {
 /// with the position as the draw counter, the device feeds them to the
 /// next step, and `argmax()` still gives the argmax.
 #[test]
+#[ignore = "needs a GPU"]
 fn decode_graph_samples_like_the_cpu_twin() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let cfg = head64_config();
@@ -389,6 +396,7 @@ impl Backend for Unpipelined<'_> {
 /// prompts of different lengths (teacher forcing first) and rows that stop
 /// early; and it stops at the context limit as the unpipelined loop does.
 #[test]
+#[ignore = "needs a GPU"]
 fn pipelined_generation_equals_unpipelined() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let cfg = head64_config();

@@ -147,17 +147,20 @@ fn check_shuffle(kernel: &'static str, src_lane: fn(usize, usize) -> usize) {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn shfl_xor_exact() {
     check_shuffle(SHFL_XOR, |lane, m| lane ^ m);
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn shfl_down_exact() {
     // Lanes whose source would be past lane 31 keep their own value.
     check_shuffle(SHFL_DOWN, |lane, d| if lane + d < WARP { lane + d } else { lane });
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn shfl_idx_exact() {
     check_shuffle(SHFL_IDX, |_, s| s);
 }
@@ -172,6 +175,7 @@ fn sum_error(got: f32, xs: &[f32]) -> f64 {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn warp_reductions() {
     let Some((gpu, module)) = setup() else { return };
     let mut rng = rand::rng();
@@ -243,6 +247,7 @@ fn warp_reductions() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn block_reductions_at_every_block_size() {
     let Some((gpu, module)) = setup() else { return };
     let mut rng = rand::rng();
@@ -439,6 +444,7 @@ fn sweep(
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn math_functions_within_documented_bounds() {
     let Some((gpu, module)) = setup() else { return };
     let mut rng = rand::rng();
@@ -634,6 +640,7 @@ fn tf32_rna(x: f32) -> f32 {
 // ---------------------------------------------------------------- shared memory, cp.async
 
 #[test]
+#[ignore = "needs a GPU"]
 fn dynamic_shared_round_trip() {
     let Some((gpu, module)) = setup() else { return };
     let mut rng = rand::rng();
@@ -675,6 +682,7 @@ fn dynamic_shared_round_trip() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn cp_async_copies_exactly_and_zero_fills() {
     let Some((gpu, module)) = setup() else { return };
     let mut rng = rand::rng();
@@ -735,6 +743,7 @@ fn mma_reference(a: &[f32], b_at: impl Fn(usize, usize) -> f64, c: &[f32], round
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn mma_m16n8k8_tf32_fragment_layout() {
     let Some((gpu, module)) = setup() else { return };
     let mut rng = rand::rng();

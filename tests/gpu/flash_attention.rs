@@ -189,11 +189,13 @@ fn prefill_grid_split(precision: FlashPrecision, kv_split: Option<u32>) -> Vec<C
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn flash_prefill_fp32_matches_cpu() {
     run_all(prefill_grid(FlashPrecision::Fp32));
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn flash_prefill_tf32_matches_cpu() {
     run_all(prefill_grid(FlashPrecision::Tf32));
 }
@@ -206,6 +208,7 @@ const TF32_KV_SPLITS: [u32; 2] = [1, 2];
 /// that merge at the end (kv_split 2); the wrapper picks by grid size, so the
 /// test shapes alone would mostly run one of them.
 #[test]
+#[ignore = "needs a GPU"]
 fn flash_prefill_tf32_all_splits_match_cpu() {
     if host::gpu::test_gpu().is_none() {
         return;
@@ -227,6 +230,7 @@ fn round_tf32(x: f32) -> f32 {
 /// bit-for-bit the output of the one that rounds, on every kv_split, with a
 /// prefix and a window; and both match the CPU within the TF32 bar.
 #[test]
+#[ignore = "needs a GPU"]
 fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
     let Some(gpu) = host::gpu::test_gpu() else {
         return;
@@ -323,6 +327,7 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
 /// windows that start mid 32-key step (1: each query sees only itself; 40;
 /// 96), prefixes not a multiple of the tile.
 #[test]
+#[ignore = "needs a GPU"]
 fn flash_prefill_tf32_tile_edges_match_cpu() {
     let mut cases = Vec::new();
     if host::gpu::test_gpu().is_none() {
@@ -351,6 +356,7 @@ fn flash_prefill_tf32_tile_edges_match_cpu() {
 
 /// Flash-decoding: t in 1..=4 over short and long caches, windowed and not.
 #[test]
+#[ignore = "needs a GPU"]
 fn flash_decode_matches_cpu() {
     let mut cases = Vec::new();
     for b in [1, 3] {
@@ -376,6 +382,7 @@ fn flash_decode_matches_cpu() {
 
 /// GPT-2 124M's shape (12 heads) through the auto path: decode for t = 1, prefill for T = 1024.
 #[test]
+#[ignore = "needs a GPU"]
 fn flash_auto_gpt2_shape_matches_cpu() {
     let mut cases = Vec::new();
     for precision in [FlashPrecision::Fp32, FlashPrecision::Tf32] {

@@ -101,6 +101,7 @@ pub fn down(gpu: &Gpu, buf: &CudaSlice<f32>) -> Vec<f32> {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn encoder_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = rand::rng();
@@ -137,6 +138,7 @@ fn encoder_matches_cpu() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn encoder_rejects_short_buffers_and_guards_bad_ids() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let (vocab, c, max_t) = (10, 8, 4);
@@ -158,6 +160,7 @@ fn encoder_rejects_short_buffers_and_guards_bad_ids() {
 const LAYERNORM_NAIVE_ATOL: f32 = 5e-5;
 
 #[test]
+#[ignore = "needs a GPU"]
 fn layernorm_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     // 2052 channels: past the register-resident path (up to 1024), the re-reading one.
@@ -208,6 +211,7 @@ fn layernorm_matches_cpu() {
 /// the unfused kernel's; with TF32 rounding of the output too, and with a
 /// misaligned input (the scalar path).
 #[test]
+#[ignore = "needs a GPU"]
 fn residual_layernorm_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     for &(n, c) in &[
@@ -302,6 +306,7 @@ fn explicit_plans(c: usize) -> Vec<TiledPlan> {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_matches_cpu_all_kernels_and_edges() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     for &(n, c, oc) in &MATMUL_SHAPES {
@@ -385,6 +390,7 @@ const SPLIT_K_SHAPES: [(usize, usize, usize); 9] = [
 /// workspace are NaN-poisoned first; two runs must agree bit for bit (fixed
 /// summation order).
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_split_k_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let sms = gpu.sm_count();
@@ -440,6 +446,7 @@ fn matmul_split_k_shapes_split() {
 /// deep), operands one float off 16-byte alignment (scalar loads), and an
 /// output view one float off (the reduction's scalar stores).
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_split_k_explicit_plans_and_unaligned() {
     use gpu_kernels::params::matmul::{MATMUL_TILE_M, MATMUL_TILE_M_MID};
     let Some(gpu) = host::gpu::test_gpu() else { return };
@@ -492,6 +499,7 @@ fn matmul_split_k_explicit_plans_and_unaligned() {
 /// the driver's occupancy calculator says for the loaded kernels: a
 /// register-count change in the tiled kernels shows here.
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_blocks_per_sm_match_driver() {
     use gpu_kernels::params::matmul::{
         MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_BLOCKS_PER_SM, MATMUL_BLOCKS_PER_SM_MID, MATMUL_FORWARD,
@@ -535,6 +543,7 @@ fn matmul_blocks_per_sm_match_driver() {
 /// float into their buffers) although c % 4 == 0: it must take the scalar
 /// load path, on both tile variants.
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_tiled_unaligned_operands() {
     use gpu_kernels::params::matmul::{MATMUL_TILE_M, MATMUL_TILE_M_MID};
     let Some(gpu) = host::gpu::test_gpu() else { return };
@@ -577,6 +586,7 @@ fn matmul_tiled_unaligned_operands() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_rejects_short_buffers() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let (di, dw) = (
@@ -640,6 +650,7 @@ fn attention_case(
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn attention_matches_cpu_prefill_and_decode() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     for v in VARIANTS {
@@ -655,6 +666,7 @@ fn attention_matches_cpu_prefill_and_decode() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn attention_windowed_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     for v in VARIANTS {
@@ -664,6 +676,7 @@ fn attention_windowed_matches_cpu() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn attention_rejects_positions_past_the_cache() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let (c, nh, max_t) = (64, 4, 8);
@@ -692,6 +705,7 @@ fn attention_rejects_positions_past_the_cache() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn gelu_and_residual_match_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     for &n in &[1usize, 3, 4 * 64 * 3072 + 3, (1 << 20) + 1] {
@@ -725,6 +739,7 @@ fn gelu_and_residual_match_cpu() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn softmax_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     for &(n, v, vp) in &[(1, 50257, 50304), (5, 50257, 50304), (3, 517, 640), (2, 7, 7)] {
@@ -747,6 +762,7 @@ fn softmax_matches_cpu() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn argmax_matches_cpu_with_ties_and_padding() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = rand::rng();
@@ -783,6 +799,7 @@ fn argmax_matches_cpu_with_ties_and_padding() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn convert_matches_host_conversion() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     for dtype in [DType::F32, DType::BF16, DType::F16] {

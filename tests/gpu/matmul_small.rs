@@ -89,6 +89,7 @@ fn nan_workspace(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> MatmulWorkspace
 /// so a tile counter the last block failed to reset leaves the second
 /// call's output unwritten (NaN).
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_small_matches_cpu_every_split() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     // The cases must exercise what the doc comment of SHAPES says.
@@ -138,6 +139,7 @@ fn matmul_small_matches_cpu_every_split() {
 /// although c % 4 == 0 and oc % 4 == 0): the scalar load path. The float
 /// before the output must stay untouched.
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_small_unaligned_operands() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let shapes = [(64, 136, 96), (70, 64, 40)];
@@ -168,6 +170,7 @@ fn matmul_small_unaligned_operands() {
 /// The partial tiles are summed in split order whichever block arrives
 /// last: two runs of the same plan give the same bits.
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_small_is_deterministic() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let (n, c, oc) = (64, 3072, 768);
@@ -209,6 +212,7 @@ fn matmul_small_is_deterministic() {
 /// A split plan without a workspace, or with one too small, is an error,
 /// not an out-of-bounds write.
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_small_checks_its_workspace() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let (n, c, oc) = (64, 768, 768);
@@ -236,6 +240,7 @@ fn matmul_small_checks_its_workspace() {
 /// n = 64 projections on this GPU, and gets them right; so do `Small` and
 /// `Auto` on n just past the GEMV limit and at the small kernel's row limit.
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_small_through_auto() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let sms = gpu.sm_count();

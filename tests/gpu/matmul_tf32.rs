@@ -139,27 +139,52 @@ fn embedded_ptx_has_every_tf32_variant() {
 /// wgmma kernels, is the one loaded (unless GPT2_PORTABLE_KERNELS asks
 /// otherwise): the speed of the TF32 path depends on it.
 #[test]
+#[ignore = "needs a GPU"]
 fn hopper_loads_the_wgmma_module() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    use cudarc::driver::sys::CUdevice_attribute as Attr;
-    let major = gpu
-        .ctx
-        .attribute(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-        .unwrap();
-    let minor = gpu
-        .ctx
-        .attribute(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
-        .unwrap();
-    let portable =
-        std::env::var_os(host::gpu::runtime::PORTABLE_KERNELS_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+    let (major, minor) = compute_capability(&gpu);
     eprintln!(
         "compute capability {major}.{minor}, wgmma kernels loaded: {}",
         gpu.has_wgmma()
     );
-    assert_eq!(gpu.has_wgmma(), (major, minor) == (9, 0) && !portable);
+    assert_eq!(gpu.has_wgmma(), wgmma_expected(&gpu));
+}
+
+fn compute_capability(gpu: &Gpu) -> (i32, i32) {
+    use cudarc::driver::sys::CUdevice_attribute as Attr;
+    let attr = |a| gpu.ctx.attribute(a).unwrap();
+    (
+        attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+        attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+    )
+}
+
+/// Whether this GPU should have loaded the wgmma (sm_90a) module: compute
+/// capability 9.0, unless `GPT2_PORTABLE_KERNELS` forces the portable one.
+fn wgmma_expected(gpu: &Gpu) -> bool {
+    let portable =
+        std::env::var_os(host::gpu::runtime::PORTABLE_KERNELS_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+    compute_capability(gpu) == (9, 0) && !portable
+}
+
+/// The GPU for a test of the wgmma kernels, or `None` (printed) where they
+/// cannot run: another GPU, or the portable module forced. Where they should
+/// have been loaded (compute capability 9.0, not forced portable) and
+/// `GPT2_REQUIRE_GPU=1`, a missing wgmma module fails the test instead.
+fn wgmma_gpu() -> Option<Gpu> {
+    let gpu = host::gpu::test_gpu()?;
+    if gpu.has_wgmma() {
+        return Some(gpu);
+    }
+    if host::gpu::runtime::require_gpu_env() && wgmma_expected(&gpu) {
+        panic!("GPT2_REQUIRE_GPU=1 on a compute-capability-9.0 GPU, but the wgmma kernels were not loaded");
+    }
+    eprintln!("skipped: no wgmma kernels on this GPU (or GPT2_PORTABLE_KERNELS is set)");
+    None
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_tf32_gpt2_shapes() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     // (n, c, oc, bias, gelu): GPT-2's four linear layers at several token
@@ -181,6 +206,7 @@ fn matmul_tf32_gpt2_shapes() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_tf32_awkward_shapes_every_variant() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     // Edges everywhere: n, oc not multiples of any tile; c not a multiple of
@@ -204,6 +230,7 @@ fn matmul_tf32_awkward_shapes_every_variant() {
 /// mismatch only makes the chooser's predictions wrong, so it is printed
 /// loudly; it fails the test only where the shape cannot even fit once.
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_tf32_blocks_per_sm_matches_driver() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     for s in &tf32_variants(gpu.has_wgmma()) {
@@ -256,6 +283,7 @@ fn matmul_tf32_chooser_choices() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_tf32_rejects_c_not_multiple_of_4() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let (n, c, oc) = (2, 6, 3);
@@ -271,12 +299,9 @@ fn matmul_tf32_rejects_c_not_multiple_of_4() {
 /// more than cuBLAS TF32 against the CPU reference: RMSE within 1.5x (both
 /// round both operands; they differ in summation order).
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_tf32_wgmma_error_matches_cublas() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
-    if !gpu.has_wgmma() {
-        eprintln!("skipped: no wgmma kernels on this GPU");
-        return;
-    }
+    let Some(gpu) = wgmma_gpu() else { return };
     let blas = Blas::new(gpu.stream.clone(), BlasMode::Tf32).unwrap();
     let mut rng = rand::rng();
     for (n, c, oc) in [(1024, 768, 2304), (1024, 3072, 768), (256, 768, 50304)] {
@@ -329,6 +354,7 @@ fn matmul_tf32_wgmma_error_matches_cublas() {
 /// The `round_tf32` kernel against its CPU twin, bit for bit, on values of
 /// every magnitude (and the ties, NaN and infinities the rule singles out).
 #[test]
+#[ignore = "needs a GPU"]
 fn round_tf32_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = rand::rng();
@@ -376,6 +402,7 @@ fn all_tf32(x: &[f32]) -> bool {
 /// writes TF32 values, equal to its CPU twin (layernorm, then `round_tf32`)
 /// up to one TF32 step where the FP32 result straddles a rounding boundary.
 #[test]
+#[ignore = "needs a GPU"]
 fn layernorm_tf32_rounds_its_outputs() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = rand::rng();
@@ -411,6 +438,7 @@ fn layernorm_tf32_rounds_its_outputs() {
 /// and give the same result as rounding it themselves (bit for bit: the
 /// operands the tensor cores see are identical).
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_tf32_rounded_inp_equals_in_kernel_rounding() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = rand::rng();
@@ -461,12 +489,9 @@ fn matmul_tf32_rounded_inp_equals_in_kernel_rounding() {
 /// (c = 772 is 25 k-tiles), bias and GELU applied once by the reduction;
 /// against the CPU reference with the usual TF32 bounds.
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_tf32_split_k_every_wgmma_tile() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
-    if !gpu.has_wgmma() {
-        eprintln!("skipped: no wgmma kernels on this GPU");
-        return;
-    }
+    let Some(gpu) = wgmma_gpu() else { return };
     let mut rng = rand::rng();
     for s in &MATMUL_TF32_WGMMA_VARIANTS {
         for (n, c, oc, splits, bias, act) in [
@@ -551,6 +576,7 @@ fn matmul_tf32_split_policy() {
 /// `round_out` (the engine's fused MLP up-projection): the same results as
 /// without it, each rounded to TF32, bit for bit.
 #[test]
+#[ignore = "needs a GPU"]
 fn matmul_tf32_round_out_rounds_the_results() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = rand::rng();

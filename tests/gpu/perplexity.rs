@@ -93,6 +93,7 @@ fn assert_agree(cpu: &PerplexityReport, gpu: &PerplexityReport, what: &str) {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn gpu_matches_cpu_on_random_tokens() {
     let Some(gpu) = host::gpu::test_gpu() else {
         return;
@@ -108,6 +109,7 @@ fn gpu_matches_cpu_on_random_tokens() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn gpu_matches_cpu_on_text() {
     let Some(gpu) = host::gpu::test_gpu() else {
         return;

@@ -143,6 +143,7 @@ fn padded_rows(rng: &mut StdRng, n: usize, v: usize, stride: usize) -> Vec<f32> 
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn gpu_matches_twin_token_for_token() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = test_rng("gpu_matches_twin_token_for_token");
@@ -171,6 +172,7 @@ fn gpu_matches_twin_token_for_token() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn gpu_draws_follow_the_exact_distribution() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = test_rng("gpu_draws_follow_the_exact_distribution");
@@ -211,6 +213,7 @@ fn gpu_draws_follow_the_exact_distribution() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn same_seed_and_counter_give_the_same_ids() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = test_rng("same_seed_and_counter_give_the_same_ids");
@@ -238,6 +241,7 @@ fn same_seed_and_counter_give_the_same_ids() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn greedy_and_sampled_rows_mix_in_one_launch() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = test_rng("greedy_and_sampled_rows_mix_in_one_launch");
@@ -271,6 +275,7 @@ fn greedy_and_sampled_rows_mix_in_one_launch() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn edge_cases_match_the_twin() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let mut rng = test_rng("edge_cases_match_the_twin");
@@ -370,6 +375,7 @@ fn edge_cases_match_the_twin() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn wrapper_rejects_bad_arguments() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let logits = gpu.upload(&[0f32; 100]).unwrap();
