@@ -9,9 +9,9 @@ use gpu_kernels::params::sample::SampleRow;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Environment variable that fixes the seed of the randomized sampling tests
-/// (each test prints the seed it used; set this to replay a failure).
-pub const SEED_ENV: &str = "GPT2_TEST_SEED";
+/// Environment variable that fixes the seed of the randomized tests
+/// (`crate::seed`, shared by every test of both binaries).
+pub const SEED_ENV: &str = crate::seed::SEED_ENV;
 
 /// A chi-square test fails below this p-value. With a few dozen tests per
 /// run, a correct sampler fails one about once in 10^4 runs.
@@ -29,13 +29,7 @@ pub const TOP_P_MARGIN: f64 = 1e-4;
 /// The seed of a randomized test: `$GPT2_TEST_SEED` if set, else a fresh one.
 /// Printed, so a failing run shows how to replay it.
 pub fn test_seed(test: &str) -> u64 {
-    let seed = match std::env::var(SEED_ENV) {
-        Ok(s) => s
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{SEED_ENV}={s} is not a u64")),
-        Err(_) => rand::rng().random(),
-    };
+    let seed = crate::seed::seed_from_env_or_fresh();
     println!("{test}: seed {seed} (replay with {SEED_ENV}={seed})");
     seed
 }

@@ -10,7 +10,7 @@ use crate::common::Scratch;
 
 /// A fresh seed per run, printed so a failure can be replayed.
 fn fresh_seed() -> u64 {
-    let seed = rand::rng().random();
+    let seed = crate::seed::rng().random();
     eprintln!("fixture seed {seed}");
     seed
 }
@@ -389,7 +389,7 @@ fn truncated_or_extended_llmc_files_are_rejected() {
     let cfg = fixtures::tiny_config();
     let full = fixtures::llmc_bytes(&cfg, fresh_seed(), DType::BF16).unwrap();
     assert!(Checkpoint::from_bytes(full.clone(), "ok.bin", None).is_ok());
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     // Every cut inside the header, a few around the end, many random ones.
     let mut cuts: Vec<usize> = (0..=llmc::HEADER_BYTES + 8).collect();
     cuts.extend(full.len() - 8..full.len());
@@ -417,7 +417,7 @@ fn truncated_or_corrupted_safetensors_are_rejected() {
     let nh = Some(cfg.num_heads);
     assert!(Checkpoint::from_bytes(full.clone(), "ok.safetensors", nh).is_ok());
     let header_end = 8 + u64::from_le_bytes(full[..8].try_into().unwrap()) as usize;
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let mut cuts: Vec<usize> = (0..=header_end + 8).collect();
     cuts.extend((0..300).map(|_| rng.random_range(0..full.len())));
     for cut in cuts {
@@ -633,7 +633,7 @@ fn safetensors_tensor_set_is_checked() {
 fn random_llmc_headers_never_panic() {
     let cfg = fixtures::tiny_config();
     let valid = fixtures::llmc_bytes(&cfg, fresh_seed(), DType::F32).unwrap();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let interesting = [
         0,
         1,

@@ -19,7 +19,7 @@ const OP_TOL: f32 = 1e-5;
 const KV_TOL: f32 = 1e-5;
 
 fn random_vec(n: usize, scale: f32) -> Vec<f32> {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     (0..n).map(|_| rng.random_range(-scale..scale)).collect()
 }
 
@@ -39,7 +39,7 @@ fn encoder_adds_token_and_position_rows() {
     let (b, t, c, vp, max_t, pos0) = (2, 5, 12, 20, 16, 3);
     let wte = random_vec(vp * c, 1.0);
     let wpe = random_vec(max_t * c, 1.0);
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let inp: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..vp as u32)).collect();
     let mut out = vec![f32::NAN; b * t * c];
     encoder_forward(&mut out, &inp, &wte, &wpe, b, t, c, pos0);
@@ -90,7 +90,7 @@ fn naive_matmul(inp: &[f32], weight: &[f32], bias: Option<&[f32]>, n: usize, c: 
 
 #[test]
 fn matmul_matches_naive_with_and_without_bias() {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     // Awkward sizes: partial row tiles, partial lane groups, several OC blocks.
     for _ in 0..3 {
         let n = rng.random_range(1..20);
@@ -161,7 +161,7 @@ fn naive_attention(qkv: &[f32], b: usize, t: usize, c: usize, nh: usize, window:
 
 #[test]
 fn attention_matches_naive_causal_and_windowed() {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (b, c, nh, max_t) = (2, 24, 3, 40);
     let t = rng.random_range(5..max_t);
     let qkv = random_vec(b * t * 3 * c, 1.0);
@@ -183,7 +183,7 @@ fn attention_matches_naive_causal_and_windowed() {
 fn attention_with_cache_equals_whole_sequence() {
     // Feed the sequence in random chunks; each chunk's outputs must equal the
     // corresponding rows of the all-at-once computation.
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (b, c, nh, max_t) = (3, 16, 2, 30);
     let t = rng.random_range(8..max_t);
     let window = if rng.random_bool(0.5) {
@@ -283,7 +283,7 @@ fn tiny_model(config: &ModelConfig, seed: u64, max_batch: usize) -> CpuModel {
 
 #[test]
 fn kv_cache_decode_equals_full_recomputation() {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let cfg = tiny_config();
     let seed = rng.random();
     let (b, vp) = (3, cfg.padded_vocab_size);
@@ -323,7 +323,7 @@ fn kv_cache_decode_equals_full_recomputation() {
 
 #[test]
 fn llmc_and_safetensors_fixtures_give_identical_logits() {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let cfg = tiny_config();
     let seed = rng.random();
     let (b, t) = (2, 9);
@@ -350,7 +350,7 @@ fn llmc_and_safetensors_fixtures_give_identical_logits() {
 #[test]
 fn padded_vocab_is_never_chosen_and_logits_are_zero_there() {
     let cfg = tiny_config();
-    let mut m = tiny_model(&cfg, rand::rng().random(), 2);
+    let mut m = tiny_model(&cfg, crate::seed::rng().random(), 2);
     m.forward(&[1, 2, 3, 4], 2, 2, 0, LogitsWanted::Last).unwrap();
     let logits = m.logits().unwrap();
     let vp = cfg.padded_vocab_size;
@@ -397,7 +397,7 @@ fn gpt2_124m_shape_b4_t64_agrees_with_one_row_and_kv_decode() {
     let ckpt = Checkpoint::from_bytes(llmc_bytes(&cfg, 124, DType::F32).unwrap(), "gpt2_124M.bin", None).unwrap();
     let weights = ckpt.weights().unwrap();
     let mut m = CpuModel::new(&weights, b, t).unwrap();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let tokens: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
     let start = std::time::Instant::now();
     m.forward(&tokens, b, t, 0, LogitsWanted::All).unwrap();

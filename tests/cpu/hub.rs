@@ -67,7 +67,7 @@ fn temp_cache(name: &str) -> PathBuf {
 
 #[test]
 fn downloads_into_the_cache_then_reuses_it() {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let payload: Vec<u8> = (0..rng.random_range(1000..50_000)).map(|_| rng.random()).collect();
     let cache_dir = temp_cache("ok");
     let opts = HubOptions {

@@ -1,4 +1,10 @@
 //! Tests that need no GPU: loaders, tokenizer, CPU reference, sampling, CLI.
+//! Random inputs come from `crate::seed::rng()`: a failure prints its seed,
+//! `GPT2_TEST_SEED` replays it.
+
+#[path = "../common/seed.rs"]
+mod seed;
+
 mod checkpoint;
 mod cli;
 mod common;

@@ -20,7 +20,7 @@ fn params(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingPara
 }
 
 fn random_logits(n: usize) -> Vec<f32> {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     (0..n).map(|_| rng.random_range(-5.0..5.0)).collect()
 }
 
@@ -31,7 +31,7 @@ fn argmax(x: &[f32]) -> u32 {
 #[test]
 fn same_seed_same_tokens_other_seed_differs() {
     let logits = random_logits(1000);
-    let seed = rand::rng().random();
+    let seed = crate::seed::rng().random();
     let draw = |seed| {
         let mut s = Sampler::new(params(1.0, 0, 1.0, seed)).unwrap();
         (0..50).map(|_| s.sample(&logits)).collect::<Vec<_>>()
@@ -42,7 +42,7 @@ fn same_seed_same_tokens_other_seed_differs() {
 
 #[test]
 fn greedy_top_k_1_and_tiny_top_p_pick_the_argmax() {
-    let seed = rand::rng().random();
+    let seed = crate::seed::rng().random();
     for _ in 0..20 {
         let logits = random_logits(500);
         let want = argmax(&logits);
@@ -77,7 +77,7 @@ fn distribution_follows_softmax_top_k_and_top_p() {
         }
         count.map(|c| c as f32 / draws as f32)
     };
-    let seed = rand::rng().random();
+    let seed = crate::seed::rng().random();
     let close = |got: [f32; 4], want: [f32; 4], what: &str| {
         for i in 0..4 {
             assert!(
@@ -128,7 +128,7 @@ fn tiny_model(cfg: &ModelConfig, seed: u64, b: usize, max_seq_len: usize) -> Cpu
 #[test]
 fn batch_of_different_prompt_lengths_equals_each_prompt_alone() {
     let cfg = tiny_config();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let seed = rng.random();
     let prompts: Vec<Vec<u32>> = [3, 9, 5]
         .iter()

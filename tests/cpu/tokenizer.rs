@@ -100,7 +100,7 @@ fn stream(t: &Gpt2Tokenizer, ids: &[u32]) -> String {
 #[test]
 fn random_unicode_round_trips_and_streams() {
     let t = tok();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     for _ in 0..300 {
         let s = random_text(&mut rng);
         let ids = t.encode(&s).unwrap();
@@ -145,7 +145,7 @@ fn emoji_and_cjk_split_across_tokens_stream_whole() {
 fn stream_matches_lossy_decode_of_cut_sequences() {
     let t = tok();
     let ids = t.encode("a🦀b你c").unwrap();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     // Random sub-sequences (cutting characters) and shuffles: the stream
     // must still equal the (lossy) full decode.
     for _ in 0..200 {
@@ -223,7 +223,7 @@ fn missing_or_corrupt_files_name_the_file() {
     }
     // Truncated at random points: an error, never a panic.
     let full = std::fs::read(repo_dir().join(VOCAB_FILE)).unwrap();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     for _ in 0..5 {
         std::fs::write(&v, &full[..rng.random_range(0..full.len())]).unwrap();
         assert!(Gpt2Tokenizer::from_files(&v, &m).is_err());

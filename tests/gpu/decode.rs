@@ -80,13 +80,13 @@ fn run_path(
 /// the CPU reference fed the same tokens within the FP32 bar.
 fn paths_agree(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: usize) {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let seed: u64 = rand::rng().random();
+    let seed: u64 = crate::seed::rng().random();
     eprintln!("decode paths: checkpoint seed {seed}");
     let ck = checkpoint(cfg, seed);
     let w = ck.weights().unwrap();
     let mut eng = GpuEngine::new(gpu, &w, b, t + steps + 1, Precision::Fp32).unwrap();
     eng.set_attention_window(window);
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let prompt: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
     let (graph_logits, graph_ids) = run_path(&mut eng, DecodePath::Graph, true, &prompt, b, t, steps);
     let what = |p: &str| format!("{p} L={} C={} B={b} T={t} W={window}", cfg.num_layers, cfg.channels);
@@ -199,7 +199,7 @@ fn decode_graph_124m() {
 fn decode_past_the_row_limit_falls_back() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let cfg = head64_config();
-    let ck = checkpoint(&cfg, rand::rng().random());
+    let ck = checkpoint(&cfg, crate::seed::rng().random());
     let w = ck.weights().unwrap();
     let mut eng = GpuEngine::new(gpu, &w, 9, 32, Precision::Fp32).unwrap();
     assert_eq!(eng.decode_path_in_use(9), DecodePath::Unfused);
@@ -310,13 +310,13 @@ fn sampled_row(seed: u64) -> SampleRow {
 fn decode_graph_samples_like_the_cpu_twin() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let cfg = head64_config();
-    let seed: u64 = rand::rng().random();
+    let seed: u64 = crate::seed::rng().random();
     eprintln!("sampled decode: seed {seed}");
     let ck = checkpoint(&cfg, seed);
     let w = ck.weights().unwrap();
     let (b, t, steps) = (3, 4, 24);
     let mut eng = GpuEngine::new(gpu, &w, b, t + steps + 2, Precision::Fp32).unwrap();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let prompt: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
     let rows: Vec<SampleRow> = (0..b as u64).map(|r| sampled_row(seed ^ r)).collect();
     for (path, pdl) in [(DecodePath::Graph, true), (DecodePath::Eager, false)] {
@@ -400,13 +400,13 @@ impl Backend for Unpipelined<'_> {
 fn pipelined_generation_equals_unpipelined() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let cfg = head64_config();
-    let seed: u64 = rand::rng().random();
+    let seed: u64 = crate::seed::rng().random();
     eprintln!("pipelined generation: seed {seed}");
     let ck = checkpoint(&cfg, seed);
     let w = ck.weights().unwrap();
     let max_t = 48;
     let mut eng = GpuEngine::new(gpu, &w, 3, max_t, Precision::Fp32).unwrap();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let mut prompt = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect() };
     let prompts = vec![prompt(5), prompt(9), prompt(6)];
     for temperature in [0.0, 0.9] {

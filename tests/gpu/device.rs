@@ -92,7 +92,7 @@ fn kernel_import_ptx_has_the_intended_instructions() {
 /// Launches one shuffle kernel and checks all rows against `src_lane(lane, arg)`.
 fn check_shuffle(kernel: &'static str, src_lane: fn(usize, usize) -> usize) {
     let Some((gpu, module)) = setup() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (block, grid) = (128u32, 3u32);
     let n = (block * grid) as usize;
     let rows = SHFL_ROWS as usize;
@@ -178,7 +178,7 @@ fn sum_error(got: f32, xs: &[f32]) -> f64 {
 #[ignore = "needs a GPU"]
 fn warp_reductions() {
     let Some((gpu, module)) = setup() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (block, grid) = (256u32, 4u32);
     let n = (block * grid) as usize;
     // Mixed magnitudes so that rounding matters, with a non-zero mean.
@@ -250,7 +250,7 @@ fn warp_reductions() {
 #[ignore = "needs a GPU"]
 fn block_reductions_at_every_block_size() {
     let Some((gpu, module)) = setup() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let grid = 5u32;
     // Warp pairwise sums, then a pairwise sum of up to 32 warp sums: at most
     // 10 rounding levels, |error| <= 10 u sum|x|.
@@ -447,7 +447,7 @@ fn sweep(
 #[ignore = "needs a GPU"]
 fn math_functions_within_documented_bounds() {
     let Some((gpu, module)) = setup() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let inp = math_inputs(&mut rng, 1 << 16);
     let n = inp.len();
     let d_inp = gpu.upload(&inp).unwrap();
@@ -643,7 +643,7 @@ fn tf32_rna(x: f32) -> f32 {
 #[ignore = "needs a GPU"]
 fn dynamic_shared_round_trip() {
     let Some((gpu, module)) = setup() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let grid = 3u32;
     for block in [32u32, 100, 256, 1024] {
         let n = (block * grid) as usize;
@@ -685,7 +685,7 @@ fn dynamic_shared_round_trip() {
 #[ignore = "needs a GPU"]
 fn cp_async_copies_exactly_and_zero_fills() {
     let Some((gpu, module)) = setup() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (block, grid) = (128u32, 4u32);
     let chunks = (block * grid) as usize;
     // The last block is partly past the input: those chunks are zero-filled.
@@ -746,7 +746,7 @@ fn mma_reference(a: &[f32], b_at: impl Fn(usize, usize) -> f64, c: &[f32], round
 #[ignore = "needs a GPU"]
 fn mma_m16n8k8_tf32_fragment_layout() {
     let Some((gpu, module)) = setup() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (m, n, k) = (MMA_M as usize, MMA_N as usize, MMA_K as usize);
     let tiles = 64usize;
     let warps_per_block = 2u32;

@@ -61,7 +61,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     } = k;
     let c = nh * HS;
     let max_t = pos0 + t + CACHE_SLACK;
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let qkv = random_vec(b * t * 3 * c, 1.0);
     let cache_len = b * nh * max_t * HS;
     // Random prefix (positions < pos0), NaN from pos0 on (the store overwrites

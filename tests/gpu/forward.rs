@@ -35,7 +35,7 @@ fn checkpoint(cfg: &ModelConfig, seed: u64, dtype: DType, safetensors: bool) -> 
 }
 
 fn random_tokens(n: usize, vocab: usize) -> Vec<u32> {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
 }
 
@@ -53,7 +53,7 @@ fn compare_with_cpu(
     tol: f32,
 ) {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let ckpt = checkpoint(cfg, rand::rng().random(), dtype, safetensors);
+    let ckpt = checkpoint(cfg, crate::seed::rng().random(), dtype, safetensors);
     let w = ckpt.weights().unwrap();
     let cfg = w.config;
     let tokens = random_tokens(b * t, cfg.vocab_size);
@@ -175,7 +175,7 @@ fn tf32_logits_are_close_to_cpu() {
 /// each step's logits equal the recomputed ones at that position.
 fn kv_decode_equals_recompute(cfg: &ModelConfig, b: usize, prompt: usize, steps: usize) {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let ck = checkpoint(cfg, rand::rng().random(), DType::F32, false);
+    let ck = checkpoint(cfg, crate::seed::rng().random(), DType::F32, false);
     let w = ck.weights().unwrap();
     let (vp, total) = (cfg.padded_vocab_size, prompt + steps);
     let mut eng = GpuEngine::new(gpu, &w, b, total, Precision::Fp32).unwrap();
@@ -255,7 +255,7 @@ fn flash_and_unfused_attention_agree_124m() {
     const STEPS: usize = 4;
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let cfg = ModelConfig::GPT2_124M;
-    let ck = checkpoint(&cfg, rand::rng().random(), DType::F32, false);
+    let ck = checkpoint(&cfg, crate::seed::rng().random(), DType::F32, false);
     let w = ck.weights().unwrap();
     let tokens = random_tokens(B * T, cfg.vocab_size);
     let steps: Vec<Vec<u32>> = (0..STEPS).map(|_| random_tokens(B, cfg.vocab_size)).collect();
@@ -325,7 +325,7 @@ fn windowed_attention_matches_cpu() {
 
 fn windowed_case(cfg: &ModelConfig, b: usize, t: usize, window: usize, steps: usize) {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let ck = checkpoint(cfg, rand::rng().random(), DType::F32, false);
+    let ck = checkpoint(cfg, crate::seed::rng().random(), DType::F32, false);
     let w = ck.weights().unwrap();
     let tokens = random_tokens(b * t, cfg.vocab_size);
     let step_tokens: Vec<Vec<u32>> = (0..steps).map(|_| random_tokens(b, cfg.vocab_size)).collect();
@@ -410,7 +410,7 @@ fn padding_would_win_checkpoint(cfg: &ModelConfig) -> Checkpoint {
     let (v, vp, c) = (cfg.vocab_size, cfg.padded_vocab_size, cfg.channels);
     assert!(vp > v, "the config must have padding");
     let mut bytes = llmc_bytes(cfg, 5, DType::F32).unwrap();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let put = |bytes: &mut [u8], float: usize, x: f32| {
         bytes[float * 4..float * 4 + 4].copy_from_slice(&x.to_le_bytes());
     };

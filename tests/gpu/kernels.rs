@@ -28,7 +28,7 @@ const VARIANTS: [Variant; 2] = [Variant::Best, Variant::Naive];
 
 /// Uniform random values in `[-scale, scale)`, fresh each run.
 pub fn random_vec(n: usize, scale: f32) -> Vec<f32> {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     (0..n).map(|_| rng.random_range(-scale..scale)).collect()
 }
 
@@ -104,7 +104,7 @@ pub fn down(gpu: &Gpu, buf: &CudaSlice<f32>) -> Vec<f32> {
 #[ignore = "needs a GPU"]
 fn encoder_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (vocab, max_t) = (517, 1024);
     for &(b, t, c, pos0) in &[
         (1, 1, 768, 0),
@@ -765,7 +765,7 @@ fn softmax_matches_cpu() {
 #[ignore = "needs a GPU"]
 fn argmax_matches_cpu_with_ties_and_padding() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (v, vp) = (50257, 50304);
     for &n in &[1usize, 4, 7] {
         let mut logits = random_vec(n * vp, 4.0);

@@ -4,7 +4,11 @@
 //! with `-- --include-ignored`. Run so, a test skips with a printed reason
 //! where no GPU is usable, and fails instead when `GPT2_REQUIRE_GPU=1` (the
 //! GPU runner sets both). The tests without `#[ignore]` need no device (they
-//! read the embedded PTX or evaluate cost models).
+//! read the embedded PTX or evaluate cost models). Random inputs come from
+//! `crate::seed::rng()`: a failure prints its seed, `GPT2_TEST_SEED` replays it.
+
+#[path = "../common/seed.rs"]
+mod seed;
 
 mod decode;
 mod device;

@@ -58,7 +58,7 @@ fn random(n: usize, rng: &mut impl Rng) -> Vec<f32> {
 /// Runs one case (with the chosen tile, or `shape`), checks every element
 /// and returns (max abs error, RMSE, scale).
 fn check(gpu: &Gpu, shape: Option<&TileShape>, n: usize, c: usize, oc: usize, bias: bool, act: bool) -> (f64, f64) {
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let inp = random(n * c, &mut rng);
     let w = random(oc * c, &mut rng);
     let b = bias.then(|| random(oc, &mut rng));
@@ -303,7 +303,7 @@ fn matmul_tf32_rejects_c_not_multiple_of_4() {
 fn matmul_tf32_wgmma_error_matches_cublas() {
     let Some(gpu) = wgmma_gpu() else { return };
     let blas = Blas::new(gpu.stream.clone(), BlasMode::Tf32).unwrap();
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     for (n, c, oc) in [(1024, 768, 2304), (1024, 3072, 768), (256, 768, 50304)] {
         let inp = random(n * c, &mut rng);
         let w = random(oc * c, &mut rng);
@@ -357,7 +357,7 @@ fn matmul_tf32_wgmma_error_matches_cublas() {
 #[ignore = "needs a GPU"]
 fn round_tf32_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let mut x: Vec<f32> = (0..100_003)
         .map(|_| f32::from_bits(rng.random::<u32>()))
         .filter(|v| !v.is_nan())
@@ -405,7 +405,7 @@ fn all_tf32(x: &[f32]) -> bool {
 #[ignore = "needs a GPU"]
 fn layernorm_tf32_rounds_its_outputs() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (n, c) = (37, 768);
     let x = random(n * c, &mut rng);
     let (w, b) = (random(c, &mut rng), random(c, &mut rng));
@@ -441,7 +441,7 @@ fn layernorm_tf32_rounds_its_outputs() {
 #[ignore = "needs a GPU"]
 fn matmul_tf32_rounded_inp_equals_in_kernel_rounding() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (n, c, oc) = (300, 768, 2304);
     let mut inp = random(n * c, &mut rng);
     let mut w = random(oc * c, &mut rng);
@@ -492,7 +492,7 @@ fn matmul_tf32_rounded_inp_equals_in_kernel_rounding() {
 #[ignore = "needs a GPU"]
 fn matmul_tf32_split_k_every_wgmma_tile() {
     let Some(gpu) = wgmma_gpu() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     for s in &MATMUL_TF32_WGMMA_VARIANTS {
         for (n, c, oc, splits, bias, act) in [
             (100, 772, 130, 4, true, true),
@@ -579,7 +579,7 @@ fn matmul_tf32_split_policy() {
 #[ignore = "needs a GPU"]
 fn matmul_tf32_round_out_rounds_the_results() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (n, c, oc) = (200, 768, 3072);
     let mut w = random(oc * c, &mut rng);
     round_tf32(&mut w);

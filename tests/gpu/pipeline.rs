@@ -119,7 +119,7 @@ fn embedded_ptx_has_every_kernel_entry() {
 fn saxpy_matches_cpu() {
     let Some(gpu) = host::gpu::test_gpu() else { return };
     let n = 1_000_003usize;
-    let mut rng = rand::rng();
+    let mut rng = crate::seed::rng();
     let (x, y) = (random_vec(n, 1.0), random_vec(n, 1.0));
     let a: f32 = rng.random_range(-2.0..2.0);
     let dx = gpu.upload(&x).unwrap();
