@@ -85,7 +85,7 @@ pub(super) struct DecodeState {
 pub struct DecodeTuning {
     /// How far (bytes) past its own weights each kernel asks L2 to fetch
     /// the weights of the kernels after it (0: no prefetch; capped at a
-    /// third of L2). See [`plan_prefetch`].
+    /// third of L2). See `plan_prefetch`.
     pub prefetch_ahead_bytes: usize,
     /// Most GEMV blocks per SM (0: as many as fit). Fewer leave room on
     /// each SM for the next kernel's blocks to start under PDL.

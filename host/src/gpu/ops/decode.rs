@@ -271,6 +271,7 @@ pub enum Output<'a> {
 /// `k_warps`: warps per column (one per chunk of `c`), groups of them per
 /// block, blocks (all resident at once: the groups stride over the
 /// columns), and the dynamic shared memory (`decode_gemv_shared_bytes`).
+#[allow(clippy::too_many_arguments)]
 fn gemv_config(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
