@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas_sys};
-use cudarc::driver::{CudaSlice, sys::CUdevice_attribute, sys::CUevent_flags};
+use cudarc::driver::{CudaSlice, sys::CUevent_flags};
 use gpu_kernels::params::matmul_tf32::TileShape;
 use serde::Serialize;
 
@@ -76,14 +76,6 @@ pub fn time_calls<E: From<GpuError>>(
         samples: times.len(),
         calls_per_sample: sets,
     })
-}
-
-/// L2 size of the device in bytes.
-pub fn l2_bytes(gpu: &Gpu) -> Result<usize, GpuError> {
-    Ok(gpu
-        .ctx
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-        .ctx("cuDeviceGetAttribute")? as usize)
 }
 
 /// How many operand sets of `bytes_per_set` make the rotation exceed `ROTATION_BYTES`.

@@ -15,7 +15,7 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
 use host::bench::{
-    AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random, l2_bytes,
+    AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random,
     tf32_variants, time_calls,
 };
 use host::generate::{Backend, LogitsWanted};
@@ -174,7 +174,7 @@ fn main() -> anyhow::Result<()> {
     let gpu = Gpu::new(args.device)?;
     let mut report = Report {
         device: gpu.name(),
-        l2_bytes: l2_bytes(&gpu)?,
+        l2_bytes: gpu.l2_bytes(),
         ..Default::default()
     };
     println!("device: {} (L2 {} MB)", report.device, report.l2_bytes >> 20);

@@ -71,8 +71,9 @@ pub(super) struct DecodeState {
     next_pos: usize,
     /// The launch knobs in force (see [`DecodeTuning`]).
     tuning: DecodeTuning,
-    /// L2 bytes of the device: the prefetch distance stays within a third.
-    l2_bytes: usize,
+    /// Each kernel's L2 prefetch under `tuning`, made by the first step
+    /// after a change (so a step allocates nothing).
+    plan: Option<Vec<KernelPrefetch>>,
     /// Recorded after the copy of `ids` to `ids_host`: the driver does not
     /// track the pinned buffer (the context's event tracking is off).
     ids_copied: CudaEvent,
@@ -158,7 +159,7 @@ impl DecodeState {
             host_pos: Vec::with_capacity(rows),
             next_pos: 0,
             tuning: DecodeTuning::default(),
-            l2_bytes: gpu.l2_bytes(),
+            plan: None,
             ids_copied: gpu.ctx.new_event(None).ctx("cuEventCreate")?,
         }))
     }
@@ -200,6 +201,7 @@ impl GpuEngine {
     pub fn set_decode_tuning(&mut self, tuning: DecodeTuning) {
         if let Some(d) = self.decode.as_mut() {
             d.tuning = tuning;
+            d.plan = None;
             d.graphs.clear();
         }
     }
@@ -421,38 +423,33 @@ impl Step<'_> {
     /// Queue the step's kernels for `b` rows, in the paper's order.
     fn enqueue(&mut self, d: &mut DecodeState, b: usize) -> Result<()> {
         let (gpu, p) = (self.gpu, self.params);
-        // The weight each kernel streams, in launch order (attention: none).
-        let mut weights: Vec<Option<&CudaSlice<f32>>> = Vec::with_capacity(KERNELS_PER_LAYER * p.layers.len() + 1);
-        for lw in &p.layers {
-            weights.extend([
-                Some(&lw.qkvw),
-                None,
-                Some(&lw.attprojw),
-                Some(&lw.fcw),
-                Some(&lw.fcprojw),
-            ]);
+        if d.plan.is_none() {
+            let sizes: Vec<usize> = (0..step_kernels(p))
+                .map(|k| step_weight(p, k).map_or(0, |w| w.len()))
+                .collect();
+            let ahead = prefetch_floats(d.tuning.prefetch_ahead_bytes, gpu.l2_bytes());
+            d.plan = Some(plan_prefetch(&sizes, ahead));
         }
-        weights.push(Some(&p.wte));
-        let sizes: Vec<usize> = weights.iter().map(|w| w.map_or(0, |w| w.len())).collect();
-        let mut launches = Vec::with_capacity(weights.len());
-        let ahead = prefetch_floats(d.tuning.prefetch_ahead_bytes, d.l2_bytes);
-        for plan in plan_prefetch(&sizes, ahead) {
-            let mut prefetch = L2Prefetch::default().late(plan.late);
-            for (k, range) in plan.pieces {
-                if let Some(w) = weights[k] {
-                    prefetch.push(gpu, w, range)?;
+        let (plan, tuning, pdl) = (d.plan.as_deref().unwrap_or_default(), d.tuning, d.pdl);
+        // The launch of the step's next kernel, with its share of the plan.
+        let mut kernel = 0;
+        let mut next_launch = || -> Result<DecodeLaunch<'_>> {
+            let kp = plan.get(kernel).context("the prefetch plan is shorter than the step")?;
+            kernel += 1;
+            let mut prefetch = L2Prefetch::default().late(kp.late);
+            for (w, range) in &kp.pieces {
+                if let Some(w) = step_weight(p, *w) {
+                    prefetch.push(gpu, w, range.clone())?;
                 }
             }
-            launches.push(DecodeLaunch {
-                pdl: d.pdl,
+            Ok(DecodeLaunch {
+                pdl,
                 prefetch,
-                blocks_per_sm: d.tuning.gemv_blocks_per_sm,
-                block_warps: d.tuning.gemv_block_warps,
-                early_trigger: d.tuning.early_trigger,
-            });
-        }
-        let mut launches = launches.into_iter();
-        let mut next_launch = || launches.next().context("the prefetch plan is shorter than the step");
+                blocks_per_sm: tuning.gemv_blocks_per_sm,
+                block_warps: tuning.gemv_block_warps,
+                early_trigger: tuning.early_trigger,
+            })
+        };
 
         let (ws, tokens, pos, ids) = (&mut d.ws, &mut d.tokens, &mut d.pos, &mut d.ids);
         let cfg = self.config;
@@ -603,6 +600,26 @@ impl Step<'_> {
 
 /// Kernels per layer of the fused step: qkv, attention, attproj, fc, fcproj.
 const KERNELS_PER_LAYER: usize = 5;
+
+/// Kernels of a fused step: five per layer and the LM head.
+fn step_kernels(p: &DeviceParams) -> usize {
+    KERNELS_PER_LAYER * p.layers.len() + 1
+}
+
+/// The weight kernel `k` of the step streams, in launch order (per layer
+/// qkv, attention (none), attproj, fc, fcproj; then the LM head's wte).
+fn step_weight(p: &DeviceParams, k: usize) -> Option<&CudaSlice<f32>> {
+    match p.layers.get(k / KERNELS_PER_LAYER) {
+        Some(lw) => match k % KERNELS_PER_LAYER {
+            0 => Some(&lw.qkvw),
+            1 => None,
+            2 => Some(&lw.attprojw),
+            3 => Some(&lw.fcw),
+            _ => Some(&lw.fcprojw),
+        },
+        None => Some(&p.wte),
+    }
+}
 
 /// Prefetch distance in floats for `bytes`, capped at a
 /// `PREFETCH_L2_FRACTION` of an L2 of `l2_bytes`.
