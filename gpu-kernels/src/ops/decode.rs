@@ -17,7 +17,7 @@
 //! by shuffles), with the position read from the device and the combine done
 //! by the chunk block that arrives last.
 
-use super::flash_attention::{merge_state, softmax_base};
+use super::flash_attention::{decode_query, key_lanes_sum, key_score_part, merge_state, softmax_base};
 use super::gelu::gelu;
 use super::vec4::{VEC, load4, store4};
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
@@ -559,13 +559,7 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
 
     // This lane's 8 query dimensions, pre-scaled into log2 units.
     // SAFETY: q holds n*c floats; h*HS + 36 + 4 <= c.
-    let q_g = unsafe { p.q.add(r * c + h * HS + VEC * l8) };
-    let (qa, qb) = unsafe { (load4(q_g), load4(q_g.add(ATT_HALF))) };
-    let mut q = [0f32; 2 * VEC];
-    for e in 0..VEC {
-        q[e] = qa[e] * p.scale_log2e;
-        q[VEC + e] = qb[e] * p.scale_log2e;
-    }
+    let q = unsafe { decode_query(p.q.add(r * c + h * HS + VEC * l8), p.scale_log2e) };
     let plane = (r * nh + h) * max_t * HS + VEC * l8;
     // SAFETY: cache row r, head h: max_t * HS floats from `plane`.
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
@@ -592,18 +586,7 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     let mut s = [0f32; ATT_KEYS_PER_GROUP];
     unroll_below!(i < ATT_KEYS_PER_GROUP => {
         let key = key_of(i);
-        let (ka, kb) = (kv[i][0], kv[i][1]);
-        let mut dot = 0f32;
-        for e in 0..VEC {
-            dot = fma(q[e], ka[e], dot);
-            dot = fma(q[VEC + e], kb[e], dot);
-        }
-        // All lanes shuffle (full mask), valid key or not.
-        let mut off = 1;
-        while off < ATT_LANES as u32 {
-            dot += shfl_xor_f32(dot, off);
-            off *= 2;
-        }
+        let dot = key_lanes_sum(key_score_part(&q, kv[i][0], kv[i][1]), ATT_LANES as u32);
         s[i] = if key < key_end { dot } else { f32::NEG_INFINITY };
     });
     let mut m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));

@@ -889,6 +889,49 @@ const _: () = assert!(DEC_LANES * 2 * VEC == HS);
 const _: () = assert!(DEC_GROUPS * DEC_KEYS_PER_GROUP == FLASH_DECODE_CHUNK as usize);
 const _: () = assert!(DEC_KEYS_PER_GROUP == 8, "the key loops are unrolled by `unroll8!`");
 
+/// This lane's 8 of a head's 64 query dimensions for the decode kernels:
+/// 4 at `q_g`, 4 at `q_g + HS / 2`, multiplied by `scale` (into log2 units).
+///
+/// # Safety
+/// Both 16-byte vectors are readable and 16-byte aligned.
+#[inline(always)]
+pub(crate) unsafe fn decode_query(q_g: *const f32, scale: f32) -> [f32; 2 * VEC] {
+    // SAFETY: the caller's contract.
+    let (qa, qb) = unsafe { (ld4(q_g), ld4(q_g.add(HS / 2))) };
+    let mut q = [0f32; 2 * VEC];
+    for e in 0..VEC {
+        q[e] = qa[e] * scale;
+        q[VEC + e] = qb[e] * scale;
+    }
+    q
+}
+
+/// This lane's part of one key's score for the decode kernels: q·k over
+/// the key's dimensions matching [`decode_query`]'s (`ka`, `kb`); the
+/// lanes sharing the key add their parts with [`key_lanes_sum`].
+#[inline(always)]
+pub(crate) fn key_score_part(q: &[f32; 2 * VEC], ka: [f32; VEC], kb: [f32; VEC]) -> f32 {
+    let mut dot = 0f32;
+    for e in 0..VEC {
+        dot = fma(q[e], ka[e], dot);
+        dot = fma(q[VEC + e], kb[e], dot);
+    }
+    dot
+}
+
+/// The sum of `part` over the `lanes` neighbouring lanes that share a key.
+/// Every lane of the warp calls it (full-mask shuffles), whether its key is
+/// valid or not.
+#[inline(always)]
+pub(crate) fn key_lanes_sum(mut part: f32, lanes: u32) -> f32 {
+    let mut off = 1;
+    while off < lanes {
+        part += shfl_xor_f32(part, off);
+        off *= 2;
+    }
+    part
+}
+
 /// Merge online-softmax states (m, l, acc) of two lane sets; `m` in log2 units.
 #[inline(always)]
 pub(crate) fn merge_state(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], lane_mask: u32) {
@@ -937,13 +980,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
     let key_end = pos + 1;
 
     // This lane's 8 query dimensions, pre-scaled into log2 units.
-    let q_g = unsafe { p.qkv.add(bt * 3 * c + h * HS + VEC * l8) };
-    let (qa, qb) = unsafe { (ld4(q_g), ld4(q_g.add(DEC_HALF))) };
-    let mut q = [0f32; 2 * VEC];
-    for e in 0..VEC {
-        q[e] = qa[e] * p.scale_log2e;
-        q[VEC + e] = qb[e] * p.scale_log2e;
-    }
+    let q = unsafe { decode_query(p.qkv.add(bt * 3 * c + h * HS + VEC * l8), p.scale_log2e) };
 
     let plane = (bi * nh + h) * max_t * HS + VEC * l8;
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
@@ -953,20 +990,12 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
     let mut s = [0f32; DEC_KEYS_PER_GROUP];
     unroll8!(i => {
         let key = key_of(i);
-        let mut dot = 0f32;
+        let mut part = 0f32;
         if key < key_end {
             let (ka, kb) = unsafe { (ld4(k_g.add(key * HS)), ld4(k_g.add(key * HS + DEC_HALF))) };
-            for e in 0..VEC {
-                dot = fma(q[e], ka[e], dot);
-                dot = fma(q[VEC + e], kb[e], dot);
-            }
+            part = key_score_part(&q, ka, kb);
         }
-        // All lanes shuffle (full mask), valid key or not.
-        let mut off = 1;
-        while off < DEC_LANES as u32 {
-            dot += shfl_xor_f32(dot, off);
-            off *= 2;
-        }
+        let dot = key_lanes_sum(part, DEC_LANES as u32);
         s[i] = if key < key_end { dot } else { f32::NEG_INFINITY };
     });
     let mut m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
