@@ -5,10 +5,12 @@
 #   bash scripts/gpu-runner.sh
 # The tests read workspace files (weights/gpt2 tokenizer files) relative to the
 # repo root, which is why they run from there and not from gpu-out/.
+# Also: bash scripts/gpu-runner.sh --counts LOG   prints the counts below for a
+# saved log (e.g. tests.log) and exits; needs no bundle and no GPU.
 #
 # Steps (each one's failure is recorded, the others still run; the exit status
 # is non-zero if any failed):
-#   1. device: nvidia-smi, driver, GPU name
+#   1. device: nvidia-smi, driver, GPU name, compute capability
 #   2. oracle: scripts/hf_reference.py writes a random-init GPT-2 checkpoint,
 #      token ids and transformers' logits into a directory
 #   3. tests: every test binary with --include-ignored (GPU tests are
@@ -18,31 +20,177 @@
 #      then (PORTABLE=1) the GPU test binaries once more with
 #      GPT2_PORTABLE_KERNELS=1, so a Hopper GPU runs the portable sm_80
 #      module (the mma.sync TF32 path) end to end too
-#   4. compute-sanitizer memcheck and racecheck over the GPU test binary
+#   4. compute-sanitizer memcheck, racecheck, synccheck and initcheck over the
+#      GPU test binary
 #   5. (BENCH=1) scripts/torch_bench.py and the Rust bench binary, if any
+#
+# Skips count as failures. libtest counts a test that returns early as
+# passed, so a test that cannot run prints one line
+#   SKIPPED: <test name>: <reason>
+# (tests/common/skip.rs; written past libtest's output capture, so it reaches
+# the log even when the test passes). The summary gives, per test binary and
+# pass, "X passed, Y failed, Z ignored, S skipped" (the sums of libtest's
+# "test result:" lines, and the count of SKIPPED lines), and with
+# GPT2_REQUIRE_GPU=1 (always, here) a pass with S > 0 FAILS, naming the
+# skipped tests. Tests that cannot run in a pass by design are not run there
+# (--skip) rather than skipping, so a clean run has 0 skipped:
+#   - WGMMA_TESTS (the wgmma-only tests) in the portable pass, whose sm_80
+#     module has no wgmma kernels, and in every pass on a GPU that is not
+#     compute capability 9.0;
+#   - ORACLE_TESTS when step 2 made no oracle (step 2 has failed already,
+#     or ORACLE=0 asked for none).
+# Each sanitizer line gives the tool's own last word ("ERROR SUMMARY: n
+# errors"; racecheck "RACECHECK SUMMARY: n hazards displayed (...)") and the
+# counts of the tests it ran; a tool with findings, no summary line, or no
+# test run fails.
+#
 # Files written to $OUT (few on purpose: at most 8 come back):
 #   summary.txt tests.log (both passes) sanitizer.log oracle.log programs.log bench.log
 #   bench-torch.json bench-rust.json
 #
-# Knobs (environment), defaults keep the whole run under ~8 minutes:
+# Knobs (environment); the defaults kept the whole run under ~8 minutes
+# before initcheck came (its time is not measured yet: see INITCHECK_FILTERS):
 #   GPU_OUT=gpu-out             the bundle
 #   TEST_TIMEOUT=240            seconds per test binary
 #   TEST_ARGS=                  extra libtest args for every test binary
 #                               (after --include-ignored; e.g. a name filter)
 #   PORTABLE=1                  0 skips the second pass with GPT2_PORTABLE_KERNELS=1
 #   PORTABLE_TESTS="gpu gpu_oom"  test binaries of that pass
+#   WGMMA_TESTS="matmul_tf32::matmul_tf32_wgmma_error_matches_cublas ..."
+#                               libtest names of the tests that need the wgmma
+#                               kernels (those calling wgmma_gpu() in
+#                               tests/gpu/matmul_tf32.rs)
+#   ORACLE_TESTS="oracle::cpu_logits_match_transformers forward::transformers_oracle"
 #   SANITIZE=1                  0 skips step 4
-#   SANITIZER_TOOLS="memcheck racecheck synccheck"
+#   SANITIZER_TOOLS="memcheck racecheck synccheck initcheck"
 #   SANITIZER_FILTERS=          libtest name filters for the sanitized run
 #                               (space-separated; empty = the whole binary)
-#   MEMCHECK_FILTERS=, RACECHECK_FILTERS=   per-tool filters, override the above
+#   MEMCHECK_FILTERS=, RACECHECK_FILTERS=, SYNCCHECK_FILTERS=, INITCHECK_FILTERS=
+#                               per-tool filters, override the above (defaults
+#                               and why: below, where they are set). memcheck:
+#                               the whole binary; racecheck: kernels with shared
+#                               memory, at small sizes; synccheck: decode::;
+#                               initcheck (reads of device memory nothing
+#                               wrote): decode::, sampling::, flash_attention::
+#                               and five kernels:: tests, a few minutes
 #   SANITIZER_TIMEOUT=300       seconds per sanitizer tool (racecheck took 190 s on an H200)
-#   ORACLE=1                    0 skips step 2 (oracle tests then skip)
+#   ORACLE=1                    0 skips step 2 (the oracle tests are then not run)
 #   ORACLE_TIMEOUT=240
 #   BENCH=0                     1 runs step 5
 #   BENCH_TIMEOUT=420
 #   BENCH_RUST_ARGS="all --json $OUT/bench-rust.json"   arguments for gpu-out/bin/bench
 set -uo pipefail   # no -e: a failing step is recorded, and the next one runs
+
+# ---------------------------------------------------------------- counting
+# Reads the logs of the steps below (and of `--counts LOG`).
+
+# libtest's "test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; ..."
+# lines of a log, summed: "12 passed, 0 failed, 1 ignored" ("no test result"
+# when there is none: the binary crashed or was killed before its summary).
+result_counts() {
+    awk '/^test result:/ {
+            n++
+            for (i = 1; i < NF; i++) {
+                w = $(i + 1); sub(/[;,.]$/, "", w)
+                if (w == "passed") p += $i; else if (w == "failed") f += $i; else if (w == "ignored") g += $i
+            }
+        }
+        END { if (n) printf "%d passed, %d failed, %d ignored", p, f, g; else printf "no test result" }' "$1"
+}
+
+# The tests that skipped, one name a line: the "SKIPPED: <test>: <reason>"
+# lines of tests/common/skip.rs. No ^ anchor: the marker goes to stderr, and
+# may land after libtest's "test <name> ... " (stdout, flushed before the
+# result word) of the same or, with several threads, another test.
+skipped_tests() {
+    { grep -oE 'SKIPPED: .*' "$1" || true; } | sed -E 's/^SKIPPED: ([^ ]+): .*/\1/'
+}
+
+# The tests that failed, one name a line: libtest's closing "failures:" list
+# ("    <name>" lines up to a blank one), and its "test <name> ... FAILED"
+# lines (which a skip marker may have split; the list is whole).
+failed_tests() {
+    awk '/^failures:$/ { list = 1; next }
+        list && /^    [^ ]+$/ { sub(/^    /, ""); print; next }
+        { list = 0 }
+        /^test .* FAILED$/ { print $2 }' "$1" | sort -u
+}
+
+# Names, one a line, as one line: at most 12, then "(and N more)".
+name_list() {
+    awk '{ n++; if (n <= 12) printf "%s%s", (n > 1 ? " " : ""), $0 }
+        END { if (n > 12) printf " (and %d more)", n - 12 }'
+}
+
+# "X passed, Y failed, Z ignored, S skipped" for a log.
+counts() {
+    printf '%s, %d skipped' "$(result_counts "$1")" "$(skipped_tests "$1" | wc -l)"
+}
+
+# The number before WORD in a counts line: count_of "3 passed, 1 failed" passed -> 3.
+count_of() {
+    grep -oE "[0-9]+ $2" <<<"$1" | head -n 1 | cut -d' ' -f1
+}
+
+# compute-sanitizer's own last word in a log: memcheck, synccheck, initcheck
+# "ERROR SUMMARY: 0 errors"; racecheck "RACECHECK SUMMARY: 0 hazards
+# displayed (0 errors, 0 warnings)". Empty when there is none.
+sanitizer_summary() {
+    { grep -E '^=+ *(ERROR|RACECHECK) SUMMARY' "$1" || true; } | tail -n 1 | sed -E 's/^=+ *//'
+}
+
+# The errors a sanitizer summary line reports: "ERROR SUMMARY: N errors" -> N;
+# racecheck's "(N errors, M warnings)" -> N (its warnings, hazards it judges
+# benign, do not set --error-exitcode either; the summary line shows them).
+sanitizer_errors() {
+    case "$1" in
+        RACECHECK*) sed -nE 's/.*\(([0-9]+) errors?.*/\1/p' <<<"$1" ;;
+        *) sed -nE 's/^ERROR SUMMARY: ([0-9]+).*/\1/p' <<<"$1" ;;
+    esac
+}
+
+# The distinct findings of a sanitizer log, most frequent first, as
+# "<count> x <what> @ <where>" (where: the kernel, offsets dropped), at most 8.
+sanitizer_findings() {
+    awk '/^========= [^ ]/ && !/SUMMARY|COMPUTE-SANITIZER|Target application returned/ {
+            what = $0; sub(/^========= /, "", what)
+            if ((getline nxt) > 0 && nxt ~ /^=+ +at /) {
+                sub(/^=+ +at /, "", nxt); gsub(/\+0x[0-9a-fA-F]+/, "", nxt); what = what " @ " nxt
+            }
+            print what
+        }' "$1" | sort | uniq -c | sort -rn | head -n 8 | sed -E 's/^ *([0-9]+) /\1 x /'
+}
+
+# `--counts LOG`: the counts of each "######## <label>" section of a log
+# this script wrote (tests.log, sanitizer.log), or of the whole file.
+if [[ "${1:-}" == --counts ]]; then
+    if (( $# != 2 )) || [[ ! -f "$2" ]]; then
+        echo "usage: $0 --counts LOG" >&2
+        exit 2
+    fi
+    parts="$(mktemp -d)"
+    awk -v dir="$parts" -v whole="$2" '
+        BEGIN { n = 0; title[0] = whole }
+        /^######## / { close(f); n++; title[n] = substr($0, 10) }
+        { f = sprintf("%s/%04d", dir, n); print > f }
+        END { close(f); for (i = 0; i <= n; i++) print title[i] > (dir "/titles") }' "$2"
+    i=0
+    while IFS= read -r title; do
+        part="$parts/$(printf '%04d' "$i")"
+        i=$((i + 1))
+        if [[ ! -f "$part" ]] || ! grep -qE '^test result:|SKIPPED: |SUMMARY' "$part"; then
+            continue
+        fi
+        line="$title: $(counts "$part")"
+        san="$(sanitizer_summary "$part")"
+        [[ -n "$san" ]] && line="$line; $san"
+        echo "$line"
+        skipped="$(skipped_tests "$part" | name_list)"
+        [[ -n "$skipped" ]] && echo "  skipped: $skipped"
+    done <"$parts/titles"
+    rm -rf "$parts"
+    exit 0
+fi
 
 ROOT="$(pwd)"
 if [[ ! -f "$ROOT/Cargo.toml" ]]; then
@@ -56,7 +204,7 @@ mkdir -p "$OUT"
 TEST_TIMEOUT="${TEST_TIMEOUT:-240}"
 TEST_ARGS="${TEST_ARGS:-}"
 SANITIZE="${SANITIZE:-1}"
-SANITIZER_TOOLS="${SANITIZER_TOOLS:-memcheck racecheck synccheck}"
+SANITIZER_TOOLS="${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}"
 SANITIZER_FILTERS="${SANITIZER_FILTERS:-}"
 # memcheck: every GPU test of tests/gpu (the one that asks for terabytes on
 # purpose lives in tests/gpu_oom, which the sanitizers do not run: its failed
@@ -67,10 +215,25 @@ MEMCHECK_FILTERS="${MEMCHECK_FILTERS-}"
 RACECHECK_FILTERS="${RACECHECK_FILTERS-flash_attention::flash_prefill_tf32 flash_attention::flash_decode device:: matmul_tf32::matmul_tf32_awkward kernels::layernorm kernels::softmax kernels::attention_windowed kernels::argmax kernels::matmul_tiled_unaligned matmul_tf32::matmul_tf32_split_k kernels::matmul_split_k_explicit matmul_small::matmul_small_is_deterministic matmul_small::matmul_small_unaligned_operands decode::decode_attention_rows_at_different_positions decode::decode_graph_windowed}"
 # synccheck: the decode kernels' barriers (sync_threads_or after early exits).
 SYNCCHECK_FILTERS="${SYNCCHECK_FILTERS-decode::}"
-export MEMCHECK_FILTERS RACECHECK_FILTERS SYNCCHECK_FILTERS
+# initcheck: reads of device memory that nothing wrote. cudarc's alloc leaves
+# memory uninitialised; the tests poison outputs (NaN) before each launch,
+# which counts as written, so what it can find is a kernel reading a
+# workspace, cache or padding that no one filled. It shadows every global
+# access like memcheck (slower than memcheck, far faster than racecheck), so
+# it runs the kernels with the most scratch state, in a few minutes: the
+# decode step (KV cache, split workspaces, graphs), the device sampler, flash
+# attention (cached prefix, kv splits), and a few kernels:: tests (encoder,
+# layernorm, softmax, argmax over padded vocab rows, the tiled matmul's edge
+# tiles). A finding fails the step like the other tools'; the summary names
+# the kernels (see sanitizer.log for the full report).
+INITCHECK_FILTERS="${INITCHECK_FILTERS-decode:: sampling:: flash_attention:: kernels::encoder_matches_cpu kernels::layernorm_matches_cpu kernels::softmax kernels::argmax kernels::matmul_tiled_unaligned}"
+export MEMCHECK_FILTERS RACECHECK_FILTERS SYNCCHECK_FILTERS INITCHECK_FILTERS
 SANITIZER_TIMEOUT="${SANITIZER_TIMEOUT:-300}"
 PORTABLE="${PORTABLE:-1}"
 PORTABLE_TESTS="${PORTABLE_TESTS:-gpu gpu_oom}"
+# libtest --skip matches substrings: keep these full paths.
+WGMMA_TESTS="${WGMMA_TESTS-matmul_tf32::matmul_tf32_wgmma_error_matches_cublas matmul_tf32::matmul_tf32_split_k_every_wgmma_tile}"
+ORACLE_TESTS="${ORACLE_TESTS-oracle::cpu_logits_match_transformers forward::transformers_oracle}"
 ORACLE="${ORACLE:-1}"
 ORACLE_TIMEOUT="${ORACLE_TIMEOUT:-240}"
 BENCH="${BENCH:-0}"
@@ -109,7 +272,8 @@ chmod +x "$GPU_OUT"/tests/* "$GPU_OUT"/bin/* 2>/dev/null
 banner "device"
 nvidia-smi || fail "nvidia-smi"
 DEVICE="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)"
-note "device: ${DEVICE:-unknown}"
+COMPUTE_CAP="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')"
+note "device: ${DEVICE:-unknown}, compute capability ${COMPUTE_CAP:-unknown}"
 note "bundle: $(grep -m1 '^commit:' "$GPU_OUT/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"
 note "kernels: $(grep -m1 '^GPU_KERNELS_ARCH:' "$GPU_OUT/BUILD_INFO" 2>/dev/null || echo '?')"
 
@@ -125,7 +289,7 @@ if [[ "$ORACLE" == 1 ]]; then
         note "oracle: ok ($(ls "$ORACLE_DIR" | tr '\n' ' '))"
     else
         tail -n 20 "$ORACLE_LOG"
-        fail "oracle: hf_reference.py failed (see oracle.log); oracle tests run without it and skip"
+        fail "oracle: hf_reference.py failed (see oracle.log); the oracle tests are not run"
     fi
 fi
 
@@ -135,57 +299,87 @@ if (( ORACLE_OK )); then
     export GPT2_ORACLE_DIR="$ORACLE_DIR" GPT2_REQUIRE_ORACLE=1
 fi
 
-# "test result: ok. 12 passed; 0 failed; 1 ignored; ..." -> "12 passed, 0 failed, 1 ignored"
-counts() {
-    grep -E '^test result:' "$1" | awk '{p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d ignored", p, f, i}'
-}
+# Tests that cannot run on this machine in any pass: every test binary (and
+# the sanitizers) gets them as --skip, so they are left out, not skipped.
+NOT_HERE=()
+if [[ -n "$COMPUTE_CAP" && "$COMPUTE_CAP" != 9.0 && -n "$WGMMA_TESTS" ]]; then
+    for t in $WGMMA_TESTS; do NOT_HERE+=(--skip "$t"); done
+    note "not run: $WGMMA_TESTS (the wgmma kernels need compute capability 9.0)"
+fi
+if (( ! ORACLE_OK )) && [[ -n "$ORACLE_TESTS" ]]; then
+    for t in $ORACLE_TESTS; do NOT_HERE+=(--skip "$t"); done
+    note "not run: $ORACLE_TESTS (no transformers oracle)"
+fi
 
-# One test binary: run it, log it, note its counts. Arguments: the label in
-# the summary, the bundle's file name, the package dir, then extra
-# environment assignments (VAR=value) for this run.
+# One test binary: run it, log it, note its counts, and add its log to the
+# pass's (PASS_LOG). Arguments: the label in the summary, the bundle's file
+# name, the package dir, and 1 for the portable pass (GPT2_PORTABLE_KERNELS=1).
 run_tests() {
-    local label="$1" name="$2" pkg_dir="$3"; shift 3
+    local label="$1" name="$2" pkg_dir="$3" portable="$4"
     local bin="$GPU_OUT/tests/$name"
     banner "tests: $label (in $pkg_dir)"
-    local one rc
-    one="$(mktemp)"
     # --include-ignored: GPU tests are #[ignore = "needs a GPU"], so that
     # `cargo test` on a machine without one reports them as ignored.
+    local args=(--include-ignored "${NOT_HERE[@]}") kernels=GPT2_PORTABLE_KERNELS=
+    if (( portable )); then
+        kernels=GPT2_PORTABLE_KERNELS=1
+        # The portable sm_80 module has no wgmma kernels, so the wgmma tests
+        # cannot run in this pass (they would skip); the first pass ran them,
+        # and hopper_loads_the_wgmma_module checks the switch here.
+        for t in $WGMMA_TESTS; do args+=(--skip "$t"); done
+    fi
+    local one rc c skipped failed
+    one="$(mktemp)"
     # shellcheck disable=SC2086  # TEST_ARGS is a word list on purpose
-    (cd "$ROOT/$pkg_dir" && env "$@" timeout "$TEST_TIMEOUT" "$bin" --include-ignored $TEST_ARGS) >"$one" 2>&1
+    (cd "$ROOT/$pkg_dir" && env "$kernels" timeout "$TEST_TIMEOUT" "$bin" "${args[@]}" $TEST_ARGS) >"$one" 2>&1
     rc=$?
     cat "$one"
-    { echo "######## $label (exit $rc)"; cat "$one"; } >>"$TESTS_LOG"
-    if (( rc == 0 )); then
-        note "tests $label: ok, $(counts "$one")"
-    elif (( rc == 124 )); then
-        fail "tests $label: timed out after ${TEST_TIMEOUT}s, $(counts "$one")"
+    { echo "######## $label (exit $rc)"; cat "$one"; } | tee -a "$PASS_LOG" >>"$TESTS_LOG"
+    c="$(counts "$one")"
+    skipped="$(skipped_tests "$one" | name_list)"
+    failed="$(failed_tests "$one" | name_list)"
+    if (( rc == 124 )); then
+        fail "tests $label: timed out after ${TEST_TIMEOUT}s: $c"
+    elif (( rc != 0 )); then
+        fail "tests $label: exit $rc: $c; failed: ${failed:-?}"
+    elif [[ -n "$skipped" && "${GPT2_REQUIRE_GPU:-}" == 1 ]]; then
+        fail "tests $label: $c (GPT2_REQUIRE_GPU=1: a skip is a failure)"
     else
-        fail "tests $label: exit $rc, $(counts "$one"); failed: $(grep -E '^test .* FAILED$' "$one" | awk '{print $2}' | tr '\n' ' ')"
+        note "tests $label: ok: $c"
     fi
+    [[ -n "$skipped" ]] && note "  skipped: $skipped"
     rm -f "$one"
+}
+
+# A pass's line over all its test binaries.
+pass_total() {
+    note "tests, $1, all binaries: $(counts "$PASS_LOG")"
+    rm -f "$PASS_LOG"
 }
 
 # tests.list: "<file> <package dir>"; like cargo, run each test binary from
 # its package's directory (the repo root for tests/gpu and tests/cpu).
+PASS_LOG="$(mktemp)"
 while read -r name pkg_dir; do
     [[ -n "$name" ]] || continue
-    run_tests "$name" "$name" "$pkg_dir" GPT2_PORTABLE_KERNELS=
+    run_tests "$name" "$name" "$pkg_dir" 0
 done <"$GPU_OUT/tests.list"
+pass_total "first pass"
 
 # The same GPU tests with the portable sm_80 module forced: on a Hopper GPU
 # the first pass ran the sm_90a module (wgmma matmuls), this one runs the
-# mma.sync TF32 kernels and everything else from the portable PTX. The wgmma
-# tests skip here (printed); hopper_loads_the_wgmma_module checks the switch.
+# mma.sync TF32 kernels and everything else from the portable PTX.
 if [[ "$PORTABLE" == 1 ]]; then
+    PASS_LOG="$(mktemp)"
     for name in $PORTABLE_TESTS; do
         pkg_dir="$(awk -v n="$name" '$1 == n {print $2}' "$GPU_OUT/tests.list")"
         if [[ -z "$pkg_dir" ]]; then
             fail "tests $name (portable): not in the bundle"
             continue
         fi
-        run_tests "$name portable (GPT2_PORTABLE_KERNELS=1)" "$name" "$pkg_dir" GPT2_PORTABLE_KERNELS=1
+        run_tests "$name portable (GPT2_PORTABLE_KERNELS=1)" "$name" "$pkg_dir" 1
     done
+    pass_total "portable pass"
 fi
 
 # ---------------------------------------------------------------- 3b. programs
@@ -241,29 +435,45 @@ if [[ "$SANITIZE" == 1 ]]; then
         for tool in $SANITIZER_TOOLS; do
             banner "compute-sanitizer --tool $tool"
             one="$(mktemp)"
-            # One test thread: the tools serialise kernels anyway, and the
-            # report is easier to read. --error-exitcode makes findings fail.
-            # shellcheck disable=SC2086
             # Per-tool filters (MEMCHECK_FILTERS, RACECHECK_FILTERS, ...) override
             # SANITIZER_FILTERS: racecheck is much slower than memcheck.
-            filters_var="$(echo "$tool" | tr '[:lower:]' '[:upper:]')_FILTERS"
+            filters_var="${tool^^}_FILTERS"
             filters="${!filters_var:-$SANITIZER_FILTERS}"
-            timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
-                "$GPU_TEST" --include-ignored --test-threads=1 $filters >"$one" 2>&1
+            # One test thread: the tools serialise kernels anyway, and the
+            # report is easier to read. --error-exitcode makes findings fail.
+            # The first pass's kernel module (GPT2_PORTABLE_KERNELS cleared);
+            # GPT2_REQUIRE_GPU=1 and the oracle's variables as exported in
+            # step 3, and NOT_HERE left out as there.
+            # shellcheck disable=SC2086  # filters is a word list on purpose
+            env GPT2_PORTABLE_KERNELS= timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+                "$GPU_TEST" --include-ignored --test-threads=1 "${NOT_HERE[@]}" $filters >"$one" 2>&1
             rc=$?
             tail -n 40 "$one"
             { echo "######## $tool (exit $rc)"; cat "$one"; } >>"$SAN_LOG"
-            # The tool's own last word, e.g. memcheck "ERROR SUMMARY: 0 errors",
-            # racecheck "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
-            errors="$(grep -E '(ERROR|RACECHECK) SUMMARY' "$one" | tail -n 1 | sed -E 's/^=+ *//')"
-            errors="${errors:-no sanitizer summary}"
-            tests_line="$(counts "$one")"
-            if (( rc == 0 )); then
-                note "sanitizer $tool: $errors; $tests_line"
-            elif (( rc == 124 )); then
-                fail "sanitizer $tool: timed out after ${SANITIZER_TIMEOUT}s ($errors; narrow SANITIZER_FILTERS or raise SANITIZER_TIMEOUT)"
+            summary_line="$(sanitizer_summary "$one")"
+            errors="$(sanitizer_errors "$summary_line")"
+            c="$(counts "$one")"
+            skipped="$(skipped_tests "$one" | name_list)"
+            # Everything that makes this tool's step fail, in words.
+            problems=()
+            (( rc == 124 )) && problems+=("timed out after ${SANITIZER_TIMEOUT}s (narrow ${tool^^}_FILTERS or raise SANITIZER_TIMEOUT)")
+            (( rc == 99 )) && problems+=("findings (exit 99)")
+            (( rc != 0 && rc != 99 && rc != 124 )) && problems+=("exit $rc")
+            [[ -z "$summary_line" ]] && problems+=("no summary line from compute-sanitizer")
+            [[ -n "$errors" ]] && (( errors > 0 && rc != 99 )) && problems+=("$errors errors")
+            passed="$(count_of "$c" passed)"; failed="$(count_of "$c" failed)"
+            (( ${passed:-0} + ${failed:-0} == 0 )) && problems+=("no test ran (do the filters match nothing?)")
+            [[ -n "$skipped" && "${GPT2_REQUIRE_GPU:-}" == 1 ]] && problems+=("tests skipped (GPT2_REQUIRE_GPU=1: a skip is a failure)")
+            if (( ${#problems[@]} == 0 )); then
+                note "sanitizer $tool: ok: $summary_line; tests: $c"
+                [[ -n "$skipped" ]] && note "  skipped: $skipped"
             else
-                fail "sanitizer $tool: exit $rc, $errors; $tests_line"
+                joined="$(printf '%s; ' "${problems[@]}")"
+                fail "sanitizer $tool: ${joined}${summary_line:-no summary}; tests: $c"
+                [[ -n "$skipped" ]] && note "  skipped: $skipped"
+                failed="$(failed_tests "$one" | name_list)"
+                [[ -n "$failed" ]] && note "  failed: $failed"
+                sanitizer_findings "$one" | sed 's/^/  finding: /' | tee -a "$SUMMARY"
             fi
             rm -f "$one"
         done

@@ -9,6 +9,9 @@
 //! another, and so does `scripts/gpu-runner.sh`. Keep tests that exhaust or
 //! nearly exhaust GPU memory here, not in `tests/gpu`.
 
+#[path = "common/skip.rs"]
+mod skip;
+
 use host::gpu::engine::{GpuEngine, Precision};
 use host::model::DType;
 use host::model::checkpoint::Checkpoint;
@@ -17,7 +20,7 @@ use host::model::fixtures::{llmc_bytes, tiny_config};
 #[test]
 #[ignore = "needs a GPU"]
 fn out_of_memory_is_an_error_that_says_how_much() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let cfg = tiny_config();
     let ck = Checkpoint::from_bytes(
         llmc_bytes(&cfg, 1, DType::F32).unwrap(),

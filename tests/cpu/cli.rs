@@ -6,8 +6,9 @@
 //! cargo (a bundle copied to another machine) the bundle's `bin/host` (the
 //! layout of `scripts/gpu-bundle.sh`: `gpu-out/tests/cpu`, `gpu-out/bin/host`)
 //! or a `host` in the test's profile directory is used. The tests skip when
-//! there is none, and fail instead under `GPT2_REQUIRE_GPU=1` (the GPU
-//! runner, whose bundle must have it).
+//! there is none (each printing `SKIPPED: ...` through `crate::skip`), and
+//! fail instead under `GPT2_REQUIRE_GPU=1` (the GPU runner, whose bundle must
+//! have it).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -44,10 +45,12 @@ fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The `host` binary, built once per test run.
+/// The `host` binary, built once per test run; `None` after a skip (printed
+/// by each test that asks), or a panic under `GPT2_REQUIRE_GPU=1` (the GPU
+/// runner, whose bundle must have it).
 fn host_bin() -> Option<&'static Path> {
-    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BIN.get_or_init(|| {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let found = BIN.get_or_init(|| {
         let profile_dir = profile_dir();
         let exe = format!("host{}", std::env::consts::EXE_SUFFIX);
         let bin = profile_dir.join(&exe);
@@ -79,20 +82,21 @@ fn host_bin() -> Option<&'static Path> {
         // profile_dir is gpu-out, and the programs are in gpu-out/bin.
         let bundled = profile_dir.join("bin").join(&exe);
         if let Some(found) = [&bin, &bundled].into_iter().find(|b| b.is_file()) {
-            return Some(found.clone());
+            return Ok(found.clone());
         }
-        let why = format!(
+        Err(format!(
             "no host binary at {} or {} and no cargo to build it",
             bin.display(),
             bundled.display()
-        );
-        if host::gpu::require_gpu_env() {
-            panic!("{}=1 (the GPU runner) but {why}", host::gpu::runtime::REQUIRE_GPU_ENV);
+        ))
+    });
+    match found {
+        Ok(bin) => Some(bin),
+        Err(why) => {
+            crate::skip::unless_required(crate::skip::REQUIRE_GPU_ENV, why);
+            None
         }
-        eprintln!("skipped: {why}");
-        None
-    })
-    .as_deref()
+    }
 }
 
 /// A fixture checkpoint in a fresh temp dir (kept for the test's life).

@@ -1,7 +1,8 @@
 //! The CPU reference against Hugging Face transformers (the oracle). The
 //! reference is made on the GPU machine by `scripts/hf_reference.py OUT_DIR`;
 //! this test runs when `GPT2_ORACLE_DIR=OUT_DIR` is set, skips otherwise
-//! (fails instead when `GPT2_REQUIRE_ORACLE=1`).
+//! (`SKIPPED: ...`, through `crate::skip::oracle_dir`; fails instead when
+//! `GPT2_REQUIRE_ORACLE=1`).
 
 use std::path::PathBuf;
 
@@ -9,10 +10,6 @@ use host::cpu::CpuModel;
 use host::generate::{Backend, LogitsWanted};
 use host::model::checkpoint::Checkpoint;
 
-/// Directory written by scripts/hf_reference.py.
-const DIR_ENV: &str = "GPT2_ORACLE_DIR";
-/// Set to 1 to make a missing oracle a failure.
-const REQUIRE_ENV: &str = "GPT2_REQUIRE_ORACLE";
 /// Largest allowed |CPU - transformers| over all logits.
 const MAX_ABS_TOL: f32 = 1e-4;
 const BATCH: usize = 4;
@@ -25,13 +22,7 @@ fn read_le<T>(path: &PathBuf, conv: fn([u8; 4]) -> T) -> Vec<T> {
 
 #[test]
 fn cpu_logits_match_transformers() {
-    let Some(dir) = std::env::var_os(DIR_ENV).map(PathBuf::from) else {
-        if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") {
-            panic!("{REQUIRE_ENV}=1 but {DIR_ENV} is not set");
-        }
-        eprintln!("skipped: {DIR_ENV} not set");
-        return;
-    };
+    let Some(dir) = crate::skip::oracle_dir() else { return };
     let ckpt = Checkpoint::open(&dir.join("model.safetensors")).expect("loading the transformers checkpoint");
     let cfg = *ckpt.config();
     let v = cfg.vocab_size;

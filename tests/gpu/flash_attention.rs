@@ -19,7 +19,7 @@ use host::gpu::ops::flash_attention::{
 };
 use rand::Rng;
 
-use crate::kernels::{random_vec, stats};
+use crate::kernels::{random_vec, skip, stats};
 
 const HS: usize = 64;
 const FP32_TOL: f32 = 1e-5;
@@ -144,7 +144,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
 }
 
 fn run_all(cases: impl IntoIterator<Item = Case>) {
-    let Some(gpu) = host::gpu::test_gpu() else {
+    let Some(gpu) = skip::gpu() else {
         return;
     };
     let failures: Vec<String> = cases.into_iter().filter_map(|k| run_case(&gpu, k).err()).collect();
@@ -210,7 +210,7 @@ const TF32_KV_SPLITS: [u32; 2] = [1, 2];
 #[test]
 #[ignore = "needs a GPU"]
 fn flash_prefill_tf32_all_splits_match_cpu() {
-    if host::gpu::test_gpu().is_none() {
+    if skip::gpu().is_none() {
         return;
     }
     run_all(
@@ -232,7 +232,7 @@ fn round_tf32(x: f32) -> f32 {
 #[test]
 #[ignore = "needs a GPU"]
 fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
-    let Some(gpu) = host::gpu::test_gpu() else {
+    let Some(gpu) = skip::gpu() else {
         return;
     };
     let mut failures = Vec::new();
@@ -330,7 +330,7 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
 #[ignore = "needs a GPU"]
 fn flash_prefill_tf32_tile_edges_match_cpu() {
     let mut cases = Vec::new();
-    if host::gpu::test_gpu().is_none() {
+    if skip::gpu().is_none() {
         return;
     }
     for kv_split in TF32_KV_SPLITS {

@@ -3,6 +3,11 @@
 //! poisoned with NaN before the kernel runs, awkward sizes, and a report of
 //! max abs error, RMSE and mismatch count per case.
 
+// tests/common/skip.rs, loaded once in this binary (a second `mod` of the
+// same file is clippy's duplicate_mod): other files use `crate::kernels::skip`.
+#[path = "../common/skip.rs"]
+pub mod skip;
+
 use cudarc::driver::CudaSlice;
 use host::cpu::ops as cpu;
 use host::gpu::Gpu;
@@ -103,7 +108,7 @@ pub fn down(gpu: &Gpu, buf: &CudaSlice<f32>) -> Vec<f32> {
 #[test]
 #[ignore = "needs a GPU"]
 fn encoder_matches_cpu() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let mut rng = crate::seed::rng();
     let (vocab, max_t) = (517, 1024);
     for &(b, t, c, pos0) in &[
@@ -140,7 +145,7 @@ fn encoder_matches_cpu() {
 #[test]
 #[ignore = "needs a GPU"]
 fn encoder_rejects_short_buffers_and_guards_bad_ids() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let (vocab, c, max_t) = (10, 8, 4);
     let (wte, wpe) = (
         gpu.upload(&random_vec(vocab * c, 1.0)).unwrap(),
@@ -162,7 +167,7 @@ const LAYERNORM_NAIVE_ATOL: f32 = 5e-5;
 #[test]
 #[ignore = "needs a GPU"]
 fn layernorm_matches_cpu() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     // 2052 channels: past the register-resident path (up to 1024), the re-reading one.
     for &(n, c) in &[
         (1, 768),
@@ -213,7 +218,7 @@ fn layernorm_matches_cpu() {
 #[test]
 #[ignore = "needs a GPU"]
 fn residual_layernorm_matches_cpu() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for &(n, c) in &[
         (1, 768),
         (3 * 37, 768),
@@ -308,7 +313,7 @@ fn explicit_plans(c: usize) -> Vec<TiledPlan> {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_matches_cpu_all_kernels_and_edges() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for &(n, c, oc) in &MATMUL_SHAPES {
         let inp = random_vec(n * c, 1.0);
         // weights scaled so outputs are O(1) whatever c is
@@ -392,7 +397,7 @@ const SPLIT_K_SHAPES: [(usize, usize, usize); 9] = [
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_split_k_matches_cpu() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let sms = gpu.sm_count();
     for &(n, c, oc) in &SPLIT_K_SHAPES {
         let plan = plan_tiled(n, c, oc, sms, usize::MAX);
@@ -449,7 +454,7 @@ fn matmul_split_k_shapes_split() {
 #[ignore = "needs a GPU"]
 fn matmul_split_k_explicit_plans_and_unaligned() {
     use gpu_kernels::params::matmul::{MATMUL_TILE_M, MATMUL_TILE_M_MID};
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for (n, c, oc) in [(129, 64, 257), (260, 68, 5627), (70, 96, 132)] {
         let inp = random_vec(n * c + 1, 1.0);
         let w = random_vec(oc * c + 1, 1.0 / (c as f32).sqrt());
@@ -506,7 +511,7 @@ fn matmul_blocks_per_sm_match_driver() {
         MATMUL_FORWARD_MID, MATMUL_FORWARD_SMALL, MATMUL_SMALL_BLOCK, MATMUL_SMALL_BLOCKS_PER_SM, MATMUL_TILE_M,
         MATMUL_TILE_M_MID, matmul_shared_bytes, matmul_small_shared_bytes,
     };
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for (name, threads, shared, want) in [
         (
             MATMUL_FORWARD,
@@ -546,7 +551,7 @@ fn matmul_blocks_per_sm_match_driver() {
 #[ignore = "needs a GPU"]
 fn matmul_tiled_unaligned_operands() {
     use gpu_kernels::params::matmul::{MATMUL_TILE_M, MATMUL_TILE_M_MID};
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for (n, c, oc) in [(129, 64, 257), (260, 68, 5627)] {
         let inp = random_vec(n * c + 1, 1.0);
         let w = random_vec(oc * c + 1, 1.0 / (c as f32).sqrt());
@@ -588,7 +593,7 @@ fn matmul_tiled_unaligned_operands() {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_rejects_short_buffers() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let (di, dw) = (
         gpu.upload(&random_vec(10, 1.0)).unwrap(),
         gpu.upload(&random_vec(10, 1.0)).unwrap(),
@@ -652,7 +657,7 @@ fn attention_case(
 #[test]
 #[ignore = "needs a GPU"]
 fn attention_matches_cpu_prefill_and_decode() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for v in VARIANTS {
         attention_case(&gpu, v, 1, 1, 3, 16, 768, 12, 0);
         attention_case(&gpu, v, 3, 37, 4, 64, 768, 12, 0);
@@ -668,7 +673,7 @@ fn attention_matches_cpu_prefill_and_decode() {
 #[test]
 #[ignore = "needs a GPU"]
 fn attention_windowed_matches_cpu() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for v in VARIANTS {
         attention_case(&gpu, v, 3, 100, 5, 128, 768, 12, 16);
         attention_case(&gpu, v, 1, 300, 3, 512, 768, 12, 128);
@@ -678,7 +683,7 @@ fn attention_windowed_matches_cpu() {
 #[test]
 #[ignore = "needs a GPU"]
 fn attention_rejects_positions_past_the_cache() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let (c, nh, max_t) = (64, 4, 8);
     let mut k = poisoned(&gpu, max_t * c);
     let mut v = poisoned(&gpu, max_t * c);
@@ -707,7 +712,7 @@ fn attention_rejects_positions_past_the_cache() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gelu_and_residual_match_cpu() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for &n in &[1usize, 3, 4 * 64 * 3072 + 3, (1 << 20) + 1] {
         let (x, y) = (random_vec(n + 1, 6.0), random_vec(n + 1, 6.0));
         let mut want_g = vec![0f32; n];
@@ -741,7 +746,7 @@ fn gelu_and_residual_match_cpu() {
 #[test]
 #[ignore = "needs a GPU"]
 fn softmax_matches_cpu() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for &(n, v, vp) in &[(1, 50257, 50304), (5, 50257, 50304), (3, 517, 640), (2, 7, 7)] {
         let logits = random_vec(n * vp, 8.0);
         let mut want = vec![0f32; n * vp];
@@ -764,7 +769,7 @@ fn softmax_matches_cpu() {
 #[test]
 #[ignore = "needs a GPU"]
 fn argmax_matches_cpu_with_ties_and_padding() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let mut rng = crate::seed::rng();
     let (v, vp) = (50257, 50304);
     for &n in &[1usize, 4, 7] {
@@ -801,7 +806,7 @@ fn argmax_matches_cpu_with_ties_and_padding() {
 #[test]
 #[ignore = "needs a GPU"]
 fn convert_matches_host_conversion() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for transposed in [false, true] {
             let (rows, cols) = (37, 129);

@@ -13,7 +13,7 @@ use host::gpu::ops::matmul::{
     split_k_workspace_floats,
 };
 
-use crate::kernels::{check, down, poisoned, random_vec};
+use crate::kernels::{check, down, poisoned, random_vec, skip};
 
 /// Tolerance of the FP32 matmul tests (`kernels.rs`): the kernel sums `c`
 /// products in another order than the CPU.
@@ -91,7 +91,7 @@ fn nan_workspace(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> MatmulWorkspace
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_small_matches_cpu_every_split() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     // The cases must exercise what the doc comment of SHAPES says.
     let tk = MATMUL_SMALL_TILE_K as usize;
     assert!(SHAPES.iter().any(|&(_, c, _)| c < tk));
@@ -141,7 +141,7 @@ fn matmul_small_matches_cpu_every_split() {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_small_unaligned_operands() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let shapes = [(64, 136, 96), (70, 64, 40)];
     let mut ws = nan_workspace(&gpu, &shapes);
     for (n, c, oc) in shapes {
@@ -172,7 +172,7 @@ fn matmul_small_unaligned_operands() {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_small_is_deterministic() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let (n, c, oc) = (64, 3072, 768);
     let (inp, w, bias) = inputs(n, c, oc);
     let (di, dw, db) = (
@@ -214,7 +214,7 @@ fn matmul_small_is_deterministic() {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_small_checks_its_workspace() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let (n, c, oc) = (64, 768, 768);
     let (inp, w, _) = inputs(n, c, oc);
     let (di, dw) = (gpu.upload(&inp).unwrap(), gpu.upload(&w).unwrap());
@@ -242,7 +242,7 @@ fn matmul_small_checks_its_workspace() {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_small_through_auto() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let sms = gpu.sm_count();
     for (n, c, oc) in [(64, 768, 2304), (64, 768, 3072), (9, 768, 768), (128, 768, 2304)] {
         let (inp, w, bias) = inputs(n, c, oc);

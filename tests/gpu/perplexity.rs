@@ -14,6 +14,8 @@ use host::tokenizer::Gpt2Tokenizer;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::kernels::skip;
+
 /// Relative agreement of the GPU's and the CPU's total NLL.
 const REL_TOL: f64 = 1e-3;
 /// Seed of the random fixture models.
@@ -95,7 +97,7 @@ fn assert_agree(cpu: &PerplexityReport, gpu: &PerplexityReport, what: &str) {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_matches_cpu_on_random_tokens() {
-    let Some(gpu) = host::gpu::test_gpu() else {
+    let Some(gpu) = skip::gpu() else {
         return;
     };
     let cfg = tiny_config();
@@ -111,7 +113,7 @@ fn gpu_matches_cpu_on_random_tokens() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_matches_cpu_on_text() {
-    let Some(gpu) = host::gpu::test_gpu() else {
+    let Some(gpu) = skip::gpu() else {
         return;
     };
     let text = std::fs::read_to_string(workspace_path(SAMPLE_TEXT)).unwrap();

@@ -8,7 +8,7 @@ use gpu_kernels::params::{SaxpyParams, names};
 use host::gpu::runtime::{dptr, dptr_mut};
 use rand::Rng;
 
-use crate::kernels::random_vec;
+use crate::kernels::{random_vec, skip};
 
 /// The kernel names of `gpu_kernels::params`, read from its source: the
 /// string literals of every `pub const NAME: &str` and `pub const NAMES:
@@ -117,7 +117,7 @@ fn embedded_ptx_has_every_kernel_entry() {
 #[test]
 #[ignore = "needs a GPU"]
 fn saxpy_matches_cpu() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let n = 1_000_003usize;
     let mut rng = crate::seed::rng();
     let (x, y) = (random_vec(n, 1.0), random_vec(n, 1.0));

@@ -15,6 +15,8 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use sample_stats::{assert_fits, exact_probs, random_logits, row, test_rng};
 
+use crate::kernels::skip;
+
 /// What no kernel ever writes as an id (`v <= 2^31`).
 const POISON: u32 = u32::MAX;
 /// GPT-2's vocabulary and its padded row length.
@@ -145,7 +147,7 @@ fn padded_rows(rng: &mut StdRng, n: usize, v: usize, stride: usize) -> Vec<f32> 
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_matches_twin_token_for_token() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let mut rng = test_rng("gpu_matches_twin_token_for_token");
     for &(n, v, stride) in &[
         (48, GPT2_V, GPT2_VP),
@@ -174,7 +176,7 @@ fn gpu_matches_twin_token_for_token() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_draws_follow_the_exact_distribution() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let mut rng = test_rng("gpu_draws_follow_the_exact_distribution");
     // (v, logit sd, rows = draws, settings)
     let mut cases: Vec<(usize, f32, usize, f32, u32, f32)> = Vec::new();
@@ -215,7 +217,7 @@ fn gpu_draws_follow_the_exact_distribution() {
 #[test]
 #[ignore = "needs a GPU"]
 fn same_seed_and_counter_give_the_same_ids() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let mut rng = test_rng("same_seed_and_counter_give_the_same_ids");
     let (n, v) = (64, GPT2_V);
     let logits = random_logits(&mut rng, v, 1.0);
@@ -243,7 +245,7 @@ fn same_seed_and_counter_give_the_same_ids() {
 #[test]
 #[ignore = "needs a GPU"]
 fn greedy_and_sampled_rows_mix_in_one_launch() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let mut rng = test_rng("greedy_and_sampled_rows_mix_in_one_launch");
     let (n, v, stride) = (64, GPT2_V, GPT2_VP);
     let logits = padded_rows(&mut rng, n, v, stride);
@@ -277,7 +279,7 @@ fn greedy_and_sampled_rows_mix_in_one_launch() {
 #[test]
 #[ignore = "needs a GPU"]
 fn edge_cases_match_the_twin() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let mut rng = test_rng("edge_cases_match_the_twin");
     let settings = [
         row(1.0, 0, 1.0, 11),
@@ -377,7 +379,7 @@ fn edge_cases_match_the_twin() {
 #[test]
 #[ignore = "needs a GPU"]
 fn wrapper_rejects_bad_arguments() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let logits = gpu.upload(&[0f32; 100]).unwrap();
     let rows = gpu.upload(&[DeviceSampleRow(row(1.0, 0, 1.0, 1)); 2]).unwrap();
     let short = gpu.upload(&[0u32]).unwrap();
