@@ -15,6 +15,7 @@ mod device;
 mod flash_attention;
 mod forward;
 mod kernels;
+mod matmul_bf16;
 mod matmul_small;
 mod matmul_tf32;
 mod perplexity;

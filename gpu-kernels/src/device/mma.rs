@@ -1,4 +1,4 @@
-//! Tensor cores (TF32 `mma.sync`) and asynchronous copies (`cp.async`).
+//! Tensor cores (TF32 and bf16 `mma.sync`) and asynchronous copies (`cp.async`).
 //!
 //! Fragment layout of `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`
 //! (PTX ISA), with `g = lane / 4` and `t = lane % 4`:
@@ -8,6 +8,13 @@
 //!
 //! GPT-2's linear weights are stored (out, in), so `W[n][k]` is exactly the
 //! "col" B operand of `out = inp · Wᵀ`.
+//!
+//! Fragment layout of `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`:
+//! each A/B register holds two bf16 of consecutive k, the lower k in the
+//! lower 16 bits (as two consecutive bf16 of a K-contiguous row load):
+//! - A (16x16): a0 = A[g][2t..2t+2], a1 = A[g+8][2t..2t+2], a2 = A[g][2t+8..2t+10], a3 = A[g+8][2t+8..2t+10]
+//! - B (16x8, "col"): b0 = B[2t..2t+2][g], b1 = B[2t+8..2t+10][g]
+//! - C/D: as for m16n8k8 above.
 
 use core::arch::asm;
 
@@ -97,4 +104,44 @@ pub fn cp_async_commit() {
 pub fn cp_async_wait_group<const N: u32>() {
     // SAFETY: waiting has no preconditions.
     unsafe { asm!("cp.async.wait_group {n};", n = const N) }
+}
+
+/// Two f32 rounded to bf16 (to nearest, ties to even) and packed as one
+/// `mma` bf16 register: `lo` in bits 0..16 (the lower k, i.e. the element at
+/// the lower address of a K-contiguous row), `hi` in bits 16..32.
+#[inline(always)]
+pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    // SAFETY: a register-only conversion (sm_80+). `cvt.rn.bf16x2.f32 d, a, b`
+    // puts `a` in the upper half of `d`, `b` in the lower.
+    unsafe {
+        asm!(
+            "cvt.rn.bf16x2.f32 {r}, {hi}, {lo};",
+            r = out(reg32) r, hi = in(reg32) hi, lo = in(reg32) lo,
+            options(pure, nomem, nostack),
+        )
+    }
+    r
+}
+
+/// D = A·B + C on one 16x8x16 tile, bf16 inputs (two per register, see
+/// the module docs), f32 accumulate. Every lane of the warp must call it
+/// together.
+#[inline(always)]
+pub fn mma_m16n8k16_bf16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let mut d = [0f32; 4];
+    // SAFETY: register-only warp-wide instruction; all lanes participate
+    // (sm_80+; the crate's PTX targets sm_80 or later).
+    unsafe {
+        asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{c0}, {c1}, {c2}, {c3}}};",
+            d0 = out(reg32) d[0], d1 = out(reg32) d[1], d2 = out(reg32) d[2], d3 = out(reg32) d[3],
+            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+            b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+            c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+            // Registers only; not `pure`, so it is never speculated into divergent code.
+            options(nomem, nostack),
+        );
+    }
+    d
 }

@@ -41,3 +41,5 @@ pub mod softmax;
 pub mod vec4;
 // GPU sampling (the rule is in `params::sample`).
 pub mod sample;
+// Issue 14: bf16.
+pub mod matmul_bf16;

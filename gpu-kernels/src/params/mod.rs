@@ -47,3 +47,5 @@ pub mod softmax;
 // counter-based generator both draw from (host and device).
 pub mod philox;
 pub mod sample;
+// Issue 14: bf16.
+pub mod matmul_bf16;

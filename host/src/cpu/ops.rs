@@ -325,3 +325,44 @@ pub fn softmax_forward(probs: &mut [f32], logits: &[f32], n: usize, v: usize, vp
             p[v..].fill(0.0);
         });
 }
+
+/// `out[n, oc] = round_bf16(inp[n, c]) · weight[oc, c]ᵀ (+ bias[oc])`, then
+/// GELU if `gelu`: the CPU twin of the bf16 tensor-core matmul. Each input
+/// is rounded to the nearest bf16, ties to even (`half::bf16::from_f32`, as
+/// the kernel's `cvt.rn.bf16x2`); a product of two bf16 is exact, and unlike
+/// the f32 ops above the sum is taken in f64 (with the bias) and rounded
+/// once, so the kernel's only freedom, its f32 summation, is all that the
+/// two differ by. GELU is [`gelu_forward`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_bf16(
+    out: &mut [f32],
+    inp: &[f32],
+    weight: &[half::bf16],
+    bias: Option<&[f32]>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+) {
+    assert!(out.len() >= n * oc && inp.len() >= n * c && weight.len() >= oc * c);
+    if let Some(bias) = bias {
+        assert!(bias.len() >= oc);
+    }
+    let rounded: Vec<f64> = inp[..n * c].iter().map(|&x| half::bf16::from_f32(x).to_f64()).collect();
+    let weight: Vec<f64> = weight[..oc * c].iter().map(|w| w.to_f64()).collect();
+    out[..n * oc]
+        .par_chunks_mut(oc.max(1))
+        .enumerate()
+        .for_each(|(r, row)| {
+            let a = &rounded[r * c..(r + 1) * c];
+            for (o, y) in row.iter_mut().enumerate() {
+                let w = &weight[o * c..(o + 1) * c];
+                let dot: f64 = a.iter().zip(w).map(|(a, w)| a * w).sum();
+                *y = (dot + bias.map_or(0.0, |b| b[o] as f64)) as f32;
+            }
+        });
+    if gelu {
+        let pre = out[..n * oc].to_vec();
+        gelu_forward(out, &pre, n * oc);
+    }
+}

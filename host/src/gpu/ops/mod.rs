@@ -17,3 +17,5 @@ pub mod residual;
 pub mod softmax;
 // GPU sampling (twin: `cpu::sample`).
 pub mod sample;
+// Issue 14: bf16.
+pub mod matmul_bf16;

@@ -1,0 +1,337 @@
+//! `matmul_forward_bf16` against its CPU twin `cpu::ops::matmul_forward_bf16`.
+//!
+//! Tolerance: both sides multiply the same bf16 values (`inp` rounded to
+//! nearest even, the weights as stored), and the product of two bf16 (8-bit
+//! significands) is exact in f32, so the two differ only in how they sum:
+//! the twin in f64, rounded once; the kernel in f32, in `S = C/16` mma steps
+//! per output, each adding 16 exact products to the accumulator. Tensor
+//! cores may truncate rather than round in those additions, so take every
+//! step to err by up to 2 ulp of its partial sum (2^-22 relative), all of
+//! them the same way. With |a|, |w| ≤ 1 random, the partial sum after step
+//! s is about `sqrt(16s)/3` (one standard deviation), at most 5x that over
+//! all outputs. Summed over the steps, the error is then at most about
+//! `2^-22 · 5 · (4/3) · (2/3) · S^1.5`: 3.5e-4 for C = 768 and 2.8e-3 for
+//! C = 3072, i.e. 1.3e-5 and 5.1e-5 of `scale = sqrt(C) · max|a| · max|w|`
+//! (the size of the outputs); with one-sigma partial sums (the RMS) a fifth
+//! of that, 1.0e-5 scale at C = 3072. The bounds, max abs error ≤ 1e-4 ·
+//! scale and RMSE ≤ 2e-5 · scale, are twice those pessimistic estimates,
+//! and far below the signature of wrong operand rounding: truncating `inp`
+//! instead of rounding it to nearest shifts the outputs by about 1.2e-3 ·
+//! scale (RMS), 60 times the RMSE bound. GELU (both sides' tanh formula,
+//! within about 1e-7 · |x| of each other) and the f32 bias add (half an ulp)
+//! add nothing visible at that scale.
+//!
+//! `matmul_bf16_selects_and_rounds_exactly` needs no tolerance: with one-hot
+//! weight rows each output is one rounded input, bit for bit.
+//!
+//! The measured errors are printed (run with `--nocapture`).
+
+use cudarc::driver::CudaSlice;
+use gpu_kernels::params::matmul_bf16::{Bf16TileShape, MATMUL_BF16_VARIANTS};
+use half::bf16;
+use host::cpu::ops::{gelu_forward, matmul_forward_bf16 as cpu_matmul_forward_bf16};
+use host::gpu::Gpu;
+use host::gpu::ops::args::OpError;
+use host::gpu::ops::matmul_bf16::{bf16_blocks, choose_tile, matmul_forward_bf16, matmul_forward_bf16_with};
+use rand::Rng;
+
+const MAX_ABS_PER_SCALE: f64 = 1e-4;
+const RMSE_PER_SCALE: f64 = 2e-5;
+
+fn random(n: usize, rng: &mut impl Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+fn to_bf16(x: &[f32]) -> Vec<bf16> {
+    x.iter().map(|&v| bf16::from_f32(v)).collect()
+}
+
+/// Max abs error and RMSE of `got` against `want`; fails on a non-finite element.
+fn errors(got: &[f32], want: &[f32], oc: usize, what: &str) -> (f64, f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let (mut max_abs, mut sq) = (0f64, 0f64);
+    for (i, (&g, &r)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.is_finite(),
+            "{what}: element {i} (row {}, col {}) is {g}",
+            i / oc,
+            i % oc
+        );
+        let e = (g as f64 - r as f64).abs();
+        max_abs = max_abs.max(e);
+        sq += e * e;
+    }
+    (max_abs, (sq / got.len().max(1) as f64).sqrt())
+}
+
+/// One GEMM's random operands, on the host and on the device, and the CPU
+/// twin's result for it.
+struct Case {
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+    d_inp: CudaSlice<f32>,
+    d_w: CudaSlice<bf16>,
+    d_b: Option<CudaSlice<f32>>,
+    want: Vec<f32>,
+    scale: f64,
+}
+
+impl Case {
+    fn new(gpu: &Gpu, n: usize, c: usize, oc: usize, bias: bool, gelu: bool) -> Case {
+        let mut rng = crate::seed::rng();
+        let inp = random(n * c, &mut rng);
+        let w = to_bf16(&random(oc * c, &mut rng));
+        let b = bias.then(|| random(oc, &mut rng));
+        let mut want = vec![f32::NAN; n * oc];
+        cpu_matmul_forward_bf16(&mut want, &inp, &w, b.as_deref(), n, c, oc, gelu);
+        let amax = inp.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        let wmax = w.iter().fold(0f32, |m, v| m.max(v.to_f32().abs())) as f64;
+        Case {
+            n,
+            c,
+            oc,
+            gelu,
+            d_inp: gpu.upload(&inp).unwrap(),
+            d_w: gpu.upload(&w).unwrap(),
+            d_b: b.map(|b| gpu.upload(&b).unwrap()),
+            want,
+            scale: (c as f64).sqrt() * amax * wmax,
+        }
+    }
+
+    /// Runs the case with `shape` (or the chosen tile) on an output poisoned
+    /// with NaN and checks every element against the twin.
+    fn check(&self, gpu: &Gpu, shape: Option<&Bf16TileShape>) {
+        let (n, c, oc) = (self.n, self.c, self.oc);
+        let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
+        let bias = self.d_b.as_ref();
+        match shape {
+            Some(s) => {
+                matmul_forward_bf16_with(gpu, s, &mut d_out, &self.d_inp, &self.d_w, bias, n, c, oc, self.gelu).unwrap()
+            }
+            None => matmul_forward_bf16(gpu, &mut d_out, &self.d_inp, &self.d_w, bias, n, c, oc, self.gelu).unwrap(),
+        }
+        let got = gpu.download(&d_out).unwrap();
+        let name = shape.map_or("auto", |s| s.name);
+        let (max_abs, rmse) = errors(&got, &self.want, oc, &format!("{name} n={n} c={c} oc={oc}"));
+        let scale = self.scale;
+        eprintln!(
+            "matmul_bf16 {name:28} n={n:4} c={c:5} oc={oc:5} bias={:5} gelu={:5}: max abs {max_abs:.3e} ({:.2e} scale), RMSE {rmse:.3e} ({:.2e} scale)",
+            bias.is_some(),
+            self.gelu,
+            max_abs / scale,
+            rmse / scale
+        );
+        assert!(
+            max_abs <= MAX_ABS_PER_SCALE * scale,
+            "{name}: max abs error {max_abs} > {} (n={n} c={c} oc={oc})",
+            MAX_ABS_PER_SCALE * scale
+        );
+        assert!(
+            rmse <= RMSE_PER_SCALE * scale,
+            "{name}: RMSE {rmse} > {} (n={n} c={c} oc={oc})",
+            RMSE_PER_SCALE * scale
+        );
+    }
+}
+
+/// The CPU twin on a case small enough to do by hand, with inputs that
+/// exercise bf16's round-to-nearest-even (bf16 keeps 8 significant bits, so
+/// between 1 and 2 its spacing is 2^-7):
+/// - 1 + 2^-8 is a tie between 1 and 1 + 2^-7: to the even one, 1;
+/// - 1 + 3·2^-8 is a tie between 1 + 2^-7 and 1 + 2^-6: to 1 + 2^-6;
+/// - 1 + 2^-8 + 2^-12 is past the tie: up to 1 + 2^-7;
+/// - 0.5 and -2 are exact.
+#[test]
+fn matmul_bf16_cpu_twin_hand_computed() {
+    let h = 2f32.powi(-8);
+    // n = 2 rows of c = 3.
+    let inp = [1.0 + h, 1.0 + 3.0 * h, 0.5, 1.0 + h + h / 16.0, -2.0, 1.0];
+    let rounded = [1.0, 1.0 + 4.0 * h, 0.5, 1.0 + 2.0 * h, -2.0, 1.0];
+    // oc = 2 weight rows (exact in bf16).
+    let w = to_bf16(&[1.0, 2.0, 4.0, 0.25, -1.0, 0.5]);
+    let bias = [0.5, -1.0];
+    let (n, c, oc) = (2, 3, 2);
+    // out[r][o] = Σ_k rounded[r][k] · w[o][k] + bias[o], by hand:
+    let want = [
+        1.0 + 2.0 * (1.0 + 4.0 * h) + 4.0 * 0.5 + 0.5,
+        0.25 - (1.0 + 4.0 * h) + 0.5 * 0.5 - 1.0,
+        (1.0 + 2.0 * h) + 2.0 * -2.0 + 4.0 * 1.0 + 0.5,
+        0.25 * (1.0 + 2.0 * h) - -2.0 + 0.5 * 1.0 - 1.0,
+    ];
+    for (x, r) in inp.iter().zip(&rounded) {
+        assert_eq!(bf16::from_f32(*x).to_f32(), *r, "bf16 rounding of {x}");
+    }
+    let mut out = [f32::NAN; 4];
+    cpu_matmul_forward_bf16(&mut out, &inp, &w, Some(&bias[..]), n, c, oc, false);
+    assert_eq!(out, want);
+
+    // Without bias: the same minus the bias.
+    cpu_matmul_forward_bf16(&mut out, &inp, &w, None, n, c, oc, false);
+    let no_bias: Vec<f32> = want.iter().enumerate().map(|(i, v)| v - bias[i % oc]).collect();
+    assert_eq!(out.to_vec(), no_bias);
+
+    // With GELU: the CPU GELU of each of those values.
+    cpu_matmul_forward_bf16(&mut out, &inp, &w, Some(&bias[..]), n, c, oc, true);
+    let mut gelu_want = [0f32; 4];
+    gelu_forward(&mut gelu_want, &want, 4);
+    assert_eq!(out, gelu_want);
+    // GELU(x) ≈ x for large x, ≈ 0 for very negative x; GELU(0) = 0.
+    assert!((out[0] - want[0]).abs() < 1e-3 && out[0] > 5.0);
+
+    // A row of zeros with a zero bias gives exactly GELU(0) = 0.
+    let mut z = [f32::NAN; 2];
+    cpu_matmul_forward_bf16(&mut z, &[0.0; 3], &w, Some(&[0.0, 0.0][..]), 1, c, oc, true);
+    assert_eq!(z, [0.0, 0.0]);
+}
+
+/// Both embedded modules have every bf16 tile's kernel.
+#[test]
+fn embedded_ptx_has_every_bf16_variant() {
+    let has = |ptx: &str, s: &Bf16TileShape| ptx.contains(&format!(".visible .entry {}(", s.name));
+    for s in &MATMUL_BF16_VARIANTS {
+        assert!(has(gpt2::GPU_KERNELS_PTX, s), "{} missing", s.name);
+        assert!(
+            has(gpt2::GPU_KERNELS_SM90A_PTX, s),
+            "{} missing from the sm_90a module",
+            s.name
+        );
+    }
+}
+
+/// The chooser returns a compiled variant, the big tile wherever it fills
+/// the GPU (no GPU needed).
+#[test]
+fn matmul_bf16_chooser_choices() {
+    const SMS: usize = 132;
+    for n in [1, 7, 64, 200, 1024, 8192] {
+        for oc in [768, 2304, 3072, 50304] {
+            let s = choose_tile(n, oc, SMS);
+            assert!(MATMUL_BF16_VARIANTS.contains(&s));
+            let big = MATMUL_BF16_VARIANTS[0];
+            assert_eq!(s == big, bf16_blocks(&big, n, oc) >= SMS, "n={n} oc={oc}: {}", s.name);
+            eprintln!("n={n:5} oc={oc:6}: {:28} {:6} blocks", s.name, bf16_blocks(&s, n, oc));
+        }
+    }
+}
+
+/// GPT-2's matmuls (qkv: 768 -> 2304, fc projection: 3072 -> 768) at a few
+/// token counts, through the tile chooser and with every tile.
+#[test]
+#[ignore = "needs a GPU"]
+fn matmul_bf16_gpt2_shapes() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    for n in [1, 7, 64, 200] {
+        for (c, oc, gelu) in [(768, 2304, false), (3072, 768, false), (768, 3072, true)] {
+            let case = Case::new(&gpu, n, c, oc, true, gelu);
+            case.check(&gpu, None);
+            for s in &MATMUL_BF16_VARIANTS {
+                case.check(&gpu, Some(s));
+            }
+        }
+    }
+}
+
+/// Edges everywhere, with every tile: n and oc not multiples of any tile
+/// (oc odd or 2 mod 4: the epilogue's scalar stores), c a multiple of 8 but
+/// not of BK = 32 (a partial last k-tile) or smaller than it; bias and GELU
+/// on and off.
+#[test]
+#[ignore = "needs a GPU"]
+fn matmul_bf16_awkward_shapes_every_variant() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let cases = [
+        (77, 768, 50, true, false),
+        (77, 768, 50, false, true),
+        (1, 8, 1, true, true),
+        (129, 40, 130, false, false),
+        (65, 24, 67, true, false),
+        (200, 776, 129, true, true),
+        (3, 3072, 769, false, false),
+    ];
+    for (n, c, oc, bias, gelu) in cases {
+        let case = Case::new(&gpu, n, c, oc, bias, gelu);
+        for s in &MATMUL_BF16_VARIANTS {
+            case.check(&gpu, Some(s));
+        }
+    }
+}
+
+/// One-hot weight rows (`w[o][k_o] = 1`, random `k_o`) make each output a
+/// single rounded input, `out[r][o] = bf16(inp[r][k_o])`, exactly whatever
+/// the summation order: a wrong fragment layout or k order, a wrong row or
+/// column mapping, or a rounding other than to nearest even shows as a
+/// mismatch. The inputs include exact ties of both parities and signs.
+#[test]
+#[ignore = "needs a GPU"]
+fn matmul_bf16_selects_and_rounds_exactly() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let mut rng = crate::seed::rng();
+    let h = 2f32.powi(-8);
+    let ties = [
+        1.0 + h,
+        1.0 + 3.0 * h,
+        -(1.0 + h),
+        -(1.0 + 3.0 * h),
+        0.75 + h / 2.0,
+        3.0 + 2.0 * h,
+    ];
+    for (n, c, oc) in [(3, 40, 50), (130, 64, 136), (17, 776, 33)] {
+        let mut inp = random(n * c, &mut rng);
+        for (i, t) in ties.iter().enumerate() {
+            inp[(i * 7) % (n * c)] = *t;
+        }
+        let picks: Vec<usize> = (0..oc).map(|_| rng.random_range(0..c)).collect();
+        let mut w = vec![bf16::ZERO; oc * c];
+        for (o, &k) in picks.iter().enumerate() {
+            w[o * c + k] = bf16::ONE;
+        }
+        let d_inp = gpu.upload(&inp).unwrap();
+        let d_w = gpu.upload(&w).unwrap();
+        for s in &MATMUL_BF16_VARIANTS {
+            let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
+            matmul_forward_bf16_with(&gpu, s, &mut d_out, &d_inp, &d_w, None, n, c, oc, false).unwrap();
+            let got = gpu.download(&d_out).unwrap();
+            for r in 0..n {
+                for (o, &k) in picks.iter().enumerate() {
+                    let x = inp[r * c + k];
+                    let want = bf16::from_f32(x).to_f32();
+                    assert_eq!(
+                        got[r * oc + o].to_bits(),
+                        want.to_bits(),
+                        "{} n={n} c={c} oc={oc}: out[{r}][{o}] = {} but bf16({x}) = {want}",
+                        s.name,
+                        got[r * oc + o]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A `c` that is not a multiple of 8 is refused before any launch: the
+/// poisoned output stays untouched.
+#[test]
+#[ignore = "needs a GPU"]
+fn matmul_bf16_rejects_c_not_multiple_of_8() {
+    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let mut rng = crate::seed::rng();
+    for (n, c, oc) in [(2, 12, 3), (4, 36, 8), (1, 770, 5)] {
+        let inp = gpu.upload(&random(n * c, &mut rng)).unwrap();
+        let w = gpu.upload(&to_bf16(&random(oc * c, &mut rng))).unwrap();
+        let mut out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
+        for s in &MATMUL_BF16_VARIANTS {
+            let r = matmul_forward_bf16_with(&gpu, s, &mut out, &inp, &w, None, n, c, oc, false);
+            assert!(matches!(r, Err(OpError::Shape { .. })), "c = {c}: {r:?}");
+        }
+        let r = matmul_forward_bf16(&gpu, &mut out, &inp, &w, None, n, c, oc, false);
+        assert!(matches!(r, Err(OpError::Shape { .. })), "c = {c}: {r:?}");
+        gpu.synchronize().unwrap();
+        assert!(
+            gpu.download(&out).unwrap().iter().all(|v| v.is_nan()),
+            "c = {c}: output written"
+        );
+    }
+}
