@@ -35,6 +35,8 @@ use host::gpu::ops::args::OpError;
 use host::gpu::ops::matmul_bf16::{bf16_blocks, choose_tile, matmul_forward_bf16, matmul_forward_bf16_with};
 use rand::Rng;
 
+use crate::kernels::skip;
+
 const MAX_ABS_PER_SCALE: f64 = 1e-4;
 const RMSE_PER_SCALE: f64 = 2e-5;
 
@@ -222,7 +224,7 @@ fn matmul_bf16_chooser_choices() {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_bf16_gpt2_shapes() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     for n in [1, 7, 64, 200] {
         for (c, oc, gelu) in [(768, 2304, false), (3072, 768, false), (768, 3072, true)] {
             let case = Case::new(&gpu, n, c, oc, true, gelu);
@@ -241,7 +243,7 @@ fn matmul_bf16_gpt2_shapes() {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_bf16_awkward_shapes_every_variant() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let cases = [
         (77, 768, 50, true, false),
         (77, 768, 50, false, true),
@@ -267,7 +269,7 @@ fn matmul_bf16_awkward_shapes_every_variant() {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_bf16_selects_and_rounds_exactly() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let mut rng = crate::seed::rng();
     let h = 2f32.powi(-8);
     let ties = [
@@ -316,7 +318,7 @@ fn matmul_bf16_selects_and_rounds_exactly() {
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_bf16_rejects_c_not_multiple_of_8() {
-    let Some(gpu) = host::gpu::test_gpu() else { return };
+    let Some(gpu) = skip::gpu() else { return };
     let mut rng = crate::seed::rng();
     for (n, c, oc) in [(2, 12, 3), (4, 36, 8), (1, 770, 5)] {
         let inp = gpu.upload(&random(n * c, &mut rng)).unwrap();
