@@ -40,6 +40,9 @@ pub enum PrecisionArg {
     Fp32,
     /// TF32 tensor cores for the matmuls (faster, ~1e-3 relative error).
     Tf32,
+    /// Weights stored in bf16 on the GPU (half the memory and the bytes per
+    /// token), bf16 tensor cores for prefill; activations stay f32.
+    Bf16,
 }
 
 impl From<PrecisionArg> for Precision {
@@ -47,6 +50,7 @@ impl From<PrecisionArg> for Precision {
         match arg {
             PrecisionArg::Fp32 => Precision::Fp32,
             PrecisionArg::Tf32 => Precision::Tf32,
+            PrecisionArg::Bf16 => Precision::Bf16,
         }
     }
 }

@@ -10,6 +10,7 @@
 #[path = "../common/seed.rs"]
 mod seed;
 
+mod bf16;
 mod decode;
 mod device;
 mod flash_attention;

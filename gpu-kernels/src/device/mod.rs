@@ -4,6 +4,7 @@
 //! `core::arch::nvptx` lacks are written as inline PTX. Each `unsafe fn`
 //! states the contract its caller must keep.
 
+pub mod bf16;
 pub mod index;
 pub mod math;
 pub mod mma;
@@ -15,6 +16,7 @@ pub mod warp;
 pub mod wgmma;
 
 // Flat access (`device::warp_reduce_sum`) as well as by module.
+pub use bf16::*;
 pub use index::*;
 pub use math::*;
 pub use mma::*;

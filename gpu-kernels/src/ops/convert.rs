@@ -1,5 +1,6 @@
-//! Checkpoint bytes to f32 (out, in) on the device.
+//! Checkpoint bytes to f32 or bf16 (out, in) on the device.
 
+use crate::device::bf16::{bf16_to_f32, f32_to_bf16};
 use crate::device::mma::to_tf32;
 use crate::device::{global_idx_x, grid_stride_x};
 use crate::params::convert::{CONVERT_DTYPE_BF16, CONVERT_DTYPE_F16, ConvertParams, RoundTf32Params};
@@ -14,6 +15,26 @@ fn f16_to_f32(bits: u16) -> f32 {
     r
 }
 
+/// Element `idx` of the logical `rows x cols` tensor `p.inp` (read from
+/// where it is stored, transposed or not), as f32.
+///
+/// # Safety
+/// `idx < rows * cols`; `inp` holds `rows * cols` elements of `dtype`,
+/// aligned to the element size.
+#[inline(always)]
+unsafe fn read_element<O>(p: &ConvertParams<O>, idx: u32) -> f32 {
+    let (o, i) = (idx / p.cols, idx % p.cols);
+    let src = if p.transposed != 0 { i * p.rows + o } else { idx } as usize;
+    // SAFETY: src < rows*cols, the caller promises size and alignment.
+    unsafe {
+        match p.dtype {
+            CONVERT_DTYPE_BF16 => bf16_to_f32(*(p.inp as *const u16).add(src)),
+            CONVERT_DTYPE_F16 => f16_to_f32(*(p.inp as *const u16).add(src)),
+            _ => *(p.inp as *const f32).add(src),
+        }
+    }
+}
+
 /// One output element per thread: read element `(o, i)` from where it is
 /// stored (transposed or not), convert, write it at `o * cols + i`.
 /// Transposed reads are strided; this runs once per weight at load time.
@@ -22,21 +43,28 @@ fn f16_to_f32(bits: u16) -> f32 {
 /// `inp` holds `rows * cols` elements of `dtype`, aligned to the element
 /// size; `out` holds `rows * cols` floats.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn convert_to_f32(p: ConvertParams) {
+pub unsafe extern "ptx-kernel" fn convert_to_f32(p: ConvertParams<f32>) {
     let total = p.rows * p.cols;
     let mut idx = global_idx_x();
     while idx < total {
-        let (o, i) = (idx / p.cols, idx % p.cols);
-        let src = if p.transposed != 0 { i * p.rows + o } else { idx } as usize;
-        // SAFETY: src < rows*cols, the caller promises size and alignment.
-        unsafe {
-            let v = match p.dtype {
-                CONVERT_DTYPE_BF16 => f32::from_bits((*(p.inp as *const u16).add(src) as u32) << 16),
-                CONVERT_DTYPE_F16 => f16_to_f32(*(p.inp as *const u16).add(src)),
-                _ => *(p.inp as *const f32).add(src),
-            };
-            *p.out.add(idx as usize) = v;
-        }
+        // SAFETY: idx < rows*cols; the caller's contract.
+        unsafe { *p.out.add(idx as usize) = read_element(&p, idx) };
+        idx += grid_stride_x();
+    }
+}
+
+/// [`convert_to_f32`] with bf16 out, rounded to nearest even (a bf16 input
+/// passes through exactly).
+///
+/// # Safety
+/// As [`convert_to_f32`]; `out` holds `rows * cols` bf16 values.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn convert_to_bf16(p: ConvertParams<u16>) {
+    let total = p.rows * p.cols;
+    let mut idx = global_idx_x();
+    while idx < total {
+        // SAFETY: idx < rows*cols; the caller's contract.
+        unsafe { *p.out.add(idx as usize) = f32_to_bf16(read_element(&p, idx)) };
         idx += grid_stride_x();
     }
 }

@@ -20,6 +20,7 @@
 use super::flash_attention::{decode_query, key_lanes_sum, key_score_part, merge_state, softmax_base};
 use super::gelu::gelu;
 use super::vec4::{VEC, load4, store4};
+use super::weight::Weight;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::{shfl_xor_f32, warp_reduce_sum, warp_reduce_sum_many};
@@ -33,14 +34,20 @@ use crate::params::layernorm::LAYERNORM_EPS;
 
 const ROWS: usize = DECODE_MAX_ROWS as usize;
 const LOADS: usize = DECODE_GEMV_LOADS as usize;
-const CHUNK: usize = DECODE_GEMV_CHUNK as usize;
 const LANES: usize = WARP_SIZE as usize;
-const _: () = assert!(CHUNK == LANES * LOADS * VEC);
+const _: () = assert!(DECODE_GEMV_CHUNK as usize == LANES * LOADS * <f32 as Weight>::PER_LOAD);
+const _: () = assert!(DECODE_GEMV_CHUNK_BF16 as usize == LANES * LOADS * <u16 as Weight>::PER_LOAD);
 
-/// One chunk of a weight row: lane `l` holds floats `k0 + (j*32 + l)*4 ..+4`
-/// for `j < LOADS`, so each load instruction of a warp reads 512
-/// consecutive bytes.
-type Chunk = [[f32; VEC]; LOADS];
+/// Elements of a weight row one warp covers (`DECODE_GEMV_CHUNK` for f32,
+/// `DECODE_GEMV_CHUNK_BF16` for bf16): 16 bytes per lane per load.
+const fn chunk_elems<W: Weight>() -> usize {
+    LANES * LOADS * W::PER_LOAD
+}
+
+/// One chunk of a weight row, raw: lane `l` holds the 16 bytes at element
+/// `k0 + (j*32 + l) * PER_LOAD` for `j < LOADS`, so each load instruction of
+/// a warp reads 512 consecutive bytes.
+type Chunk = [[u32; 4]; LOADS];
 
 /// Ask L2 for this block's share (`block` of `blocks`) of every range.
 ///
@@ -56,19 +63,19 @@ unsafe fn prefetch_ranges(ranges: &[PrefetchRange; DECODE_PREFETCH_RANGES], bloc
     }
 }
 
-/// Load the chunk of `row` (a weight row of `c` floats) that starts at `k0`;
-/// floats at or past `c` read as 0 (never from memory).
+/// Load the chunk of `row` (a weight row of `c` elements) that starts at
+/// `k0`; elements at or past `c` are never read (their slots stay 0).
 ///
 /// # Safety
-/// `row` holds `c` floats and is 16-byte aligned; `c % 4 == 0`.
+/// `row` holds `c` elements and is 16-byte aligned; `c % W::PER_LOAD == 0`.
 #[inline(always)]
-unsafe fn load_chunk(row: *const f32, k0: usize, c: usize, lane: usize) -> Chunk {
-    let mut w = [[0.0f32; VEC]; LOADS];
+unsafe fn load_chunk<W: Weight>(row: *const W, k0: usize, c: usize, lane: usize) -> Chunk {
+    let mut w = [[0u32; 4]; LOADS];
     unroll_below!(j < LOADS => {
-        let k = k0 + (j * LANES + lane) * VEC;
+        let k = k0 + (j * LANES + lane) * W::PER_LOAD;
         if k < c {
-            // SAFETY: k + 4 <= c (c % 4 == 0), aligned.
-            w[j] = unsafe { load4(row.add(k)) };
+            // SAFETY: k + PER_LOAD <= c, aligned.
+            w[j] = unsafe { W::load_raw(row, k) };
         }
     });
     w
@@ -78,9 +85,10 @@ unsafe fn load_chunk(row: *const f32, k0: usize, c: usize, lane: usize) -> Chunk
 /// rows `r < n` of the staged input `xs` (`[n][c]` in shared memory).
 ///
 /// # Safety
-/// `xs` holds `n * c` floats, 16-byte aligned; `c % 4 == 0`; `n <= R`.
+/// `xs` holds `n * c` floats, 16-byte aligned; `c % W::PER_LOAD == 0`;
+/// `n <= R`.
 #[inline(always)]
-unsafe fn dot_chunk<const R: usize>(
+unsafe fn dot_chunk<W: Weight, const R: usize>(
     acc: &mut [f32; R],
     w: &Chunk,
     xs: *const f32,
@@ -90,14 +98,22 @@ unsafe fn dot_chunk<const R: usize>(
     lane: usize,
 ) {
     unroll_below!(j < LOADS => {
-        let k = k0 + (j * LANES + lane) * VEC;
+        let k = k0 + (j * LANES + lane) * W::PER_LOAD;
         if k < c {
-            let wj = w[j];
+            let wj = &w[j];
             unroll_below!(r < R => {
                 if r < n {
-                    // SAFETY: r < n, k + 4 <= c.
-                    let x = unsafe { load4(xs.add(r * c + k)) };
-                    acc[r] = fma(x[0], wj[0], fma(x[1], wj[1], fma(x[2], wj[2], fma(x[3], wj[3], acc[r]))));
+                    // Four elements per 16-byte read of the staged row.
+                    unroll_below!(q < W::PER_LOAD / VEC => {
+                        // SAFETY: r < n, k + PER_LOAD <= c.
+                        let x = unsafe { load4(xs.add(r * c + k + q * VEC)) };
+                        let e = q * VEC;
+                        acc[r] = fma(
+                            x[0],
+                            W::value(wj, e),
+                            fma(x[1], W::value(wj, e + 1), fma(x[2], W::value(wj, e + 2), fma(x[3], W::value(wj, e + 3), acc[r]))),
+                        );
+                    });
                 }
             });
         }
@@ -119,7 +135,7 @@ const _: () = assert!(STAGE_BATCH <= crate::ops::UNROLL_MAX);
 /// # Safety
 /// `params::decode::DecodeGemvParams`' contract; `xs` holds `n * c` floats.
 #[inline(always)]
-unsafe fn stage_rows(p: &DecodeGemvParams, xs: *mut f32, n: usize, c: usize) {
+unsafe fn stage_rows<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, n: usize, c: usize) {
     let c4 = c / VEC;
     let total = n * c4;
     let stride = block_dim_x() as usize;
@@ -137,7 +153,7 @@ unsafe fn stage_rows(p: &DecodeGemvParams, xs: *mut f32, n: usize, c: usize) {
                     if embed {
                         let tok = (*p.tokens.add(r)).min(p.vocab - 1) as usize;
                         let pos = (*p.pos.add(r)).min(p.max_pos - 1) as usize;
-                        let (a, b) = (load4(p.wte.add(tok * c + k)), load4(p.wpe.add(pos * c + k)));
+                        let (a, b) = (W::load4_f32(p.wte, tok * c + k), load4(p.wpe.add(pos * c + k)));
                         [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
                     } else {
                         load4(p.inp.add(r * c + k))
@@ -169,7 +185,7 @@ unsafe fn stage_rows(p: &DecodeGemvParams, xs: *mut f32, n: usize, c: usize) {
 /// # Safety
 /// `ln_weight`/`ln_bias` hold `c` floats (16-byte aligned); `dst` holds `2 * c`.
 #[inline(always)]
-unsafe fn stage_ln_params(p: &DecodeGemvParams, dst: *mut f32, c: usize) {
+unsafe fn stage_ln_params<W>(p: &DecodeGemvParams<W>, dst: *mut f32, c: usize) {
     let mut k = thread_idx_x() as usize * VEC;
     let step = block_dim_x() as usize * VEC;
     while k < c {
@@ -244,7 +260,7 @@ unsafe fn layernorm_rows(xs: *mut f32, lnp: *const f32, stats: *mut f32, n: usiz
 /// # Safety
 /// The params' contract; `r < n`, `col < oc`.
 #[inline(always)]
-unsafe fn store_out(p: &DecodeGemvParams, r: usize, col: usize, v: f32) {
+unsafe fn store_out<W>(p: &DecodeGemvParams<W>, r: usize, col: usize, v: f32) {
     let oc = p.oc as usize;
     unsafe {
         if p.k_cache.is_null() {
@@ -287,7 +303,7 @@ unsafe fn store_out(p: &DecodeGemvParams, r: usize, col: usize, v: f32) {
 /// The params' contract; `scratch` is `DECODE_GEMV_ARGMAX_SMEM_BYTES` of
 /// shared memory, 8-byte aligned; every thread of the block calls this.
 #[inline(always)]
-unsafe fn argmax_finish(p: &DecodeGemvParams, best: (f32, u32), scratch: *mut u32, n: usize) {
+unsafe fn argmax_finish<W>(p: &DecodeGemvParams<W>, best: (f32, u32), scratch: *mut u32, n: usize) {
     let lane = lane_id() as usize;
     let warp = warp_id() as usize;
     let warps = (block_dim_x() / WARP_SIZE) as usize;
@@ -376,7 +392,7 @@ fn better(a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
 /// # Safety
 /// `DecodeGemvParams`' contract, with the launch it describes; `n <= R`.
 #[inline(always)]
-unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
+unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
     if p.early_trigger != 0 {
         launch_dependents();
     }
@@ -385,13 +401,13 @@ unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
     let warp = warp_id() as usize;
     let kw = p.k_warps as usize;
     let groups = (block_dim_x() / WARP_SIZE) as usize / kw;
-    let (group, k0) = (warp / kw, (warp % kw) * CHUNK);
+    let (group, k0) = (warp / kw, (warp % kw) * chunk_elems::<W>());
     let stride = grid_dim_x() as usize * groups;
     let mut base = block_idx_x() as usize * groups;
 
     // Weights only: safe to read before the previous kernel has finished,
     // so under PDL these loads overlap its tail.
-    let mut cur: Chunk = [[0.0; VEC]; LOADS];
+    let mut cur: Chunk = [[0; 4]; LOADS];
     if base + group < oc {
         // SAFETY: column base + group < oc, a row of c floats.
         cur = unsafe { load_chunk(p.weight.add((base + group) * c), k0, c, lane) };
@@ -423,6 +439,17 @@ unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
         unsafe { layernorm_rows(xs, lnp, lnp.add(2 * c), n, c) };
         sync_threads();
     }
+    if W::ROUNDS_INPUT {
+        // The inputs as the bf16 prefill matmul multiplies them (after the
+        // layernorm; the residual stream written above stays f32).
+        let mut i = thread_idx_x() as usize;
+        while i < n * c {
+            // SAFETY: i < n*c staged floats.
+            unsafe { *xs.add(i) = W::round_input(*xs.add(i)) };
+            i += block_dim_x() as usize;
+        }
+        sync_threads();
+    }
 
     let greedy = !p.ids.is_null();
     let mut best = (f32::NEG_INFINITY, u32::MAX);
@@ -432,7 +459,7 @@ unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
         let col = base + group;
         let mut acc = [0.0f32; R];
         if col < oc {
-            unsafe { dot_chunk::<R>(&mut acc, &cur, xs, k0, c, n, lane) };
+            unsafe { dot_chunk::<W, R>(&mut acc, &cur, xs, k0, c, n, lane) };
         }
         // The next column's loads go out before this one's sums and stores.
         let next = col + stride;
@@ -489,22 +516,27 @@ unsafe fn decode_gemv_rows<const R: usize>(p: DecodeGemvParams) {
 }
 
 macro_rules! decode_gemv_entry {
-    ($name:ident, $rows:expr) => {
-        /// [`decode_gemv_rows`] for up to this many rows.
+    ($name:ident, $w:ty, $rows:expr) => {
+        /// [`decode_gemv_rows`] for up to this many rows, weights of this type.
         ///
         /// # Safety
         /// `DecodeGemvParams`' contract, with the launch it describes.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: DecodeGemvParams) {
+        pub unsafe extern "ptx-kernel" fn $name(p: DecodeGemvParams<$w>) {
             // SAFETY: forwarded; the host picks the entry with n <= rows.
-            unsafe { decode_gemv_rows::<{ $rows }>(p) }
+            unsafe { decode_gemv_rows::<$w, { $rows }>(p) }
         }
     };
 }
-decode_gemv_entry!(decode_gemv_1, 1);
-decode_gemv_entry!(decode_gemv_2, 2);
-decode_gemv_entry!(decode_gemv_4, 4);
-decode_gemv_entry!(decode_gemv, ROWS);
+decode_gemv_entry!(decode_gemv_1, f32, 1);
+decode_gemv_entry!(decode_gemv_2, f32, 2);
+decode_gemv_entry!(decode_gemv_4, f32, 4);
+decode_gemv_entry!(decode_gemv, f32, ROWS);
+// bf16 weights (bits in u16), f32 everywhere else.
+decode_gemv_entry!(decode_gemv_bf16_1, u16, 1);
+decode_gemv_entry!(decode_gemv_bf16_2, u16, 2);
+decode_gemv_entry!(decode_gemv_bf16_4, u16, 4);
+decode_gemv_entry!(decode_gemv_bf16, u16, ROWS);
 
 const HS: usize = DECODE_HEAD_SIZE as usize;
 const ATT_LANES: usize = 8;

@@ -1,23 +1,26 @@
 //! Encoder: token embedding plus position embedding.
 
 use super::vec4::{VEC, load4, store4};
+use super::weight::Weight;
 use crate::device::{global_idx_x, grid_stride_x};
 use crate::params::encoder::EncoderParams;
 
 /// Offset of the first channel of token `id`'s embedding, or `None` for an
 /// id past the table (its row becomes NaN rather than an out-of-bounds read).
 #[inline(always)]
-fn wte_row(p: &EncoderParams, id: u32) -> Option<usize> {
+fn wte_row<W>(p: &EncoderParams<W>, id: u32) -> Option<usize> {
     (id < p.wte_rows).then(|| id as usize * p.c as usize)
 }
 
-/// `out[b,t,:] = wte[inp[b,t],:] + wpe[pos0+t,:]`, 4 channels per thread.
+/// `out[b,t,:] = wte[inp[b,t],:] + wpe[pos0+t,:]`, 4 channels per thread,
+/// `wte` of either weight type.
 ///
 /// # Safety
-/// Buffers as documented on [`EncoderParams`]; `c % 4 == 0` and every
-/// pointer 16-byte aligned (the host checks, else it launches the naive kernel).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn encoder_forward(p: EncoderParams) {
+/// Buffers as documented on [`EncoderParams`]; `c % 4 == 0`, `out` and
+/// `wpe` 16-byte aligned and `wte` aligned to 4 elements (the host checks,
+/// else it launches the naive kernel).
+#[inline(always)]
+unsafe fn encoder_vec4<W: Weight>(p: EncoderParams<W>) {
     let c4 = p.c / VEC as u32;
     let total = p.b * p.t * c4;
     let mut i = global_idx_x();
@@ -28,7 +31,7 @@ pub unsafe extern "ptx-kernel" fn encoder_forward(p: EncoderParams) {
         // checks); alignment promised by the caller.
         unsafe {
             let w = match wte_row(&p, *p.inp.add(bt as usize)) {
-                Some(r) => load4(p.wte.add(r + k)),
+                Some(r) => W::load4_f32(p.wte, r + k),
                 None => [f32::NAN; 4],
             };
             let q = load4(p.wpe.add(pos as usize * p.c as usize + k));
@@ -41,12 +44,32 @@ pub unsafe extern "ptx-kernel" fn encoder_forward(p: EncoderParams) {
     }
 }
 
+/// [`encoder_vec4`] over an f32 `wte`.
+///
+/// # Safety
+/// As [`encoder_vec4`].
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn encoder_forward(p: EncoderParams<f32>) {
+    // SAFETY: forwarded.
+    unsafe { encoder_vec4(p) }
+}
+
+/// [`encoder_vec4`] over a bf16 `wte` (the bf16 engine's).
+///
+/// # Safety
+/// As [`encoder_vec4`].
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn encoder_forward_bf16(p: EncoderParams<u16>) {
+    // SAFETY: forwarded.
+    unsafe { encoder_vec4(p) }
+}
+
 /// Baseline: one output element per thread.
 ///
 /// # Safety
 /// Buffers as documented on [`EncoderParams`].
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn encoder_forward_naive(p: EncoderParams) {
+pub unsafe extern "ptx-kernel" fn encoder_forward_naive(p: EncoderParams<f32>) {
     let total = p.b * p.t * p.c;
     let mut i = global_idx_x();
     while i < total {

@@ -39,6 +39,8 @@ pub mod matmul_tf32_wgmma;
 pub mod residual;
 pub mod softmax;
 pub mod vec4;
+// Issue 14: f32 or bf16 weights through one generic kernel body.
+pub mod weight;
 // GPU sampling (the rule is in `params::sample`).
 pub mod sample;
 // Issue 14: bf16.

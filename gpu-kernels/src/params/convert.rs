@@ -1,8 +1,11 @@
 //! Weight upload: raw checkpoint bytes (f32, bf16 or f16, maybe stored
-//! transposed) to f32 in llm.c's (out, in) layout, on the device.
+//! transposed) to f32 or bf16 in llm.c's (out, in) layout, on the device.
 
-/// One thread per output element.
+/// One thread per output element, f32 out (`ConvertParams<f32>`).
 pub const CONVERT_TO_F32: &str = "convert_to_f32";
+/// The same, bf16 out (`ConvertParams<u16>`, bf16 bits), rounded to nearest
+/// even: what the bf16 engine stores (bf16 input is copied exactly).
+pub const CONVERT_TO_BF16: &str = "convert_to_bf16";
 /// Threads per block.
 pub const CONVERT_BLOCK: u32 = 256;
 
@@ -13,9 +16,9 @@ pub const CONVERT_DTYPE_F16: u32 = 2;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct ConvertParams {
-    /// `[rows * cols]` f32, logical layout.
-    pub out: *mut f32,
+pub struct ConvertParams<O = f32> {
+    /// `[rows * cols]` in logical layout: f32, or bf16 bits (`O = u16`).
+    pub out: *mut O,
     /// Raw little-endian elements, `rows * cols` of them; when `transposed`
     /// they are stored `(cols, rows)`.
     pub inp: *const u8,
@@ -39,4 +42,4 @@ pub struct RoundTf32Params {
     pub n: u32,
 }
 
-crate::kernel_params!(ConvertParams, RoundTf32Params);
+crate::kernel_params!(ConvertParams<f32>, ConvertParams<u16>, RoundTf32Params);

@@ -28,6 +28,16 @@
 pub const DECODE_GEMV: &str = "decode_gemv";
 pub const DECODE_GEMV_VARIANTS: [&str; 4] = ["decode_gemv_1", "decode_gemv_2", "decode_gemv_4", DECODE_GEMV];
 pub const DECODE_GEMV_VARIANT_ROWS: [u32; 4] = [1, 2, 4, DECODE_MAX_ROWS];
+/// The same kernels over bf16 weights (`DecodeGemvParams<u16>`: `weight`
+/// and `wte` hold bf16 bits), by the same row counts; the 8-row one is
+/// [`DECODE_GEMV_BF16`].
+pub const DECODE_GEMV_BF16: &str = "decode_gemv_bf16";
+pub const DECODE_GEMV_BF16_VARIANTS: [&str; 4] = [
+    "decode_gemv_bf16_1",
+    "decode_gemv_bf16_2",
+    "decode_gemv_bf16_4",
+    DECODE_GEMV_BF16,
+];
 pub const DECODE_ATTENTION: &str = "decode_attention";
 
 /// Most rows (batch entries) one decode launch serves: each lane keeps one
@@ -41,6 +51,9 @@ pub const DECODE_GEMV_LOADS: u32 = 8;
 /// over `ceil(c / CHUNK)` warps of a block (`k_warps`), whose partial dot
 /// products meet in shared memory.
 pub const DECODE_GEMV_CHUNK: u32 = 32 * DECODE_GEMV_LOADS * 4;
+/// [`DECODE_GEMV_CHUNK`] of the bf16 kernels: the same 16-byte loads hold
+/// 8 values each.
+pub const DECODE_GEMV_CHUNK_BF16: u32 = 32 * DECODE_GEMV_LOADS * 8;
 /// Largest `c` (inner size) the GEMV stages in shared memory: `rows * c`
 /// floats, up to 8 x 6400 (gpt2-xl's fcproj) = 200 KiB. The host raises the
 /// kernel's dynamic shared-memory limit to what a launch needs.
@@ -111,7 +124,7 @@ impl PrefetchRange {
 /// [`DECODE_MAX_ROWS`], every pointer 16-byte aligned.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct DecodeGemvParams {
+pub struct DecodeGemvParams<W = f32> {
     /// `[n, oc]`; with `k_cache`, `[n, oc / 3]` (the q third only).
     pub out: *mut f32,
     /// `[n, c]` input rows; unused (may be null) with `tokens`.
@@ -120,8 +133,9 @@ pub struct DecodeGemvParams {
     /// every input row (GPT-2's eps, biased variance).
     pub ln_weight: *const f32,
     pub ln_bias: *const f32,
-    /// `[oc, c]`, row-major (GPT-2's (out, in) layout).
-    pub weight: *const f32,
+    /// `[oc, c]`, row-major (GPT-2's (out, in) layout): f32, or bf16 bits
+    /// (`W = u16`, the `decode_gemv_bf16*` kernels; then `c % 8 == 0`).
+    pub weight: *const W,
     /// `[oc]` or null.
     pub bias: *const f32,
     /// `[n, oc]` or null: added after bias (and GELU). May not alias `out`.
@@ -134,7 +148,8 @@ pub struct DecodeGemvParams {
     /// `[n]`: each row's position (the new token's index in its sequence).
     /// Read by the embedding prologue and the KV-cache epilogue.
     pub pos: *const u32,
-    pub wte: *const f32,
+    /// `[vocab, c]`, the same element type as `weight`.
+    pub wte: *const W,
     pub wpe: *const f32,
     pub embed_out: *mut f32,
     pub vocab: u32,
@@ -166,7 +181,8 @@ pub struct DecodeGemvParams {
     pub oc: u32,
     /// Nonzero: GELU after the bias.
     pub gelu: u32,
-    /// Warps sharing one column: `ceil(c / DECODE_GEMV_CHUNK)`.
+    /// Warps sharing one column: `ceil(c / DECODE_GEMV_CHUNK)` (bf16:
+    /// [`DECODE_GEMV_CHUNK_BF16`]).
     pub k_warps: u32,
     /// Nonzero: prefetch `prefetch` after the main loop instead of before
     /// the PDL wait (for a kernel that streams more than L2 holds, whose own
@@ -222,4 +238,4 @@ pub struct DecodeAttentionParams {
     pub prefetch: [PrefetchRange; DECODE_PREFETCH_RANGES],
 }
 
-crate::kernel_params!(DecodeGemvParams, DecodeAttentionParams);
+crate::kernel_params!(DecodeGemvParams<f32>, DecodeGemvParams<u16>, DecodeAttentionParams);

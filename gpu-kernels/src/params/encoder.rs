@@ -3,6 +3,9 @@
 /// Vectorised kernel: one thread per 4 consecutive channels (needs `c % 4 == 0`
 /// and 16-byte aligned buffers, which the host checks before choosing it).
 pub const ENCODER_FORWARD: &str = "encoder_forward";
+/// [`ENCODER_FORWARD`] over a bf16 `wte` (`EncoderParams<u16>`, bf16 bits),
+/// for the bf16 engine; `wpe` and the output stay f32.
+pub const ENCODER_FORWARD_BF16: &str = "encoder_forward_bf16";
 /// Baseline: one thread per output element.
 pub const ENCODER_FORWARD_NAIVE: &str = "encoder_forward_naive";
 /// Threads per block of both encoder kernels (elementwise work: 256 keeps
@@ -11,13 +14,13 @@ pub const ENCODER_BLOCK: u32 = 256;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct EncoderParams {
+pub struct EncoderParams<W = f32> {
     /// `[b * t * c]`
     pub out: *mut f32,
     /// Token ids `[b * t]`.
     pub inp: *const u32,
-    /// `[wte_rows * c]`
-    pub wte: *const f32,
+    /// `[wte_rows * c]`: f32, or bf16 bits (`W = u16`).
+    pub wte: *const W,
     /// `[max_t * c]`, `pos0 + t <= max_t` (the host checks).
     pub wpe: *const f32,
     pub b: u32,
@@ -29,4 +32,4 @@ pub struct EncoderParams {
     pub wte_rows: u32,
 }
 
-crate::kernel_params!(EncoderParams);
+crate::kernel_params!(EncoderParams<f32>, EncoderParams<u16>);

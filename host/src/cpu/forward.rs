@@ -128,6 +128,9 @@ pub struct CpuModel {
     acts: Activations,
     /// `(b, rows of logits)` of the last forward call, if any.
     last: Option<(usize, usize)>,
+    /// The bf16 twin ([`CpuModel::new_bf16`]): every matmul input is
+    /// rounded to bf16 (its weights were at creation).
+    bf16: bool,
 }
 
 impl CpuModel {
@@ -135,6 +138,25 @@ impl CpuModel {
     pub fn new(weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<CpuModel> {
         let params = CpuParams::from_weights(weights).context("converting the checkpoint for the CPU")?;
         Self::from_params(weights.config, params, max_batch, max_seq_len)
+    }
+
+    /// The reference of the GPU engine's bf16 precision: the weight
+    /// matrices (qkv, attproj, fc, fcproj, wte) rounded to the nearest bf16
+    /// once, and every matmul's input rounded to bf16 before it multiplies
+    /// (f32 products of bf16 values are exact, sums in f32); everything else
+    /// (embedding positions, biases, layernorm, attention, the KV cache) in
+    /// f32, as the engine does it.
+    pub fn new_bf16(weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<CpuModel> {
+        let mut params = CpuParams::from_weights(weights).context("converting the checkpoint for the CPU")?;
+        for l in &mut params.layers {
+            for w in [&mut l.qkvw, &mut l.attprojw, &mut l.fcw, &mut l.fcprojw] {
+                round_bf16(w);
+            }
+        }
+        round_bf16(&mut params.wte);
+        let mut model = Self::from_params(weights.config, params, max_batch, max_seq_len)?;
+        model.bf16 = true;
+        Ok(model)
     }
 
     /// Build from parameters already in memory (tests construct them directly).
@@ -170,6 +192,7 @@ impl CpuModel {
             kv_cache,
             acts: Activations::default(),
             last: None,
+            bf16: false,
         })
     }
 
@@ -180,6 +203,13 @@ impl CpuModel {
 
     pub fn max_batch(&self) -> usize {
         self.max_batch
+    }
+}
+
+/// Round every value to the nearest bf16 (ties to even), kept as f32.
+pub fn round_bf16(x: &mut [f32]) {
+    for v in x {
+        *v = half::bf16::from_f32(*v).to_f32();
     }
 }
 
@@ -205,11 +235,17 @@ impl Backend for CpuModel {
         check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "model")?;
 
         let n = b * t;
-        let p = &self.params;
+        let (p, bf16) = (&self.params, self.bf16);
         let a = &mut self.acts;
+        let round_if = |on: bool, x: &mut Vec<f32>| {
+            if on {
+                round_bf16(x)
+            }
+        };
         encoder_forward(sized(&mut a.residual, n * c), tokens, &p.wte, &p.wpe, b, t, c, pos0);
         for (lw, (k_cache, v_cache)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
             layernorm_forward(sized(&mut a.ln1, n * c), &a.residual, &lw.ln1w, &lw.ln1b, n, c);
+            round_if(bf16, &mut a.ln1);
             matmul_forward(
                 sized(&mut a.qkv, n * 3 * c),
                 &a.ln1,
@@ -232,6 +268,7 @@ impl Backend for CpuModel {
                 nh,
                 self.window,
             );
+            round_if(bf16, &mut a.atty);
             matmul_forward(
                 sized(&mut a.attproj, n * c),
                 &a.atty,
@@ -243,6 +280,7 @@ impl Backend for CpuModel {
             );
             residual_forward(sized(&mut a.residual2, n * c), &a.residual, &a.attproj, n * c);
             layernorm_forward(sized(&mut a.ln2, n * c), &a.residual2, &lw.ln2w, &lw.ln2b, n, c);
+            round_if(bf16, &mut a.ln2);
             matmul_forward(
                 sized(&mut a.fch, n * 4 * c),
                 &a.ln2,
@@ -253,6 +291,7 @@ impl Backend for CpuModel {
                 4 * c,
             );
             super::ops::gelu_forward(sized(&mut a.fch_gelu, n * 4 * c), &a.fch, n * 4 * c);
+            round_if(bf16, &mut a.fch_gelu);
             matmul_forward(
                 sized(&mut a.fcproj, n * c),
                 &a.fch_gelu,
@@ -265,6 +304,7 @@ impl Backend for CpuModel {
             residual_forward(sized(&mut a.residual, n * c), &a.residual2, &a.fcproj, n * c);
         }
         layernorm_forward(sized(&mut a.lnf, n * c), &a.residual, &p.lnfw, &p.lnfb, n, c);
+        round_if(bf16, &mut a.lnf);
 
         // LM head (tied to wte, no bias) on the wanted rows only.
         let rows = match want {

@@ -24,15 +24,17 @@ use crate::gpu::Gpu;
 use crate::gpu::ops::argmax::argmax_forward;
 use crate::gpu::ops::args::OpError;
 use crate::gpu::ops::attention::attention_forward;
-use crate::gpu::ops::convert::convert_to_f32;
 use crate::gpu::ops::convert::round_tf32;
-use crate::gpu::ops::encoder::encoder_forward;
+use crate::gpu::ops::convert::{convert_to_bf16, convert_to_f32};
+use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16};
 use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::layernorm::{layernorm_forward, layernorm_forward_tf32, residual_layernorm_forward};
 use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
+use crate::gpu::ops::matmul_bf16::matmul_forward_bf16;
 use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32_opts};
 use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
+use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, ModelConfig, Tensor, Weights};
 
@@ -49,6 +51,41 @@ pub enum Precision {
     /// TF32 tensor cores for the large matmuls (prefill); decode-sized ones
     /// (a few rows) stay on the FP32 GEMV kernel, which is faster there.
     Tf32,
+    /// Weight matrices stored in bf16 on the GPU (half the bytes a decode
+    /// step reads): bf16 tensor cores for prefill (activations rounded to
+    /// bf16, f32 accumulation), the bf16-weight GEMV for decode (f32
+    /// activations). Embeddings' positions, biases, layernorm parameters,
+    /// activations and the KV cache stay f32. Fixed when the engine is made
+    /// (the weights are stored so); error measured in docs/precision.md.
+    Bf16,
+}
+
+impl Precision {
+    /// How the weight matrices are stored under this precision.
+    pub fn weight_format(self) -> WeightFormat {
+        match self {
+            Precision::Fp32 | Precision::Tf32 => WeightFormat::F32,
+            Precision::Bf16 => WeightFormat::Bf16,
+        }
+    }
+}
+
+/// Storage of the weight matrices (qkv, attention and MLP projections,
+/// the token embedding / LM head) on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    F32,
+    Bf16,
+}
+
+impl WeightFormat {
+    /// Bytes per stored element.
+    pub fn bytes(self) -> usize {
+        match self {
+            WeightFormat::F32 => size_of::<f32>(),
+            WeightFormat::Bf16 => size_of::<half::bf16>(),
+        }
+    }
 }
 
 /// Which attention kernels the engine runs.
@@ -67,26 +104,28 @@ pub enum AttentionKind {
     Unfused,
 }
 
-/// One transformer block's parameters on the device, f32, (out, in) layout.
+/// One transformer block's parameters on the device, (out, in) layout: the
+/// matrices in the engine's [`WeightFormat`], the vectors in f32.
 struct DeviceLayer {
     ln1w: CudaSlice<f32>,
     ln1b: CudaSlice<f32>,
-    qkvw: CudaSlice<f32>,
+    qkvw: DeviceWeight,
     qkvb: CudaSlice<f32>,
-    attprojw: CudaSlice<f32>,
+    attprojw: DeviceWeight,
     attprojb: CudaSlice<f32>,
     ln2w: CudaSlice<f32>,
     ln2b: CudaSlice<f32>,
-    fcw: CudaSlice<f32>,
+    fcw: DeviceWeight,
     fcb: CudaSlice<f32>,
-    fcprojw: CudaSlice<f32>,
+    fcprojw: DeviceWeight,
     fcprojb: CudaSlice<f32>,
 }
 
 /// All parameters on the device.
 struct DeviceParams {
-    /// `[Vp, C]`: rows past the file's vocabulary are zero.
-    wte: CudaSlice<f32>,
+    /// `[Vp, C]`, in the engine's [`WeightFormat`]: rows past the file's
+    /// vocabulary are zero.
+    wte: DeviceWeight,
     wpe: CudaSlice<f32>,
     layers: Vec<DeviceLayer>,
     lnfw: CudaSlice<f32>,
@@ -107,7 +146,8 @@ struct Tf32Weights {
 
 impl Tf32Weights {
     fn new(gpu: &Gpu, p: &DeviceParams) -> Result<Tf32Weights> {
-        let copy = |w: &CudaSlice<f32>| -> Result<CudaSlice<f32>> {
+        let copy = |w: &DeviceWeight| -> Result<CudaSlice<f32>> {
+            let w = w.f32().context("TF32 copies are made from f32 weights")?;
             let mut out = gpu.alloc::<f32>(w.len())?;
             gpu.stream.memcpy_dtod(w, &mut out).ctx("copying a weight")?;
             round_tf32(gpu, &mut out, w.len())?;
@@ -229,6 +269,8 @@ impl SamplingState {
 
 /// Bytes of one f32.
 const F32_BYTES: usize = 4;
+/// The bf16 kernels read 16 bytes (8 values) of a row at a time.
+const BF16_C_MULTIPLE: usize = 8;
 /// Bytes per mebibyte, for messages.
 const MIB: usize = 1 << 20;
 
@@ -278,7 +320,13 @@ impl GpuEngine {
                 needed / MIB
             )
         };
-        let params = upload_params(&gpu, weights).with_context(|| oom("the weights"))?;
+        let format = precision.weight_format();
+        ensure!(
+            format == WeightFormat::F32 || config.channels.is_multiple_of(BF16_C_MULTIPLE),
+            "bf16 needs the channel count to be a multiple of {BF16_C_MULTIPLE}; this model has {}",
+            config.channels
+        );
+        let params = upload_params(&gpu, weights, format).with_context(|| oom("the weights"))?;
         let (c, l) = (config.channels, config.num_layers);
         let rows = max_batch * max_seq_len;
         let cache_len = max_batch * max_seq_len * c;
@@ -370,7 +418,11 @@ impl GpuEngine {
     ) -> usize {
         let (c, l, vp) = (config.channels, config.num_layers, config.padded_vocab_size);
         let rows = max_batch * max_seq_len;
-        let weights = config.num_parameters();
+        // The matrices (qkv, attproj, fc, fcproj: 12 C² per layer; wte
+        // padded to Vp) in the precision's format, every other parameter f32.
+        let matrices = l * 12 * c * c + vp * c;
+        let others = config.num_parameters() - matrices;
+        let weight_bytes = matrices * precision.weight_format().bytes() + others * F32_BYTES;
         let kv = 2 * l * rows * c;
         // residual, residual2, ln, atty, proj (C each), qkv (3C), fch, fch_gelu (4C each)
         let acts = rows * (5 * c + 3 * c + 8 * c) + rows * vp + max_batch * c;
@@ -387,7 +439,8 @@ impl GpuEngine {
                 matmul_ws += l * 12 * c * c + vp * c;
             }
         }
-        (weights + kv + acts + flash + matmul_ws) * F32_BYTES
+        weight_bytes
+            + (kv + acts + flash + matmul_ws) * F32_BYTES
             + rows * 4
             + max_batch * 4
             + DecodeState::device_bytes(config, max_batch, max_seq_len, sms)
@@ -421,8 +474,16 @@ impl GpuEngine {
 
     /// Switch the matmul precision; caches and buffers serve both. The first
     /// switch to TF32 on a Hopper GPU makes the TF32-rounded weight copies
-    /// (an allocation: it can fail for lack of memory).
+    /// (an allocation: it can fail for lack of memory). The weight format
+    /// is fixed at creation: switching between bf16 and the f32 precisions
+    /// is an error (make another engine).
     pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
+        ensure!(
+            precision.weight_format() == self.precision.weight_format(),
+            "the engine stores its weights as {:?}; {precision:?} needs {:?}: create the engine with {precision:?}",
+            self.precision.weight_format(),
+            precision.weight_format()
+        );
         if precision == Precision::Tf32 && self.gpu.has_wgmma() && self.tf32_weights.is_none() {
             self.tf32_weights =
                 Some(Tf32Weights::new(&self.gpu, &self.params).context("allocating the TF32-rounded weight copies")?);
@@ -531,13 +592,17 @@ fn matmul(
     ws: &mut MatmulScratch,
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
-    (weight, weight_tf32, inp_rounded): (&CudaSlice<f32>, Option<&CudaSlice<f32>>, bool),
+    (weight, weight_tf32, inp_rounded): (WeightRef<'_>, Option<&CudaSlice<f32>>, bool),
     round_out: bool,
     bias: Option<&CudaSlice<f32>>,
     n: usize,
     c: usize,
     oc: usize,
 ) -> Result<(), OpError> {
+    let weight = match weight {
+        WeightRef::Bf16(w) => return matmul_forward_bf16(gpu, out, inp, w, bias, n, c, oc, false),
+        WeightRef::F32(w) => w,
+    };
     if takes_tf32_path(precision, n, c) {
         let opts = Tf32Options {
             gelu: false,
@@ -586,8 +651,9 @@ fn attention(
 ) -> Result<()> {
     match flash {
         Some(ws) => {
+            // bf16's error is the weights'; its attention takes the fast path.
             let fp = match precision {
-                Precision::Tf32 => FlashPrecision::Tf32,
+                Precision::Tf32 | Precision::Bf16 => FlashPrecision::Tf32,
                 Precision::Fp32 => FlashPrecision::Fp32,
             };
             attention_forward_flash(
@@ -649,7 +715,10 @@ impl Backend for GpuEngine {
         };
         let round_head = tf32.is_some() && takes_tf32_path(prec, rows, c);
 
-        encoder_forward(gpu, &mut a.residual, &a.tokens, &p.wte, &p.wpe, b, t, c, pos0)?;
+        match p.wte.as_ref() {
+            WeightRef::F32(wte) => encoder_forward(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?,
+            WeightRef::Bf16(wte) => encoder_forward_bf16(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?,
+        }
         // Each residual add is fused with the layernorm after it (`ln2` of its
         // layer, then `ln1` of the next, `lnf` after the last); only the
         // first layernorm stands alone.
@@ -664,7 +733,7 @@ impl Backend for GpuEngine {
                 ws,
                 &mut a.qkv,
                 &a.ln,
-                (&lw.qkvw, rounded(0), round_acts),
+                (lw.qkvw.as_ref(), rounded(0), round_acts),
                 round_acts,
                 Some(&lw.qkvb),
                 n,
@@ -693,7 +762,7 @@ impl Backend for GpuEngine {
                 ws,
                 &mut a.proj,
                 &a.atty,
-                (&lw.attprojw, rounded(1), false),
+                (lw.attprojw.as_ref(), rounded(1), false),
                 false,
                 Some(&lw.attprojb),
                 n,
@@ -703,9 +772,13 @@ impl Backend for GpuEngine {
             let (res, proj, ln) = (&mut a.residual2, &a.proj, &mut a.ln);
             residual_layernorm_forward(gpu, round_acts, res, ln, &a.residual, proj, &lw.ln2w, &lw.ln2b, n, c)?;
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x)))), ln2(x) in a.ln
-            match rounded(2).filter(|_| round_acts) {
+            match (lw.fcw.as_ref(), rounded(2).filter(|_| round_acts)) {
+                // bf16: fc and GELU in one kernel.
+                (WeightRef::Bf16(fcw), _) => {
+                    matmul_forward_bf16(gpu, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c, true)?;
+                }
                 // On the wgmma path: fc, GELU and the rounding fcproj wants, in one kernel.
-                Some(fcw) => {
+                (_, Some(fcw)) => {
                     let opts = Tf32Options {
                         gelu: true,
                         inp_rounded: true,
@@ -715,8 +788,8 @@ impl Backend for GpuEngine {
                     matmul_forward_tf32_opts(gpu, opts, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c)
                         .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
                 }
-                None => {
-                    let fcw = (&lw.fcw, rounded(2), false);
+                (fcw, None) => {
+                    let fcw = (fcw, rounded(2), false);
                     matmul(gpu, prec, ws, &mut a.fch, &a.ln, fcw, false, Some(&lw.fcb), n, c, 4 * c)?;
                     gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
                 }
@@ -727,7 +800,7 @@ impl Backend for GpuEngine {
                 ws,
                 &mut a.proj,
                 &a.fch_gelu,
-                (&lw.fcprojw, rounded(3), round_acts),
+                (lw.fcprojw.as_ref(), rounded(3), round_acts),
                 false,
                 Some(&lw.fcprojb),
                 n,
@@ -760,7 +833,7 @@ impl Backend for GpuEngine {
             LogitsWanted::All => &a.ln,
             LogitsWanted::Last => &a.head_in,
         };
-        let head_w = (&p.wte, tf32.map(|t| &t.wte), round_head);
+        let head_w = (p.wte.as_ref(), tf32.map(|t| &t.wte), round_head);
         matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, rows, c, vp)?;
         self.last = Some(Last { b, rows });
         Ok(())
@@ -878,8 +951,8 @@ impl Backend for GpuEngine {
     }
 }
 
-/// Upload every parameter (see [`upload_tensor`]).
-fn upload_params(gpu: &Gpu, w: &Weights) -> Result<DeviceParams> {
+/// Upload every parameter (see [`upload_tensor`]), the matrices in `format`.
+fn upload_params(gpu: &Gpu, w: &Weights, format: WeightFormat) -> Result<DeviceParams> {
     let cfg = &w.config;
     let (c, vp) = (cfg.channels, cfg.padded_vocab_size);
     ensure!(w.wte.shape[1] == c, "wte has {} columns, expected {c}", w.wte.shape[1]);
@@ -890,30 +963,34 @@ fn upload_params(gpu: &Gpu, w: &Weights) -> Result<DeviceParams> {
         cfg.vocab_size
     );
     let up = |t: &Tensor, name: &str| upload_tensor(gpu, t, t.shape[0]).with_context(|| format!("uploading {name}"));
+    let mat = |t: &Tensor, rows: usize, name: &str| {
+        upload_matrix(gpu, t, rows, format).with_context(|| format!("uploading {name}"))
+    };
     let layers = w
         .layers
         .iter()
         .enumerate()
         .map(|(i, l)| {
             let up = |t: &Tensor, name: &str| up(t, &format!("layer {i} {name}"));
+            let mat = |t: &Tensor, name: &str| mat(t, t.shape[0], &format!("layer {i} {name}"));
             Ok(DeviceLayer {
                 ln1w: up(&l.ln1w, "ln1w")?,
                 ln1b: up(&l.ln1b, "ln1b")?,
-                qkvw: up(&l.qkvw, "qkvw")?,
+                qkvw: mat(&l.qkvw, "qkvw")?,
                 qkvb: up(&l.qkvb, "qkvb")?,
-                attprojw: up(&l.attprojw, "attprojw")?,
+                attprojw: mat(&l.attprojw, "attprojw")?,
                 attprojb: up(&l.attprojb, "attprojb")?,
                 ln2w: up(&l.ln2w, "ln2w")?,
                 ln2b: up(&l.ln2b, "ln2b")?,
-                fcw: up(&l.fcw, "fcw")?,
+                fcw: mat(&l.fcw, "fcw")?,
                 fcb: up(&l.fcb, "fcb")?,
-                fcprojw: up(&l.fcprojw, "fcprojw")?,
+                fcprojw: mat(&l.fcprojw, "fcprojw")?,
                 fcprojb: up(&l.fcprojb, "fcprojb")?,
             })
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(DeviceParams {
-        wte: upload_tensor(gpu, &w.wte, vp).context("uploading wte")?,
+        wte: mat(&w.wte, vp, "wte")?,
         wpe: up(&w.wpe, "wpe")?,
         layers,
         lnfw: up(&w.lnfw, "lnfw")?,
@@ -952,4 +1029,39 @@ fn upload_tensor(gpu: &Gpu, t: &Tensor, rows: usize) -> Result<CudaSlice<f32>> {
         // `raw` is freed in stream order, after the conversion.
     }
     Ok(out)
+}
+
+/// A weight matrix to a new device buffer of `rows` logical rows in
+/// `format` (extra rows are zero). bf16 stored untransposed is copied as it
+/// is (no round trip through f32); anything else is converted on the device
+/// (f32 and f16 rounded to the nearest bf16).
+fn upload_matrix(gpu: &Gpu, t: &Tensor, rows: usize, format: WeightFormat) -> Result<DeviceWeight> {
+    if format == WeightFormat::F32 {
+        return Ok(DeviceWeight::F32(upload_tensor(gpu, t, rows)?));
+    }
+    let [trows, cols] = t.shape;
+    ensure!(rows >= trows, "cannot fit {trows} rows into {rows}");
+    let nbytes = trows * cols * t.dtype.size();
+    ensure!(
+        t.bytes.len() == nbytes,
+        "tensor holds {} bytes, its shape needs {nbytes}",
+        t.bytes.len()
+    );
+    let mut out = gpu.alloc::<half::bf16>(rows * cols)?;
+    if t.dtype == DType::BF16 && !t.transposed {
+        // SAFETY: any bytes are valid bf16 bits; the view covers the first
+        // trows*cols values of `out` (transmute_mut checks the size).
+        let mut dst = unsafe { out.transmute_mut::<u8>(nbytes) }.context("upload view larger than the buffer")?;
+        gpu.stream
+            .memcpy_htod(t.bytes, &mut dst)
+            .ctx("copying weights to the GPU")?;
+    } else {
+        let mut raw = gpu.alloc::<u8>(nbytes)?;
+        gpu.stream
+            .memcpy_htod(t.bytes, &mut raw)
+            .ctx("copying weights to the GPU")?;
+        let mut dst = out.slice_mut(0..trows * cols);
+        convert_to_bf16(gpu, &mut dst, &raw, trows, cols, t.dtype, t.transposed)?;
+    }
+    Ok(DeviceWeight::Bf16(out))
 }

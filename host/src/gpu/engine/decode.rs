@@ -24,6 +24,7 @@ use crate::gpu::ops::decode::{
     DecodeLaunch, DecodeWorkspace, Embed, Input, L2Prefetch, Output, decode_attention, decode_gemv,
 };
 use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
+use crate::gpu::ops::weight::WeightRef;
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::ModelConfig;
 
@@ -424,10 +425,12 @@ impl Step<'_> {
     fn enqueue(&mut self, d: &mut DecodeState, b: usize) -> Result<()> {
         let (gpu, p) = (self.gpu, self.params);
         if d.plan.is_none() {
+            // The plan counts elements; the weights share one format.
+            let elem = p.wte.as_ref().elem_bytes();
             let sizes: Vec<usize> = (0..step_kernels(p))
                 .map(|k| step_weight(p, k).map_or(0, |w| w.len()))
                 .collect();
-            let ahead = prefetch_floats(d.tuning.prefetch_ahead_bytes, gpu.l2_bytes());
+            let ahead = prefetch_elems(d.tuning.prefetch_ahead_bytes, gpu.l2_bytes(), elem);
             d.plan = Some(plan_prefetch(&sizes, ahead));
         }
         let (plan, tuning, pdl) = (d.plan.as_deref().unwrap_or_default(), d.tuning, d.pdl);
@@ -438,8 +441,10 @@ impl Step<'_> {
             kernel += 1;
             let mut prefetch = L2Prefetch::default().late(kp.late);
             for (w, range) in &kp.pieces {
-                if let Some(w) = step_weight(p, *w) {
-                    prefetch.push(gpu, w, range.clone())?;
+                match step_weight(p, *w) {
+                    Some(WeightRef::F32(w)) => prefetch.push(gpu, w, range.clone())?,
+                    Some(WeightRef::Bf16(w)) => prefetch.push(gpu, w, range.clone())?,
+                    None => {}
                 }
             }
             Ok(DecodeLaunch {
@@ -461,7 +466,7 @@ impl Step<'_> {
                 Input::Embed(Embed {
                     tokens,
                     pos,
-                    wte: &p.wte,
+                    wte: p.wte.as_ref(),
                     wpe: &p.wpe,
                     vocab: v,
                     max_pos: cfg.max_seq_len,
@@ -485,7 +490,7 @@ impl Step<'_> {
                 next_launch()?,
                 input,
                 ln1,
-                &lw.qkvw,
+                lw.qkvw.as_ref(),
                 Some(&lw.qkvb),
                 qkv_out,
                 b,
@@ -511,7 +516,7 @@ impl Step<'_> {
                 residual: Some(&a.residual),
                 gelu: false,
             };
-            let attproj = (&lw.attprojw, Some(&lw.attprojb));
+            let attproj = (lw.attprojw.as_ref(), Some(&lw.attprojb));
             decode_gemv(
                 gpu,
                 ws,
@@ -538,7 +543,7 @@ impl Step<'_> {
                 next_launch()?,
                 Input::Rows(&a.residual2),
                 ln2,
-                &lw.fcw,
+                lw.fcw.as_ref(),
                 Some(&lw.fcb),
                 out,
                 b,
@@ -550,7 +555,7 @@ impl Step<'_> {
                 residual: Some(&a.residual2),
                 gelu: false,
             };
-            let fcproj = (&lw.fcprojw, Some(&lw.fcprojb));
+            let fcproj = (lw.fcprojw.as_ref(), Some(&lw.fcprojb));
             decode_gemv(
                 gpu,
                 ws,
@@ -581,7 +586,7 @@ impl Step<'_> {
             next_launch()?,
             Input::Rows(&a.residual),
             lnf,
-            &p.wte,
+            p.wte.as_ref(),
             None,
             out,
             b,
@@ -608,23 +613,23 @@ fn step_kernels(p: &DeviceParams) -> usize {
 
 /// The weight kernel `k` of the step streams, in launch order (per layer
 /// qkv, attention (none), attproj, fc, fcproj; then the LM head's wte).
-fn step_weight(p: &DeviceParams, k: usize) -> Option<&CudaSlice<f32>> {
+fn step_weight(p: &DeviceParams, k: usize) -> Option<WeightRef<'_>> {
     match p.layers.get(k / KERNELS_PER_LAYER) {
         Some(lw) => match k % KERNELS_PER_LAYER {
-            0 => Some(&lw.qkvw),
+            0 => Some(lw.qkvw.as_ref()),
             1 => None,
-            2 => Some(&lw.attprojw),
-            3 => Some(&lw.fcw),
-            _ => Some(&lw.fcprojw),
+            2 => Some(lw.attprojw.as_ref()),
+            3 => Some(lw.fcw.as_ref()),
+            _ => Some(lw.fcprojw.as_ref()),
         },
-        None => Some(&p.wte),
+        None => Some(p.wte.as_ref()),
     }
 }
 
-/// Prefetch distance in floats for `bytes`, capped at a
+/// Prefetch distance in elements of `elem` bytes for `bytes`, capped at a
 /// `PREFETCH_L2_FRACTION` of an L2 of `l2_bytes`.
-fn prefetch_floats(bytes: usize, l2_bytes: usize) -> usize {
-    bytes.min(l2_bytes / PREFETCH_L2_FRACTION) / size_of::<f32>()
+fn prefetch_elems(bytes: usize, l2_bytes: usize, elem: usize) -> usize {
+    bytes.min(l2_bytes / PREFETCH_L2_FRACTION) / elem
 }
 
 /// What one kernel of the step prefetches: `(kernel, floats)` pieces of

@@ -1,12 +1,14 @@
-//! `convert_to_f32`: checkpoint bytes (f32/bf16/f16, maybe transposed) to
-//! f32 in (out, in) layout, on the device, so the host never converts or
-//! copies the mapped weights.
+//! `convert_to_f32` / `convert_to_bf16`: checkpoint bytes (f32/bf16/f16,
+//! maybe transposed) to f32 or bf16 in (out, in) layout, on the device, so
+//! the host never converts or copies the mapped weights.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::KernelParams;
 use gpu_kernels::params::convert::{
-    CONVERT_BLOCK, CONVERT_DTYPE_BF16, CONVERT_DTYPE_F16, CONVERT_DTYPE_F32, CONVERT_TO_F32, ConvertParams, ROUND_TF32,
-    RoundTf32Params,
+    CONVERT_BLOCK, CONVERT_DTYPE_BF16, CONVERT_DTYPE_F16, CONVERT_DTYPE_F32, CONVERT_TO_BF16, CONVERT_TO_F32,
+    ConvertParams, ROUND_TF32, RoundTf32Params,
 };
+use half::bf16;
 
 use super::args::{OpError, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use crate::gpu::Gpu;
@@ -34,14 +36,52 @@ pub fn convert_to_f32(
     dtype: DType,
     transposed: bool,
 ) -> Result<(), OpError> {
+    let out_len = out.len();
+    let out = out_ptr(gpu, out);
+    check_len(OP, "out", out_len, rows * cols)?;
+    convert(gpu, CONVERT_TO_F32, out, inp, rows, cols, dtype, transposed)
+}
+
+/// [`convert_to_f32`] to bf16, rounded to nearest even (CPU twin:
+/// `half::bf16::from_f32` of each element).
+pub fn convert_to_bf16(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<bf16>,
+    inp: &impl DevicePtr<u8>,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    transposed: bool,
+) -> Result<(), OpError> {
+    let out_len = out.len();
+    let out = out_ptr(gpu, out) as *mut u16;
+    check_len(OP, "out", out_len, rows * cols)?;
+    convert(gpu, CONVERT_TO_BF16, out, inp, rows, cols, dtype, transposed)
+}
+
+/// The launch both conversions share: `kernel` takes a `ConvertParams<O>`
+/// whose `out` (checked by the caller) holds `rows * cols` elements of `O`.
+#[allow(clippy::too_many_arguments)]
+fn convert<O>(
+    gpu: &Gpu,
+    kernel: &'static str,
+    out: *mut O,
+    inp: &impl DevicePtr<u8>,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    transposed: bool,
+) -> Result<(), OpError>
+where
+    ConvertParams<O>: KernelParams,
+{
     let total = count_u32(OP, "rows * cols", &[rows, cols])?;
-    check_len(OP, "out", out.len(), rows * cols)?;
     check_len(OP, "inp (bytes)", inp.len(), rows * cols * dtype.size())?;
     if total == 0 {
         return Ok(());
     }
     let params = ConvertParams {
-        out: out_ptr(gpu, out),
+        out,
         inp: in_ptr(gpu, inp),
         rows: to_u32(OP, "rows", rows)?,
         cols: to_u32(OP, "cols", cols)?,
@@ -55,9 +95,11 @@ pub fn convert_to_f32(
     if !(params.inp as usize).is_multiple_of(dtype.size()) {
         return Err(OpError::shape(OP, "input bytes are not aligned to the element size"));
     }
-    // SAFETY: out holds rows*cols floats, inp rows*cols elements of dtype,
-    // aligned to the element size (checked).
-    unsafe { gpu.launch(CONVERT_TO_F32, launch_config(total), params)? };
+    // SAFETY: out holds rows*cols elements of O, the kernel's output type
+    // (the callers check and pair CONVERT_TO_F32 with f32, CONVERT_TO_BF16
+    // with bf16 bits); inp rows*cols elements of dtype, aligned to the
+    // element size (checked).
+    unsafe { gpu.launch(kernel, launch_config(total), params)? };
     Ok(())
 }
 

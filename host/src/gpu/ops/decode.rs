@@ -11,7 +11,9 @@ use cudarc::driver::{CudaSlice, LaunchConfig};
 use gpu_kernels::params::decode::*;
 
 use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
+use super::weight::{KernelWeight, WeightRef};
 use crate::gpu::Gpu;
+use gpu_kernels::params::KernelParams;
 
 const OP_GEMV: &str = "decode_gemv";
 const OP_ATTN: &str = "decode_attention";
@@ -60,7 +62,7 @@ pub struct L2Prefetch<'a> {
     ranges: [PrefetchRange; DECODE_PREFETCH_RANGES],
     used: usize,
     late: bool,
-    _bufs: PhantomData<&'a CudaSlice<f32>>,
+    _bufs: PhantomData<&'a ()>,
 }
 
 impl Default for L2Prefetch<'_> {
@@ -75,31 +77,32 @@ impl Default for L2Prefetch<'_> {
 }
 
 impl<'a> L2Prefetch<'a> {
-    /// Add floats `range` of `buf` (rounded inwards to 16-byte bounds).
+    /// Add elements `range` of `buf` (rounded inwards to 16-byte bounds).
     /// Full ([`DECODE_PREFETCH_RANGES`] ranges) or empty: ignored, as a hint
     /// may be. Errors when the range is not inside `buf`.
-    pub fn push(&mut self, gpu: &Gpu, buf: &'a CudaSlice<f32>, range: Range<usize>) -> Result<(), OpError> {
+    pub fn push<T>(&mut self, gpu: &Gpu, buf: &'a CudaSlice<T>, range: Range<usize>) -> Result<(), OpError> {
         if range.start > range.end || range.end > buf.len() {
             return Err(OpError::shape(
                 OP_GEMV,
                 format!("prefetch range {range:?} outside a buffer of {}", buf.len()),
             ));
         }
-        const FLOATS_16B: usize = 4;
+        const BYTES_16: usize = 16;
+        let elem = size_of::<T>();
         let (lo, hi) = (
-            range.start.next_multiple_of(FLOATS_16B),
-            range.end / FLOATS_16B * FLOATS_16B,
+            (range.start * elem).next_multiple_of(BYTES_16),
+            range.end * elem / BYTES_16 * BYTES_16,
         );
         if hi <= lo || self.used == DECODE_PREFETCH_RANGES {
             return Ok(());
         }
-        let ptr = in_ptr(gpu, buf).wrapping_add(lo) as *const u8;
+        let ptr = (in_ptr(gpu, buf) as *const u8).wrapping_add(lo);
         if !aligned16(&[ptr as usize]) {
             return Ok(());
         }
         self.ranges[self.used] = PrefetchRange {
             ptr,
-            bytes: ((hi - lo) * size_of::<f32>()) as u64,
+            bytes: (hi - lo) as u64,
         };
         self.used += 1;
         Ok(())
@@ -221,8 +224,8 @@ impl DecodeWorkspace {
 pub struct Embed<'a> {
     pub tokens: &'a CudaSlice<u32>,
     pub pos: &'a CudaSlice<u32>,
-    /// `[vocab, c]`
-    pub wte: &'a CudaSlice<f32>,
+    /// `[vocab, c]`, in the same format as the GEMV's weight.
+    pub wte: WeightRef<'a>,
     /// `[max_pos, c]`
     pub wpe: &'a CudaSlice<f32>,
     pub vocab: usize,
@@ -275,6 +278,7 @@ pub enum Output<'a> {
 fn gemv_config(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
+    kernels: &GemvKernels,
     n: usize,
     c: usize,
     oc: usize,
@@ -282,7 +286,7 @@ fn gemv_config(
     blocks_per_sm: usize,
     block_warps: usize,
 ) -> Result<(LaunchConfig, u32), OpError> {
-    let k_warps = c.div_ceil(DECODE_GEMV_CHUNK as usize);
+    let k_warps = c.div_ceil(kernels.chunk as usize);
     let max_warps = match block_warps {
         0 => DECODE_GEMV_MAX_WARPS as usize,
         w => w.min(DECODE_GEMV_MAX_WARPS as usize),
@@ -295,7 +299,7 @@ fn gemv_config(
         groups /= 2;
     }
     let threads = (groups * k_warps * 32) as u32;
-    let kernel = gemv_kernel(n);
+    let kernel = kernels.for_rows(n);
     let shared = decode_gemv_shared_bytes(n as u32, c as u32, ln);
     if shared > DEFAULT_SHARED_LIMIT {
         gpu.set_max_dynamic_shared(kernel, shared)?;
@@ -317,13 +321,49 @@ fn gemv_config(
     Ok((cfg, k_warps as u32))
 }
 
-/// The GEMV kernel for `n` rows: the one with the fewest accumulators that serves them.
-fn gemv_kernel(n: usize) -> &'static str {
-    DECODE_GEMV_VARIANTS
-        .iter()
-        .zip(DECODE_GEMV_VARIANT_ROWS)
-        .find(|&(_, rows)| n <= rows as usize)
-        .map_or(DECODE_GEMV, |(name, _)| name)
+/// The GEMV kernels of one weight format.
+struct GemvKernels {
+    /// By the most rows they serve (`DECODE_GEMV_VARIANT_ROWS`).
+    names: [&'static str; 4],
+    /// Elements of a weight row one warp covers.
+    chunk: u32,
+    /// Elements the inner size must be a multiple of (one 16-byte load).
+    c_multiple: usize,
+}
+
+/// Where a weight format's GEMV kernels come from.
+trait GemvWeight: KernelWeight
+where
+    DecodeGemvParams<Self>: KernelParams,
+{
+    const KERNELS: GemvKernels;
+}
+
+impl GemvWeight for f32 {
+    const KERNELS: GemvKernels = GemvKernels {
+        names: DECODE_GEMV_VARIANTS,
+        chunk: DECODE_GEMV_CHUNK,
+        c_multiple: 4,
+    };
+}
+
+impl GemvWeight for u16 {
+    const KERNELS: GemvKernels = GemvKernels {
+        names: DECODE_GEMV_BF16_VARIANTS,
+        chunk: DECODE_GEMV_CHUNK_BF16,
+        c_multiple: 8,
+    };
+}
+
+impl GemvKernels {
+    /// The kernel for `n` rows: the one with the fewest accumulators that serves them.
+    fn for_rows(&self, n: usize) -> &'static str {
+        self.names
+            .iter()
+            .zip(DECODE_GEMV_VARIANT_ROWS)
+            .find(|&(_, rows)| n <= rows as usize)
+            .map_or(self.names[self.names.len() - 1], |(name, _)| name)
+    }
 }
 
 /// `Output = epilogue(prologue(Input) · weightᵀ)` for `n` rows (see
@@ -336,39 +376,67 @@ pub fn decode_gemv(
     launch: DecodeLaunch<'_>,
     input: Input<'_>,
     ln: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
-    weight: &CudaSlice<f32>,
+    weight: WeightRef<'_>,
     bias: Option<&CudaSlice<f32>>,
     output: Output<'_>,
     n: usize,
     c: usize,
     oc: usize,
 ) -> Result<(), OpError> {
+    match weight {
+        WeightRef::F32(_) => gemv_typed::<f32>(gpu, ws, launch, input, ln, weight, bias, output, n, c, oc),
+        WeightRef::Bf16(_) => gemv_typed::<u16>(gpu, ws, launch, input, ln, weight, bias, output, n, c, oc),
+    }
+}
+
+/// [`decode_gemv`] with weights of element type `W` (`weight`, and the
+/// embedding's `wte`, must hold that type).
+#[allow(clippy::too_many_arguments)]
+fn gemv_typed<W: GemvWeight>(
+    gpu: &Gpu,
+    ws: &mut DecodeWorkspace,
+    launch: DecodeLaunch<'_>,
+    input: Input<'_>,
+    ln: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    weight: WeightRef<'_>,
+    bias: Option<&CudaSlice<f32>>,
+    output: Output<'_>,
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<(), OpError>
+where
+    DecodeGemvParams<W>: KernelParams,
+{
+    let kernels = &W::KERNELS;
+    let weight_ptr = W::ptr(gpu, weight).ok_or_else(|| OpError::shape(OP_GEMV, "weight format mismatch"))?;
     if n == 0 || n > ws.max_rows {
         return Err(OpError::shape(
             OP_GEMV,
             format!("{n} rows: the workspace serves 1..={}", ws.max_rows),
         ));
     }
-    if c == 0 || !c.is_multiple_of(4) || c > DECODE_GEMV_MAX_C as usize || oc == 0 {
+    let cm = kernels.c_multiple;
+    if c == 0 || !c.is_multiple_of(cm) || c > DECODE_GEMV_MAX_C as usize || oc == 0 {
         return Err(OpError::shape(
             OP_GEMV,
-            format!("c = {c}, oc = {oc}: c must be a positive multiple of 4 up to {DECODE_GEMV_MAX_C}"),
+            format!("c = {c}, oc = {oc}: c must be a positive multiple of {cm} up to {DECODE_GEMV_MAX_C}"),
         ));
     }
     to_u32(OP_GEMV, "oc * c", oc * c)?;
     check_len(OP_GEMV, "weight", weight.len(), oc * c)?;
     let null = std::ptr::null::<f32>();
-    let mut p = DecodeGemvParams {
+    let mut p = DecodeGemvParams::<W> {
         out: std::ptr::null_mut(),
         inp: null,
         ln_weight: null,
         ln_bias: null,
-        weight: in_ptr(gpu, weight),
+        weight: weight_ptr,
         bias: null,
         residual: null,
         tokens: std::ptr::null(),
         pos: std::ptr::null(),
-        wte: null,
+        wte: std::ptr::null(),
         wpe: null,
         embed_out: std::ptr::null_mut(),
         vocab: 0,
@@ -407,11 +475,13 @@ pub fn decode_gemv(
             check_len(OP_GEMV, "tokens", e.tokens.len(), n)?;
             check_len(OP_GEMV, "pos", e.pos.len(), n)?;
             check_len(OP_GEMV, "wte", e.wte.len(), e.vocab * c)?;
+            let wte =
+                W::ptr(gpu, e.wte).ok_or_else(|| OpError::shape(OP_GEMV, "wte and weight must have one format"))?;
             check_len(OP_GEMV, "wpe", e.wpe.len(), e.max_pos * c)?;
             check_len(OP_GEMV, "embed out", e.out.len(), n * c)?;
             p.tokens = in_ptr(gpu, e.tokens);
             p.pos = in_ptr(gpu, e.pos);
-            p.wte = in_ptr(gpu, e.wte);
+            p.wte = wte;
             p.wpe = in_ptr(gpu, e.wpe);
             p.embed_out = out_ptr(gpu, e.out);
             p.vocab = to_u32(OP_GEMV, "vocab", e.vocab)?;
@@ -501,6 +571,7 @@ pub fn decode_gemv(
     let (cfg, k_warps) = gemv_config(
         gpu,
         ws,
+        kernels,
         n,
         c,
         oc,
@@ -511,11 +582,12 @@ pub fn decode_gemv(
     p.k_warps = k_warps;
     // SAFETY: every buffer the params name was checked above to hold what
     // the kernel reads or writes for n rows, c, oc (and the greedy
-    // partials hold max_blocks >= grid rows); 16-byte aligned; c % 4 == 0,
-    // c <= MAX_C, n <= MAX_ROWS; the launch gives n*c floats of shared
+    // partials hold max_blocks >= grid rows); 16-byte aligned; c a
+    // multiple of the format's 16-byte load (4 f32, 8 bf16), c <= MAX_C,
+    // n <= MAX_ROWS; the kernel's element type is W, as weight and wte hold; the launch gives n*c floats of shared
     // memory (+ the greedy scratch); the kernel keeps the PDL contract; the
     // prefetch ranges lie inside buffers `launch` borrows (L2Prefetch::push).
-    unsafe { gpu.launch_pdl(gemv_kernel(n), cfg, p, launch.pdl && gpu.has_wgmma())? };
+    unsafe { gpu.launch_pdl(kernels.for_rows(n), cfg, p, launch.pdl && gpu.has_wgmma())? };
     Ok(())
 }
 

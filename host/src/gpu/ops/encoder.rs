@@ -1,7 +1,10 @@
 //! `encoder_forward`: token plus position embeddings (twin of `cpu::ops::encoder_forward`).
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
-use gpu_kernels::params::encoder::{ENCODER_BLOCK, ENCODER_FORWARD, ENCODER_FORWARD_NAIVE, EncoderParams};
+use gpu_kernels::params::encoder::{
+    ENCODER_BLOCK, ENCODER_FORWARD, ENCODER_FORWARD_BF16, ENCODER_FORWARD_NAIVE, EncoderParams,
+};
+use half::bf16;
 
 use super::args::{OpError, Variant, aligned16, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use crate::gpu::Gpu;
@@ -34,6 +37,58 @@ pub fn encoder_forward(
     pos0: usize,
 ) -> Result<(), OpError> {
     encoder_forward_variant(gpu, Variant::Best, out, inp, wte, wpe, b, t, c, pos0)
+}
+
+/// [`encoder_forward`] over a bf16 token table (the bf16 engine's; `wpe`
+/// and `out` stay f32). CPU twin: `cpu::ops::encoder_forward` over the
+/// table widened to f32 (exact).
+#[allow(clippy::too_many_arguments)]
+pub fn encoder_forward_bf16(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<u32>,
+    wte: &impl DevicePtr<bf16>,
+    wpe: &impl DevicePtr<f32>,
+    b: usize,
+    t: usize,
+    c: usize,
+    pos0: usize,
+) -> Result<(), OpError> {
+    const OP: &str = "encoder_forward_bf16";
+    let total = count_u32(OP, "b * t * c", &[b, t, c])?;
+    check_len(OP, "out", out.len(), b * t * c)?;
+    check_len(OP, "inp", inp.len(), b * t)?;
+    check_len(OP, "wpe", wpe.len(), (pos0 + t) * c)?;
+    if c == 0 || total == 0 {
+        return Ok(());
+    }
+    let params = EncoderParams::<u16> {
+        out: out_ptr(gpu, out),
+        inp: in_ptr(gpu, inp),
+        wte: in_ptr(gpu, wte) as *const u16,
+        wpe: in_ptr(gpu, wpe),
+        b: b as u32,
+        t: t as u32,
+        c: c as u32,
+        pos0: to_u32(OP, "pos0", pos0)?,
+        wte_rows: to_u32(OP, "rows of wte", wte.len() / c)?,
+    };
+    // 4 bf16 per thread: 8-byte aligned rows.
+    const WTE_ALIGN: usize = VEC * size_of::<u16>();
+    if !c.is_multiple_of(VEC)
+        || !aligned16(&[params.out as usize, params.wpe as usize])
+        || !(params.wte as usize).is_multiple_of(WTE_ALIGN)
+    {
+        return Err(OpError::shape(
+            OP,
+            format!("c = {c} must be a multiple of {VEC}, with aligned buffers"),
+        ));
+    }
+    // SAFETY: lengths checked above (out b*t*c, inp b*t, wpe (pos0+t)*c, wte
+    // wte_rows*c bf16, ids guarded against wte_rows); c % 4 == 0, out and
+    // wpe 16-byte, wte 8-byte aligned (rows of c bf16 keep that alignment).
+    unsafe { gpu.launch(ENCODER_FORWARD_BF16, launch_config(total / VEC as u32), params)? };
+    Ok(())
 }
 
 /// [`encoder_forward`] on the baseline kernel.

@@ -15,6 +15,8 @@ pub mod matmul;
 pub mod matmul_tf32;
 pub mod residual;
 pub mod softmax;
+// Issue 14: f32 or bf16 weight matrices.
+pub mod weight;
 // GPU sampling (twin: `cpu::sample`).
 pub mod sample;
 // Issue 14: bf16.
