@@ -34,6 +34,7 @@ use host::gpu::ops::matmul_tf32::{
     MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32, matmul_forward_tf32_opts,
     matmul_forward_tf32_with,
 };
+use host::gpu::ops::weight::WeightRef;
 use host::gpu::runtime::dptr_mut;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
@@ -372,7 +373,7 @@ fn decode_gemv_bench(
         launch,
         DecodeInput::Rows(inp),
         None,
-        w,
+        WeightRef::F32(w),
         bias,
         output,
         rows,
@@ -959,7 +960,7 @@ fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
         "{:>6} {:>8} {:>7} {:>6} {:>6} {:>6} {:>12} {:>12}",
         "prec", "attn", "what", "B", "T", "window", "median ms", "tokens/s"
     );
-    for precision in [Precision::Fp32, Precision::Tf32] {
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
         let gpu = Gpu::new(args.device)?;
         let mut engine = GpuEngine::new(gpu, &weights, E2E_MAX_BATCH, config.max_seq_len, precision)?;
         let mut rng = rand::rng();
