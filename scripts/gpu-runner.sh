@@ -22,7 +22,8 @@
 #      module (the mma.sync TF32 path) end to end too
 #   4. compute-sanitizer memcheck, racecheck, synccheck and initcheck over the
 #      GPU test binary
-#   5. (BENCH=1) scripts/torch_bench.py and the Rust bench binary, if any
+#   5. (BENCH=1) scripts/torch_bench.py, the accuracy table (bin/accuracy) and
+#      the Rust bench binary, if any
 #
 # Skips count as failures. libtest counts a test that returns early as
 # passed, so a test that cannot run prints one line
@@ -404,6 +405,7 @@ if (( ORACLE_OK )) && [[ -x "$GPU_OUT/bin/host" ]]; then
     }
     run_prog "cli gpu fp32" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 "$PROMPT"
     run_prog "cli gpu tf32" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 --precision tf32 "$PROMPT"
+    run_prog "cli gpu bf16" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 --precision bf16 "$PROMPT"
     run_prog "cli cpu" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 --cpu "$PROMPT"
     run_prog "cli gpu sampled batch" "$GPU_OUT/bin/host" --weights "$W" -n 32 --seed 7 "$PROMPT" "Once upon a time, in a land far away"
     # Decode speed as a user sees it (issue 13's CLI goal): 512 tokens at
@@ -412,9 +414,13 @@ if (( ORACLE_OK )) && [[ -x "$GPU_OUT/bin/host" ]]; then
     run_prog "cli gpu 512 sampled" "$GPU_OUT/bin/host" --weights "$W" -n 512 --seed 7 "$PROMPT"
     EIGHT=("$PROMPT" "Once upon a time" "In the beginning" "The weather today" "My favourite food is" "Rust is a language" "GPUs are fast because" "The capital of France")
     run_prog "cli gpu batch 8 greedy 256" "$GPU_OUT/bin/host" --weights "$W" -n 256 --temperature 0 "${EIGHT[@]}"
+    run_prog "cli gpu 512 greedy bf16" "$GPU_OUT/bin/host" --weights "$W" -n 512 --temperature 0 --precision bf16 "$PROMPT"
+    run_prog "cli gpu 512 sampled bf16" "$GPU_OUT/bin/host" --weights "$W" -n 512 --seed 7 --precision bf16 "$PROMPT"
+    run_prog "cli gpu batch 8 greedy 256 bf16" "$GPU_OUT/bin/host" --weights "$W" -n 256 --temperature 0 --precision bf16 "${EIGHT[@]}"
     if [[ -x "$GPU_OUT/bin/perplexity" ]]; then
         run_prog "perplexity gpu" "$GPU_OUT/bin/perplexity" "$ROOT/tests/data/perplexity_sample.txt" --weights "$W" --window 256 --stride 128
         run_prog "perplexity cpu" "$GPU_OUT/bin/perplexity" "$ROOT/tests/data/perplexity_sample.txt" --weights "$W" --window 256 --stride 128 --cpu
+        run_prog "perplexity gpu bf16" "$GPU_OUT/bin/perplexity" "$ROOT/tests/data/perplexity_sample.txt" --weights "$W" --window 256 --stride 128 --precision bf16
     fi
     grep -E 'tokens generated|perplexity|PPL' "$PROG_LOG" | tee -a "$SUMMARY"
 fi
@@ -488,6 +494,14 @@ if [[ "$BENCH" == 1 ]]; then
         note "bench torch: ok (bench-torch.json)"
     else
         fail "bench torch: failed (see bench.log)"
+    fi
+    if [[ -x "$GPU_OUT/bin/accuracy" ]]; then
+        banner "accuracy: the error table per precision"
+        if (cd "$ROOT" && timeout "$BENCH_TIMEOUT" "$GPU_OUT/bin/accuracy" --json "$OUT/accuracy.json") 2>&1 | tee -a "$BENCH_LOG"; then
+            note "accuracy: ok (accuracy.json)"
+        else
+            fail "accuracy: failed (see bench.log)"
+        fi
     fi
     if [[ -x "$GPU_OUT/bin/bench" ]]; then
         banner "bench: Rust engine"
