@@ -188,6 +188,19 @@ fn layernorm_matches_cpu() {
             gpu.upload(&w).unwrap(),
             gpu.upload(&bias).unwrap(),
         );
+        // f32 statistics err by about ulp(offset) in x - mean, which the
+        // layernorm divides by the row's deviation: a row whose few values
+        // happen to lie close together (c = 3) amplifies it. Scale the bar by
+        // 1 / (smallest deviation) where that is below 1 (seen: c = 3,
+        // 1.5e-5 against 1e-5, seed 11870102253788305394).
+        let min_std = inp
+            .chunks(c)
+            .map(|row| {
+                let mean = row.iter().map(|&x| x as f64).sum::<f64>() / c as f64;
+                (row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / c as f64).sqrt()
+            })
+            .fold(f64::INFINITY, f64::min);
+        let conditioning = (1.0 / min_std).max(1.0) as f32;
         for v in VARIANTS {
             let mut out = poisoned(&gpu, n * c);
             layernorm_forward_variant(&gpu, v, &mut out, &di, &dw, &db, n, c).unwrap();
@@ -195,11 +208,12 @@ fn layernorm_matches_cpu() {
             // CPU code does), which drifts by up to ~C ulps of the sum on the
             // +10 offset used here; the optimised kernel reduces in a tree and
             // is held to the tight bar against the f64-statistics reference.
-            let atol = if v == Variant::Naive {
-                LAYERNORM_NAIVE_ATOL
-            } else {
-                1e-5
-            };
+            let atol = conditioning
+                * if v == Variant::Naive {
+                    LAYERNORM_NAIVE_ATOL
+                } else {
+                    1e-5
+                };
             check(
                 &format!("layernorm {v:?} n={n} c={c}"),
                 &down(&gpu, &out),
