@@ -151,6 +151,8 @@ pub enum BlasMode {
     Fp32,
     /// `CUBLAS_TF32_TENSOR_OP_MATH`.
     Tf32,
+    /// `CUBLAS_DEFAULT_MATH`, for [`Blas::gemm_bf16`] (bf16 tensor cores).
+    Bf16,
 }
 
 /// A cuBLAS handle on the engine's stream, in one math mode.
@@ -165,6 +167,7 @@ impl Blas {
         let math = match mode {
             BlasMode::Fp32 => blas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH,
             BlasMode::Tf32 => blas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+            BlasMode::Bf16 => blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
         };
         // SAFETY: the handle is live (owned by `blas`); the call only sets a mode.
         let status = unsafe { blas_sys::cublasSetMathMode(*blas.handle(), math) };
@@ -208,6 +211,38 @@ impl Blas {
         unsafe { self.blas.gemm(cfg, w, inp, out)? };
         Ok(())
     }
+
+    /// [`Blas::gemm`] in bf16: bf16 `inp`, `w` and `out`, f32 accumulation
+    /// (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`).
+    pub fn gemm_bf16(
+        &self,
+        out: &mut CudaSlice<half::bf16>,
+        inp: &CudaSlice<half::bf16>,
+        w: &CudaSlice<half::bf16>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            out.len() >= m * n && inp.len() >= m * k && w.len() >= n * k,
+            "cuBLAS gemm: buffers too small"
+        );
+        let cfg = GemmConfig {
+            transa: blas_sys::cublasOperation_t::CUBLAS_OP_T,
+            transb: blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            m: n as i32,
+            n: m as i32,
+            k: k as i32,
+            alpha: half::bf16::ONE,
+            lda: k as i32,
+            ldb: k as i32,
+            beta: half::bf16::ZERO,
+            ldc: n as i32,
+        };
+        // SAFETY: sizes checked above match (m, n, k, lda, ldb, ldc).
+        unsafe { self.blas.gemm(cfg, w, inp, out)? };
+        Ok(())
+    }
 }
 
 /// One result row: what ran, on which shape, how fast.
@@ -217,7 +252,7 @@ pub struct GemmResult {
     pub n: usize,
     pub k: usize,
     pub variant: String,
-    /// "fp32" or "tf32": which cuBLAS mode it is compared against.
+    /// "fp32", "tf32" or "bf16": which cuBLAS mode it is compared against.
     pub precision: &'static str,
     pub timing: Timing,
     pub tflops: f64,

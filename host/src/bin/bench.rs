@@ -21,7 +21,9 @@ use host::bench::{
 use host::generate::{Backend, LogitsWanted};
 use host::gpu::Gpu;
 use host::gpu::engine::{AttentionKind, DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
+use host::gpu::ops::args::OpError;
 use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
+use host::gpu::ops::convert::convert_to_bf16;
 use host::gpu::ops::decode::{
     DecodeLaunch, DecodeWorkspace, Input as DecodeInput, Output as DecodeOutput, decode_gemv,
 };
@@ -30,6 +32,7 @@ use host::gpu::ops::matmul::{
     FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulWorkspace, SMALL_MAX_ROWS, SmallPlan, TiledPlan,
     matmul_forward_plan, matmul_forward_small, matmul_forward_with, matmul_forward_ws, split_k_workspace_floats,
 };
+use host::gpu::ops::matmul_bf16::matmul_forward_bf16;
 use host::gpu::ops::matmul_tf32::{
     MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32, matmul_forward_tf32_opts,
     matmul_forward_tf32_with,
@@ -205,6 +208,7 @@ fn tflops(flops: f64, us: f64) -> f64 {
 fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let blas32 = Blas::new(gpu.stream.clone(), BlasMode::Fp32)?;
     let blas_tf32 = Blas::new(gpu.stream.clone(), BlasMode::Tf32)?;
+    let blas_bf16 = Blas::new(gpu.stream.clone(), BlasMode::Bf16)?;
     let ms: &[usize] = if !args.gemm_m.is_empty() {
         &args.gemm_m
     } else if args.quick {
@@ -317,6 +321,41 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                 );
             }
 
+            // bf16: cuBLAS on bf16 inp, W and out; ours on f32 inp (rounded
+            // in the kernel, as the engine calls it), bf16 W, f32 out.
+            {
+                let to_bf16 = |x: &CudaSlice<f32>, rows: usize, cols: usize| -> anyhow::Result<CudaSlice<half::bf16>> {
+                    let mut y = gpu.alloc::<half::bf16>(rows * cols)?;
+                    // SAFETY: any f32 bits are valid bytes; the view covers rows*cols floats.
+                    let raw = unsafe { x.transmute::<u8>(rows * cols * size_of::<f32>()) }
+                        .context("a byte view of the inputs")?;
+                    convert_to_bf16(gpu, &mut y, &raw, rows, cols, DType::F32, false)?;
+                    Ok(y)
+                };
+                let inp16 = sets
+                    .inp
+                    .iter()
+                    .map(|x| to_bf16(x, m, k))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let w16 = sets
+                    .w
+                    .iter()
+                    .map(|x| to_bf16(x, n, k))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let mut out16 = (0..sn)
+                    .map(|_| gpu.alloc::<half::bf16>(m * n))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
+                    blas_bf16.gemm_bf16(&mut out16[i], &inp16[i], &w16[i], m, n, k)
+                })?;
+                record("cublas_bf16".into(), "bf16", t);
+                let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
+                    let GemmSets { inp, out, .. } = &mut sets;
+                    matmul_forward_bf16(gpu, &mut out[i], &inp[i], &w16[i], None, m, k, n, false)
+                })?;
+                record("ours_bf16_auto".into(), "bf16", t);
+            }
+
             // Ours, FP32 (H4's naive and tiled matmul_forward): hook.
             for (name, t) in fp32_hook(gpu, args, &mut sets)? {
                 record(name, "fp32", t);
@@ -328,10 +367,15 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                     .find(|r| r.variant.starts_with("cublas") && r.precision == p)
                     .map(|r| r.timing.median_us)
             };
-            let (b32, b_tf32) = (base("fp32"), base("tf32"));
+            let (b32, b_tf32, b_bf16) = (base("fp32"), base("tf32"), base("bf16"));
             for r in &mut rows {
                 if !r.variant.starts_with("cublas") {
-                    r.vs_cublas = if r.precision == "fp32" { b32 } else { b_tf32 }.map(|b| b / r.timing.median_us);
+                    let b = match r.precision {
+                        "fp32" => b32,
+                        "bf16" => b_bf16,
+                        _ => b_tf32,
+                    };
+                    r.vs_cublas = b.map(|b| b / r.timing.median_us);
                 }
             }
             for r in &rows {
