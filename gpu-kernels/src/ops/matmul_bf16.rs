@@ -24,12 +24,13 @@
 //! - Each warp owns a `WM x WN` sub-tile: `MI = WM/16` by `NI = WN/8` mma
 //!   tiles, accumulated in registers in f32.
 //! - Epilogue: the TF32 kernels' (`matmul_tf32::store_tile`): bias and
-//!   optional GELU, guarded stores.
+//!   optional GELU, guarded stores (the fragments parked by
+//!   `matmul_tf32::park_fragments` first).
 //!
 //! The body is generic over the tile shape; the macro at the bottom exports
 //! one kernel per shape in [`crate::params::matmul_bf16::MATMUL_BF16_VARIANTS`].
 
-use super::matmul_tf32::{grouped_tile, store_tile};
+use super::matmul_tf32::{grouped_tile, park_fragments, store_tile, wait_for_oldest_stage};
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k16_bf16, pack_bf16x2};
 use crate::device::shared::dynamic_shared;
 use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
@@ -81,10 +82,6 @@ struct Align16([u8; CHUNK_BYTES]);
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
 struct F4([f32; F32_PER_CHUNK]);
-/// Two floats moved as one 8-byte access.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct F2([f32; 2]);
 /// Four words (8 bf16) moved as one 16-byte access.
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
@@ -100,20 +97,6 @@ struct U2([u32; WORDS_PER_CHUNK]);
 /// rows, then `A_TILES` bf16 tiles of `bm` rows, all rows `BK` deep.
 const fn layout_bytes(bm: usize, bn: usize, stages: usize) -> usize {
     stages * (bm * BK * size_of::<f32>() + bn * BK * size_of::<u16>()) + A_TILES * bm * BK * size_of::<u16>()
-}
-
-/// Wait until at most `STAGES - 2` copy groups are in flight: then the group
-/// of the tile about to be consumed has landed. (A match because `STAGES - 2`
-/// cannot be a const argument computed from a generic parameter.)
-#[inline(always)]
-fn wait_for_oldest_stage<const STAGES: usize>() {
-    match STAGES {
-        2 => cp_async_wait_group::<0>(),
-        3 => cp_async_wait_group::<1>(),
-        4 => cp_async_wait_group::<2>(),
-        5 => cp_async_wait_group::<3>(),
-        _ => cp_async_wait_group::<0>(),
-    }
 }
 
 /// Copy one `ROWS x BK` slab of a K-contiguous matrix of `T` (f32, or bf16
@@ -357,17 +340,7 @@ unsafe fn matmul_bf16_body<
     sync_threads(); // all warps done reading the pipeline's shared memory
     let tile = smem.cast::<f32>();
     let ldo = BN + EPI_PAD;
-    unroll_below!(mi < MI => {
-        unroll_below!(ni < NI => {
-            let frag = acc[mi][ni];
-            let r = warp_m * WM + mi * MMA_M + g;
-            let col = warp_n * WN + ni * MMA_N + 2 * t;
-            unsafe {
-                *tile.add(r * ldo + col).cast::<F2>() = F2([frag[0], frag[1]]);
-                *tile.add((r + FRAG_ROW_HALF) * ldo + col).cast::<F2>() = F2([frag[2], frag[3]]);
-            }
-        });
-    });
+    unsafe { park_fragments::<MI, NI>(&acc, tile, ldo, warp_m * WM, warp_n * WN, g, t) };
     sync_threads();
 
     unsafe {

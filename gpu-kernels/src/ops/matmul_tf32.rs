@@ -92,7 +92,7 @@ pub(crate) fn grouped_tile(pid: usize, tiles_m: usize, tiles_n: usize) -> (usize
 /// of the tile about to be consumed has landed. (A match because `STAGES - 2`
 /// cannot be a const argument computed from a generic parameter.)
 #[inline(always)]
-fn wait_for_oldest_stage<const STAGES: usize>() {
+pub(crate) fn wait_for_oldest_stage<const STAGES: usize>() {
     match STAGES {
         2 => cp_async_wait_group::<0>(),
         3 => cp_async_wait_group::<1>(),
@@ -338,17 +338,7 @@ unsafe fn matmul_tf32_body<
     cp_async_wait_group::<0>();
     sync_threads(); // all warps done reading the pipeline stages
     let ldo = BN + EPI_PAD;
-    unroll_below!(mi < MI => {
-        unroll_below!(ni < NI => {
-            let frag = acc[mi][ni];
-            let r = warp_m * WM + mi * MMA_M + g;
-            let col = warp_n * WN + ni * MMA_N + 2 * t;
-            unsafe {
-                *smem.add(r * ldo + col).cast::<F2>() = F2([frag[0], frag[1]]);
-                *smem.add((r + 8) * ldo + col).cast::<F2>() = F2([frag[2], frag[3]]);
-            }
-        });
-    });
+    unsafe { park_fragments::<MI, NI>(&acc, smem, ldo, warp_m * WM, warp_n * WN, g, t) };
     sync_threads();
 
     unsafe {
@@ -369,6 +359,41 @@ unsafe fn matmul_tf32_body<
             false,
         )
     };
+}
+
+/// Step 1 of the `mma.sync` kernels' epilogue (TF32 and bf16): park a
+/// warp's `MI x NI` accumulator fragments of m16n8 mma tiles in the shared
+/// tile at `tile` (row stride `ldo` floats), the warp's sub-tile at
+/// (`row0`, `col0`); lane (g, t) holds c0/c1 at row g, columns 2t and 2t+1,
+/// and c2/c3 at row g + 8. Unrolled, so the accumulators are indexed by
+/// constants only (a run-time index would move them all to local memory).
+///
+/// # Safety
+/// `tile` holds `row0 + MI * 16` rows of `ldo` floats in shared memory,
+/// 8-byte aligned, `col0 + NI * 8 <= ldo`; no other thread touches this
+/// warp's part until the next barrier.
+#[inline(always)]
+pub(crate) unsafe fn park_fragments<const MI: usize, const NI: usize>(
+    acc: &[[[f32; 4]; NI]; MI],
+    tile: *mut f32,
+    ldo: usize,
+    row0: usize,
+    col0: usize,
+    g: usize,
+    t: usize,
+) {
+    unroll_below!(mi < MI => {
+        unroll_below!(ni < NI => {
+            let frag = acc[mi][ni];
+            let r = row0 + mi * MMA_M + g;
+            let col = col0 + ni * MMA_N + 2 * t;
+            // SAFETY: inside the tile (the caller's contract).
+            unsafe {
+                *tile.add(r * ldo + col).cast::<F2>() = F2([frag[0], frag[1]]);
+                *tile.add((r + FRAG_ROW_HALF) * ldo + col).cast::<F2>() = F2([frag[2], frag[3]]);
+            }
+        });
+    });
 }
 
 /// The epilogue both TF32 engines share: stream a `bm x bn` tile of
