@@ -140,6 +140,10 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, n: usize,
     let total = n * c4;
     let stride = block_dim_x() as usize;
     let embed = !p.tokens.is_null();
+    // Rows that go straight into the product are rounded as the matmul
+    // multiplies them (bf16 weights: to bf16); with a layernorm, its output
+    // is rounded instead (`layernorm_rows`). The residual stream stays f32.
+    let round = p.ln_weight.is_null();
     let mut base = thread_idx_x() as usize;
     while base < total {
         let mut x = [[0.0f32; VEC]; STAGE_BATCH];
@@ -170,7 +174,7 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, n: usize,
                     if embed && block_idx_x() == 0 {
                         store4(p.embed_out.add(r * c + k), x[u]);
                     }
-                    store4(xs.add(r * c + k), x[u]);
+                    store4(xs.add(r * c + k), if round { x[u].map(W::round_input) } else { x[u] });
                 }
             }
         });
@@ -201,13 +205,14 @@ unsafe fn stage_ln_params<W>(p: &DecodeGemvParams<W>, dst: *mut f32, c: usize) {
 /// Layernorm each staged row in place: warp `r` finds row `r`'s mean and
 /// rstd (two passes over shared memory: mean, then the biased variance
 /// around it), then every thread normalises its elements of every row with
-/// the weight and bias staged in `lnp` (`[2][c]`). `stats` holds `2 * n`.
+/// the weight and bias staged in `lnp` (`[2][c]`), rounded as a matmul over
+/// `W` weights multiplies them. `stats` holds `2 * n`.
 ///
 /// # Safety
 /// `xs` holds `n * c` staged floats; `lnp` and `stats` as said; every
 /// thread of the block calls this (it has a barrier).
 #[inline(always)]
-unsafe fn layernorm_rows(xs: *mut f32, lnp: *const f32, stats: *mut f32, n: usize, c: usize) {
+unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, stats: *mut f32, n: usize, c: usize) {
     let lane = lane_id() as usize;
     let warps = (block_dim_x() / WARP_SIZE) as usize;
     let inv_c = 1.0 / c as f32;
@@ -248,7 +253,7 @@ unsafe fn layernorm_rows(xs: *mut f32, lnp: *const f32, stats: *mut f32, n: usiz
         unsafe {
             let (mean, rstd) = (*stats.add(2 * r), *stats.add(2 * r + 1));
             let x = *xs.add(i);
-            *xs.add(i) = fma((x - mean) * rstd, *lnp.add(k), *lnp.add(c + k));
+            *xs.add(i) = W::round_input(fma((x - mean) * rstd, *lnp.add(k), *lnp.add(c + k)));
         }
         i += step;
     }
@@ -436,18 +441,7 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
     unsafe { stage_rows(&p, xs, n, c) };
     sync_threads();
     if ln {
-        unsafe { layernorm_rows(xs, lnp, lnp.add(2 * c), n, c) };
-        sync_threads();
-    }
-    if W::ROUNDS_INPUT {
-        // The inputs as the bf16 prefill matmul multiplies them (after the
-        // layernorm; the residual stream written above stays f32).
-        let mut i = thread_idx_x() as usize;
-        while i < n * c {
-            // SAFETY: i < n*c staged floats.
-            unsafe { *xs.add(i) = W::round_input(*xs.add(i)) };
-            i += block_dim_x() as usize;
-        }
+        unsafe { layernorm_rows::<W>(xs, lnp, lnp.add(2 * c), n, c) };
         sync_threads();
     }
 

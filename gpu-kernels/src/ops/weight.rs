@@ -11,13 +11,10 @@ pub trait Weight: Copy {
     /// Values in one 16-byte load.
     const PER_LOAD: usize;
 
-    /// Whether a matmul over these weights rounds its input activations to
-    /// this type first ([`Weight::round_input`] is not the identity): bf16
-    /// matmuls multiply bf16 by bf16, on the tensor cores (prefill) and in
-    /// the decode GEMV alike, so both compute the same products.
-    const ROUNDS_INPUT: bool;
-
-    /// An input activation as the matmul multiplies it.
+    /// An input activation as a matmul over these weights multiplies it:
+    /// bf16 matmuls multiply bf16 by bf16, on the tensor cores (prefill) and
+    /// in the decode GEMV alike, so both compute the same products; f32
+    /// leaves it as it is.
     fn round_input(x: f32) -> f32;
 
     /// The 16 bytes at element `i` of `p`, as raw words.
@@ -38,7 +35,6 @@ pub trait Weight: Copy {
 
 impl Weight for f32 {
     const PER_LOAD: usize = 4;
-    const ROUNDS_INPUT: bool = false;
 
     #[inline(always)]
     fn round_input(x: f32) -> f32 {
@@ -72,7 +68,6 @@ struct U2([u32; 2]);
 /// (little-endian).
 impl Weight for u16 {
     const PER_LOAD: usize = 8;
-    const ROUNDS_INPUT: bool = true;
 
     #[inline(always)]
     fn round_input(x: f32) -> f32 {
