@@ -195,18 +195,7 @@ impl Blas {
             out.len() >= m * n && inp.len() >= m * k && w.len() >= n * k,
             "cuBLAS gemm: buffers too small"
         );
-        let cfg = GemmConfig {
-            transa: blas_sys::cublasOperation_t::CUBLAS_OP_T,
-            transb: blas_sys::cublasOperation_t::CUBLAS_OP_N,
-            m: n as i32,
-            n: m as i32,
-            k: k as i32,
-            alpha: 1.0f32,
-            lda: k as i32,
-            ldb: k as i32,
-            beta: 0.0f32,
-            ldc: n as i32,
-        };
+        let cfg = row_major_config(m, n, k, 1.0f32, 0.0);
         // SAFETY: sizes checked above match (m, n, k, lda, ldb, ldc).
         unsafe { self.blas.gemm(cfg, w, inp, out)? };
         Ok(())
@@ -227,21 +216,27 @@ impl Blas {
             out.len() >= m * n && inp.len() >= m * k && w.len() >= n * k,
             "cuBLAS gemm: buffers too small"
         );
-        let cfg = GemmConfig {
-            transa: blas_sys::cublasOperation_t::CUBLAS_OP_T,
-            transb: blas_sys::cublasOperation_t::CUBLAS_OP_N,
-            m: n as i32,
-            n: m as i32,
-            k: k as i32,
-            alpha: half::bf16::ONE,
-            lda: k as i32,
-            ldb: k as i32,
-            beta: half::bf16::ZERO,
-            ldc: n as i32,
-        };
+        let cfg = row_major_config(m, n, k, half::bf16::ONE, half::bf16::ZERO);
         // SAFETY: sizes checked above match (m, n, k, lda, ldb, ldc).
         unsafe { self.blas.gemm(cfg, w, inp, out)? };
         Ok(())
+    }
+}
+
+/// The cuBLAS configuration of `out[m, n] = alpha · inp[m, k] · W[n, k]ᵀ
+/// (+ beta · out)` on row-major buffers (see [`Blas::gemm`]).
+fn row_major_config<T>(m: usize, n: usize, k: usize, alpha: T, beta: T) -> GemmConfig<T> {
+    GemmConfig {
+        transa: blas_sys::cublasOperation_t::CUBLAS_OP_T,
+        transb: blas_sys::cublasOperation_t::CUBLAS_OP_N,
+        m: n as i32,
+        n: m as i32,
+        k: k as i32,
+        alpha,
+        lda: k as i32,
+        ldb: k as i32,
+        beta,
+        ldc: n as i32,
     }
 }
 

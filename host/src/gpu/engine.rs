@@ -13,7 +13,7 @@
 //! runs for head sizes the flash kernels were not built for.
 
 use anyhow::{Context, Result, ensure};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaViewMut, DeviceRepr, ValidAsZeroBits};
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
@@ -31,7 +31,7 @@ use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::layernorm::{layernorm_forward, layernorm_forward_tf32, residual_layernorm_forward};
 use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
-use crate::gpu::ops::matmul_bf16::matmul_forward_bf16;
+use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, matmul_forward_bf16};
 use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32_opts};
 use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
 use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
@@ -269,8 +269,6 @@ impl SamplingState {
 
 /// Bytes of one f32.
 const F32_BYTES: usize = 4;
-/// The bf16 kernels read 16 bytes (8 values) of a row at a time.
-const BF16_C_MULTIPLE: usize = 8;
 /// Bytes per mebibyte, for messages.
 const MIB: usize = 1 << 20;
 
@@ -998,47 +996,38 @@ fn upload_params(gpu: &Gpu, w: &Weights, format: WeightFormat) -> Result<DeviceP
     })
 }
 
-/// One tensor to a new device buffer of `rows` logical rows (more than the
-/// tensor's own rows pads with zeros: wte to Vp). f32 in logical layout is
-/// copied as it is; other dtypes or transposed tensors are copied raw and
-/// converted by `convert_to_f32` on the device.
+/// One tensor to a new f32 device buffer of `rows` logical rows (more than
+/// the tensor's own rows pads with zeros: wte to Vp): see [`upload_as`].
 fn upload_tensor(gpu: &Gpu, t: &Tensor, rows: usize) -> Result<CudaSlice<f32>> {
-    let [trows, cols] = t.shape;
-    ensure!(rows >= trows, "cannot fit {trows} rows into {rows}");
-    let nbytes = trows * cols * t.dtype.size();
-    ensure!(
-        t.bytes.len() == nbytes,
-        "tensor holds {} bytes, its shape needs {nbytes}",
-        t.bytes.len()
-    );
-    let mut out = gpu.alloc::<f32>(rows * cols)?;
-    if t.dtype == DType::F32 && !t.transposed {
-        // SAFETY: any bytes are valid f32 bits; the view covers the first
-        // trows*cols floats of `out` (transmute_mut checks the size).
-        let mut dst = unsafe { out.transmute_mut::<u8>(nbytes) }.context("upload view larger than the buffer")?;
-        gpu.stream
-            .memcpy_htod(t.bytes, &mut dst)
-            .ctx("copying weights to the GPU")?;
-    } else {
-        let mut raw = gpu.alloc::<u8>(nbytes)?;
-        gpu.stream
-            .memcpy_htod(t.bytes, &mut raw)
-            .ctx("copying weights to the GPU")?;
-        let mut dst = out.slice_mut(0..trows * cols);
-        convert_to_f32(gpu, &mut dst, &raw, trows, cols, t.dtype, t.transposed)?;
-        // `raw` is freed in stream order, after the conversion.
-    }
-    Ok(out)
+    upload_as(gpu, t, rows, DType::F32, |dst, raw, [r, c], dt, tr| {
+        convert_to_f32(gpu, dst, raw, r, c, dt, tr)
+    })
 }
 
 /// A weight matrix to a new device buffer of `rows` logical rows in
-/// `format` (extra rows are zero). bf16 stored untransposed is copied as it
-/// is (no round trip through f32); anything else is converted on the device
-/// (f32 and f16 rounded to the nearest bf16).
+/// `format` (see [`upload_as`]; bf16 stored untransposed is copied as it
+/// is, f32 and f16 are rounded to the nearest bf16).
 fn upload_matrix(gpu: &Gpu, t: &Tensor, rows: usize, format: WeightFormat) -> Result<DeviceWeight> {
-    if format == WeightFormat::F32 {
-        return Ok(DeviceWeight::F32(upload_tensor(gpu, t, rows)?));
-    }
+    Ok(match format {
+        WeightFormat::F32 => DeviceWeight::F32(upload_tensor(gpu, t, rows)?),
+        WeightFormat::Bf16 => DeviceWeight::Bf16(upload_as(gpu, t, rows, DType::BF16, |dst, raw, [r, c], dt, tr| {
+            convert_to_bf16(gpu, dst, raw, r, c, dt, tr)
+        })?),
+    })
+}
+
+/// One tensor to a new device buffer of `T` (whose checkpoint dtype is
+/// `dtype`) with `rows` logical rows; extra rows are zero. Stored as `T`
+/// already and untransposed, its bytes are copied as they are; otherwise
+/// they are copied raw and `convert(dst, raw, shape, dtype, transposed)`
+/// (`convert_to_f32` or `convert_to_bf16`) turns them into `T` on the device.
+fn upload_as<T: DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    t: &Tensor,
+    rows: usize,
+    dtype: DType,
+    convert: impl FnOnce(&mut CudaViewMut<'_, T>, &CudaSlice<u8>, [usize; 2], DType, bool) -> Result<(), OpError>,
+) -> Result<CudaSlice<T>> {
     let [trows, cols] = t.shape;
     ensure!(rows >= trows, "cannot fit {trows} rows into {rows}");
     let nbytes = trows * cols * t.dtype.size();
@@ -1047,10 +1036,11 @@ fn upload_matrix(gpu: &Gpu, t: &Tensor, rows: usize, format: WeightFormat) -> Re
         "tensor holds {} bytes, its shape needs {nbytes}",
         t.bytes.len()
     );
-    let mut out = gpu.alloc::<half::bf16>(rows * cols)?;
-    if t.dtype == DType::BF16 && !t.transposed {
-        // SAFETY: any bytes are valid bf16 bits; the view covers the first
-        // trows*cols values of `out` (transmute_mut checks the size).
+    let mut out = gpu.alloc::<T>(rows * cols)?;
+    if t.dtype == dtype && !t.transposed {
+        // SAFETY: the bytes are values of T as stored (f32 or bf16 bits: any
+        // bits are valid); the view covers the first trows*cols values of
+        // `out` (transmute_mut checks the size).
         let mut dst = unsafe { out.transmute_mut::<u8>(nbytes) }.context("upload view larger than the buffer")?;
         gpu.stream
             .memcpy_htod(t.bytes, &mut dst)
@@ -1061,7 +1051,8 @@ fn upload_matrix(gpu: &Gpu, t: &Tensor, rows: usize, format: WeightFormat) -> Re
             .memcpy_htod(t.bytes, &mut raw)
             .ctx("copying weights to the GPU")?;
         let mut dst = out.slice_mut(0..trows * cols);
-        convert_to_bf16(gpu, &mut dst, &raw, trows, cols, t.dtype, t.transposed)?;
+        convert(&mut dst, &raw, [trows, cols], t.dtype, t.transposed)?;
+        // `raw` is freed in stream order, after the conversion.
     }
-    Ok(DeviceWeight::Bf16(out))
+    Ok(out)
 }

@@ -321,6 +321,9 @@ fn gemv_config(
     Ok((cfg, k_warps as u32))
 }
 
+/// Bytes of one weight load of the GEMV: `c` is a multiple of the values it holds.
+const LOAD_BYTES: usize = 16;
+
 /// The GEMV kernels of one weight format.
 struct GemvKernels {
     /// By the most rows they serve (`DECODE_GEMV_VARIANT_ROWS`).
@@ -343,7 +346,7 @@ impl GemvWeight for f32 {
     const KERNELS: GemvKernels = GemvKernels {
         names: DECODE_GEMV_VARIANTS,
         chunk: DECODE_GEMV_CHUNK,
-        c_multiple: 4,
+        c_multiple: LOAD_BYTES / size_of::<f32>(),
     };
 }
 
@@ -351,7 +354,7 @@ impl GemvWeight for u16 {
     const KERNELS: GemvKernels = GemvKernels {
         names: DECODE_GEMV_BF16_VARIANTS,
         chunk: DECODE_GEMV_CHUNK_BF16,
-        c_multiple: 8,
+        c_multiple: LOAD_BYTES / size_of::<u16>(),
     };
 }
 

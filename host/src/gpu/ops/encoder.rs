@@ -55,23 +55,9 @@ pub fn encoder_forward_bf16(
     pos0: usize,
 ) -> Result<(), OpError> {
     const OP: &str = "encoder_forward_bf16";
-    let total = count_u32(OP, "b * t * c", &[b, t, c])?;
-    check_len(OP, "out", out.len(), b * t * c)?;
-    check_len(OP, "inp", inp.len(), b * t)?;
-    check_len(OP, "wpe", wpe.len(), (pos0 + t) * c)?;
-    if c == 0 || total == 0 {
+    let wte_ptr = in_ptr(gpu, wte) as *const u16;
+    let Some((params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, wte.len()), wpe, b, t, c, pos0)? else {
         return Ok(());
-    }
-    let params = EncoderParams::<u16> {
-        out: out_ptr(gpu, out),
-        inp: in_ptr(gpu, inp),
-        wte: in_ptr(gpu, wte) as *const u16,
-        wpe: in_ptr(gpu, wpe),
-        b: b as u32,
-        t: t as u32,
-        c: c as u32,
-        pos0: to_u32(OP, "pos0", pos0)?,
-        wte_rows: to_u32(OP, "rows of wte", wte.len() / c)?,
     };
     // 4 bf16 per thread: 8-byte aligned rows.
     const WTE_ALIGN: usize = VEC * size_of::<u16>();
@@ -84,11 +70,49 @@ pub fn encoder_forward_bf16(
             format!("c = {c} must be a multiple of {VEC}, with aligned buffers"),
         ));
     }
-    // SAFETY: lengths checked above (out b*t*c, inp b*t, wpe (pos0+t)*c, wte
-    // wte_rows*c bf16, ids guarded against wte_rows); c % 4 == 0, out and
-    // wpe 16-byte, wte 8-byte aligned (rows of c bf16 keep that alignment).
+    // SAFETY: lengths checked by encoder_params (out b*t*c, inp b*t, wpe
+    // (pos0+t)*c, wte wte_rows*c bf16, ids guarded against wte_rows); c % 4
+    // == 0, out and wpe 16-byte, wte 8-byte aligned (rows of c bf16 keep
+    // that alignment).
     unsafe { gpu.launch(ENCODER_FORWARD_BF16, launch_config(total / VEC as u32), params)? };
     Ok(())
+}
+
+/// The checked parameters of an encoder launch over a token table of
+/// `wte.1` elements at `wte.0` (`None`: nothing to do), and the element
+/// count `b * t * c`.
+#[allow(clippy::too_many_arguments)]
+fn encoder_params<W>(
+    gpu: &Gpu,
+    op: &'static str,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<u32>,
+    wte: (*const W, usize),
+    wpe: &impl DevicePtr<f32>,
+    b: usize,
+    t: usize,
+    c: usize,
+    pos0: usize,
+) -> Result<Option<(EncoderParams<W>, u32)>, OpError> {
+    let total = count_u32(op, "b * t * c", &[b, t, c])?;
+    check_len(op, "out", out.len(), b * t * c)?;
+    check_len(op, "inp", inp.len(), b * t)?;
+    check_len(op, "wpe", wpe.len(), (pos0 + t) * c)?;
+    if c == 0 || total == 0 {
+        return Ok(None);
+    }
+    let params = EncoderParams {
+        out: out_ptr(gpu, out),
+        inp: in_ptr(gpu, inp),
+        wte: wte.0,
+        wpe: in_ptr(gpu, wpe),
+        b: b as u32,
+        t: t as u32,
+        c: c as u32,
+        pos0: to_u32(op, "pos0", pos0)?,
+        wte_rows: to_u32(op, "rows of wte", wte.1 / c)?,
+    };
+    Ok(Some((params, total)))
 }
 
 /// [`encoder_forward`] on the baseline kernel.
@@ -121,24 +145,9 @@ pub fn encoder_forward_variant(
     c: usize,
     pos0: usize,
 ) -> Result<(), OpError> {
-    let total = count_u32(OP, "b * t * c", &[b, t, c])?;
-    check_len(OP, "out", out.len(), b * t * c)?;
-    check_len(OP, "inp", inp.len(), b * t)?;
-    check_len(OP, "wpe", wpe.len(), (pos0 + t) * c)?;
-    if c == 0 || total == 0 {
+    let wte_ptr = in_ptr(gpu, wte);
+    let Some((params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, wte.len()), wpe, b, t, c, pos0)? else {
         return Ok(());
-    }
-    let wte_rows = to_u32(OP, "rows of wte", wte.len() / c)?;
-    let params = EncoderParams {
-        out: out_ptr(gpu, out),
-        inp: in_ptr(gpu, inp),
-        wte: in_ptr(gpu, wte),
-        wpe: in_ptr(gpu, wpe),
-        b: b as u32,
-        t: t as u32,
-        c: c as u32,
-        pos0: to_u32(OP, "pos0", pos0)?,
-        wte_rows,
     };
     let vec = variant == Variant::Best
         && c.is_multiple_of(VEC)
@@ -148,7 +157,7 @@ pub fn encoder_forward_variant(
     } else {
         (ENCODER_FORWARD_NAIVE, launch_config(total))
     };
-    // SAFETY: lengths checked above (out b*t*c, inp b*t, wpe (pos0+t)*c, wte
+    // SAFETY: lengths checked by encoder_params (out b*t*c, inp b*t, wpe (pos0+t)*c, wte
     // wte_rows*c, and the kernel guards ids against wte_rows); the vector
     // kernel only runs with c % 4 == 0 and aligned buffers.
     unsafe { gpu.launch(name, cfg, params)? };
