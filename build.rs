@@ -17,10 +17,14 @@ fn main() {
 
     // The same kernels plus the Hopper-only ones (`wgmma`), for sm_90a: the
     // module the host loads on H100/H200 (compute capability 9.0).
-    let hopper_ptx = kernel_builder::PtxBuilder::new("gpu-kernels")
+    let mut hopper = kernel_builder::PtxBuilder::new("gpu-kernels")
         .feature("panic-handler")
         .feature("sm90a")
-        .arch(SM90A)
+        .arch(SM90A);
+    for &(kernel, threads) in gpu_kernels::params::SM90A_MAX_THREADS {
+        hopper = hopper.max_threads(kernel, threads);
+    }
+    let hopper_ptx = hopper
         .build()
         .unwrap_or_else(|e| {
             eprintln!("error: {e}");

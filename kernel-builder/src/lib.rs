@@ -49,6 +49,8 @@ pub enum BuildError {
     },
     /// The build ran but no PTX file was found where rustc writes it.
     NoPtx(PathBuf),
+    /// A launch bound named a kernel the PTX does not define.
+    NoEntry(String),
     Io(PathBuf, std::io::Error),
 }
 
@@ -74,6 +76,7 @@ impl fmt::Display for BuildError {
                 write!(f, ":\n{stderr}")
             }
             BuildError::NoPtx(dir) => write!(f, "the build produced no .s file in {}", dir.display()),
+            BuildError::NoEntry(k) => write!(f, "max_threads names kernel `{k}`, which the PTX does not define"),
             BuildError::Io(p, e) => write!(f, "{}: {e}", p.display()),
         }
     }
@@ -87,6 +90,7 @@ pub struct PtxBuilder {
     crate_dir: PathBuf,
     arch: Option<String>,
     features: Vec<String>,
+    max_threads: Vec<(String, u32)>,
 }
 
 impl PtxBuilder {
@@ -97,6 +101,7 @@ impl PtxBuilder {
             crate_dir: crate_dir.into(),
             arch: None,
             features: Vec::new(),
+            max_threads: Vec::new(),
         }
     }
 
@@ -110,6 +115,16 @@ impl PtxBuilder {
     /// Enable a cargo feature of the kernel crate.
     pub fn feature(mut self, feature: impl Into<String>) -> Self {
         self.features.push(feature.into());
+        self
+    }
+
+    /// Declare that `kernel` is launched with at most `threads` threads per
+    /// block: the PTX gets `.maxntid threads, 1, 1` on that entry, so ptxas
+    /// keeps its registers within what such a block may hold (CUDA's
+    /// `__launch_bounds__`; rustc has no attribute for it). The build fails
+    /// if the PTX has no such entry.
+    pub fn max_threads(mut self, kernel: impl Into<String>, threads: u32) -> Self {
+        self.max_threads.push((kernel.into(), threads));
         self
     }
 
@@ -192,9 +207,27 @@ impl PtxBuilder {
         let stem = crate_name(&crate_dir)?.replace('-', "_");
         let ptx_src = newest_asm(&deps, &stem)?;
         let ptx_dst = out_dir.join(format!("{stem}.{arch}.ptx"));
-        fs::copy(&ptx_src, &ptx_dst).map_err(|e| BuildError::Io(ptx_dst.clone(), e))?;
+        let mut ptx = fs::read_to_string(&ptx_src).map_err(|e| BuildError::Io(ptx_src.clone(), e))?;
+        for (kernel, threads) in &self.max_threads {
+            ptx = add_max_threads(&ptx, kernel, *threads).ok_or_else(|| BuildError::NoEntry(kernel.clone()))?;
+        }
+        fs::write(&ptx_dst, ptx).map_err(|e| BuildError::Io(ptx_dst.clone(), e))?;
         Ok(ptx_dst)
     }
+}
+
+/// `ptx` with `.maxntid threads, 1, 1` after the parameter list of entry
+/// `kernel`, or `None` when the PTX has no such entry.
+fn add_max_threads(ptx: &str, kernel: &str, threads: u32) -> Option<String> {
+    let head = format!(".entry {kernel}(");
+    let start = ptx.find(&head)?;
+    // The parameter list ends at the first ")" line after the entry's name.
+    let close = start + ptx[start..].find("\n)")? + 2;
+    let mut out = String::with_capacity(ptx.len() + 32);
+    out.push_str(&ptx[..close]);
+    out.push_str(&format!("\n.maxntid {threads}, 1, 1"));
+    out.push_str(&ptx[close..]);
+    Some(out)
 }
 
 fn var(name: &'static str) -> Result<String, BuildError> {
@@ -260,4 +293,21 @@ fn newest_asm(deps: &Path, stem: &str) -> Result<PathBuf, BuildError> {
         })
         .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
         .ok_or_else(|| BuildError::NoPtx(deps.to_path_buf()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::add_max_threads;
+
+    const PTX: &str = ".visible .entry k_1(\n\t.param .u64 k_1_param_0\n)\n{\n\tret;\n}\n.visible .entry k(\n\t.param .u64 k_param_0\n)\n{\n\tret;\n}\n";
+
+    #[test]
+    fn max_threads_goes_after_the_named_entrys_parameters() {
+        let out = add_max_threads(PTX, "k", 512).unwrap();
+        assert!(out.contains("k_param_0\n)\n.maxntid 512, 1, 1\n{"), "{out}");
+        // Only that entry: k_1 (whose name starts like it) is untouched.
+        assert_eq!(out.matches(".maxntid").count(), 1);
+        assert!(out.contains("k_1_param_0\n)\n{"));
+        assert!(add_max_threads(PTX, "missing", 512).is_none());
+    }
 }

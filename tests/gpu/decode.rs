@@ -82,6 +82,29 @@ fn run_path(
     (logits, ids)
 }
 
+/// Every step's last-position logits after the prompt, feeding `ids[s]` at
+/// step `s` (the tokens another run chose), on the engine's current path;
+/// checks that each step's own choice is the argmax of its logits.
+fn forced_path(eng: &mut GpuEngine, prompt: &[u32], b: usize, t: usize, ids: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    eng.set_decode_path(DecodePath::Graph, true);
+    eng.forward(prompt, b, t, 0, LogitsWanted::Last).unwrap();
+    let mut logits = vec![eng.logits().unwrap()];
+    for (s, step_ids) in ids.iter().take(ids.len() - 1).enumerate() {
+        eng.forward(step_ids, b, 1, t + s, LogitsWanted::Last).unwrap();
+        let l = eng.logits().unwrap();
+        let chosen = eng.argmax().unwrap();
+        let vp = l.len() / b;
+        let v = eng.config().vocab_size;
+        for (r, &id) in chosen.iter().enumerate() {
+            let row = &l[r * vp..r * vp + v];
+            let best = row.iter().enumerate().fold(0, |bi, (i, &x)| if x > row[bi] { i } else { bi });
+            assert_eq!(id as usize, best, "step {s} row {r}: the step chose {id}, its logits' argmax is {best}");
+        }
+        logits.push(l);
+    }
+    logits
+}
+
 /// Every path on one checkpoint: graph = eager (with and without PDL),
 /// both within `PATHS_TOL` of the per-op kernels on the same tokens, and
 /// the CPU reference fed the same tokens within the FP32 bar.
@@ -129,34 +152,57 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             0.0,
         );
     }
-    // The launch knobs change no value: the L2 prefetch (a hint) over the
-    // whole stream or split into pieces, fewer blocks per SM, the early PDL
-    // trigger give the same results bit for bit.
+    // The chain of fused kernels, whatever the default step is: the launch
+    // knobs change no value. The L2 prefetch (a hint) over the whole stream
+    // or split into pieces, fewer blocks per SM, the early PDL trigger give
+    // the same results bit for bit.
+    let chain = DecodeTuning {
+        persistent: false,
+        ..DecodeTuning::default()
+    };
+    eng.set_decode_tuning(chain);
+    assert!(!eng.decode_step_is_persistent(b));
+    let chain_logits = forced_path(&mut eng, &prompt, b, t, &graph_ids);
     for tuning in [
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_AHEAD_TRY_BYTES,
             gemv_blocks_per_sm: 1,
             gemv_block_warps: 2,
             early_trigger: true,
+            persistent: false,
         },
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
             gemv_blocks_per_sm: 0,
             gemv_block_warps: 0,
             early_trigger: false,
+            persistent: false,
         },
     ] {
         eng.set_decode_tuning(tuning);
-        let (logits, ids) = run_path(&mut eng, DecodePath::Graph, true, &prompt, b, t, steps);
-        assert_eq!(ids, graph_ids, "{tuning:?} changed the tokens");
+        let logits = forced_path(&mut eng, &prompt, b, t, &graph_ids);
         assert!(
             logits
                 .concat()
                 .iter()
-                .zip(graph_logits.concat())
+                .zip(chain_logits.concat())
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{}: {tuning:?} changed the logits",
-            what("graph")
+            what("chain")
+        );
+    }
+    // The persistent step (where it serves this batch) against the chain:
+    // the same math in other summation orders.
+    eng.set_decode_tuning(DecodeTuning::default());
+    let persistent = eng.decode_step_is_persistent(b);
+    eprintln!("decode paths: the default step is {}", if persistent { "the persistent kernel" } else { "the fused chain" });
+    if persistent {
+        check(
+            &what("persistent step vs fused chain"),
+            &graph_logits.concat(),
+            &chain_logits.concat(),
+            paths_tol,
+            0.0,
         );
     }
     eng.set_decode_tuning(DecodeTuning::default());
@@ -212,6 +258,16 @@ fn decode_graph_windowed() {
 fn decode_graph_eight_rows_and_long_cache() {
     // 8 rows (the fused kernels' limit), past two 64-key chunks.
     paths_agree(&head64_config(), 8, 70, 80, 0);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn decode_persistent_one_row() {
+    // One row: the persistent step on the sm_90a module. Past several
+    // 8-key attention items and two 64-key chunks; then windowed.
+    paths_agree(&head64_config(), 1, 70, 30, 0);
+    paths_agree(&head64_config(), 1, 7, 13, 9);
+    paths_agree_in(&head64_config(), 1, 20, 12, 0, Precision::Bf16);
 }
 
 #[test]

@@ -140,3 +140,51 @@ pub fn sync_threads_count(pred: bool) -> u32 {
     };
     n
 }
+
+/// A `u32` load with acquire semantics at GPU scope (`ld.acquire.gpu`):
+/// writes another block released before the value it returns was written
+/// are visible to this thread's later loads.
+///
+/// # Safety
+/// `p` is a 4-byte aligned `u32` in global memory.
+#[inline(always)]
+pub unsafe fn load_acquire_u32(p: *const u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller's contract.
+    unsafe { asm!("ld.acquire.gpu.global.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack)) };
+    v
+}
+
+/// A barrier across the whole grid: every block waits here until all
+/// `gridDim.x * gridDim.y * gridDim.z` blocks have arrived, and the global
+/// writes any block made before it are visible to every block after it.
+///
+/// `counter` counts arrivals for the whole launch; the `k`-th barrier
+/// (from 1) of a launch passes `target = k * blocks`. The counter must be
+/// zero at the launch's start; resetting it is the caller's (once no block
+/// can still be waiting on it).
+///
+/// Every block of the grid must be resident at once (one block per SM and
+/// a grid of at most the SM count, say), or the blocks that arrived wait
+/// forever for those that cannot start. Every thread of the block calls it.
+///
+/// # Safety
+/// `counter` is a 4-byte aligned `u32` in global memory that only this
+/// launch's barriers touch; the residency rule above holds.
+#[inline(always)]
+pub unsafe fn grid_barrier(counter: *mut u32, target: u32) {
+    sync_threads();
+    if super::thread_idx_x() == 0 {
+        // The block's writes (ordered before this thread's by the barrier
+        // above) are released with the arrival; the acquire load pairs
+        // with the other blocks' arrivals.
+        thread_fence();
+        // SAFETY: the caller's contract.
+        unsafe {
+            atomic_add_acq_rel_u32(counter, 1);
+            while load_acquire_u32(counter) < target {}
+        }
+        thread_fence();
+    }
+    sync_threads();
+}

@@ -122,3 +122,37 @@ pub unsafe fn tma_load_2d(dst: u32, tensor_map: u64, x: i32, y: i32, bar: u32) {
         )
     }
 }
+
+/// Start a bulk copy (no tensor map) of `bytes` contiguous bytes from global
+/// `src` to shared `dst`, completing on `bar`
+/// (`cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes`).
+///
+/// # Safety
+/// `src` and `dst` are 16-byte aligned, `bytes % 16 == 0`; `bytes` at `src`
+/// are readable and stay unwritten until the copy completes; `dst` is a
+/// shared address with room for them that no thread reads or writes until
+/// `bar`'s current phase, which expects these bytes
+/// ([`mbarrier_arrive_expect_tx`]), completes.
+#[inline(always)]
+pub unsafe fn bulk_copy_to_shared(dst: u32, src: *const u8, bytes: u32, bar: u32) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",
+            d = in(reg32) dst,
+            s = in(reg64) src,
+            n = in(reg32) bytes,
+            b = in(reg32) bar,
+            options(nostack),
+        )
+    }
+}
+
+/// Order this thread's earlier shared-memory accesses (through the generic
+/// proxy: ordinary loads and stores) before its later async-proxy ones (TMA
+/// and bulk copies): issued before a copy overwrites shared memory the
+/// block has been reading (after a block barrier that ends those reads).
+#[inline(always)]
+pub fn fence_proxy_async_shared() {
+    // SAFETY: a fence.
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) }
+}

@@ -19,7 +19,7 @@
 
 use super::flash_attention::{decode_query, key_lanes_sum, key_score_part, merge_state, softmax_base};
 use super::gelu::gelu;
-use super::vec4::{VEC, load4, store4};
+use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::shared::dynamic_shared_align16;
@@ -212,7 +212,7 @@ unsafe fn stage_ln_params<W>(p: &DecodeGemvParams<W>, dst: *mut f32, c: usize) {
 /// `xs` holds `n * c` staged floats; `lnp` and `stats` as said; every
 /// thread of the block calls this (it has a barrier).
 #[inline(always)]
-unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, stats: *mut f32, n: usize, c: usize) {
+pub(crate) unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, stats: *mut f32, n: usize, c: usize) {
     let lane = lane_id() as usize;
     let warps = (block_dim_x() / WARP_SIZE) as usize;
     let inv_c = 1.0 / c as f32;
@@ -248,7 +248,9 @@ unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, stats: *mut f
     let mut i = thread_idx_x() as usize;
     let step = block_dim_x() as usize;
     while i < n * c {
-        let (r, k) = (i / c, i % c);
+        // 32-bit division: sizes fit (the callers' contracts), and 64-bit
+        // division is a long software sequence on the GPU.
+        let (r, k) = ((i as u32 / c as u32) as usize, (i as u32 % c as u32) as usize);
         // SAFETY: i < n*c, r < n, k < c.
         unsafe {
             let (mean, rstd) = (*stats.add(2 * r), *stats.add(2 * r + 1));
@@ -379,7 +381,7 @@ unsafe fn argmax_finish<W>(p: &DecodeGemvParams<W>, best: (f32, u32), scratch: *
 /// The better of two (value, id) candidates: larger value, then lower id;
 /// NaN never wins (id `u32::MAX` marks "none yet").
 #[inline(always)]
-fn better(a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
+pub(crate) fn better(a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
     if b.1 == u32::MAX || b.0.is_nan() {
         return a;
     }
@@ -532,8 +534,8 @@ decode_gemv_entry!(decode_gemv_bf16_2, u16, 2);
 decode_gemv_entry!(decode_gemv_bf16_4, u16, 4);
 decode_gemv_entry!(decode_gemv_bf16, u16, ROWS);
 
-const HS: usize = DECODE_HEAD_SIZE as usize;
-const ATT_LANES: usize = 8;
+pub(crate) const HS: usize = DECODE_HEAD_SIZE as usize;
+pub(crate) const ATT_LANES: usize = 8;
 /// Key groups per block (8 lanes each).
 const ATT_GROUPS: usize = DECODE_ATTN_THREADS as usize / ATT_LANES;
 /// Keys each group scores per chunk.
@@ -589,37 +591,94 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     let plane = (r * nh + h) * max_t * HS + VEC * l8;
     // SAFETY: cache row r, head h: max_t * HS floats from `plane`.
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
-    // Keys interleave across groups, so neighbouring groups read neighbouring rows.
-    let key_of = |i: usize| key_begin + grp + i * ATT_GROUPS;
+    // SAFETY: keys below key_end lie in the cache plane.
+    let (m, l, acc) = unsafe { attend_keys::<ATT_KEYS_PER_GROUP>(&q, k_g, v_g, key_begin + grp, ATT_GROUPS, key_end) };
 
-    // Every K and V load of the chunk first (V does not depend on the
-    // scores), so the chunk costs one memory round trip, not two.
-    let mut kv = [[[0f32; VEC]; 4]; ATT_KEYS_PER_GROUP];
-    unroll_below!(i < ATT_KEYS_PER_GROUP => {
+    let head = r * nh + h;
+    let first = head * p.parts_stride as usize;
+    let part = first + chunk * DECODE_ATTN_PARTS_PER_CHUNK as usize + warp_id() as usize;
+    // SAFETY: part < (head + 1) * parts_stride (chunks * 2 <= parts_stride).
+    unsafe { store_part(p.part_acc, p.part_ml, part, m, l, &acc) };
+    // SAFETY: counter holds n * nh entries, zero between launches.
+    let counter = unsafe { p.counter.add(head) };
+    // A row's only chunk is last without asking the counter.
+    let arrived_last = sync_threads_or(
+        tid == 0 && (chunks == 1 || unsafe { atomic_add_acq_rel_u32(counter, 1) } as usize == chunks - 1),
+    );
+    if !arrived_last {
+        return;
+    }
+    thread_fence();
+    // The combine: thread d owns dimension d.
+    let parts = chunks * DECODE_ATTN_PARTS_PER_CHUNK as usize;
+    // SAFETY: the head's `parts` partials were written before the
+    // arrivals; r < n, h*HS + HS <= c.
+    unsafe {
+        combine_parts(
+            p.part_acc.add(first * HS),
+            p.part_ml.add(2 * first),
+            parts,
+            p.out.add(r * c + h * HS),
+            tid,
+            DECODE_ATTN_THREADS as usize,
+        )
+    };
+    if tid == 0 {
+        // SAFETY: every block of this head has arrived; none touches it again.
+        unsafe { *counter = 0 };
+    }
+}
+
+
+/// One warp's online-softmax state over keys `first + i * stride` (`i <
+/// K <= 16`, below `key_end`) of one head, where lanes `8g..8g+8` form group `g`
+/// (its `first` differs by `g`) and lane `l % 8` holds 8 of the 64
+/// dimensions of `q` (pre-scaled into log2 units, `decode_query`), of
+/// `k_g`/`v_g` (the head's cache planes offset by `4 * (lane % 8)`): the
+/// warp's 4 groups merged, returned as (max, sum, acc) in every lane.
+/// Loads of the cache go through L2 only (`load4_cg`): another block may
+/// have stored the newest key in the same launch.
+///
+/// # Safety
+/// Every key below `key_end` is a row of the planes; all 32 lanes call it.
+#[inline(always)]
+pub(crate) unsafe fn attend_keys<const K: usize>(
+    q: &[f32; 2 * VEC],
+    k_g: *const f32,
+    v_g: *const f32,
+    first: usize,
+    stride: usize,
+    key_end: usize,
+) -> (f32, f32, [f32; 2 * VEC]) {
+    let key_of = |i: usize| first + i * stride;
+    // Every K and V load first (V does not depend on the scores), so the
+    // keys cost one memory round trip, not two.
+    let mut kv = [[[0f32; VEC]; 4]; K];
+    unroll_below!(i < K => {
         let key = key_of(i);
         if key < key_end {
-            // SAFETY: key < key_end <= max_t.
+            // SAFETY: the caller's contract.
             unsafe {
                 kv[i] = [
-                    load4(k_g.add(key * HS)),
-                    load4(k_g.add(key * HS + ATT_HALF)),
-                    load4(v_g.add(key * HS)),
-                    load4(v_g.add(key * HS + ATT_HALF)),
+                    load4_cg(k_g.add(key * HS)),
+                    load4_cg(k_g.add(key * HS + ATT_HALF)),
+                    load4_cg(v_g.add(key * HS)),
+                    load4_cg(v_g.add(key * HS + ATT_HALF)),
                 ];
             }
         }
     });
-    let mut s = [0f32; ATT_KEYS_PER_GROUP];
-    unroll_below!(i < ATT_KEYS_PER_GROUP => {
+    let mut s = [0f32; K];
+    unroll_below!(i < K => {
         let key = key_of(i);
-        let dot = key_lanes_sum(key_score_part(&q, kv[i][0], kv[i][1]), ATT_LANES as u32);
+        let dot = key_lanes_sum(key_score_part(q, kv[i][0], kv[i][1]), ATT_LANES as u32);
         s[i] = if key < key_end { dot } else { f32::NEG_INFINITY };
     });
     let mut m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let base = softmax_base(m);
     let mut l = 0f32;
     let mut acc = [0f32; 2 * VEC];
-    unroll_below!(i < ATT_KEYS_PER_GROUP => {
+    unroll_below!(i < K => {
         if key_of(i) < key_end {
             let w = exp2_approx(s[i] - base);
             l += w;
@@ -633,61 +692,68 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     // Merge the warp's 4 key groups (lanes 8 and 16 apart).
     merge_state(&mut m, &mut l, &mut acc, 8);
     merge_state(&mut m, &mut l, &mut acc, 16);
+    (m, l, acc)
+}
 
-    let head = r * nh + h;
-    let first = head * p.parts_stride as usize;
-    if lane < ATT_LANES {
-        let part = first + chunk * DECODE_ATTN_PARTS_PER_CHUNK as usize + warp_id() as usize;
-        // SAFETY: part < (head + 1) * parts_stride (chunks * 2 <= parts_stride).
+/// Write one partial (lanes `< 8` of the warp that [`attend_keys`] gave
+/// (max, sum, acc)): `acc` at `part_acc[part * 64 ..]`, (max, sum) at
+/// `part_ml[2 * part ..]`; each writing lane then fences, so an arrival
+/// after it publishes the partial.
+///
+/// # Safety
+/// Partial `part` lies inside both buffers.
+#[inline(always)]
+pub(crate) unsafe fn store_part(part_acc: *mut f32, part_ml: *mut f32, part: usize, m: f32, l: f32, acc: &[f32; 2 * VEC]) {
+    let l8 = lane_id() as usize % ATT_LANES;
+    if (lane_id() as usize) < ATT_LANES {
+        // SAFETY: the caller's contract.
         unsafe {
-            let a = p.part_acc.add(part * HS + VEC * l8);
+            let a = part_acc.add(part * HS + VEC * l8);
             store4(a, [acc[0], acc[1], acc[2], acc[3]]);
             store4(a.add(ATT_HALF), [acc[4], acc[5], acc[6], acc[7]]);
             if l8 == 0 {
-                *p.part_ml.add(2 * part) = m;
-                *p.part_ml.add(2 * part + 1) = l;
+                *part_ml.add(2 * part) = m;
+                *part_ml.add(2 * part + 1) = l;
             }
         }
         thread_fence();
     }
-    // SAFETY: counter holds n * nh entries, zero between launches.
-    let counter = unsafe { p.counter.add(head) };
-    // A row's only chunk is last without asking the counter.
-    let arrived_last = sync_threads_or(
-        tid == 0 && (chunks == 1 || unsafe { atomic_add_acq_rel_u32(counter, 1) } as usize == chunks - 1),
-    );
-    if !arrived_last {
-        return;
-    }
-    thread_fence();
-    // The combine: thread d owns dimension d.
-    let parts = chunks * DECODE_ATTN_PARTS_PER_CHUNK as usize;
-    if tid < HS {
-        let ml = unsafe { p.part_ml.add(2 * first) };
+}
+
+/// Merge a head's `parts` partials (`acc` at `part_acc[i * 64..]`, (max,
+/// sum) at `part_ml[2i..]`) into its 64 outputs at `out`: thread `tid` of
+/// `threads` owns dimensions `tid, tid + threads, ...`. Reads through L2
+/// only (other blocks wrote the partials).
+///
+/// # Safety
+/// The partials were written and published before; `out` holds 64 floats.
+#[inline(always)]
+pub(crate) unsafe fn combine_parts(
+    part_acc: *const f32,
+    part_ml: *const f32,
+    parts: usize,
+    out: *mut f32,
+    tid: usize,
+    threads: usize,
+) {
+    let mut d = tid;
+    while d < HS {
         let mut m_all = f32::NEG_INFINITY;
         for i in 0..parts {
-            // SAFETY: part i < parts of this head, written before the arrivals.
-            m_all = m_all.max(unsafe { core::ptr::read_volatile(ml.add(2 * i)) });
+            // SAFETY: partial i < parts.
+            m_all = m_all.max(unsafe { load_cg(part_ml.add(2 * i)) });
         }
         // Finite: the part holding the query's own key saw a real score.
         let (mut l_all, mut o) = (0f32, 0f32);
         for i in 0..parts {
-            let (mi, li, ai) = unsafe {
-                (
-                    core::ptr::read_volatile(ml.add(2 * i)),
-                    core::ptr::read_volatile(ml.add(2 * i + 1)),
-                    core::ptr::read_volatile(p.part_acc.add((first + i) * HS + tid)),
-                )
-            };
+            let (mi, li, ai) =
+                unsafe { (load_cg(part_ml.add(2 * i)), load_cg(part_ml.add(2 * i + 1)), load_cg(part_acc.add(i * HS + d))) };
             let w = exp2_approx(mi - m_all);
             l_all = fma(li, w, l_all);
             o = fma(ai, w, o);
         }
-        // SAFETY: r < n, h*HS + tid < c.
-        unsafe { *p.out.add(r * c + h * HS + tid) = o / l_all };
-    }
-    if tid == 0 {
-        // SAFETY: every block of this head has arrived; none touches it again.
-        unsafe { *counter = 0 };
+        // SAFETY: d < HS.
+        unsafe { *out.add(d) = o / l_all };
+        d += threads;
     }
 }

@@ -36,6 +36,9 @@ pub mod matmul_tf32;
 // Hopper only: the PTX assembler accepts `wgmma` for sm_90a alone.
 #[cfg(feature = "sm90a")]
 pub mod matmul_tf32_wgmma;
+// Hopper only: bulk copies into shared memory that complete on mbarriers.
+#[cfg(feature = "sm90a")]
+pub mod decode_step;
 pub mod residual;
 pub mod softmax;
 pub mod vec4;

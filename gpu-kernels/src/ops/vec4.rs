@@ -35,3 +35,43 @@ pub unsafe fn store4(p: *mut f32, v: [f32; 4]) {
 pub fn aligned16<T>(p: *const T) -> bool {
     p as usize % (VEC * 4) == 0
 }
+
+/// [`load4`] through L2 only (`ld.global.cg.v4.f32`): for data another
+/// block of the same launch wrote since this block last read it (a line
+/// this SM's L1 kept would be stale).
+///
+/// # Safety
+/// As [`load4`], in global memory.
+#[inline(always)]
+pub unsafe fn load4_cg(p: *const f32) -> [f32; 4] {
+    let v: [f32; 4];
+    let (a, b, c, d): (f32, f32, f32, f32);
+    // SAFETY: the caller's contract.
+    unsafe {
+        core::arch::asm!(
+            "ld.global.cg.v4.f32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a,
+            b = out(reg32) b,
+            c = out(reg32) c,
+            d = out(reg32) d,
+            p = in(reg64) p,
+            options(nostack, readonly),
+        )
+    };
+    v = [a, b, c, d];
+    v
+}
+
+/// One float through L2 only (see [`load4_cg`]).
+///
+/// # Safety
+/// `p` is a 4-byte aligned float in global memory.
+#[inline(always)]
+pub unsafe fn load_cg(p: *const f32) -> f32 {
+    let a: f32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        core::arch::asm!("ld.global.cg.f32 {a}, [{p}];", a = out(reg32) a, p = in(reg64) p, options(nostack, readonly))
+    };
+    a
+}

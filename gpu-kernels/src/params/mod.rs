@@ -21,6 +21,14 @@ macro_rules! kernel_params {
 }
 
 pub mod saxpy;
+
+/// Kernels of the sm_90a module launched with at most this many threads
+/// per block, whose registers ptxas must fit to it (the build adds
+/// `.maxntid`; see `kernel_builder::PtxBuilder::max_threads`).
+pub const SM90A_MAX_THREADS: &[(&str, u32)] = &[
+    (decode_step::DECODE_STEP, decode_step::DECODE_STEP_THREADS),
+    (decode_step::DECODE_STEP_BF16, decode_step::DECODE_STEP_THREADS),
+];
 pub use saxpy::SaxpyParams;
 
 /// PTX names of the kernels. Each op's file defines its own constants too;
@@ -35,6 +43,7 @@ pub mod argmax;
 pub mod attention;
 pub mod convert;
 pub mod decode;
+pub mod decode_step;
 pub mod encoder;
 pub mod gelu;
 pub mod layernorm;

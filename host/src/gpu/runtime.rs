@@ -81,6 +81,8 @@ pub struct Gpu {
     sm_count: usize,
     /// L2 bytes (the decode step's prefetch distance is bounded by it).
     l2_bytes: usize,
+    /// Dynamic shared memory a block may opt in to.
+    max_shared_optin: usize,
 }
 
 impl Gpu {
@@ -120,11 +122,13 @@ impl Gpu {
             .map_err(GpuError::ModuleLoad)?;
         let sm_count = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let l2_bytes = attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?.max(0) as usize;
+        let max_shared_optin = attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize;
         Ok(Self {
             ctx,
             stream,
             sm_count,
             l2_bytes,
+            max_shared_optin,
             wgmma,
             tensor_maps: Mutex::new(TensorMapCache::default()),
             shared_limits: Mutex::new(HashMap::new()),
@@ -283,11 +287,21 @@ impl Gpu {
     /// `shared_bytes` of dynamic shared memory (the driver's occupancy
     /// calculator), at least 1.
     pub fn resident_blocks_per_sm(&self, name: &'static str, threads: u32, shared_bytes: u32) -> Result<u32, GpuError> {
+        Ok(self.occupancy_blocks_per_sm(name, threads, shared_bytes)?.max(1))
+    }
+
+    /// Blocks of kernel `name` one SM holds at once (the driver's occupancy
+    /// calculator), 0 when one does not fit.
+    pub fn occupancy_blocks_per_sm(&self, name: &'static str, threads: u32, shared_bytes: u32) -> Result<u32, GpuError> {
         let f = self.function(name)?;
-        let n = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, shared_bytes as usize, None)
-            .ctx("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
-        Ok(n.max(1))
+        f.occupancy_max_active_blocks_per_multiprocessor(threads, shared_bytes as usize, None)
+            .ctx("cuOccupancyMaxActiveBlocksPerMultiprocessor")
+    }
+
+    /// The most dynamic shared memory one block may ask for (after raising
+    /// a kernel's limit, `set_max_dynamic_shared`).
+    pub fn max_shared_per_block(&self) -> usize {
+        self.max_shared_optin
     }
 
     /// Raise a kernel's dynamic shared-memory limit above the default 48 KiB.

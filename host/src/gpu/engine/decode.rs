@@ -23,6 +23,9 @@ use crate::gpu::Gpu;
 use crate::gpu::ops::decode::{
     DecodeLaunch, DecodeWorkspace, Embed, Input, L2Prefetch, Output, decode_attention, decode_gemv,
 };
+use crate::gpu::ops::decode_step::{
+    DecodeStepTable, StepBuffers, StepLayer, StepModel, decode_step, decode_step_supported,
+};
 use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
 use crate::gpu::ops::weight::WeightRef;
 use crate::gpu::runtime::CudaContextExt;
@@ -78,6 +81,8 @@ pub(super) struct DecodeState {
     /// Recorded after the copy of `ids` to `ids_host`: the driver does not
     /// track the pinned buffer (the context's event tracking is off).
     ids_copied: CudaEvent,
+    /// The persistent step's layer table, made by its first launch.
+    step_table: Option<DecodeStepTable>,
 }
 
 /// Launch knobs of the fused decode step, for experiments and the bench;
@@ -100,6 +105,10 @@ pub struct DecodeTuning {
     /// Under PDL, let the next kernel launch as soon as this one's blocks
     /// all started (before they wait), not after the wait.
     pub early_trigger: bool,
+    /// Run the step as one persistent kernel (`gpu::ops::decode_step`)
+    /// where it serves the batch (one row, the sm_90a module), instead of
+    /// the chain of fused kernels. The knobs above tune the chain only.
+    pub persistent: bool,
 }
 
 impl Default for DecodeTuning {
@@ -110,6 +119,7 @@ impl Default for DecodeTuning {
             gemv_block_warps: 0,
             // Measured 0.4-1 % faster on an H200, at 1 and 8 rows, in two runs.
             early_trigger: true,
+            persistent: true,
         }
     }
 }
@@ -162,6 +172,7 @@ impl DecodeState {
             tuning: DecodeTuning::default(),
             plan: None,
             ids_copied: gpu.ctx.new_event(None).ctx("cuEventCreate")?,
+            step_table: None,
         }))
     }
 
@@ -216,6 +227,17 @@ impl GpuEngine {
             },
             _ => DecodePath::Unfused,
         }
+    }
+
+    /// Whether a fused step of `rows` rows runs as the persistent kernel
+    /// (`DecodeTuning::persistent`, where it serves the batch) rather than
+    /// the chain of fused kernels.
+    pub fn decode_step_is_persistent(&self, rows: usize) -> bool {
+        self.decode_path_in_use(rows) != DecodePath::Unfused
+            && self
+                .decode
+                .as_ref()
+                .is_some_and(|d| runs_persistent(&self.gpu, &self.config, &self.params, &d.tuning, rows))
     }
 
     /// The ids the last fused step chose as `what`, if the last `forward`
@@ -421,8 +443,66 @@ impl Step<'_> {
         }
     }
 
+    /// Whether the step of `b` rows runs as the persistent kernel.
+    fn persistent(&self, d: &DecodeState, b: usize) -> bool {
+        runs_persistent(self.gpu, self.config, self.params, &d.tuning, b)
+    }
+
+    /// Queue the step as the persistent kernel (then the sampler, when the
+    /// step samples).
+    fn enqueue_persistent(&mut self, d: &mut DecodeState, b: usize) -> Result<()> {
+        let (gpu, p, cfg) = (self.gpu, self.params, self.config);
+        if d.step_table.is_none() {
+            d.step_table = Some(DecodeStepTable::new(gpu, p.layers.len())?);
+        }
+        let table = d.step_table.as_mut().context("the persistent step's table is missing")?;
+        let model = StepModel {
+            wte: p.wte.as_ref(),
+            wpe: &p.wpe,
+            lnf: (&p.lnfw, &p.lnfb),
+            c: cfg.channels,
+            nh: cfg.num_heads,
+            v: cfg.vocab_size,
+            vp: cfg.padded_vocab_size,
+            max_pos: cfg.max_seq_len,
+            max_t: self.max_t,
+            window: self.window,
+        };
+        let layers = p.layers.iter().zip(self.kv_cache.iter_mut()).map(|(lw, (k, v))| StepLayer {
+            ln1: (&lw.ln1w, &lw.ln1b),
+            qkv: (lw.qkvw.as_ref(), &lw.qkvb),
+            attproj: (lw.attprojw.as_ref(), &lw.attprojb),
+            ln2: (&lw.ln2w, &lw.ln2b),
+            fc: (lw.fcw.as_ref(), &lw.fcb),
+            fcproj: (lw.fcprojw.as_ref(), &lw.fcprojb),
+            k_cache: k,
+            v_cache: v,
+        });
+        let a = &mut *self.acts;
+        let bufs = StepBuffers {
+            tokens: &mut d.tokens,
+            pos: &mut d.pos,
+            ids: &mut d.ids,
+            x: &mut a.residual,
+            q: &mut a.qkv,
+            att: &mut a.atty,
+            h: &mut a.fch_gelu,
+            logits: &mut a.logits,
+        };
+        decode_step(gpu, &mut d.ws, table, d.pdl, &model, layers, bufs, b)?;
+        if let Some(rows) = self.sample {
+            // As after the chain's LM head (see `enqueue`).
+            let (v, vp) = (cfg.vocab_size, cfg.padded_vocab_size);
+            sample_forward(gpu, &mut d.ids, &a.logits, rows, Some(&d.pos), Some(&mut d.tokens), b, v, vp)?;
+        }
+        Ok(())
+    }
+
     /// Queue the step's kernels for `b` rows, in the paper's order.
     fn enqueue(&mut self, d: &mut DecodeState, b: usize) -> Result<()> {
+        if self.persistent(d, b) {
+            return self.enqueue_persistent(d, b);
+        }
         let (gpu, p) = (self.gpu, self.params);
         if d.plan.is_none() {
             // The plan counts elements; the weights share one format.
@@ -601,6 +681,12 @@ impl Step<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether `tuning` and the GPU let a step of `b` rows run as the
+/// persistent kernel.
+fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &DecodeTuning, b: usize) -> bool {
+    tuning.persistent && decode_step_supported(gpu, b, cfg.channels, cfg.num_heads, p.wte.as_ref().elem_bytes())
 }
 
 /// Kernels per layer of the fused step: qkv, attention, attproj, fc, fcproj.

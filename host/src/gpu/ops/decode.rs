@@ -1,7 +1,7 @@
 //! Launch wrappers of the decode step's fused kernels (`gpu_kernels::ops::decode`):
 //! [`decode_gemv`] (a matrix-vector product with the small ops folded in)
 //! and [`decode_attention`] (flash-decoding at device-held positions).
-//! CPU twins: `cpu::decode`.
+//! CPU twin: the CPU forward at `t = 1` (`cpu::forward`).
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -9,6 +9,7 @@ use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use gpu_kernels::params::decode::*;
+use gpu_kernels::params::decode_step::DECODE_STEP_ATTN_KEYS;
 
 use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
 use super::weight::{KernelWeight, WeightRef};
@@ -164,7 +165,10 @@ struct WorkspaceSizes {
 
 impl WorkspaceSizes {
     fn new(sm_count: usize, max_rows: usize, nh: usize, max_t: usize) -> Self {
-        let parts_stride = max_t.div_ceil(DECODE_ATTN_CHUNK as usize) * DECODE_ATTN_PARTS_PER_CHUNK as usize;
+        // Room for the attention kernel's partials (two per 64-key chunk) and
+        // the persistent step's (one per `DECODE_STEP_ATTN_KEYS` keys).
+        let parts_stride = (max_t.div_ceil(DECODE_ATTN_CHUNK as usize) * DECODE_ATTN_PARTS_PER_CHUNK as usize)
+            .max(max_t.div_ceil(DECODE_STEP_ATTN_KEYS as usize));
         let heads = max_rows * nh;
         let max_blocks = sm_count * MAX_BLOCKS_PER_SM;
         WorkspaceSizes {
@@ -207,6 +211,41 @@ impl DecodeWorkspace {
     pub fn device_words(sm_count: usize, max_rows: usize, nh: usize, max_t: usize) -> usize {
         let z = WorkspaceSizes::new(sm_count, max_rows, nh, max_t);
         z.part_acc + z.part_ml + z.heads + 2 * z.best + 1
+    }
+
+    /// Rows, heads and positions the workspace was made for.
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    pub fn nh(&self) -> usize {
+        self.nh
+    }
+
+    pub fn max_t(&self) -> usize {
+        self.max_t
+    }
+
+    /// The persistent step's scratch for a grid of `blocks`: the argmax
+    /// partials, the attention partials and counters (device addresses),
+    /// and the partials per (row, head).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn step_scratch(
+        &mut self,
+        gpu: &Gpu,
+        blocks: usize,
+    ) -> Result<(*mut f32, *mut u32, *mut f32, *mut f32, *mut u32, u32), OpError> {
+        if blocks > self.max_blocks {
+            return Err(OpError::shape(OP_GEMV, format!("{blocks} blocks: the workspace holds {}", self.max_blocks)));
+        }
+        Ok((
+            out_ptr(gpu, &mut self.best_val),
+            out_ptr(gpu, &mut self.best_idx),
+            out_ptr(gpu, &mut self.part_acc),
+            out_ptr(gpu, &mut self.part_ml),
+            out_ptr(gpu, &mut self.attn_counters),
+            to_u32(OP_GEMV, "parts_stride", self.parts_stride)?,
+        ))
     }
 
     fn resident(&mut self, gpu: &Gpu, kernel: &'static str, threads: u32, shared: u32) -> Result<u32, OpError> {

@@ -8,6 +8,7 @@ pub mod args;
 pub mod attention;
 pub mod convert;
 pub mod decode;
+pub mod decode_step;
 pub mod encoder;
 pub mod gelu;
 pub mod layernorm;

@@ -1,0 +1,789 @@
+//! The decode step as one persistent kernel (contract and rationale:
+//! `params::decode_step`). sm_90a only: the weight ring is filled by bulk
+//! copies (`cp.async.bulk`) that complete on `mbarrier`s.
+//!
+//! Work split. GEMV phases: block `b` of `B` owns columns `[oc*b/B,
+//! oc*(b+1)/B)` of every matrix, which are consecutive rows of the weight,
+//! so each tile of them is one bulk copy. Thread 0 keeps up to `slots`
+//! tiles in flight, in the order the phases consume them, refilling a slot
+//! as soon as the block has read it, whatever phase the next tile belongs
+//! to. A tile's columns go to warps, one column each, or when the tile has
+//! fewer columns than warps, a column's dot product is split over several
+//! warps whose partial sums meet in shared memory. Attention: one warp per
+//! (16-key chunk, row, head), spread over the grid's warps; the last
+//! chunk of a (row, head) to finish merges the partials.
+
+use super::decode::{ATT_LANES, HS, attend_keys, better, combine_parts, layernorm_rows, store_part};
+use super::gelu::gelu;
+use super::vec4::{VEC, load4, load4_cg, load_cg, store4};
+use super::weight::Weight;
+use crate::device::math::fma;
+use crate::device::mma::shared_addr;
+use crate::device::shared::dynamic_shared_align16;
+use crate::device::tma::{
+    bulk_copy_to_shared, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx, mbarrier_init,
+    mbarrier_wait_parity,
+};
+use crate::device::warp::{shfl_idx_u32, shfl_xor_f32, shfl_xor_u32, warp_reduce_sum_many};
+use crate::device::{
+    WARP_SIZE, atomic_add_acq_rel_u32, block_idx_x, grid_barrier, grid_dependency_wait, grid_dim_x, lane_id,
+    launch_dependents, sync_threads, sync_threads_or, sync_warp, thread_fence, thread_idx_x, warp_id,
+};
+use crate::params::decode::DECODE_MAX_ROWS;
+use crate::params::decode_step::*;
+
+const ROWS: usize = DECODE_MAX_ROWS as usize;
+const WARPS: usize = DECODE_STEP_WARPS as usize;
+const LANES: usize = WARP_SIZE as usize;
+/// Key groups of 8 lanes in a warp.
+const ATT_GROUPS_PER_WARP: usize = LANES / ATT_LANES;
+const ATT_KEYS: usize = DECODE_STEP_ATTN_KEYS as usize;
+/// Keys each group of 8 lanes scores per item, all their loads in flight
+/// (fewer than the attention kernel's 8: 16 floats each in registers, and
+/// this kernel's blocks of 512 threads get at most 128 registers a thread).
+const ATT_KEYS_PER_GROUP: usize = ATT_KEYS / ATT_GROUPS_PER_WARP;
+const GEMVS: usize = DECODE_STEP_GEMVS_PER_LAYER as usize;
+/// 16-byte vectors each thread loads before storing any while staging rows.
+const STAGE_BATCH: usize = 4;
+
+/// `a / b` in 32 bits (64-bit division is a long software sequence on the
+/// GPU): every size and index here is below 2^32 (the params' contract).
+#[inline(always)]
+fn div32(a: usize, b: usize) -> usize {
+    (a as u32 / b as u32) as usize
+}
+
+/// `a % b` in 32 bits (see [`div32`]).
+#[inline(always)]
+fn rem32(a: usize, b: usize) -> usize {
+    (a as u32 % b as u32) as usize
+}
+
+/// What a GEMV phase does with a column's sum (after the bias).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Epilogue {
+    /// q to `q`, k and v into the layer's caches at the row's position.
+    Qkv,
+    /// `x += sum` (attproj, fcproj).
+    Residual,
+    /// `h = gelu(sum)` (fc).
+    Gelu,
+    /// The logits, and each row's best so far (the LM head).
+    Logits,
+}
+
+/// One GEMV phase of the step.
+#[derive(Clone, Copy)]
+struct Gemv<W> {
+    w: *const W,
+    /// Null: no bias (the LM head).
+    bias: *const f32,
+    /// Null: no layernorm of the input rows.
+    ln_w: *const f32,
+    ln_b: *const f32,
+    /// The input rows (`n * c_in`); null: the token + position embedding.
+    inp: *const f32,
+    c_in: usize,
+    oc: usize,
+    epi: Epilogue,
+    k_cache: *mut f32,
+    v_cache: *mut f32,
+}
+
+/// GEMV phase `g` of the step: per layer qkv, attproj, fc, fcproj; then
+/// (`g == GEMVS * n_layer`) the LM head.
+///
+/// # Safety
+/// The params' contract; `g <= GEMVS * n_layer`.
+#[inline(always)]
+unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, g: usize) -> Gemv<W> {
+    let c = p.c as usize;
+    let nl = p.n_layer as usize;
+    let null = core::ptr::null::<f32>();
+    if g >= GEMVS * nl {
+        return Gemv {
+            w: p.wte,
+            bias: null,
+            ln_w: p.lnf_w,
+            ln_b: p.lnf_b,
+            inp: p.x,
+            c_in: c,
+            oc: p.vp as usize,
+            epi: Epilogue::Logits,
+            k_cache: core::ptr::null_mut(),
+            v_cache: core::ptr::null_mut(),
+        };
+    }
+    let layer = g / GEMVS;
+    // SAFETY: layer < n_layer entries of the table.
+    let lw = unsafe { &*p.layers.add(layer) };
+    let mut ph = Gemv {
+        w: lw.qkv_w,
+        bias: lw.qkv_b,
+        ln_w: lw.ln1_w,
+        ln_b: lw.ln1_b,
+        inp: if layer == 0 { null } else { p.x },
+        c_in: c,
+        oc: 3 * c,
+        epi: Epilogue::Qkv,
+        k_cache: lw.k_cache,
+        v_cache: lw.v_cache,
+    };
+    match g % GEMVS {
+        0 => {}
+        1 => {
+            (ph.w, ph.bias, ph.ln_w, ph.ln_b) = (lw.attproj_w, lw.attproj_b, null, null);
+            (ph.inp, ph.oc, ph.epi) = (p.att, c, Epilogue::Residual);
+        }
+        2 => {
+            (ph.w, ph.bias, ph.ln_w, ph.ln_b) = (lw.fc_w, lw.fc_b, lw.ln2_w, lw.ln2_b);
+            (ph.inp, ph.oc, ph.epi) = (p.x, 4 * c, Epilogue::Gelu);
+        }
+        _ => {
+            (ph.w, ph.bias, ph.ln_w, ph.ln_b) = (lw.fcproj_w, lw.fcproj_b, null, null);
+            (ph.inp, ph.c_in, ph.oc, ph.epi) = (p.h, 4 * c, c, Epilogue::Residual);
+        }
+    }
+    ph
+}
+
+/// This block's columns `[lo, hi)` of `oc`.
+#[inline(always)]
+fn block_cols(oc: usize) -> (usize, usize) {
+    let (b, nb) = (block_idx_x() as usize, grid_dim_x() as usize);
+    (div32(oc * b, nb), div32(oc * (b + 1), nb))
+}
+
+/// Columns of `c_in` elements one slot holds (at least 1 by the contract).
+#[inline(always)]
+fn tile_cols<W>(c_in: usize, slot_bytes: usize) -> usize {
+    div32(slot_bytes, c_in * size_of::<W>()).max(1)
+}
+
+/// The weight ring in shared memory.
+#[derive(Clone, Copy)]
+struct Ring {
+    /// Shared-window addresses of the first slot and the first mbarrier.
+    base: u32,
+    bars: u32,
+    /// The same slots, as a generic pointer (for loads).
+    ptr: *const u8,
+    slots: usize,
+    slot_bytes: usize,
+}
+
+/// Where thread 0's bulk copies have got to: the next tile is tile `j` of
+/// GEMV phase `g`; `issued` tiles so far.
+struct Producer {
+    g: usize,
+    j: usize,
+    issued: usize,
+}
+
+/// Thread 0: issue the next tiles while a slot is free (`consumed` tiles
+/// read so far; a slot frees when its tile has been read).
+///
+/// # Safety
+/// The params' contract; thread 0 only, after the barriers' init; the
+/// slot of every tile issued is no longer read (the block synchronised
+/// after consuming the tile before it).
+#[inline(always)]
+unsafe fn issue<W: Weight>(p: &DecodeStepParams<W>, prod: &mut Producer, consumed: usize, ring: &Ring) {
+    let last = GEMVS * p.n_layer as usize;
+    while prod.issued < consumed + ring.slots && prod.g <= last {
+        // SAFETY: g <= last.
+        let ph = unsafe { gemv_phase(p, prod.g) };
+        let (lo, hi) = block_cols(ph.oc);
+        let tc = tile_cols::<W>(ph.c_in, ring.slot_bytes);
+        if prod.j >= div32(hi - lo + tc - 1, tc) {
+            prod.g += 1;
+            prod.j = 0;
+            continue;
+        }
+        let c0 = lo + prod.j * tc;
+        let cols = tc.min(hi - c0);
+        let bytes = (cols * ph.c_in * size_of::<W>()) as u32;
+        let slot = rem32(prod.issued, ring.slots);
+        let bar = ring.bars + 8 * slot as u32;
+        // SAFETY: columns c0..c0+cols of the weight are rows of c_in
+        // elements, 16-byte multiples (c % 8 == 0) at 16-byte aligned
+        // offsets; the slot holds slot_bytes >= bytes and is not read
+        // (the caller's contract); the barrier's phase expects them.
+        unsafe {
+            fence_proxy_async_shared();
+            mbarrier_arrive_expect_tx(bar, bytes);
+            bulk_copy_to_shared(
+                ring.base + (slot * ring.slot_bytes) as u32,
+                ph.w.add(c0 * ph.c_in) as *const u8,
+                bytes,
+                bar,
+            );
+        }
+        prod.j += 1;
+        prod.issued += 1;
+    }
+}
+
+/// Copy a layernorm's weight and bias (`c` floats each) to `lnp`.
+///
+/// # Safety
+/// Both hold `c` floats, 16-byte aligned; `lnp` holds `2 * c`.
+#[inline(always)]
+unsafe fn stage_ln(lnp: *mut f32, w: *const f32, b: *const f32, c: usize) {
+    let mut k = thread_idx_x() as usize * VEC;
+    while k < c {
+        // SAFETY: k + 4 <= c.
+        unsafe {
+            store4(lnp.add(k), load4(w.add(k)));
+            store4(lnp.add(c + k), load4(b.add(k)));
+        }
+        k += DECODE_STEP_THREADS as usize * VEC;
+    }
+}
+
+/// Fill `xs[r][0..c_in]` for `r < n`: the phase's input rows, or the
+/// embedding (block 0 also writes it to `x`, the residual stream). Rows
+/// without a layernorm are rounded as the weights multiply them.
+///
+/// # Safety
+/// The params' contract; `xs` holds `n * c_in` floats.
+#[inline(always)]
+unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, xs: *mut f32, n: usize) {
+    let c_in = ph.c_in;
+    let c4 = c_in / VEC;
+    let total = n * c4;
+    let stride = DECODE_STEP_THREADS as usize;
+    let round = ph.ln_w.is_null();
+    let embed = ph.inp.is_null();
+    let mut base = thread_idx_x() as usize;
+    while base < total {
+        let mut v = [[0f32; VEC]; STAGE_BATCH];
+        unroll_below!(u < STAGE_BATCH => {
+            let i = base + u * stride;
+            if i < total {
+                let (r, k) = (div32(i, c4), rem32(i, c4) * VEC);
+                // SAFETY: r < n, k + 4 <= c_in; token and position clamped
+                // into the tables.
+                v[u] = unsafe {
+                    if embed {
+                        let tok = (*p.tokens.add(r)).min(p.v - 1) as usize;
+                        let pos = (*p.pos.add(r)).min(p.max_pos - 1) as usize;
+                        let (a, b) = (W::load4_f32(p.wte, tok * c_in + k), load4(p.wpe.add(pos * c_in + k)));
+                        [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+                    } else {
+                        load4_cg(ph.inp.add(r * c_in + k))
+                    }
+                };
+            }
+        });
+        unroll_below!(u < STAGE_BATCH => {
+            let i = base + u * stride;
+            if i < total {
+                let (r, k) = (div32(i, c4), rem32(i, c4) * VEC);
+                // SAFETY: as above; x holds n * c floats (c_in == c when embedding).
+                unsafe {
+                    if embed && block_idx_x() == 0 {
+                        store4(p.x.add(r * c_in + k), v[u]);
+                    }
+                    store4(xs.add(r * c_in + k), if round { v[u].map(W::round_input) } else { v[u] });
+                }
+            }
+        });
+        base += STAGE_BATCH * stride;
+    }
+}
+
+/// The epilogue of column `col`, row `r`, whose dot product is `sum`.
+///
+/// # Safety
+/// The params' contract; `r < n`, `col < ph.oc`.
+#[inline(always)]
+unsafe fn epilogue<W: Weight, const R: usize>(
+    p: &DecodeStepParams<W>,
+    ph: &Gemv<W>,
+    r: usize,
+    col: usize,
+    sum: f32,
+    best: &mut [(f32, u32); R],
+) {
+    let c = p.c as usize;
+    let mut v = sum;
+    if !ph.bias.is_null() {
+        // SAFETY: col < oc.
+        v += unsafe { *ph.bias.add(col) };
+    }
+    // SAFETY (all arms): r < n, col < oc; each (r, col) has one writer.
+    unsafe {
+        match ph.epi {
+            Epilogue::Qkv => {
+                if col < c {
+                    *p.q.add(r * c + col) = v;
+                    return;
+                }
+                let pos = *p.pos.add(r);
+                if pos >= p.max_t {
+                    return;
+                }
+                let (cache, cc) = if col < 2 * c {
+                    (ph.k_cache, col - c)
+                } else {
+                    (ph.v_cache, col - 2 * c)
+                };
+                let nh = p.nh as usize;
+                let (h, d) = (cc / HS, cc % HS);
+                *cache.add(((r * nh + h) * p.max_t as usize + pos as usize) * HS + d) = v;
+            }
+            Epilogue::Residual => {
+                let o = p.x.add(r * c + col);
+                *o = load_cg(o) + v;
+            }
+            Epilogue::Gelu => *p.h.add(r * 4 * c + col) = gelu(v),
+            Epilogue::Logits => {
+                *p.logits.add(r * p.vp as usize + col) = v;
+                if col < p.v as usize {
+                    unroll_below!(i < R => {
+                        if i == r {
+                            best[i] = better(best[i], (v, col as u32));
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Multiply one tile (`cols` columns from `c0`, weights at `wt` in shared
+/// memory) by the staged rows `xs` and run each sum's epilogue.
+///
+/// # Safety
+/// The params' contract; the tile's bytes have arrived; `red` holds
+/// `2 * WARPS * ROWS` floats; every thread of the block calls it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_gemv<W: Weight, const R: usize>(
+    p: &DecodeStepParams<W>,
+    ph: &Gemv<W>,
+    wt: *const W,
+    xs: *const f32,
+    red: *mut f32,
+    c0: usize,
+    cols: usize,
+    n: usize,
+    best: &mut [(f32, u32); R],
+) {
+    let (c_in, lane, warp) = (ph.c_in, lane_id() as usize, warp_id() as usize);
+    // Split each column over `ks` warps when the tile has fewer columns
+    // than warps (then fewer than 2 * WARPS units: `red` holds them).
+    let mut ks = 1;
+    while cols * ks < WARPS {
+        ks *= 2;
+    }
+    // ks is a power of two.
+    let span = ((c_in + ks - 1) >> ks.trailing_zeros()).next_multiple_of(W::PER_LOAD);
+    let step = LANES * W::PER_LOAD;
+    let mut u = warp;
+    while u < cols * ks {
+        let (col, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
+        let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
+        let mut acc = [0f32; R];
+        let mut k = k_lo + lane * W::PER_LOAD;
+        while k < k_hi {
+            // SAFETY: col < cols of the tile, k + PER_LOAD <= c_in.
+            let w = unsafe { W::load_raw(wt.add(col * c_in), k) };
+            unroll_below!(r < R => {
+                if r < n {
+                    unroll_below!(q < W::PER_LOAD / VEC => {
+                        // SAFETY: r < n, k + PER_LOAD <= c_in.
+                        let x = unsafe { load4(xs.add(r * c_in + k + q * VEC)) };
+                        let e = q * VEC;
+                        acc[r] = fma(
+                            x[0],
+                            W::value(&w, e),
+                            fma(x[1], W::value(&w, e + 1), fma(x[2], W::value(&w, e + 2), fma(x[3], W::value(&w, e + 3), acc[r]))),
+                        );
+                    });
+                }
+            });
+            k += step;
+        }
+        // Lane r gets row r's sum.
+        let s = warp_reduce_sum_many(acc);
+        if lane < n {
+            if ks == 1 {
+                // SAFETY: lane < n, c0 + col < oc.
+                unsafe { epilogue(p, ph, lane, c0 + col, s, best) };
+            } else {
+                // SAFETY: u < 2 * WARPS.
+                unsafe { *red.add(u * ROWS + lane) = s };
+            }
+        }
+        u += WARPS;
+    }
+    if ks > 1 {
+        sync_threads();
+        let t = thread_idx_x() as usize;
+        if t < cols * n {
+            let (col, r) = (div32(t, n), rem32(t, n));
+            let mut s = 0f32;
+            for part in 0..ks {
+                // SAFETY: written above, before the barrier.
+                s += unsafe { *red.add((col * ks + part) * ROWS + r) };
+            }
+            // SAFETY: r < n, c0 + col < oc.
+            unsafe { epilogue(p, ph, r, c0 + col, s, best) };
+        }
+    }
+}
+
+/// Shared memory of the step, as pointers.
+#[derive(Clone, Copy)]
+struct Smem {
+    red: *mut f32,
+    best: *mut u32,
+    stats: *mut f32,
+    lnp: *mut f32,
+    xs: *mut f32,
+}
+
+/// One GEMV phase: stage (and layernorm) the input rows, then every tile of
+/// this block's columns as the ring delivers them, refilling each slot.
+///
+/// # Safety
+/// The params' contract; `lnp` holds the phase's layernorm parameters when
+/// it has one; every thread of the block calls it, after a grid barrier
+/// that published the phase's inputs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_gemv<W: Weight, const R: usize>(
+    p: &DecodeStepParams<W>,
+    g: usize,
+    sm: &Smem,
+    ring: &Ring,
+    prod: &mut Producer,
+    consumed: &mut usize,
+    best: &mut [(f32, u32); R],
+) {
+    let n = p.n as usize;
+    // SAFETY: g is a phase of the step.
+    let ph = unsafe { gemv_phase(p, g) };
+    unsafe { stage_rows(p, &ph, sm.xs, n) };
+    sync_threads();
+    if !ph.ln_w.is_null() {
+        // SAFETY: xs holds n rows of c_in, lnp the parameters, stats 2n.
+        unsafe { layernorm_rows::<W>(sm.xs, sm.lnp, sm.stats, n, ph.c_in) };
+        sync_threads();
+    }
+    let (lo, hi) = block_cols(ph.oc);
+    let tc = tile_cols::<W>(ph.c_in, ring.slot_bytes);
+    let mut c0 = lo;
+    while c0 < hi {
+        let cols = tc.min(hi - c0);
+        let slot = rem32(*consumed, ring.slots);
+        // SAFETY: the barrier was initialised; thread 0 issued this tile
+        // (tiles are issued in the order they are consumed).
+        unsafe { mbarrier_wait_parity(ring.bars + 8 * slot as u32, (div32(*consumed, ring.slots) & 1) as u32) };
+        let wt = unsafe { ring.ptr.add(slot * ring.slot_bytes) } as *const W;
+        unsafe { tile_gemv::<W, R>(p, &ph, wt, sm.xs, sm.red, c0, cols, n, best) };
+        *consumed += 1;
+        // Every thread is done with the slot (and `red`) before its refill.
+        sync_threads();
+        if thread_idx_x() == 0 {
+            // SAFETY: the slot just read is free.
+            unsafe { issue(p, prod, *consumed, ring) };
+        }
+        c0 += cols;
+    }
+}
+
+/// Decode attention of layer `layer`: one warp per (16-key chunk, row,
+/// head) over the grid's warps, chunks past a row's position skipped; the
+/// last chunk of a (row, head) to finish merges the partials into `att`.
+///
+/// # Safety
+/// The params' contract; after a grid barrier that published q and the
+/// new keys and values; every thread of the block calls it.
+#[inline(always)]
+unsafe fn run_attention<W>(p: &DecodeStepParams<W>, layer: usize) {
+    // SAFETY: layer < n_layer.
+    let lw = unsafe { &*p.layers.add(layer) };
+    let (n, nh, c, max_t, window) = (p.n as usize, p.nh as usize, p.c as usize, p.max_t as usize, p.window as usize);
+    let lane = lane_id() as usize;
+    let l8 = lane % ATT_LANES;
+    let max_keys = if window > 0 { window.min(max_t) } else { max_t };
+    let heads = n * nh;
+    let total = heads * max_keys.div_ceil(ATT_KEYS);
+    let nb = grid_dim_x() as usize;
+    // Consecutive items go to different blocks, so the live ones spread over the SMs.
+    let mut i = warp_id() as usize * nb + block_idx_x() as usize;
+    while i < total {
+        let (chunk, head) = (div32(i, heads), rem32(i, heads));
+        let (r, h) = (div32(head, nh), rem32(head, nh));
+        // SAFETY: r < n; clamped so no key index reaches max_t.
+        let pos = (unsafe { *p.pos.add(r) } as usize).min(max_t - 1);
+        let key_lo = if window > 0 {
+            (pos + 1).saturating_sub(window)
+        } else {
+            0
+        };
+        let chunks = (pos + 1 - key_lo).div_ceil(ATT_KEYS);
+        if chunk < chunks {
+            // This lane's 8 query dimensions, pre-scaled into log2 units.
+            // SAFETY: h*HS + 36 + 4 <= c.
+            let q_g = unsafe { p.q.add(r * c + h * HS + VEC * l8) };
+            let (qa, qb) = unsafe { (load4_cg(q_g), load4_cg(q_g.add(HS / 2))) };
+            let mut q = [0f32; 2 * VEC];
+            for e in 0..VEC {
+                q[e] = qa[e] * p.scale_log2e;
+                q[VEC + e] = qb[e] * p.scale_log2e;
+            }
+            let plane = head * max_t * HS + VEC * l8;
+            let first = key_lo + chunk * ATT_KEYS + lane / ATT_LANES;
+            // SAFETY: the planes of (r, h); keys below pos + 1 <= max_t.
+            let (m, l, acc) = unsafe {
+                attend_keys::<ATT_KEYS_PER_GROUP>(
+                    &q,
+                    lw.k_cache.add(plane),
+                    lw.v_cache.add(plane),
+                    first,
+                    ATT_GROUPS_PER_WARP,
+                    pos + 1,
+                )
+            };
+            let part0 = head * p.parts_stride as usize;
+            // SAFETY: chunk < chunks <= parts_stride.
+            unsafe { store_part(p.att_acc, p.att_ml, part0 + chunk, m, l, &acc) };
+            sync_warp();
+            // SAFETY: n * nh counters, zero between launches.
+            let counter = unsafe { p.att_counter.add(head) };
+            let mut last = chunks == 1;
+            if !last {
+                let arrived = if lane == 0 {
+                    (unsafe { atomic_add_acq_rel_u32(counter, 1) } as usize == chunks - 1) as u32
+                } else {
+                    0
+                };
+                last = shfl_idx_u32(arrived, 0) != 0;
+            }
+            if last {
+                thread_fence();
+                // SAFETY: the head's partials were published before the
+                // arrivals; its 64 outputs lie in att.
+                unsafe {
+                    combine_parts(
+                        p.att_acc.add(part0 * HS),
+                        p.att_ml.add(2 * part0),
+                        chunks,
+                        p.att.add(r * c + h * HS),
+                        lane,
+                        LANES,
+                    )
+                };
+                if lane == 0 && chunks > 1 {
+                    // SAFETY: every chunk of this head has arrived.
+                    unsafe { *counter = 0 };
+                }
+            }
+        }
+        i += WARPS * nb;
+    }
+}
+
+/// The best of a warp's (value, index) candidates, in every lane.
+#[inline(always)]
+fn warp_best(mut b: (f32, u32)) -> (f32, u32) {
+    let mut off = LANES as u32 / 2;
+    while off > 0 {
+        b = better(b, (shfl_xor_f32(b.0, off), shfl_xor_u32(b.1, off)));
+        off /= 2;
+    }
+    b
+}
+
+/// The LM head's end: each block's best per row to the partials; the last
+/// block to arrive picks each row's argmax, writes the ids and the next
+/// step's tokens, advances the positions, and resets the counters.
+///
+/// # Safety
+/// The params' contract; after the LM head's last tile; every thread of
+/// the block calls it.
+#[inline(always)]
+unsafe fn argmax_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: &[(f32, u32); R], sm: &Smem) {
+    let (n, lane, warp) = (p.n as usize, lane_id() as usize, warp_id() as usize);
+    let (sv, si) = (sm.best as *mut f32, unsafe { sm.best.add(WARPS * ROWS) });
+    unroll_below!(r < R => {
+        if r < n {
+            let b = warp_best(best[r]);
+            if lane == 0 {
+                // SAFETY: warp < WARPS, r < ROWS.
+                unsafe {
+                    *sv.add(warp * ROWS + r) = b.0;
+                    *si.add(warp * ROWS + r) = b.1;
+                }
+            }
+        }
+    });
+    sync_threads();
+    let block = block_idx_x() as usize;
+    if warp == 0 && lane < n {
+        let mut b = (f32::NEG_INFINITY, u32::MAX);
+        for w in 0..WARPS {
+            // SAFETY: written before the barrier.
+            b = better(b, unsafe { (*sv.add(w * ROWS + lane), *si.add(w * ROWS + lane)) });
+        }
+        // SAFETY: the partials hold gridDim.x * n entries.
+        unsafe {
+            *p.part_val.add(block * n + lane) = b.0;
+            *p.part_idx.add(block * n + lane) = b.1;
+        }
+        thread_fence();
+    }
+    let nb = grid_dim_x();
+    let arrived_last = sync_threads_or(
+        // SAFETY: the sync buffer's second word, zero between launches.
+        thread_idx_x() == 0 && unsafe { atomic_add_acq_rel_u32(p.sync.add(1), 1) } == nb - 1,
+    );
+    if !arrived_last {
+        return;
+    }
+    thread_fence();
+    if warp == 0 && lane < n {
+        let mut b = (f32::NEG_INFINITY, u32::MAX);
+        for blk in 0..nb as usize {
+            // SAFETY: published by every block before its arrival.
+            let v = unsafe { load_cg(p.part_val.add(blk * n + lane)) };
+            let i = unsafe { core::ptr::read_volatile(p.part_idx.add(blk * n + lane)) };
+            b = better(b, (v, i));
+        }
+        // Every logit NaN: id 0, a valid token.
+        let id = if b.1 == u32::MAX { 0 } else { b.1 };
+        // SAFETY: n entries each.
+        unsafe {
+            *p.ids.add(lane) = id;
+            *p.tokens.add(lane) = id;
+            *p.pos.add(lane) += 1;
+        }
+    }
+    if thread_idx_x() == 0 {
+        // SAFETY: every block has passed every grid barrier and arrived
+        // here; none touches the counters again in this launch.
+        unsafe {
+            *p.sync = 0;
+            *p.sync.add(1) = 0;
+        }
+    }
+}
+
+/// The step for up to `R` rows (see the module docs).
+///
+/// # Safety
+/// `DecodeStepParams`' contract, with the launch it describes; `n <= R`.
+#[inline(always)]
+unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
+    let (c, nl) = (p.c as usize, p.n_layer as usize);
+    let lay = decode_step_smem(p.n, p.c, p.slots, p.slot_bytes);
+    // SAFETY: the launch provides `lay.total` bytes, 16-byte aligned.
+    let base = unsafe { dynamic_shared_align16::<u8>() };
+    let at = |off: u32| unsafe { base.add(off as usize) };
+    let sm = Smem {
+        red: at(lay.red) as *mut f32,
+        best: at(lay.best) as *mut u32,
+        stats: at(lay.stats) as *mut f32,
+        lnp: at(lay.lnp) as *mut f32,
+        xs: at(lay.xs) as *mut f32,
+    };
+    // SAFETY: both point into shared memory.
+    let ring = unsafe {
+        Ring {
+            base: shared_addr(at(lay.ring)),
+            bars: shared_addr(at(lay.bars)),
+            ptr: at(lay.ring),
+            slots: p.slots as usize,
+            slot_bytes: p.slot_bytes as usize,
+        }
+    };
+    let tid = thread_idx_x();
+    if tid == 0 {
+        for s in 0..ring.slots {
+            // SAFETY: slots <= MAX_SLOTS barriers at `bars`.
+            unsafe { mbarrier_init(ring.bars + 8 * s as u32, 1) };
+        }
+        fence_mbarrier_init();
+    }
+    sync_threads();
+    let mut prod = Producer { g: 0, j: 0, issued: 0 };
+    let mut consumed = 0;
+    // Weights only before the PDL wait: they overlap the previous kernel.
+    if tid == 0 {
+        // SAFETY: the barriers are initialised; no slot was read yet.
+        unsafe { issue(&p, &mut prod, consumed, &ring) };
+    }
+    // SAFETY: layer 0's ln1 parameters hold c floats.
+    unsafe {
+        let l0 = &*p.layers;
+        stage_ln(sm.lnp, l0.ln1_w, l0.ln1_b, c);
+    }
+    grid_dependency_wait();
+    launch_dependents();
+
+    let nb = grid_dim_x();
+    let mut barriers = 0;
+    let mut grid_sync = || {
+        barriers += 1;
+        // SAFETY: one block per SM, all resident (the launch contract);
+        // `sync` word 0 counts this launch's arrivals.
+        unsafe { grid_barrier(p.sync, barriers * nb) };
+    };
+    // Each row's best logit, tracked by the LM head's epilogue only (a fresh
+    // array per phase keeps it out of the other phases' registers).
+    let none = || [(f32::NEG_INFINITY, u32::MAX); R];
+    for layer in 0..nl {
+        let g = GEMVS * layer;
+        // SAFETY (phases): the params' contract, after the barrier before each.
+        unsafe {
+            // ln1 + qkv: q, and k, v into the cache.
+            run_gemv::<W, R>(&p, g, &sm, &ring, &mut prod, &mut consumed, &mut none());
+            grid_sync();
+            run_attention(&p, layer);
+            grid_sync();
+            // x += attproj(att)
+            run_gemv::<W, R>(&p, g + 1, &sm, &ring, &mut prod, &mut consumed, &mut none());
+            let lw = &*p.layers.add(layer);
+            stage_ln(sm.lnp, lw.ln2_w, lw.ln2_b, c);
+            grid_sync();
+            // h = gelu(fc(ln2(x)))
+            run_gemv::<W, R>(&p, g + 2, &sm, &ring, &mut prod, &mut consumed, &mut none());
+            grid_sync();
+            // x += fcproj(h)
+            run_gemv::<W, R>(&p, g + 3, &sm, &ring, &mut prod, &mut consumed, &mut none());
+            if layer + 1 < nl {
+                let next = &*p.layers.add(layer + 1);
+                stage_ln(sm.lnp, next.ln1_w, next.ln1_b, c);
+            } else {
+                stage_ln(sm.lnp, p.lnf_w, p.lnf_b, c);
+            }
+            grid_sync();
+        }
+    }
+    // lnf + the LM head + argmax.
+    unsafe {
+        let mut best = none();
+        run_gemv::<W, R>(&p, GEMVS * nl, &sm, &ring, &mut prod, &mut consumed, &mut best);
+        argmax_finish(&p, &best, &sm);
+    }
+}
+
+macro_rules! decode_step_entry {
+    ($name:ident, $w:ty, $rows:expr) => {
+        /// [`decode_step_rows`] for up to this many rows, weights of this type.
+        ///
+        /// # Safety
+        /// `DecodeStepParams`' contract, with the launch it describes.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: DecodeStepParams<$w>) {
+            // SAFETY: forwarded; the host picks the entry with n <= rows.
+            unsafe { decode_step_rows::<$w, { $rows }>(p) }
+        }
+    };
+}
+decode_step_entry!(decode_step, f32, DECODE_STEP_MAX_ROWS as usize);
+decode_step_entry!(decode_step_bf16, u16, DECODE_STEP_MAX_ROWS as usize);

@@ -1,0 +1,185 @@
+//! The whole decode step in one persistent kernel (`ops::decode_step`,
+//! sm_90a only).
+//!
+//! The fused chain of `params::decode` pays ~6 µs per kernel boundary, 61
+//! times a step, while the step's bytes take 0.12 ms. This kernel runs every
+//! phase of the step (per layer: ln1 + qkv, attention, attproj + residual,
+//! ln2 + fc + GELU, fcproj + residual; then lnf + the LM head + argmax) in
+//! one launch of one block per SM; the phases meet at grid barriers. Each
+//! block owns a fixed slice of every matrix's columns, and its slices stream
+//! into a ring of shared-memory slots by TMA bulk copies issued as soon as a
+//! slot frees, so the next phases' weights are already on chip when a
+//! barrier opens: HBM keeps streaming through the dependencies.
+//!
+//! Same math as the fused chain (f32 accumulation, the same layernorm, GELU,
+//! attention), in other summation orders; its CPU twin is the CPU forward at
+//! `t = 1` (`cpu::forward`).
+
+use super::decode::DECODE_MAX_ROWS;
+
+/// Kernels by weight format (`DecodeStepParams<f32>` / `<u16>`).
+pub const DECODE_STEP: &str = "decode_step";
+pub const DECODE_STEP_BF16: &str = "decode_step_bf16";
+/// Most rows a launch serves. The code is generic over the row count (one
+/// accumulator per row in registers), but at 512 threads a block gets 128
+/// registers a thread, and ptxas spills from 4 rows up (measured with the
+/// sm_90a build): larger batches take the fused chain.
+pub const DECODE_STEP_MAX_ROWS: u32 = 1;
+
+/// Threads per block (16 warps): one block per SM.
+pub const DECODE_STEP_THREADS: u32 = 512;
+/// Warps per block.
+pub const DECODE_STEP_WARPS: u32 = DECODE_STEP_THREADS / 32;
+/// Most shared-memory slots in the weight ring.
+pub const DECODE_STEP_MAX_SLOTS: u32 = 4;
+/// Keys one warp scores per attention work item (4 groups of 8 lanes, 4
+/// keys each); the partial buffers hold one partial per item.
+pub const DECODE_STEP_ATTN_KEYS: u32 = 8;
+/// The GEMV phases of a layer, in order (their weights stream in this
+/// order, then the LM head's).
+pub const DECODE_STEP_GEMVS_PER_LAYER: u32 = 4;
+/// Words of the `sync` buffer: the grid barrier's arrivals, the LM head's.
+pub const DECODE_STEP_SYNC_WORDS: usize = 2;
+
+/// One layer's tensors, as the kernel reads them from a device table
+/// (`DecodeStepParams::layers`). Weights `[out, in]` row-major (GPT-2's
+/// layout), f32 or bf16 bits (`W = u16`); everything else f32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeStepLayer<W = f32> {
+    pub ln1_w: *const f32,
+    pub ln1_b: *const f32,
+    /// `[3C, C]`, `[3C]`
+    pub qkv_w: *const W,
+    pub qkv_b: *const f32,
+    /// `[C, C]`, `[C]`
+    pub attproj_w: *const W,
+    pub attproj_b: *const f32,
+    pub ln2_w: *const f32,
+    pub ln2_b: *const f32,
+    /// `[4C, C]`, `[4C]`
+    pub fc_w: *const W,
+    pub fc_b: *const f32,
+    /// `[C, 4C]`, `[C]`
+    pub fcproj_w: *const W,
+    pub fcproj_b: *const f32,
+    /// `[max_batch][nh][max_t][64]` each.
+    pub k_cache: *mut f32,
+    pub v_cache: *mut f32,
+}
+
+/// Shared memory of a launch, in bytes from the (16-byte aligned) base.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeStepSmem {
+    /// `slots` mbarriers (8 bytes each).
+    pub bars: u32,
+    /// Split-column partial sums: `2 * WARPS * MAX_ROWS` floats.
+    pub red: u32,
+    /// The LM head's per-warp bests: `WARPS * MAX_ROWS` (value, index) pairs.
+    pub best: u32,
+    /// Each row's layernorm (mean, rstd).
+    pub stats: u32,
+    /// A layernorm's weight and bias, `2 * c` floats.
+    pub lnp: u32,
+    /// The phase's input rows, `n * 4c` floats.
+    pub xs: u32,
+    /// The weight ring: `slots * slot_bytes`.
+    pub ring: u32,
+    pub total: u32,
+}
+
+/// Alignment of the ring's slots (TMA needs 16; 128 keeps each slot on
+/// its own shared-memory lines).
+pub const DECODE_STEP_SLOT_ALIGN: u32 = 128;
+
+/// The shared-memory layout of a launch of `n` rows, width `c`, `slots`
+/// slots of `slot_bytes` (a multiple of [`DECODE_STEP_SLOT_ALIGN`]).
+pub const fn decode_step_smem(n: u32, c: u32, slots: u32, slot_bytes: u32) -> DecodeStepSmem {
+    let bars = 0;
+    let red = bars + (DECODE_STEP_MAX_SLOTS * 8).next_multiple_of(16);
+    let best = red + 2 * DECODE_STEP_WARPS * DECODE_MAX_ROWS * 4;
+    let stats = best + DECODE_STEP_WARPS * DECODE_MAX_ROWS * 8;
+    let lnp = stats + 2 * DECODE_MAX_ROWS * 4;
+    let xs = lnp + 2 * c * 4;
+    let ring = (xs + n * 4 * c * 4).next_multiple_of(DECODE_STEP_SLOT_ALIGN);
+    DecodeStepSmem {
+        bars,
+        red,
+        best,
+        stats,
+        lnp,
+        xs,
+        ring,
+        total: ring + slots * slot_bytes,
+    }
+}
+
+/// The decode step (see the module docs): `n` rows, each at its own
+/// position `pos[r]`, feeding `tokens[r]`.
+///
+/// Launch: one block of [`DECODE_STEP_THREADS`] per SM (`gridDim.x` blocks,
+/// all resident at once: the grid barriers wait for every block),
+/// [`decode_step_smem`]`(n, c, slots, slot_bytes).total` bytes of dynamic
+/// shared memory. `slot_bytes` holds at least one weight row of the widest
+/// input (`4c` elements). `c = 64 * nh`, `c % 8 == 0`, `n <=`
+/// [`DECODE_STEP_MAX_ROWS`], every buffer 16-byte aligned, `sync` and the
+/// attention counters zero between launches (the kernel leaves them so).
+///
+/// Results as the fused chain's: the logits, each row's argmax over the
+/// first `v` columns in `ids` and `tokens` (the next step's input), `pos[r]
+/// += 1`; k and v of the new token in the caches; `x` ends as the final
+/// residual stream.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeStepParams<W = f32> {
+    /// `[n_layer]` layer tables.
+    pub layers: *const DecodeStepLayer<W>,
+    /// `[vp, c]`: the token embedding, tied to the LM head.
+    pub wte: *const W,
+    /// `[max_pos, c]`
+    pub wpe: *const f32,
+    pub lnf_w: *const f32,
+    pub lnf_b: *const f32,
+    /// `[n]` step state: read at the start, advanced at the end.
+    pub tokens: *mut u32,
+    pub pos: *mut u32,
+    pub ids: *mut u32,
+    /// `[n, c]` the residual stream; `[n, c]` queries; `[n, c]` attention
+    /// output; `[n, 4c]` the MLP's hidden rows; `[n, vp]` logits.
+    pub x: *mut f32,
+    pub q: *mut f32,
+    pub att: *mut f32,
+    pub h: *mut f32,
+    pub logits: *mut f32,
+    /// `[gridDim.x * n]` each: the LM head's per-block bests.
+    pub part_val: *mut f32,
+    pub part_idx: *mut u32,
+    /// Attention partials: `[n * nh * parts_stride * 64]` and `[... * 2]`,
+    /// one per [`DECODE_STEP_ATTN_KEYS`] keys; `[n * nh]` counters.
+    pub att_acc: *mut f32,
+    pub att_ml: *mut f32,
+    pub att_counter: *mut u32,
+    /// [`DECODE_STEP_SYNC_WORDS`] counters.
+    pub sync: *mut u32,
+    pub n_layer: u32,
+    pub n: u32,
+    pub c: u32,
+    pub nh: u32,
+    /// Real and padded vocabulary.
+    pub v: u32,
+    pub vp: u32,
+    pub max_t: u32,
+    pub max_pos: u32,
+    /// 0 = unlimited; else each query sees its last `window` keys.
+    pub window: u32,
+    /// Partials per (row, head): `>= ceil(max_t / DECODE_STEP_ATTN_KEYS)`.
+    pub parts_stride: u32,
+    /// log2(e) / sqrt(64).
+    pub scale_log2e: f32,
+    /// The weight ring: `slots` (2..=[`DECODE_STEP_MAX_SLOTS`]) of
+    /// `slot_bytes` each.
+    pub slots: u32,
+    pub slot_bytes: u32,
+}
+
+crate::kernel_params!(DecodeStepParams<f32>, DecodeStepParams<u16>);

@@ -1,0 +1,353 @@
+//! Launch wrapper of the persistent decode step (`gpu_kernels::ops::decode_step`,
+//! sm_90a module only): the whole step of one row in one launch. Its CPU
+//! twin is the CPU forward at `t = 1` (`cpu::forward`), as for the fused
+//! chain of `gpu::ops::decode`.
+
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use gpu_kernels::params::KernelParams;
+use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
+use gpu_kernels::params::decode_step::*;
+
+use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
+use super::decode::DecodeWorkspace;
+use super::weight::{KernelWeight, WeightRef};
+use crate::gpu::Gpu;
+
+const OP: &str = "decode_step";
+
+/// One layer's tensors for [`decode_step`] (GPT-2's names and layouts).
+pub struct StepLayer<'a> {
+    pub ln1: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    pub qkv: (WeightRef<'a>, &'a CudaSlice<f32>),
+    pub attproj: (WeightRef<'a>, &'a CudaSlice<f32>),
+    pub ln2: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    pub fc: (WeightRef<'a>, &'a CudaSlice<f32>),
+    pub fcproj: (WeightRef<'a>, &'a CudaSlice<f32>),
+    /// `[max_batch][nh][max_t][64]` each.
+    pub k_cache: &'a mut CudaSlice<f32>,
+    pub v_cache: &'a mut CudaSlice<f32>,
+}
+
+/// The tensors outside the layers, and the sizes.
+pub struct StepModel<'a> {
+    /// `[vp, c]`, in the layers' format.
+    pub wte: WeightRef<'a>,
+    /// `[max_pos, c]`
+    pub wpe: &'a CudaSlice<f32>,
+    pub lnf: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    pub c: usize,
+    pub nh: usize,
+    /// Real and padded vocabulary.
+    pub v: usize,
+    pub vp: usize,
+    pub max_pos: usize,
+    pub max_t: usize,
+    /// 0 = unlimited.
+    pub window: usize,
+}
+
+/// The step's state and activations (see `DecodeStepParams`).
+pub struct StepBuffers<'a> {
+    pub tokens: &'a mut CudaSlice<u32>,
+    pub pos: &'a mut CudaSlice<u32>,
+    pub ids: &'a mut CudaSlice<u32>,
+    /// `[n, c]`, `[n, c]`, `[n, c]`, `[n, 4c]`, `[n, vp]`.
+    pub x: &'a mut CudaSlice<f32>,
+    pub q: &'a mut CudaSlice<f32>,
+    pub att: &'a mut CudaSlice<f32>,
+    pub h: &'a mut CudaSlice<f32>,
+    pub logits: &'a mut CudaSlice<f32>,
+}
+
+/// The device table of layer pointers the kernel reads, and the grid
+/// barrier's counters. Re-uploaded only when a pointer changed (so graph
+/// replays, which never call the wrapper, find it current).
+pub struct DecodeStepTable {
+    table: CudaSlice<u8>,
+    /// What `table` holds.
+    uploaded: Vec<u8>,
+    /// Host staging of the next table (kept: a step allocates nothing).
+    staging: Vec<u8>,
+    sync: CudaSlice<u32>,
+}
+
+impl DecodeStepTable {
+    /// Room for `layers` layers.
+    pub fn new(gpu: &Gpu, layers: usize) -> Result<Self, OpError> {
+        let bytes = layers * size_of::<DecodeStepLayer<f32>>();
+        Ok(DecodeStepTable {
+            table: gpu.alloc(bytes)?,
+            uploaded: Vec::with_capacity(bytes),
+            staging: Vec::with_capacity(bytes),
+            sync: gpu.alloc(DECODE_STEP_SYNC_WORDS)?,
+        })
+    }
+}
+
+/// The launch of a step of `n` rows of width `c` over weights of
+/// `elem` bytes: one block per SM, and the weight ring's slots and slot
+/// size, the largest that fit beside the fixed parts of shared memory; or
+/// `None` where one slot cannot hold the widest weight row.
+pub fn decode_step_config(gpu: &Gpu, n: usize, c: usize, elem: usize) -> Option<(LaunchConfig, u32, u32)> {
+    let blocks = gpu.sm_count();
+    if n == 0 || n > DECODE_STEP_MAX_ROWS as usize || c == 0 || blocks == 0 {
+        return None;
+    }
+    // Each GEMV phase's (columns, inner size): qkv, attproj, fc, fcproj.
+    let phases = [(3 * c, c), (c, c), (4 * c, c), (c, 4 * c)];
+    let widest_row = 4 * c * elem;
+    let slice = phases
+        .iter()
+        .map(|&(oc, c_in)| oc.div_ceil(blocks) * c_in * elem)
+        .max()?
+        .max(widest_row);
+    let align = DECODE_STEP_SLOT_ALIGN as usize;
+    let fixed = decode_step_smem(n as u32, c as u32, 0, 0).total as usize;
+    let avail = gpu.max_shared_per_block().checked_sub(fixed)?;
+    let mut slot = slice.next_multiple_of(align);
+    let mut slots = (avail / slot).min(DECODE_STEP_MAX_SLOTS as usize);
+    if slots < 2 {
+        // Two smaller slots: a phase then takes several tiles.
+        slots = 2;
+        slot = avail / 2 / align * align;
+        if slot < widest_row {
+            return None;
+        }
+    }
+    let total = decode_step_smem(n as u32, c as u32, slots as u32, slot as u32).total;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (DECODE_STEP_THREADS, 1, 1),
+        shared_mem_bytes: total,
+    };
+    Some((cfg, slots as u32, slot as u32))
+}
+
+/// Whether [`decode_step`] serves `n` rows of this model on this GPU: the
+/// sm_90a module, heads of 64, and a weight ring that fits.
+pub fn decode_step_supported(gpu: &Gpu, n: usize, c: usize, nh: usize, elem: usize) -> bool {
+    gpu.has_wgmma()
+        && nh > 0
+        && c == nh * DECODE_HEAD_SIZE as usize
+        && c.is_multiple_of(8)
+        && decode_step_config(gpu, n, c, elem).is_some()
+}
+
+/// The whole decode step of `n` rows in one launch (see
+/// `DecodeStepParams`): the logits, each row's argmax in `ids` and
+/// `tokens`, `pos += 1`, k and v into the caches. `pdl`: the launch may
+/// start while the previous kernel finishes (its weights load meanwhile).
+pub fn decode_step<'a>(
+    gpu: &Gpu,
+    ws: &mut DecodeWorkspace,
+    table: &mut DecodeStepTable,
+    pdl: bool,
+    model: &StepModel<'_>,
+    layers: impl ExactSizeIterator<Item = StepLayer<'a>>,
+    bufs: StepBuffers<'_>,
+    n: usize,
+) -> Result<(), OpError> {
+    match model.wte {
+        WeightRef::F32(_) => step_typed::<f32>(gpu, ws, table, pdl, model, layers, bufs, n, DECODE_STEP),
+        WeightRef::Bf16(_) => step_typed::<u16>(gpu, ws, table, pdl, model, layers, bufs, n, DECODE_STEP_BF16),
+    }
+}
+
+/// [`decode_step`] over weights of element type `W`.
+#[allow(clippy::too_many_arguments)]
+fn step_typed<'a, W: KernelWeight>(
+    gpu: &Gpu,
+    ws: &mut DecodeWorkspace,
+    table: &mut DecodeStepTable,
+    pdl: bool,
+    model: &StepModel<'_>,
+    layers: impl ExactSizeIterator<Item = StepLayer<'a>>,
+    bufs: StepBuffers<'_>,
+    n: usize,
+    kernel: &'static str,
+) -> Result<(), OpError>
+where
+    DecodeStepParams<W>: KernelParams,
+{
+    let (c, nh, v, vp, max_t) = (model.c, model.nh, model.v, model.vp, model.max_t);
+    let elem = size_of::<W>();
+    if !decode_step_supported(gpu, n, c, nh, elem) {
+        return Err(OpError::shape(
+            OP,
+            format!(
+                "n = {n}, c = {c}, nh = {nh}: the persistent step serves up to {DECODE_STEP_MAX_ROWS} row(s) of heads of 64 on the sm_90a module, with a weight row fitting shared memory"
+            ),
+        ));
+    }
+    if n > ws.max_rows() || nh != ws.nh() || max_t != ws.max_t() {
+        return Err(OpError::shape(OP, "the workspace was made for other sizes"));
+    }
+    if v == 0 || v > vp || model.max_pos == 0 || max_t == 0 {
+        return Err(OpError::shape(OP, format!("vocabulary {v} of {vp}, max_pos {}", model.max_pos)));
+    }
+    let n_layer = layers.len();
+    if n_layer == 0 {
+        return Err(OpError::shape(OP, "no layers"));
+    }
+    let wrong = || OpError::shape(OP, "every weight must have the wte's format");
+    let cache = n * c * max_t;
+    to_u32(OP, "cache", cache)?;
+    to_u32(OP, "logits", n * vp)?;
+    to_u32(OP, "wte", vp * c)?;
+    let mut addrs = Vec::with_capacity(16 * n_layer + 16);
+    table.staging.clear();
+    for l in layers {
+        let w = |(m, b): (WeightRef<'_>, &CudaSlice<f32>), oc: usize, c_in: usize| -> Result<_, OpError> {
+            check_len(OP, "weight", m.len(), oc * c_in)?;
+            check_len(OP, "bias", b.len(), oc)?;
+            Ok((W::ptr(gpu, m).ok_or_else(wrong)?, in_ptr(gpu, b)))
+        };
+        for (lw, lb) in [l.ln1, l.ln2] {
+            check_len(OP, "layernorm weight", lw.len(), c)?;
+            check_len(OP, "layernorm bias", lb.len(), c)?;
+        }
+        check_len(OP, "k_cache", l.k_cache.len(), cache)?;
+        check_len(OP, "v_cache", l.v_cache.len(), cache)?;
+        let (qkv_w, qkv_b) = w(l.qkv, 3 * c, c)?;
+        let (attproj_w, attproj_b) = w(l.attproj, c, c)?;
+        let (fc_w, fc_b) = w(l.fc, 4 * c, c)?;
+        let (fcproj_w, fcproj_b) = w(l.fcproj, c, 4 * c)?;
+        let layer = DecodeStepLayer::<W> {
+            ln1_w: in_ptr(gpu, l.ln1.0),
+            ln1_b: in_ptr(gpu, l.ln1.1),
+            qkv_w,
+            qkv_b,
+            attproj_w,
+            attproj_b,
+            ln2_w: in_ptr(gpu, l.ln2.0),
+            ln2_b: in_ptr(gpu, l.ln2.1),
+            fc_w,
+            fc_b,
+            fcproj_w,
+            fcproj_b,
+            k_cache: out_ptr(gpu, l.k_cache),
+            v_cache: out_ptr(gpu, l.v_cache),
+        };
+        addrs.extend([
+            layer.ln1_w as usize,
+            layer.ln1_b as usize,
+            layer.qkv_w as usize,
+            layer.attproj_w as usize,
+            layer.ln2_w as usize,
+            layer.ln2_b as usize,
+            layer.fc_w as usize,
+            layer.fcproj_w as usize,
+            layer.k_cache as usize,
+            layer.v_cache as usize,
+        ]);
+        // SAFETY: `DecodeStepLayer` is `repr(C)` and made of 14 pointers
+        // (no padding, no invalid byte patterns): its bytes are what the
+        // kernel reads.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&layer as *const DecodeStepLayer<W>).cast::<u8>(),
+                size_of::<DecodeStepLayer<W>>(),
+            )
+        };
+        table.staging.extend_from_slice(bytes);
+    }
+    if table.staging.len() > table.table.len() {
+        return Err(OpError::shape(OP, format!("{n_layer} layers: the table was made for fewer")));
+    }
+    if table.staging != table.uploaded {
+        let len = table.staging.len();
+        gpu.stream
+            .memcpy_htod(&table.staging, &mut table.table.slice_mut(0..len))
+            .map_err(|e| OpError::shape(OP, format!("uploading the layer table: {e}")))?;
+        std::mem::swap(&mut table.staging, &mut table.uploaded);
+    }
+    check_len(OP, "wte", model.wte.len(), vp * c)?;
+    check_len(OP, "wpe", model.wpe.len(), model.max_pos * c)?;
+    check_len(OP, "lnf weight", model.lnf.0.len(), c)?;
+    check_len(OP, "lnf bias", model.lnf.1.len(), c)?;
+    for (what, len, need) in [
+        ("tokens", bufs.tokens.len(), n),
+        ("pos", bufs.pos.len(), n),
+        ("ids", bufs.ids.len(), n),
+    ] {
+        check_len(OP, what, len, need)?;
+    }
+    for (what, len, need) in [
+        ("x", bufs.x.len(), n * c),
+        ("q", bufs.q.len(), n * c),
+        ("att", bufs.att.len(), n * c),
+        ("h", bufs.h.len(), n * 4 * c),
+        ("logits", bufs.logits.len(), n * vp),
+    ] {
+        check_len(OP, what, len, need)?;
+    }
+    let (part_val, part_idx, att_acc, att_ml, att_counter, parts_stride) = ws.step_scratch(gpu, gpu.sm_count())?;
+    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, elem) else {
+        return Err(OpError::shape(OP, "no weight ring fits shared memory"));
+    };
+    let p = DecodeStepParams::<W> {
+        layers: in_ptr(gpu, &table.table) as *const DecodeStepLayer<W>,
+        wte: W::ptr(gpu, model.wte).ok_or_else(wrong)?,
+        wpe: in_ptr(gpu, model.wpe),
+        lnf_w: in_ptr(gpu, model.lnf.0),
+        lnf_b: in_ptr(gpu, model.lnf.1),
+        tokens: out_ptr(gpu, bufs.tokens),
+        pos: out_ptr(gpu, bufs.pos),
+        ids: out_ptr(gpu, bufs.ids),
+        x: out_ptr(gpu, bufs.x),
+        q: out_ptr(gpu, bufs.q),
+        att: out_ptr(gpu, bufs.att),
+        h: out_ptr(gpu, bufs.h),
+        logits: out_ptr(gpu, bufs.logits),
+        part_val,
+        part_idx,
+        att_acc,
+        att_ml,
+        att_counter,
+        sync: out_ptr(gpu, &mut table.sync),
+        n_layer: to_u32(OP, "layers", n_layer)?,
+        n: n as u32,
+        c: c as u32,
+        nh: nh as u32,
+        v: v as u32,
+        vp: vp as u32,
+        max_t: max_t as u32,
+        max_pos: to_u32(OP, "max_pos", model.max_pos)?,
+        window: to_u32(OP, "window", model.window)?,
+        parts_stride,
+        scale_log2e: std::f32::consts::LOG2_E / (DECODE_HEAD_SIZE as f32).sqrt(),
+        slots,
+        slot_bytes,
+    };
+    addrs.extend([
+        p.wte as usize,
+        p.wpe as usize,
+        p.lnf_w as usize,
+        p.lnf_b as usize,
+        p.x as usize,
+        p.q as usize,
+        p.att as usize,
+        p.h as usize,
+        p.logits as usize,
+        p.layers as usize,
+    ]);
+    if !aligned16(&addrs) {
+        return Err(OpError::shape(OP, "buffers must be 16-byte aligned"));
+    }
+    gpu.set_max_dynamic_shared(kernel, cfg.shared_mem_bytes)?;
+    if gpu.occupancy_blocks_per_sm(kernel, cfg.block_dim.0, cfg.shared_mem_bytes)? == 0 {
+        return Err(OpError::shape(OP, "a block does not fit an SM"));
+    }
+    // SAFETY: every buffer the params (and the uploaded layer table, which
+    // the copy above made current, in stream order) name holds what the
+    // kernel reads or writes for n rows, c, nh, max_t, vp (checked above),
+    // 16-byte aligned, weights in W's format; the workspace's scratch holds
+    // gridDim.x * n argmax partials and n * nh * parts_stride attention
+    // partials with zeroed counters, and the sync words are zero between
+    // launches (the kernel leaves them so); one block per SM, each fitting
+    // (occupancy >= 1, so the grid is resident at once for its barriers);
+    // shared memory as `decode_step_smem` lays out; the kernel keeps the
+    // PDL contract (weights only before its wait).
+    unsafe { gpu.launch_pdl(kernel, cfg, p, pdl)? };
+    Ok(())
+}
