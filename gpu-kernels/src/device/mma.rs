@@ -92,6 +92,21 @@ pub unsafe fn cp_async_16_zfill(dst: *mut f32, src: *const f32, src_bytes: u32) 
     }
 }
 
+/// Start an asynchronous 4-byte copy global -> shared (`cp.async.ca`):
+/// for values too few or too unaligned for [`cp_async_16`].
+///
+/// # Safety
+/// `dst` points to 4 bytes of this block's shared memory, `src` to 4
+/// readable bytes of global memory; both 4-byte aligned. As for
+/// [`cp_async_16`], read only after [`cp_async_wait_group`] and a barrier.
+#[inline(always)]
+pub unsafe fn cp_async_4(dst: *mut f32, src: *const f32) {
+    unsafe {
+        let d = shared_addr(dst);
+        asm!("cp.async.ca.shared.global [{d}], [{s}], 4;", d = in(reg32) d, s = in(reg64) src);
+    }
+}
+
 /// Close the group of `cp.async` copies issued so far by this thread.
 #[inline(always)]
 pub fn cp_async_commit() {

@@ -175,16 +175,15 @@ pub unsafe fn load_acquire_u32(p: *const u32) -> u32 {
 pub unsafe fn grid_barrier(counter: *mut u32, target: u32) {
     sync_threads();
     if super::thread_idx_x() == 0 {
-        // The block's writes (ordered before this thread's by the barrier
-        // above) are released with the arrival; the acquire load pairs
-        // with the other blocks' arrivals.
-        thread_fence();
+        // The release arrival publishes the block's writes (ordered before
+        // this thread's by the barrier above); the acquire loads pair with
+        // the other blocks' arrivals. No full fence: it would also wait for
+        // this SM's outstanding loads (the prefetches of later weights).
         // SAFETY: the caller's contract.
         unsafe {
-            atomic_add_acq_rel_u32(counter, 1);
+            asm!("red.release.gpu.global.add.u32 [{p}], 1;", p = in(reg64) counter, options(nostack));
             while load_acquire_u32(counter) < target {}
         }
-        thread_fence();
     }
     sync_threads();
 }

@@ -18,7 +18,7 @@ use super::gelu::gelu;
 use super::vec4::{VEC, load4, load4_cg, load_cg, store4};
 use super::weight::Weight;
 use crate::device::math::fma;
-use crate::device::mma::shared_addr;
+use crate::device::mma::{cp_async_4, cp_async_16, cp_async_commit, cp_async_wait_group, shared_addr};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::tma::{
     bulk_copy_to_shared, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx, mbarrier_init,
@@ -91,12 +91,13 @@ struct Gemv<W> {
 }
 
 /// GEMV phase `g` of the step: per layer qkv, attproj, fc, fcproj; then
-/// (`g == GEMVS * n_layer`) the LM head.
+/// (`g == GEMVS * n_layer`) the LM head. `tbl` is the layer table (the
+/// block's copy in shared memory).
 ///
 /// # Safety
-/// The params' contract; `g <= GEMVS * n_layer`.
+/// The params' contract; `tbl` holds `n_layer` entries; `g <= GEMVS * n_layer`.
 #[inline(always)]
-unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, g: usize) -> Gemv<W> {
+unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepLayer<W>, g: usize) -> Gemv<W> {
     let c = p.c as usize;
     let nl = p.n_layer as usize;
     let null = core::ptr::null::<f32>();
@@ -116,7 +117,7 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, g: usize) -> Gemv<W> {
     }
     let layer = g / GEMVS;
     // SAFETY: layer < n_layer entries of the table.
-    let lw = unsafe { &*p.layers.add(layer) };
+    let lw = unsafe { &*tbl.add(layer) };
     let mut ph = Gemv {
         w: lw.qkv_w,
         bias: lw.qkv_b,
@@ -170,6 +171,8 @@ struct Ring {
     ptr: *const u8,
     slots: usize,
     slot_bytes: usize,
+    /// The layer table in shared memory.
+    tbl: *const u8,
 }
 
 /// Where thread 0's bulk copies have got to: the next tile is tile `j` of
@@ -192,7 +195,7 @@ unsafe fn issue<W: Weight>(p: &DecodeStepParams<W>, prod: &mut Producer, consume
     let last = GEMVS * p.n_layer as usize;
     while prod.issued < consumed + ring.slots && prod.g <= last {
         // SAFETY: g <= last.
-        let ph = unsafe { gemv_phase(p, prod.g) };
+        let ph = unsafe { gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, prod.g) };
         let (lo, hi) = block_cols(ph.oc);
         let tc = tile_cols::<W>(ph.c_in, ring.slot_bytes);
         if prod.j >= div32(hi - lo + tc - 1, tc) {
@@ -224,31 +227,39 @@ unsafe fn issue<W: Weight>(p: &DecodeStepParams<W>, prod: &mut Producer, consume
     }
 }
 
-/// Copy a layernorm's weight and bias (`c` floats each) to `lnp`.
+/// Start copying a layernorm's weight and bias (`c` floats each) to `lnp`
+/// (`cp.async`: the block does not wait for them until the phase that
+/// uses them, after its grid barrier).
 ///
 /// # Safety
-/// Both hold `c` floats, 16-byte aligned; `lnp` holds `2 * c`.
+/// Both hold `c` floats, 16-byte aligned; `lnp` (shared) holds `2 * c`, and
+/// no thread reads it until a `cp_async_wait_group` and a block barrier.
 #[inline(always)]
 unsafe fn stage_ln(lnp: *mut f32, w: *const f32, b: *const f32, c: usize) {
     let mut k = thread_idx_x() as usize * VEC;
     while k < c {
         // SAFETY: k + 4 <= c.
         unsafe {
-            store4(lnp.add(k), load4(w.add(k)));
-            store4(lnp.add(c + k), load4(b.add(k)));
+            cp_async_16(lnp.add(k), w.add(k));
+            cp_async_16(lnp.add(c + k), b.add(k));
         }
         k += DECODE_STEP_THREADS as usize * VEC;
     }
+    cp_async_commit();
 }
 
 /// Fill `xs[r][0..c_in]` for `r < n`: the phase's input rows, or the
 /// embedding (block 0 also writes it to `x`, the residual stream). Rows
-/// without a layernorm are rounded as the weights multiply them.
+/// without a layernorm are rounded as the weights multiply them. The qkv
+/// and fc phases' rows (the residual stream) also go to `xraw` as read.
 ///
 /// # Safety
-/// The params' contract; `xs` holds `n * c_in` floats.
+/// The params' contract; `sm` as `decode_step_smem` lays it out.
 #[inline(always)]
-unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, xs: *mut f32, n: usize) {
+unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem, n: usize) {
+    let xs = sm.xs;
+    // The residual stream's rows, kept raw for the residual epilogues.
+    let keep = matches!(ph.epi, Epilogue::Qkv | Epilogue::Gelu);
     let c_in = ph.c_in;
     let c4 = c_in / VEC;
     let total = n * c4;
@@ -267,7 +278,7 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, xs: *mut 
                 v[u] = unsafe {
                     if embed {
                         let tok = (*p.tokens.add(r)).min(p.v - 1) as usize;
-                        let pos = (*p.pos.add(r)).min(p.max_pos - 1) as usize;
+                        let pos = (*sm.pos.add(r)).min(p.max_pos - 1) as usize;
                         let (a, b) = (W::load4_f32(p.wte, tok * c_in + k), load4(p.wpe.add(pos * c_in + k)));
                         [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
                     } else {
@@ -285,6 +296,9 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, xs: *mut 
                     if embed && block_idx_x() == 0 {
                         store4(p.x.add(r * c_in + k), v[u]);
                     }
+                    if keep {
+                        store4(sm.xraw.add(r * c_in + k), v[u]);
+                    }
                     store4(xs.add(r * c_in + k), if round { v[u].map(W::round_input) } else { v[u] });
                 }
             }
@@ -293,14 +307,19 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, xs: *mut 
     }
 }
 
-/// The epilogue of column `col`, row `r`, whose dot product is `sum`.
+/// The epilogue of column `col`, row `r`, whose dot product is `sum`; the
+/// block's columns start at `lo`.
 ///
 /// # Safety
-/// The params' contract; `r < n`, `col < ph.oc`.
+/// The params' contract; `r < n`, `lo <= col < ph.oc`; `sm` holds the
+/// phase's bias slice and the residual rows.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn epilogue<W: Weight, const R: usize>(
     p: &DecodeStepParams<W>,
     ph: &Gemv<W>,
+    sm: &Smem,
+    lo: usize,
     r: usize,
     col: usize,
     sum: f32,
@@ -309,8 +328,8 @@ unsafe fn epilogue<W: Weight, const R: usize>(
     let c = p.c as usize;
     let mut v = sum;
     if !ph.bias.is_null() {
-        // SAFETY: col < oc.
-        v += unsafe { *ph.bias.add(col) };
+        // SAFETY: the phase staged bias[lo..hi], lo <= col < hi.
+        v += unsafe { *sm.bias.add(col - lo) };
     }
     // SAFETY (all arms): r < n, col < oc; each (r, col) has one writer.
     unsafe {
@@ -320,7 +339,7 @@ unsafe fn epilogue<W: Weight, const R: usize>(
                     *p.q.add(r * c + col) = v;
                     return;
                 }
-                let pos = *p.pos.add(r);
+                let pos = *sm.pos.add(r);
                 if pos >= p.max_t {
                     return;
                 }
@@ -333,10 +352,7 @@ unsafe fn epilogue<W: Weight, const R: usize>(
                 let (h, d) = (cc / HS, cc % HS);
                 *cache.add(((r * nh + h) * p.max_t as usize + pos as usize) * HS + d) = v;
             }
-            Epilogue::Residual => {
-                let o = p.x.add(r * c + col);
-                *o = load_cg(o) + v;
-            }
+            Epilogue::Residual => *p.x.add(r * c + col) = *sm.xraw.add(r * c + col) + v,
             Epilogue::Gelu => *p.h.add(r * 4 * c + col) = gelu(v),
             Epilogue::Logits => {
                 *p.logits.add(r * p.vp as usize + col) = v;
@@ -364,14 +380,15 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
     p: &DecodeStepParams<W>,
     ph: &Gemv<W>,
     wt: *const W,
-    xs: *const f32,
-    red: *mut f32,
+    sm: &Smem,
+    lo: usize,
     c0: usize,
     cols: usize,
     n: usize,
     best: &mut [(f32, u32); R],
 ) {
     let (c_in, lane, warp) = (ph.c_in, lane_id() as usize, warp_id() as usize);
+    let (xs, red) = (sm.xs as *const f32, sm.red);
     // Split each column over `ks` warps when the tile has fewer columns
     // than warps (then fewer than 2 * WARPS units: `red` holds them).
     let mut ks = 1;
@@ -411,7 +428,7 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
         if lane < n {
             if ks == 1 {
                 // SAFETY: lane < n, c0 + col < oc.
-                unsafe { epilogue(p, ph, lane, c0 + col, s, best) };
+                unsafe { epilogue(p, ph, sm, lo, lane, c0 + col, s, best) };
             } else {
                 // SAFETY: u < 2 * WARPS.
                 unsafe { *red.add(u * ROWS + lane) = s };
@@ -430,7 +447,7 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
                 s += unsafe { *red.add((col * ks + part) * ROWS + r) };
             }
             // SAFETY: r < n, c0 + col < oc.
-            unsafe { epilogue(p, ph, r, c0 + col, s, best) };
+            unsafe { epilogue(p, ph, sm, lo, r, c0 + col, s, best) };
         }
     }
 }
@@ -438,6 +455,9 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
 /// Shared memory of the step, as pointers.
 #[derive(Clone, Copy)]
 struct Smem {
+    pos: *mut u32,
+    bias: *mut f32,
+    xraw: *mut f32,
     red: *mut f32,
     best: *mut u32,
     stats: *mut f32,
@@ -465,15 +485,26 @@ unsafe fn run_gemv<W: Weight, const R: usize>(
 ) {
     let n = p.n as usize;
     // SAFETY: g is a phase of the step.
-    let ph = unsafe { gemv_phase(p, g) };
-    unsafe { stage_rows(p, &ph, sm.xs, n) };
+    let ph = unsafe { gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, g) };
+    let (lo, hi) = block_cols(ph.oc);
+    if !ph.bias.is_null() {
+        // The bias of this block's columns, in flight with the staging loads.
+        let t = thread_idx_x() as usize;
+        if t < hi - lo {
+            // SAFETY: lo + t < oc; the bias slot holds 4c >= hi - lo floats.
+            unsafe { cp_async_4(sm.bias.add(t), ph.bias.add(lo + t)) };
+        }
+        cp_async_commit();
+    }
+    unsafe { stage_rows(p, &ph, sm, n) };
+    // The bias and the layernorm's parameters (`stage_ln`) have landed.
+    cp_async_wait_group::<0>();
     sync_threads();
     if !ph.ln_w.is_null() {
         // SAFETY: xs holds n rows of c_in, lnp the parameters, stats 2n.
         unsafe { layernorm_rows::<W>(sm.xs, sm.lnp, sm.stats, n, ph.c_in) };
         sync_threads();
     }
-    let (lo, hi) = block_cols(ph.oc);
     let tc = tile_cols::<W>(ph.c_in, ring.slot_bytes);
     let mut c0 = lo;
     while c0 < hi {
@@ -483,7 +514,7 @@ unsafe fn run_gemv<W: Weight, const R: usize>(
         // (tiles are issued in the order they are consumed).
         unsafe { mbarrier_wait_parity(ring.bars + 8 * slot as u32, (div32(*consumed, ring.slots) & 1) as u32) };
         let wt = unsafe { ring.ptr.add(slot * ring.slot_bytes) } as *const W;
-        unsafe { tile_gemv::<W, R>(p, &ph, wt, sm.xs, sm.red, c0, cols, n, best) };
+        unsafe { tile_gemv::<W, R>(p, &ph, wt, sm, lo, c0, cols, n, best) };
         *consumed += 1;
         // Every thread is done with the slot (and `red`) before its refill.
         sync_threads();
@@ -503,9 +534,9 @@ unsafe fn run_gemv<W: Weight, const R: usize>(
 /// The params' contract; after a grid barrier that published q and the
 /// new keys and values; every thread of the block calls it.
 #[inline(always)]
-unsafe fn run_attention<W>(p: &DecodeStepParams<W>, layer: usize) {
-    // SAFETY: layer < n_layer.
-    let lw = unsafe { &*p.layers.add(layer) };
+unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, layer: usize) {
+    // SAFETY: layer < n_layer entries of the table.
+    let lw = unsafe { &*(ring.tbl as *const DecodeStepLayer<W>).add(layer) };
     let (n, nh, c, max_t, window) = (p.n as usize, p.nh as usize, p.c as usize, p.max_t as usize, p.window as usize);
     let lane = lane_id() as usize;
     let l8 = lane % ATT_LANES;
@@ -519,7 +550,7 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, layer: usize) {
         let (chunk, head) = (div32(i, heads), rem32(i, heads));
         let (r, h) = (div32(head, nh), rem32(head, nh));
         // SAFETY: r < n; clamped so no key index reaches max_t.
-        let pos = (unsafe { *p.pos.add(r) } as usize).min(max_t - 1);
+        let pos = (unsafe { *sm.pos.add(r) } as usize).min(max_t - 1);
         let key_lo = if window > 0 {
             (pos + 1).saturating_sub(window)
         } else {
@@ -680,11 +711,14 @@ unsafe fn argmax_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: &[(f32
 #[inline(always)]
 unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
     let (c, nl) = (p.c as usize, p.n_layer as usize);
-    let lay = decode_step_smem(p.n, p.c, p.slots, p.slot_bytes);
+    let lay = decode_step_smem(p.n, p.c, p.n_layer, p.slots, p.slot_bytes);
     // SAFETY: the launch provides `lay.total` bytes, 16-byte aligned.
     let base = unsafe { dynamic_shared_align16::<u8>() };
     let at = |off: u32| unsafe { base.add(off as usize) };
     let sm = Smem {
+        pos: at(lay.pos) as *mut u32,
+        bias: at(lay.bias) as *mut f32,
+        xraw: at(lay.xraw) as *mut f32,
         red: at(lay.red) as *mut f32,
         best: at(lay.best) as *mut u32,
         stats: at(lay.stats) as *mut f32,
@@ -699,6 +733,7 @@ unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
             ptr: at(lay.ring),
             slots: p.slots as usize,
             slot_bytes: p.slot_bytes as usize,
+            tbl: at(lay.table),
         }
     };
     let tid = thread_idx_x();
@@ -708,6 +743,16 @@ unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
             unsafe { mbarrier_init(ring.bars + 8 * s as u32, 1) };
         }
         fence_mbarrier_init();
+    }
+    // The layer table, once: every phase reads its pointers from here, not
+    // through a global round trip.
+    let words = nl * size_of::<DecodeStepLayer<W>>() / size_of::<u64>();
+    let mut i = tid as usize;
+    while i < words {
+        // SAFETY: the table holds n_layer entries of pointers (8-byte
+        // words), and so does its copy.
+        unsafe { *(ring.tbl as *mut u64).add(i) = *(p.layers as *const u64).add(i) };
+        i += DECODE_STEP_THREADS as usize;
     }
     sync_threads();
     let mut prod = Producer { g: 0, j: 0, issued: 0 };
@@ -719,11 +764,17 @@ unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
     }
     // SAFETY: layer 0's ln1 parameters hold c floats.
     unsafe {
-        let l0 = &*p.layers;
+        let l0 = &*(ring.tbl as *const DecodeStepLayer<W>);
         stage_ln(sm.lnp, l0.ln1_w, l0.ln1_b, c);
     }
     grid_dependency_wait();
     launch_dependents();
+    // The positions, once (only the LM head's last block changes them).
+    if (tid as usize) < p.n as usize {
+        // SAFETY: n entries.
+        unsafe { *sm.pos.add(tid as usize) = *p.pos.add(tid as usize) };
+    }
+    sync_threads();
 
     let nb = grid_dim_x();
     let mut barriers = 0;
@@ -743,11 +794,11 @@ unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
             // ln1 + qkv: q, and k, v into the cache.
             run_gemv::<W, R>(&p, g, &sm, &ring, &mut prod, &mut consumed, &mut none());
             grid_sync();
-            run_attention(&p, layer);
+            run_attention(&p, &ring, &sm, layer);
             grid_sync();
             // x += attproj(att)
             run_gemv::<W, R>(&p, g + 1, &sm, &ring, &mut prod, &mut consumed, &mut none());
-            let lw = &*p.layers.add(layer);
+            let lw = &*(ring.tbl as *const DecodeStepLayer<W>).add(layer);
             stage_ln(sm.lnp, lw.ln2_w, lw.ln2_b, c);
             grid_sync();
             // h = gelu(fc(ln2(x)))
@@ -756,7 +807,7 @@ unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
             // x += fcproj(h)
             run_gemv::<W, R>(&p, g + 3, &sm, &ring, &mut prod, &mut consumed, &mut none());
             if layer + 1 < nl {
-                let next = &*p.layers.add(layer + 1);
+                let next = &*(ring.tbl as *const DecodeStepLayer<W>).add(layer + 1);
                 stage_ln(sm.lnp, next.ln1_w, next.ln1_b, c);
             } else {
                 stage_ln(sm.lnp, p.lnf_w, p.lnf_b, c);

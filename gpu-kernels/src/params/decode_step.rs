@@ -73,6 +73,8 @@ pub struct DecodeStepLayer<W = f32> {
 pub struct DecodeStepSmem {
     /// `slots` mbarriers (8 bytes each).
     pub bars: u32,
+    /// Each row's position (`u32`), read once per launch.
+    pub pos: u32,
     /// Split-column partial sums: `2 * WARPS * MAX_ROWS` floats.
     pub red: u32,
     /// The LM head's per-warp bests: `WARPS * MAX_ROWS` (value, index) pairs.
@@ -81,6 +83,13 @@ pub struct DecodeStepSmem {
     pub stats: u32,
     /// A layernorm's weight and bias, `2 * c` floats.
     pub lnp: u32,
+    /// The phase's bias for this block's columns: up to `4c` floats.
+    pub bias: u32,
+    /// The residual stream's rows as the last layernorm phase staged them,
+    /// `n * c` floats: the residual epilogues add to them.
+    pub xraw: u32,
+    /// The layer table, copied once per launch: `n_layer` entries.
+    pub table: u32,
     /// The phase's input rows, `n * 4c` floats.
     pub xs: u32,
     /// The weight ring: `slots * slot_bytes`.
@@ -92,22 +101,31 @@ pub struct DecodeStepSmem {
 /// its own shared-memory lines).
 pub const DECODE_STEP_SLOT_ALIGN: u32 = 128;
 
-/// The shared-memory layout of a launch of `n` rows, width `c`, `slots`
-/// slots of `slot_bytes` (a multiple of [`DECODE_STEP_SLOT_ALIGN`]).
-pub const fn decode_step_smem(n: u32, c: u32, slots: u32, slot_bytes: u32) -> DecodeStepSmem {
+/// The shared-memory layout of a launch of `n` rows, width `c`, `n_layer`
+/// layers, `slots` slots of `slot_bytes` (a multiple of
+/// [`DECODE_STEP_SLOT_ALIGN`]).
+pub const fn decode_step_smem(n: u32, c: u32, n_layer: u32, slots: u32, slot_bytes: u32) -> DecodeStepSmem {
     let bars = 0;
-    let red = bars + (DECODE_STEP_MAX_SLOTS * 8).next_multiple_of(16);
+    let pos = bars + DECODE_STEP_MAX_SLOTS * 8;
+    let red = (pos + DECODE_MAX_ROWS * 4).next_multiple_of(16);
     let best = red + 2 * DECODE_STEP_WARPS * DECODE_MAX_ROWS * 4;
     let stats = best + DECODE_STEP_WARPS * DECODE_MAX_ROWS * 8;
     let lnp = stats + 2 * DECODE_MAX_ROWS * 4;
-    let xs = lnp + 2 * c * 4;
+    let bias = lnp + 2 * c * 4;
+    let xraw = bias + 4 * c * 4;
+    let table = xraw + n * c * 4;
+    let xs = table + n_layer * size_of::<DecodeStepLayer<f32>>() as u32;
     let ring = (xs + n * 4 * c * 4).next_multiple_of(DECODE_STEP_SLOT_ALIGN);
     DecodeStepSmem {
         bars,
+        pos,
         red,
         best,
         stats,
         lnp,
+        bias,
+        xraw,
+        table,
         xs,
         ring,
         total: ring + slots * slot_bytes,
@@ -119,7 +137,7 @@ pub const fn decode_step_smem(n: u32, c: u32, slots: u32, slot_bytes: u32) -> De
 ///
 /// Launch: one block of [`DECODE_STEP_THREADS`] per SM (`gridDim.x` blocks,
 /// all resident at once: the grid barriers wait for every block),
-/// [`decode_step_smem`]`(n, c, slots, slot_bytes).total` bytes of dynamic
+/// [`decode_step_smem`]`(n, c, n_layer, slots, slot_bytes).total` bytes of dynamic
 /// shared memory. `slot_bytes` holds at least one weight row of the widest
 /// input (`4c` elements). `c = 64 * nh`, `c % 8 == 0`, `n <=`
 /// [`DECODE_STEP_MAX_ROWS`], every buffer 16-byte aligned, `sync` and the

@@ -686,7 +686,8 @@ impl Step<'_> {
 /// Whether `tuning` and the GPU let a step of `b` rows run as the
 /// persistent kernel.
 fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &DecodeTuning, b: usize) -> bool {
-    tuning.persistent && decode_step_supported(gpu, b, cfg.channels, cfg.num_heads, p.wte.as_ref().elem_bytes())
+    tuning.persistent
+        && decode_step_supported(gpu, b, cfg.channels, cfg.num_heads, p.layers.len(), p.wte.as_ref().elem_bytes())
 }
 
 /// Kernels per layer of the fused step: qkv, attention, attproj, fc, fcproj.

@@ -88,7 +88,7 @@ impl DecodeStepTable {
 /// `elem` bytes: one block per SM, and the weight ring's slots and slot
 /// size, the largest that fit beside the fixed parts of shared memory; or
 /// `None` where one slot cannot hold the widest weight row.
-pub fn decode_step_config(gpu: &Gpu, n: usize, c: usize, elem: usize) -> Option<(LaunchConfig, u32, u32)> {
+pub fn decode_step_config(gpu: &Gpu, n: usize, c: usize, n_layer: usize, elem: usize) -> Option<(LaunchConfig, u32, u32)> {
     let blocks = gpu.sm_count();
     if n == 0 || n > DECODE_STEP_MAX_ROWS as usize || c == 0 || blocks == 0 {
         return None;
@@ -102,7 +102,7 @@ pub fn decode_step_config(gpu: &Gpu, n: usize, c: usize, elem: usize) -> Option<
         .max()?
         .max(widest_row);
     let align = DECODE_STEP_SLOT_ALIGN as usize;
-    let fixed = decode_step_smem(n as u32, c as u32, 0, 0).total as usize;
+    let fixed = decode_step_smem(n as u32, c as u32, n_layer as u32, 0, 0).total as usize;
     let avail = gpu.max_shared_per_block().checked_sub(fixed)?;
     let mut slot = slice.next_multiple_of(align);
     let mut slots = (avail / slot).min(DECODE_STEP_MAX_SLOTS as usize);
@@ -114,7 +114,7 @@ pub fn decode_step_config(gpu: &Gpu, n: usize, c: usize, elem: usize) -> Option<
             return None;
         }
     }
-    let total = decode_step_smem(n as u32, c as u32, slots as u32, slot as u32).total;
+    let total = decode_step_smem(n as u32, c as u32, n_layer as u32, slots as u32, slot as u32).total;
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
         block_dim: (DECODE_STEP_THREADS, 1, 1),
@@ -124,13 +124,15 @@ pub fn decode_step_config(gpu: &Gpu, n: usize, c: usize, elem: usize) -> Option<
 }
 
 /// Whether [`decode_step`] serves `n` rows of this model on this GPU: the
-/// sm_90a module, heads of 64, and a weight ring that fits.
-pub fn decode_step_supported(gpu: &Gpu, n: usize, c: usize, nh: usize, elem: usize) -> bool {
+/// sm_90a module, heads of 64, and a weight ring (and the layer table) that
+/// fit shared memory.
+pub fn decode_step_supported(gpu: &Gpu, n: usize, c: usize, nh: usize, n_layer: usize, elem: usize) -> bool {
     gpu.has_wgmma()
         && nh > 0
         && c == nh * DECODE_HEAD_SIZE as usize
         && c.is_multiple_of(8)
-        && decode_step_config(gpu, n, c, elem).is_some()
+        && n_layer > 0
+        && decode_step_config(gpu, n, c, n_layer, elem).is_some()
 }
 
 /// The whole decode step of `n` rows in one launch (see
@@ -171,7 +173,8 @@ where
 {
     let (c, nh, v, vp, max_t) = (model.c, model.nh, model.v, model.vp, model.max_t);
     let elem = size_of::<W>();
-    if !decode_step_supported(gpu, n, c, nh, elem) {
+    let n_layer = layers.len();
+    if !decode_step_supported(gpu, n, c, nh, n_layer, elem) {
         return Err(OpError::shape(
             OP,
             format!(
@@ -184,10 +187,6 @@ where
     }
     if v == 0 || v > vp || model.max_pos == 0 || max_t == 0 {
         return Err(OpError::shape(OP, format!("vocabulary {v} of {vp}, max_pos {}", model.max_pos)));
-    }
-    let n_layer = layers.len();
-    if n_layer == 0 {
-        return Err(OpError::shape(OP, "no layers"));
     }
     let wrong = || OpError::shape(OP, "every weight must have the wte's format");
     let cache = n * c * max_t;
@@ -282,7 +281,7 @@ where
         check_len(OP, what, len, need)?;
     }
     let (part_val, part_idx, att_acc, att_ml, att_counter, parts_stride) = ws.step_scratch(gpu, gpu.sm_count())?;
-    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, elem) else {
+    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, n_layer, elem) else {
         return Err(OpError::shape(OP, "no weight ring fits shared memory"));
     };
     let p = DecodeStepParams::<W> {
