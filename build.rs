@@ -24,12 +24,10 @@ fn main() {
     for &(kernel, threads) in gpu_kernels::params::SM90A_MAX_THREADS {
         hopper = hopper.max_threads(kernel, threads);
     }
-    let hopper_ptx = hopper
-        .build()
-        .unwrap_or_else(|e| {
-            eprintln!("error: {e}");
-            std::process::exit(1)
-        });
+    let hopper_ptx = hopper.build().unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(1)
+    });
     println!("cargo:rustc-env=GPU_KERNELS_SM90A_PTX_PATH={}", hopper_ptx.display());
 
     // A third-party kernel crate on gpu-kernels' device layer (without its

@@ -83,10 +83,18 @@ fn run_path(
 }
 
 /// Every step's last-position logits after the prompt, feeding `ids[s]` at
-/// step `s` (the tokens another run chose), on the engine's current path;
-/// checks that each step's own choice is the argmax of its logits.
-fn forced_path(eng: &mut GpuEngine, prompt: &[u32], b: usize, t: usize, ids: &[Vec<u32>]) -> Vec<Vec<f32>> {
-    eng.set_decode_path(DecodePath::Graph, true);
+/// step `s` (the tokens another run chose), on `path` with PDL and the
+/// engine's current tuning; checks that each step's own choice is the
+/// argmax of its logits.
+fn forced_path(
+    eng: &mut GpuEngine,
+    path: DecodePath,
+    prompt: &[u32],
+    b: usize,
+    t: usize,
+    ids: &[Vec<u32>],
+) -> Vec<Vec<f32>> {
+    eng.set_decode_path(path, true);
     eng.forward(prompt, b, t, 0, LogitsWanted::Last).unwrap();
     let mut logits = vec![eng.logits().unwrap()];
     for (s, step_ids) in ids.iter().take(ids.len() - 1).enumerate() {
@@ -97,8 +105,14 @@ fn forced_path(eng: &mut GpuEngine, prompt: &[u32], b: usize, t: usize, ids: &[V
         let v = eng.config().vocab_size;
         for (r, &id) in chosen.iter().enumerate() {
             let row = &l[r * vp..r * vp + v];
-            let best = row.iter().enumerate().fold(0, |bi, (i, &x)| if x > row[bi] { i } else { bi });
-            assert_eq!(id as usize, best, "step {s} row {r}: the step chose {id}, its logits' argmax is {best}");
+            let best = row
+                .iter()
+                .enumerate()
+                .fold(0, |bi, (i, &x)| if x > row[bi] { i } else { bi });
+            assert_eq!(
+                id as usize, best,
+                "step {s} row {r}: the step chose {id}, its logits' argmax is {best}"
+            );
         }
         logits.push(l);
     }
@@ -162,7 +176,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
     };
     eng.set_decode_tuning(chain);
     assert!(!eng.decode_step_is_persistent(b));
-    let chain_logits = forced_path(&mut eng, &prompt, b, t, &graph_ids);
+    let chain_logits = forced_path(&mut eng, DecodePath::Graph, &prompt, b, t, &graph_ids);
     for tuning in [
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_AHEAD_TRY_BYTES,
@@ -180,7 +194,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
         },
     ] {
         eng.set_decode_tuning(tuning);
-        let logits = forced_path(&mut eng, &prompt, b, t, &graph_ids);
+        let logits = forced_path(&mut eng, DecodePath::Graph, &prompt, b, t, &graph_ids);
         assert!(
             logits
                 .concat()
@@ -191,19 +205,38 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             what("chain")
         );
     }
-    // The persistent step (where it serves this batch) against the chain:
-    // the same math in other summation orders.
-    eng.set_decode_tuning(DecodeTuning::default());
+    // The persistent step (where it serves this batch: one row on the
+    // sm_90a module) against the chain, graph and eager: the same math in
+    // other summation orders.
+    eng.set_decode_tuning(DecodeTuning {
+        persistent: true,
+        ..DecodeTuning::default()
+    });
     let persistent = eng.decode_step_is_persistent(b);
-    eprintln!("decode paths: the default step is {}", if persistent { "the persistent kernel" } else { "the fused chain" });
+    assert_eq!(
+        persistent,
+        eng.gpu().has_wgmma() && b == 1,
+        "the persistent step serves one row on the sm_90a module"
+    );
+    let mut persistent_logits = None;
     if persistent {
+        let logits = forced_path(&mut eng, DecodePath::Graph, &prompt, b, t, &graph_ids);
+        let eager = forced_path(&mut eng, DecodePath::Eager, &prompt, b, t, &graph_ids);
+        check(
+            &what("persistent graph vs eager"),
+            &logits.concat(),
+            &eager.concat(),
+            GRAPH_TOL,
+            0.0,
+        );
         check(
             &what("persistent step vs fused chain"),
-            &graph_logits.concat(),
+            &logits.concat(),
             &chain_logits.concat(),
             paths_tol,
             0.0,
         );
+        persistent_logits = Some(logits);
     }
     eng.set_decode_tuning(DecodeTuning::default());
     // The per-op kernels, fed the graph's tokens.
@@ -238,6 +271,15 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
         cpu_tol,
         0.0,
     );
+    if let Some(logits) = persistent_logits {
+        check(
+            &what("persistent step vs CPU"),
+            &logits.concat(),
+            &on_cpu.concat(),
+            cpu_tol,
+            0.0,
+        );
+    }
 }
 
 #[test]

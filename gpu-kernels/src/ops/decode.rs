@@ -629,7 +629,6 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     }
 }
 
-
 /// One warp's online-softmax state over keys `first + i * stride` (`i <
 /// K <= 16`, below `key_end`) of one head, where lanes `8g..8g+8` form group `g`
 /// (its `first` differs by `g`) and lane `l % 8` holds 8 of the 64
@@ -703,7 +702,14 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
 /// # Safety
 /// Partial `part` lies inside both buffers.
 #[inline(always)]
-pub(crate) unsafe fn store_part(part_acc: *mut f32, part_ml: *mut f32, part: usize, m: f32, l: f32, acc: &[f32; 2 * VEC]) {
+pub(crate) unsafe fn store_part(
+    part_acc: *mut f32,
+    part_ml: *mut f32,
+    part: usize,
+    m: f32,
+    l: f32,
+    acc: &[f32; 2 * VEC],
+) {
     let l8 = lane_id() as usize % ATT_LANES;
     if (lane_id() as usize) < ATT_LANES {
         // SAFETY: the caller's contract.
@@ -746,8 +752,13 @@ pub(crate) unsafe fn combine_parts(
         // Finite: the part holding the query's own key saw a real score.
         let (mut l_all, mut o) = (0f32, 0f32);
         for i in 0..parts {
-            let (mi, li, ai) =
-                unsafe { (load_cg(part_ml.add(2 * i)), load_cg(part_ml.add(2 * i + 1)), load_cg(part_acc.add(i * HS + d))) };
+            let (mi, li, ai) = unsafe {
+                (
+                    load_cg(part_ml.add(2 * i)),
+                    load_cg(part_ml.add(2 * i + 1)),
+                    load_cg(part_acc.add(i * HS + d)),
+                )
+            };
             let w = exp2_approx(mi - m_all);
             l_all = fma(li, w, l_all);
             o = fma(ai, w, o);

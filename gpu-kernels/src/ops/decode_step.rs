@@ -15,7 +15,7 @@
 
 use super::decode::{ATT_LANES, HS, attend_keys, better, combine_parts, layernorm_rows, store_part};
 use super::gelu::gelu;
-use super::vec4::{VEC, load4, load4_cg, load_cg, store4};
+use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::math::fma;
 use crate::device::mma::{cp_async_4, cp_async_16, cp_async_commit, cp_async_wait_group, shared_addr};
@@ -537,7 +537,13 @@ unsafe fn run_gemv<W: Weight, const R: usize>(
 unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, layer: usize) {
     // SAFETY: layer < n_layer entries of the table.
     let lw = unsafe { &*(ring.tbl as *const DecodeStepLayer<W>).add(layer) };
-    let (n, nh, c, max_t, window) = (p.n as usize, p.nh as usize, p.c as usize, p.max_t as usize, p.window as usize);
+    let (n, nh, c, max_t, window) = (
+        p.n as usize,
+        p.nh as usize,
+        p.c as usize,
+        p.max_t as usize,
+        p.window as usize,
+    );
     let lane = lane_id() as usize;
     let l8 = lane % ATT_LANES;
     let max_keys = if window > 0 { window.min(max_t) } else { max_t };

@@ -292,7 +292,12 @@ impl Gpu {
 
     /// Blocks of kernel `name` one SM holds at once (the driver's occupancy
     /// calculator), 0 when one does not fit.
-    pub fn occupancy_blocks_per_sm(&self, name: &'static str, threads: u32, shared_bytes: u32) -> Result<u32, GpuError> {
+    pub fn occupancy_blocks_per_sm(
+        &self,
+        name: &'static str,
+        threads: u32,
+        shared_bytes: u32,
+    ) -> Result<u32, GpuError> {
         let f = self.function(name)?;
         f.occupancy_max_active_blocks_per_multiprocessor(threads, shared_bytes as usize, None)
             .ctx("cuOccupancyMaxActiveBlocksPerMultiprocessor")

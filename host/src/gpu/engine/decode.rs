@@ -86,8 +86,8 @@ pub(super) struct DecodeState {
 }
 
 /// Launch knobs of the fused decode step, for experiments and the bench;
-/// the default is what measured fastest (docs/performance.md): no
-/// prefetch, every resident block, the early trigger.
+/// the default is what measured fastest (docs/performance.md): the chain
+/// of fused kernels, no prefetch, every resident block, the early trigger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeTuning {
     /// How far (bytes) past its own weights each kernel asks L2 to fetch
@@ -119,7 +119,9 @@ impl Default for DecodeTuning {
             gemv_block_warps: 0,
             // Measured 0.4-1 % faster on an H200, at 1 and 8 rows, in two runs.
             early_trigger: true,
-            persistent: true,
+            // Off: correct, but 0.48 against the chain's 0.36 ms a step at
+            // one row on an H200 (docs/performance.md, decode step 3).
+            persistent: false,
         }
     }
 }
@@ -455,7 +457,10 @@ impl Step<'_> {
         if d.step_table.is_none() {
             d.step_table = Some(DecodeStepTable::new(gpu, p.layers.len())?);
         }
-        let table = d.step_table.as_mut().context("the persistent step's table is missing")?;
+        let table = d
+            .step_table
+            .as_mut()
+            .context("the persistent step's table is missing")?;
         let model = StepModel {
             wte: p.wte.as_ref(),
             wpe: &p.wpe,
@@ -468,18 +473,23 @@ impl Step<'_> {
             max_t: self.max_t,
             window: self.window,
         };
-        let layers = p.layers.iter().zip(self.kv_cache.iter_mut()).map(|(lw, (k, v))| StepLayer {
-            ln1: (&lw.ln1w, &lw.ln1b),
-            qkv: (lw.qkvw.as_ref(), &lw.qkvb),
-            attproj: (lw.attprojw.as_ref(), &lw.attprojb),
-            ln2: (&lw.ln2w, &lw.ln2b),
-            fc: (lw.fcw.as_ref(), &lw.fcb),
-            fcproj: (lw.fcprojw.as_ref(), &lw.fcprojb),
-            k_cache: k,
-            v_cache: v,
-        });
+        let layers = p
+            .layers
+            .iter()
+            .zip(self.kv_cache.iter_mut())
+            .map(|(lw, (k, v))| StepLayer {
+                ln1: (&lw.ln1w, &lw.ln1b),
+                qkv: (lw.qkvw.as_ref(), &lw.qkvb),
+                attproj: (lw.attprojw.as_ref(), &lw.attprojb),
+                ln2: (&lw.ln2w, &lw.ln2b),
+                fc: (lw.fcw.as_ref(), &lw.fcb),
+                fcproj: (lw.fcprojw.as_ref(), &lw.fcprojb),
+                k_cache: k,
+                v_cache: v,
+            });
         let a = &mut *self.acts;
         let bufs = StepBuffers {
+            rows: b,
             tokens: &mut d.tokens,
             pos: &mut d.pos,
             ids: &mut d.ids,
@@ -489,11 +499,21 @@ impl Step<'_> {
             h: &mut a.fch_gelu,
             logits: &mut a.logits,
         };
-        decode_step(gpu, &mut d.ws, table, d.pdl, &model, layers, bufs, b)?;
+        decode_step(gpu, &mut d.ws, table, d.pdl, &model, layers, bufs)?;
         if let Some(rows) = self.sample {
             // As after the chain's LM head (see `enqueue`).
             let (v, vp) = (cfg.vocab_size, cfg.padded_vocab_size);
-            sample_forward(gpu, &mut d.ids, &a.logits, rows, Some(&d.pos), Some(&mut d.tokens), b, v, vp)?;
+            sample_forward(
+                gpu,
+                &mut d.ids,
+                &a.logits,
+                rows,
+                Some(&d.pos),
+                Some(&mut d.tokens),
+                b,
+                v,
+                vp,
+            )?;
         }
         Ok(())
     }
@@ -687,7 +707,14 @@ impl Step<'_> {
 /// persistent kernel.
 fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &DecodeTuning, b: usize) -> bool {
     tuning.persistent
-        && decode_step_supported(gpu, b, cfg.channels, cfg.num_heads, p.layers.len(), p.wte.as_ref().elem_bytes())
+        && decode_step_supported(
+            gpu,
+            b,
+            cfg.channels,
+            cfg.num_heads,
+            p.layers.len(),
+            p.wte.as_ref().elem_bytes(),
+        )
 }
 
 /// Kernels per layer of the fused step: qkv, attention, attproj, fc, fcproj.

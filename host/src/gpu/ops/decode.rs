@@ -236,7 +236,10 @@ impl DecodeWorkspace {
         blocks: usize,
     ) -> Result<(*mut f32, *mut u32, *mut f32, *mut f32, *mut u32, u32), OpError> {
         if blocks > self.max_blocks {
-            return Err(OpError::shape(OP_GEMV, format!("{blocks} blocks: the workspace holds {}", self.max_blocks)));
+            return Err(OpError::shape(
+                OP_GEMV,
+                format!("{blocks} blocks: the workspace holds {}", self.max_blocks),
+            ));
         }
         Ok((
             out_ptr(gpu, &mut self.best_val),

@@ -46,8 +46,10 @@ pub struct StepModel<'a> {
     pub window: usize,
 }
 
-/// The step's state and activations (see `DecodeStepParams`).
+/// The step's rows, state and activations (see `DecodeStepParams`).
 pub struct StepBuffers<'a> {
+    /// Rows of the step (`n`).
+    pub rows: usize,
     pub tokens: &'a mut CudaSlice<u32>,
     pub pos: &'a mut CudaSlice<u32>,
     pub ids: &'a mut CudaSlice<u32>,
@@ -88,7 +90,13 @@ impl DecodeStepTable {
 /// `elem` bytes: one block per SM, and the weight ring's slots and slot
 /// size, the largest that fit beside the fixed parts of shared memory; or
 /// `None` where one slot cannot hold the widest weight row.
-pub fn decode_step_config(gpu: &Gpu, n: usize, c: usize, n_layer: usize, elem: usize) -> Option<(LaunchConfig, u32, u32)> {
+pub fn decode_step_config(
+    gpu: &Gpu,
+    n: usize,
+    c: usize,
+    n_layer: usize,
+    elem: usize,
+) -> Option<(LaunchConfig, u32, u32)> {
     let blocks = gpu.sm_count();
     if n == 0 || n > DECODE_STEP_MAX_ROWS as usize || c == 0 || blocks == 0 {
         return None;
@@ -135,7 +143,7 @@ pub fn decode_step_supported(gpu: &Gpu, n: usize, c: usize, nh: usize, n_layer: 
         && decode_step_config(gpu, n, c, n_layer, elem).is_some()
 }
 
-/// The whole decode step of `n` rows in one launch (see
+/// The whole decode step of `bufs.rows` rows in one launch (see
 /// `DecodeStepParams`): the logits, each row's argmax in `ids` and
 /// `tokens`, `pos += 1`, k and v into the caches. `pdl`: the launch may
 /// start while the previous kernel finishes (its weights load meanwhile).
@@ -147,11 +155,10 @@ pub fn decode_step<'a>(
     model: &StepModel<'_>,
     layers: impl ExactSizeIterator<Item = StepLayer<'a>>,
     bufs: StepBuffers<'_>,
-    n: usize,
 ) -> Result<(), OpError> {
     match model.wte {
-        WeightRef::F32(_) => step_typed::<f32>(gpu, ws, table, pdl, model, layers, bufs, n, DECODE_STEP),
-        WeightRef::Bf16(_) => step_typed::<u16>(gpu, ws, table, pdl, model, layers, bufs, n, DECODE_STEP_BF16),
+        WeightRef::F32(_) => step_typed::<f32>(gpu, ws, table, pdl, model, layers, bufs, DECODE_STEP),
+        WeightRef::Bf16(_) => step_typed::<u16>(gpu, ws, table, pdl, model, layers, bufs, DECODE_STEP_BF16),
     }
 }
 
@@ -165,12 +172,12 @@ fn step_typed<'a, W: KernelWeight>(
     model: &StepModel<'_>,
     layers: impl ExactSizeIterator<Item = StepLayer<'a>>,
     bufs: StepBuffers<'_>,
-    n: usize,
     kernel: &'static str,
 ) -> Result<(), OpError>
 where
     DecodeStepParams<W>: KernelParams,
 {
+    let n = bufs.rows;
     let (c, nh, v, vp, max_t) = (model.c, model.nh, model.v, model.vp, model.max_t);
     let elem = size_of::<W>();
     let n_layer = layers.len();
@@ -186,7 +193,10 @@ where
         return Err(OpError::shape(OP, "the workspace was made for other sizes"));
     }
     if v == 0 || v > vp || model.max_pos == 0 || max_t == 0 {
-        return Err(OpError::shape(OP, format!("vocabulary {v} of {vp}, max_pos {}", model.max_pos)));
+        return Err(OpError::shape(
+            OP,
+            format!("vocabulary {v} of {vp}, max_pos {}", model.max_pos),
+        ));
     }
     let wrong = || OpError::shape(OP, "every weight must have the wte's format");
     let cache = n * c * max_t;
@@ -251,7 +261,10 @@ where
         table.staging.extend_from_slice(bytes);
     }
     if table.staging.len() > table.table.len() {
-        return Err(OpError::shape(OP, format!("{n_layer} layers: the table was made for fewer")));
+        return Err(OpError::shape(
+            OP,
+            format!("{n_layer} layers: the table was made for fewer"),
+        ));
     }
     if table.staging != table.uploaded {
         let len = table.staging.len();
