@@ -47,7 +47,16 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
     for s in &MATMUL_TF32_VARIANTS {
         names.insert(s.name.to_string());
     }
-    let wgmma: BTreeSet<String> = MATMUL_TF32_WGMMA_VARIANTS.iter().map(|s| s.name.to_string()).collect();
+    // Kernels of the sm_90a module only: the wgmma matmuls, and the
+    // persistent decode step (bulk copies on mbarriers).
+    let mut wgmma: BTreeSet<String> = MATMUL_TF32_WGMMA_VARIANTS.iter().map(|s| s.name.to_string()).collect();
+    for k in [
+        gpu_kernels::params::decode_step::DECODE_STEP,
+        gpu_kernels::params::decode_step::DECODE_STEP_BF16,
+    ] {
+        assert!(names.remove(k), "{k} was not found in {}", dir.display());
+        wgmma.insert(k.to_string());
+    }
     // The constants the tests and host use directly must be among them.
     for n in [
         names::SAXPY,
