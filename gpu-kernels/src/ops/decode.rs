@@ -23,7 +23,7 @@ use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::shared::dynamic_shared_align16;
-use crate::device::warp::{shfl_xor_f32, warp_reduce_sum, warp_reduce_sum_many};
+use crate::device::warp::{shfl_xor_f32, shfl_xor_u32, warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, block_dim_x, block_idx_x, block_idx_y, block_idx_z, grid_dependency_wait,
     grid_dim_x, grid_dim_y, grid_dim_z, lane_id, launch_dependents, prefetch_l2_slice, sync_threads, sync_threads_or,
@@ -128,58 +128,78 @@ unsafe fn dot_chunk<W: Weight, const R: usize>(
 const STAGE_BATCH: usize = 4;
 const _: () = assert!(STAGE_BATCH <= crate::ops::UNROLL_MAX);
 
-/// Fill the shared rows `xs[r][0..c]` for `r < n`: the embedding
-/// (`tokens` non-null; block 0 also writes it to `embed_out`) or the input
-/// rows, 16 bytes per vector, [`STAGE_BATCH`] vectors per thread in flight.
-///
-/// # Safety
-/// `params::decode::DecodeGemvParams`' contract; `xs` holds `n * c` floats.
+/// Stage `n` rows of `c` floats (`c % 4 == 0`) by the block's threads, one
+/// 16-byte vector at a time, [`STAGE_BATCH`] vectors per thread in flight:
+/// `load(r, k)` gives the 4 floats of row `r` from column `k`, then
+/// `store(r, k, v)` puts them where they go. Indices in 32 bits (64-bit
+/// division is a long software sequence on the GPU; sizes fit).
 #[inline(always)]
-unsafe fn stage_rows<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, n: usize, c: usize) {
-    let c4 = c / VEC;
-    let total = n * c4;
+pub(crate) fn stage_vectors(
+    n: usize,
+    c: usize,
+    load: impl Fn(usize, usize) -> [f32; VEC],
+    store: impl Fn(usize, usize, [f32; VEC]),
+) {
+    let c4 = (c / VEC) as u32;
+    let total = n * c4 as usize;
     let stride = block_dim_x() as usize;
-    let embed = !p.tokens.is_null();
-    // Rows that go straight into the product are rounded as the matmul
-    // multiplies them (bf16 weights: to bf16); with a layernorm, its output
-    // is rounded instead (`layernorm_rows`). The residual stream stays f32.
-    let round = p.ln_weight.is_null();
+    let at = |i: usize| (((i as u32) / c4) as usize, ((i as u32) % c4) as usize * VEC);
     let mut base = thread_idx_x() as usize;
     while base < total {
         let mut x = [[0.0f32; VEC]; STAGE_BATCH];
         unroll_below!(u < STAGE_BATCH => {
             let i = base + u * stride;
             if i < total {
-                let (r, k) = (i / c4, (i % c4) * VEC);
-                // SAFETY: r < n, k + 4 <= c; token and position clamped
-                // into the tables.
-                x[u] = unsafe {
-                    if embed {
-                        let tok = (*p.tokens.add(r)).min(p.vocab - 1) as usize;
-                        let pos = (*p.pos.add(r)).min(p.max_pos - 1) as usize;
-                        let (a, b) = (W::load4_f32(p.wte, tok * c + k), load4(p.wpe.add(pos * c + k)));
-                        [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
-                    } else {
-                        load4(p.inp.add(r * c + k))
-                    }
-                };
+                let (r, k) = at(i);
+                x[u] = load(r, k);
             }
         });
         unroll_below!(u < STAGE_BATCH => {
             let i = base + u * stride;
             if i < total {
-                let (r, k) = (i / c4, (i % c4) * VEC);
-                // SAFETY: as above; embed_out holds n * c floats.
-                unsafe {
-                    if embed && block_idx_x() == 0 {
-                        store4(p.embed_out.add(r * c + k), x[u]);
-                    }
-                    store4(xs.add(r * c + k), if round { x[u].map(W::round_input) } else { x[u] });
-                }
+                let (r, k) = at(i);
+                store(r, k, x[u]);
             }
         });
         base += STAGE_BATCH * stride;
     }
+}
+
+/// Fill the shared rows `xs[r][0..c]` for `r < n`: the embedding
+/// (`tokens` non-null; block 0 also writes it to `embed_out`) or the input
+/// rows (see [`stage_vectors`]).
+///
+/// # Safety
+/// `params::decode::DecodeGemvParams`' contract; `xs` holds `n * c` floats.
+#[inline(always)]
+unsafe fn stage_rows<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, n: usize, c: usize) {
+    let embed = !p.tokens.is_null();
+    // Rows that go straight into the product are rounded as the matmul
+    // multiplies them (bf16 weights: to bf16); with a layernorm, its output
+    // is rounded instead (`layernorm_rows`). The residual stream stays f32.
+    let round = p.ln_weight.is_null();
+    stage_vectors(
+        n,
+        c,
+        // SAFETY (both): r < n, k + 4 <= c; token and position clamped into
+        // the tables; embed_out and xs hold n * c floats.
+        |r, k| unsafe {
+            if embed {
+                let tok = (*p.tokens.add(r)).min(p.vocab - 1) as usize;
+                let pos = (*p.pos.add(r)).min(p.max_pos - 1) as usize;
+                let (a, b) = (W::load4_f32(p.wte, tok * c + k), load4(p.wpe.add(pos * c + k)));
+                [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+            } else {
+                load4(p.inp.add(r * c + k))
+            }
+        },
+        |r, k, x| unsafe {
+            if embed && block_idx_x() == 0 {
+                store4(p.embed_out.add(r * c + k), x);
+            }
+            store4(xs.add(r * c + k), if round { x.map(W::round_input) } else { x });
+        },
+    );
 }
 
 /// Copy the layernorm's weight and bias (`c` floats each) to shared memory.
@@ -300,25 +320,39 @@ unsafe fn store_out<W>(p: &DecodeGemvParams<W>, r: usize, col: usize, v: f32) {
     }
 }
 
+/// Where the greedy epilogue's end writes (see [`argmax_finish`]).
+pub(crate) struct ArgmaxOut {
+    /// `[gridDim.x * n]` each: the per-block bests.
+    pub part_val: *mut f32,
+    pub part_idx: *mut u32,
+    /// Arrivals, zero between launches; reset by the last block.
+    pub counter: *mut u32,
+    /// `[n]` each: the chosen ids, the next step's tokens, the positions.
+    pub ids: *mut u32,
+    pub tokens_next: *mut u32,
+    pub pos_next: *mut u32,
+}
+
 /// The greedy epilogue's end: each block's best (value, column) per row goes
 /// to the partial buffers; the last block to arrive reduces them, writes the
-/// ids and advances the step state.
+/// ids and advances the step state, resets the counter, and returns true
+/// (to every thread of that block).
 ///
-/// `best` is this lane's (value, column) for row `lane` (lanes `< n`).
+/// `best` is this lane's (value, column) for row `lane` (lanes `< n`) over
+/// its warp's columns.
 ///
 /// # Safety
-/// The params' contract; `scratch` is `DECODE_GEMV_ARGMAX_SMEM_BYTES` of
-/// shared memory, 8-byte aligned; every thread of the block calls this.
+/// `out` as [`ArgmaxOut`] says; `scratch` holds one (value, index) pair
+/// per (warp, row): `warps * DECODE_MAX_ROWS * 8` bytes of shared memory,
+/// 8-byte aligned; every thread of the block calls this.
 #[inline(always)]
-unsafe fn argmax_finish<W>(p: &DecodeGemvParams<W>, best: (f32, u32), scratch: *mut u32, n: usize) {
+pub(crate) unsafe fn argmax_finish(out: &ArgmaxOut, best: (f32, u32), scratch: *mut u32, n: usize) -> bool {
     let lane = lane_id() as usize;
     let warp = warp_id() as usize;
     let warps = (block_dim_x() / WARP_SIZE) as usize;
-    let (sv, si) = (scratch as *mut f32, unsafe {
-        scratch.add(DECODE_GEMV_MAX_WARPS as usize * ROWS)
-    });
+    let (sv, si) = (scratch as *mut f32, unsafe { scratch.add(warps * ROWS) });
     if lane < n {
-        // SAFETY: warp < MAX_WARPS, lane < ROWS.
+        // SAFETY: warp < warps, lane < ROWS.
         unsafe {
             *sv.add(warp * ROWS + lane) = best.0;
             *si.add(warp * ROWS + lane) = best.1;
@@ -335,18 +369,18 @@ unsafe fn argmax_finish<W>(p: &DecodeGemvParams<W>, best: (f32, u32), scratch: *
         }
         // SAFETY: part buffers hold gridDim.x * n entries.
         unsafe {
-            *p.part_val.add(block * n + lane) = b.0;
-            *p.part_idx.add(block * n + lane) = b.1;
+            *out.part_val.add(block * n + lane) = b.0;
+            *out.part_idx.add(block * n + lane) = b.1;
         }
         thread_fence();
     }
     let arrived_last = sync_threads_or(
         thread_idx_x() == 0
             // SAFETY: counter is a live u32, zero between launches.
-            && unsafe { atomic_add_acq_rel_u32(p.counter, 1) } == grid_dim_x() - 1,
+            && unsafe { atomic_add_acq_rel_u32(out.counter, 1) } == grid_dim_x() - 1,
     );
     if !arrived_last {
-        return;
+        return false;
     }
     thread_fence();
     if warp == 0 && lane < n {
@@ -356,8 +390,8 @@ unsafe fn argmax_finish<W>(p: &DecodeGemvParams<W>, best: (f32, u32), scratch: *
             // reads skip L1, which never held these lines anyway.
             let (v, i) = unsafe {
                 (
-                    core::ptr::read_volatile(p.part_val.add(blk * n + lane)),
-                    core::ptr::read_volatile(p.part_idx.add(blk * n + lane)),
+                    core::ptr::read_volatile(out.part_val.add(blk * n + lane)),
+                    core::ptr::read_volatile(out.part_idx.add(blk * n + lane)),
                 )
             };
             b = better(b, (v, i));
@@ -367,15 +401,28 @@ unsafe fn argmax_finish<W>(p: &DecodeGemvParams<W>, best: (f32, u32), scratch: *
         let id = if b.1 == u32::MAX { 0 } else { b.1 };
         // SAFETY: ids, tokens_next, pos_next hold n entries.
         unsafe {
-            *p.ids.add(lane) = id;
-            *p.tokens_next.add(lane) = id;
-            *p.pos_next.add(lane) += 1;
+            *out.ids.add(lane) = id;
+            *out.tokens_next.add(lane) = id;
+            *out.pos_next.add(lane) += 1;
         }
     }
     if thread_idx_x() == 0 {
         // SAFETY: as above; no block touches the counter any more.
-        unsafe { *p.counter = 0 };
+        unsafe { *out.counter = 0 };
     }
+    true
+}
+
+/// The best of a warp's (value, index) candidates under [`better`], in
+/// every lane.
+#[inline(always)]
+pub(crate) fn warp_best(mut b: (f32, u32)) -> (f32, u32) {
+    let mut off = WARP_SIZE / 2;
+    while off > 0 {
+        b = better(b, (shfl_xor_f32(b.0, off), shfl_xor_u32(b.1, off)));
+        off /= 2;
+    }
+    b
 }
 
 /// The better of two (value, id) candidates: larger value, then lower id;
@@ -507,7 +554,15 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
     if greedy {
         // SAFETY: the launch adds the argmax scratch after the split sums.
         let scratch = unsafe { red.add(DECODE_GEMV_RED_SMEM_BYTES as usize / 4) } as *mut u32;
-        unsafe { argmax_finish(&p, best, scratch, n) };
+        let out = ArgmaxOut {
+            part_val: p.part_val,
+            part_idx: p.part_idx,
+            counter: p.counter,
+            ids: p.ids,
+            tokens_next: p.tokens_next,
+            pos_next: p.pos_next,
+        };
+        unsafe { argmax_finish(&out, best, scratch, n) };
     }
 }
 

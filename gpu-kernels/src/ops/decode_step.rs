@@ -13,9 +13,12 @@
 //! (16-key chunk, row, head), spread over the grid's warps; the last
 //! chunk of a (row, head) to finish merges the partials.
 
-use super::decode::{ATT_LANES, HS, attend_keys, better, combine_parts, layernorm_rows, store_part};
+use super::decode::{
+    ATT_LANES, ArgmaxOut, HS, argmax_finish, attend_keys, better, combine_parts, layernorm_rows, stage_vectors,
+    store_part, warp_best,
+};
 use super::gelu::gelu;
-use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
+use super::vec4::{VEC, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::math::fma;
 use crate::device::mma::{cp_async_4, cp_async_16, cp_async_commit, cp_async_wait_group, shared_addr};
@@ -24,10 +27,10 @@ use crate::device::tma::{
     bulk_copy_to_shared, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx, mbarrier_init,
     mbarrier_wait_parity,
 };
-use crate::device::warp::{shfl_idx_u32, shfl_xor_f32, shfl_xor_u32, warp_reduce_sum_many};
+use crate::device::warp::{shfl_idx_u32, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, block_idx_x, grid_barrier, grid_dependency_wait, grid_dim_x, lane_id,
-    launch_dependents, sync_threads, sync_threads_or, sync_warp, thread_fence, thread_idx_x, warp_id,
+    launch_dependents, sync_threads, sync_warp, thread_fence, thread_idx_x, warp_id,
 };
 use crate::params::decode::DECODE_MAX_ROWS;
 use crate::params::decode_step::*;
@@ -43,8 +46,6 @@ const ATT_KEYS: usize = DECODE_STEP_ATTN_KEYS as usize;
 /// this kernel's blocks of 512 threads get at most 128 registers a thread).
 const ATT_KEYS_PER_GROUP: usize = ATT_KEYS / ATT_GROUPS_PER_WARP;
 const GEMVS: usize = DECODE_STEP_GEMVS_PER_LAYER as usize;
-/// 16-byte vectors each thread loads before storing any while staging rows.
-const STAGE_BATCH: usize = 4;
 
 /// `a / b` in 32 bits (64-bit division is a long software sequence on the
 /// GPU): every size and index here is below 2^32 (the params' contract).
@@ -248,63 +249,47 @@ unsafe fn stage_ln(lnp: *mut f32, w: *const f32, b: *const f32, c: usize) {
     cp_async_commit();
 }
 
-/// Fill `xs[r][0..c_in]` for `r < n`: the phase's input rows, or the
-/// embedding (block 0 also writes it to `x`, the residual stream). Rows
-/// without a layernorm are rounded as the weights multiply them. The qkv
-/// and fc phases' rows (the residual stream) also go to `xraw` as read.
+/// Fill `xs[r][0..c_in]` for `r < n` (see `stage_vectors`): the phase's
+/// input rows, or the embedding (block 0 also writes it to `x`, the
+/// residual stream). Rows without a layernorm are rounded as the weights
+/// multiply them. The qkv and fc phases' rows (the residual stream) also go
+/// to `xraw` as read.
 ///
 /// # Safety
 /// The params' contract; `sm` as `decode_step_smem` lays it out.
 #[inline(always)]
 unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem, n: usize) {
-    let xs = sm.xs;
     // The residual stream's rows, kept raw for the residual epilogues.
     let keep = matches!(ph.epi, Epilogue::Qkv | Epilogue::Gelu);
     let c_in = ph.c_in;
-    let c4 = c_in / VEC;
-    let total = n * c4;
-    let stride = DECODE_STEP_THREADS as usize;
     let round = ph.ln_w.is_null();
     let embed = ph.inp.is_null();
-    let mut base = thread_idx_x() as usize;
-    while base < total {
-        let mut v = [[0f32; VEC]; STAGE_BATCH];
-        unroll_below!(u < STAGE_BATCH => {
-            let i = base + u * stride;
-            if i < total {
-                let (r, k) = (div32(i, c4), rem32(i, c4) * VEC);
-                // SAFETY: r < n, k + 4 <= c_in; token and position clamped
-                // into the tables.
-                v[u] = unsafe {
-                    if embed {
-                        let tok = (*p.tokens.add(r)).min(p.v - 1) as usize;
-                        let pos = (*sm.pos.add(r)).min(p.max_pos - 1) as usize;
-                        let (a, b) = (W::load4_f32(p.wte, tok * c_in + k), load4(p.wpe.add(pos * c_in + k)));
-                        [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
-                    } else {
-                        load4_cg(ph.inp.add(r * c_in + k))
-                    }
-                };
+    stage_vectors(
+        n,
+        c_in,
+        // SAFETY (both): r < n, k + 4 <= c_in; token and position clamped
+        // into the tables; x, xraw and xs hold n * c_in floats (c_in == c
+        // when embedding or keeping).
+        |r, k| unsafe {
+            if embed {
+                let tok = (*p.tokens.add(r)).min(p.v - 1) as usize;
+                let pos = (*sm.pos.add(r)).min(p.max_pos - 1) as usize;
+                let (a, b) = (W::load4_f32(p.wte, tok * c_in + k), load4(p.wpe.add(pos * c_in + k)));
+                [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+            } else {
+                load4_cg(ph.inp.add(r * c_in + k))
             }
-        });
-        unroll_below!(u < STAGE_BATCH => {
-            let i = base + u * stride;
-            if i < total {
-                let (r, k) = (div32(i, c4), rem32(i, c4) * VEC);
-                // SAFETY: as above; x holds n * c floats (c_in == c when embedding).
-                unsafe {
-                    if embed && block_idx_x() == 0 {
-                        store4(p.x.add(r * c_in + k), v[u]);
-                    }
-                    if keep {
-                        store4(sm.xraw.add(r * c_in + k), v[u]);
-                    }
-                    store4(xs.add(r * c_in + k), if round { v[u].map(W::round_input) } else { v[u] });
-                }
+        },
+        |r, k, v| unsafe {
+            if embed && block_idx_x() == 0 {
+                store4(p.x.add(r * c_in + k), v);
             }
-        });
-        base += STAGE_BATCH * stride;
-    }
+            if keep {
+                store4(sm.xraw.add(r * c_in + k), v);
+            }
+            store4(sm.xs.add(r * c_in + k), if round { v.map(W::round_input) } else { v });
+        },
+    );
 }
 
 /// The epilogue of column `col`, row `r`, whose dot product is `sum`; the
@@ -625,88 +610,41 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
     }
 }
 
-/// The best of a warp's (value, index) candidates, in every lane.
-#[inline(always)]
-fn warp_best(mut b: (f32, u32)) -> (f32, u32) {
-    let mut off = LANES as u32 / 2;
-    while off > 0 {
-        b = better(b, (shfl_xor_f32(b.0, off), shfl_xor_u32(b.1, off)));
-        off /= 2;
-    }
-    b
-}
-
-/// The LM head's end: each block's best per row to the partials; the last
-/// block to arrive picks each row's argmax, writes the ids and the next
-/// step's tokens, advances the positions, and resets the counters.
+/// The LM head's end: each row's best over the block (lane `r` of every
+/// warp holds row `r`'s best over the warp's candidates) to
+/// [`argmax_finish`], whose last block picks the argmax, writes the ids and
+/// the next step's tokens and advances the positions; that block also
+/// resets the grid barrier's counter.
 ///
 /// # Safety
 /// The params' contract; after the LM head's last tile; every thread of
 /// the block calls it.
 #[inline(always)]
-unsafe fn argmax_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: &[(f32, u32); R], sm: &Smem) {
-    let (n, lane, warp) = (p.n as usize, lane_id() as usize, warp_id() as usize);
-    let (sv, si) = (sm.best as *mut f32, unsafe { sm.best.add(WARPS * ROWS) });
+unsafe fn lm_head_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: &[(f32, u32); R], sm: &Smem) {
+    let (n, lane) = (p.n as usize, lane_id() as usize);
+    let mut mine = (f32::NEG_INFINITY, u32::MAX);
     unroll_below!(r < R => {
         if r < n {
             let b = warp_best(best[r]);
-            if lane == 0 {
-                // SAFETY: warp < WARPS, r < ROWS.
-                unsafe {
-                    *sv.add(warp * ROWS + r) = b.0;
-                    *si.add(warp * ROWS + r) = b.1;
-                }
+            if lane == r {
+                mine = b;
             }
         }
     });
-    sync_threads();
-    let block = block_idx_x() as usize;
-    if warp == 0 && lane < n {
-        let mut b = (f32::NEG_INFINITY, u32::MAX);
-        for w in 0..WARPS {
-            // SAFETY: written before the barrier.
-            b = better(b, unsafe { (*sv.add(w * ROWS + lane), *si.add(w * ROWS + lane)) });
-        }
-        // SAFETY: the partials hold gridDim.x * n entries.
-        unsafe {
-            *p.part_val.add(block * n + lane) = b.0;
-            *p.part_idx.add(block * n + lane) = b.1;
-        }
-        thread_fence();
-    }
-    let nb = grid_dim_x();
-    let arrived_last = sync_threads_or(
-        // SAFETY: the sync buffer's second word, zero between launches.
-        thread_idx_x() == 0 && unsafe { atomic_add_acq_rel_u32(p.sync.add(1), 1) } == nb - 1,
-    );
-    if !arrived_last {
-        return;
-    }
-    thread_fence();
-    if warp == 0 && lane < n {
-        let mut b = (f32::NEG_INFINITY, u32::MAX);
-        for blk in 0..nb as usize {
-            // SAFETY: published by every block before its arrival.
-            let v = unsafe { load_cg(p.part_val.add(blk * n + lane)) };
-            let i = unsafe { core::ptr::read_volatile(p.part_idx.add(blk * n + lane)) };
-            b = better(b, (v, i));
-        }
-        // Every logit NaN: id 0, a valid token.
-        let id = if b.1 == u32::MAX { 0 } else { b.1 };
-        // SAFETY: n entries each.
-        unsafe {
-            *p.ids.add(lane) = id;
-            *p.tokens.add(lane) = id;
-            *p.pos.add(lane) += 1;
-        }
-    }
-    if thread_idx_x() == 0 {
-        // SAFETY: every block has passed every grid barrier and arrived
-        // here; none touches the counters again in this launch.
-        unsafe {
-            *p.sync = 0;
-            *p.sync.add(1) = 0;
-        }
+    let out = ArgmaxOut {
+        part_val: p.part_val,
+        part_idx: p.part_idx,
+        // SAFETY: the sync buffer's second word.
+        counter: unsafe { p.sync.add(1) },
+        ids: p.ids,
+        tokens_next: p.tokens,
+        pos_next: p.pos,
+    };
+    // SAFETY: the params' contract; `best` holds WARPS * ROWS pairs.
+    if unsafe { argmax_finish(&out, mine, sm.best, n) } && thread_idx_x() == 0 {
+        // SAFETY: every block has passed every grid barrier and arrived;
+        // none touches the barrier's counter again in this launch.
+        unsafe { *p.sync = 0 };
     }
 }
 
@@ -825,7 +763,7 @@ unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
     unsafe {
         let mut best = none();
         run_gemv::<W, R>(&p, GEMVS * nl, &sm, &ring, &mut prod, &mut consumed, &mut best);
-        argmax_finish(&p, &best, &sm);
+        lm_head_finish(&p, &best, &sm);
     }
 }
 

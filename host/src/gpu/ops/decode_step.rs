@@ -86,19 +86,23 @@ impl DecodeStepTable {
     }
 }
 
-/// The launch of a step of `n` rows of width `c` over weights of
-/// `elem` bytes: one block per SM, and the weight ring's slots and slot
-/// size, the largest that fit beside the fixed parts of shared memory; or
-/// `None` where one slot cannot hold the widest weight row.
+/// The launch of a step of `n` rows of width `c = 64 * nh`, `n_layer`
+/// layers, over weights of `elem` bytes: one block per SM, and the weight
+/// ring's slots and slot size, the largest that fit beside the fixed parts
+/// of shared memory; or `None` where the step does not serve this (not the
+/// sm_90a module, other head sizes, too many rows, or no slot that holds
+/// the widest weight row).
 pub fn decode_step_config(
     gpu: &Gpu,
     n: usize,
     c: usize,
+    nh: usize,
     n_layer: usize,
     elem: usize,
 ) -> Option<(LaunchConfig, u32, u32)> {
     let blocks = gpu.sm_count();
-    if n == 0 || n > DECODE_STEP_MAX_ROWS as usize || c == 0 || blocks == 0 {
+    let shape_ok = nh > 0 && c == nh * DECODE_HEAD_SIZE as usize && c.is_multiple_of(8) && n_layer > 0;
+    if !gpu.has_wgmma() || !shape_ok || n == 0 || n > DECODE_STEP_MAX_ROWS as usize || blocks == 0 {
         return None;
     }
     // Each GEMV phase's (columns, inner size): qkv, attproj, fc, fcproj.
@@ -131,16 +135,10 @@ pub fn decode_step_config(
     Some((cfg, slots as u32, slot as u32))
 }
 
-/// Whether [`decode_step`] serves `n` rows of this model on this GPU: the
-/// sm_90a module, heads of 64, and a weight ring (and the layer table) that
-/// fit shared memory.
+/// Whether [`decode_step`] serves `n` rows of this model on this GPU
+/// ([`decode_step_config`] says when).
 pub fn decode_step_supported(gpu: &Gpu, n: usize, c: usize, nh: usize, n_layer: usize, elem: usize) -> bool {
-    gpu.has_wgmma()
-        && nh > 0
-        && c == nh * DECODE_HEAD_SIZE as usize
-        && c.is_multiple_of(8)
-        && n_layer > 0
-        && decode_step_config(gpu, n, c, n_layer, elem).is_some()
+    decode_step_config(gpu, n, c, nh, n_layer, elem).is_some()
 }
 
 /// The whole decode step of `bufs.rows` rows in one launch (see
@@ -181,14 +179,14 @@ where
     let (c, nh, v, vp, max_t) = (model.c, model.nh, model.v, model.vp, model.max_t);
     let elem = size_of::<W>();
     let n_layer = layers.len();
-    if !decode_step_supported(gpu, n, c, nh, n_layer, elem) {
+    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, nh, n_layer, elem) else {
         return Err(OpError::shape(
             OP,
             format!(
                 "n = {n}, c = {c}, nh = {nh}: the persistent step serves up to {DECODE_STEP_MAX_ROWS} row(s) of heads of 64 on the sm_90a module, with a weight row fitting shared memory"
             ),
         ));
-    }
+    };
     if n > ws.max_rows() || nh != ws.nh() || max_t != ws.max_t() {
         return Err(OpError::shape(OP, "the workspace was made for other sizes"));
     }
@@ -203,7 +201,7 @@ where
     to_u32(OP, "cache", cache)?;
     to_u32(OP, "logits", n * vp)?;
     to_u32(OP, "wte", vp * c)?;
-    let mut addrs = Vec::with_capacity(16 * n_layer + 16);
+    let unaligned = || OpError::shape(OP, "buffers must be 16-byte aligned");
     table.staging.clear();
     for l in layers {
         let w = |(m, b): (WeightRef<'_>, &CudaSlice<f32>), oc: usize, c_in: usize| -> Result<_, OpError> {
@@ -237,7 +235,7 @@ where
             k_cache: out_ptr(gpu, l.k_cache),
             v_cache: out_ptr(gpu, l.v_cache),
         };
-        addrs.extend([
+        if !aligned16(&[
             layer.ln1_w as usize,
             layer.ln1_b as usize,
             layer.qkv_w as usize,
@@ -248,7 +246,9 @@ where
             layer.fcproj_w as usize,
             layer.k_cache as usize,
             layer.v_cache as usize,
-        ]);
+        ]) {
+            return Err(unaligned());
+        }
         // SAFETY: `DecodeStepLayer` is `repr(C)` and made of 14 pointers
         // (no padding, no invalid byte patterns): its bytes are what the
         // kernel reads.
@@ -294,9 +294,6 @@ where
         check_len(OP, what, len, need)?;
     }
     let (part_val, part_idx, att_acc, att_ml, att_counter, parts_stride) = ws.step_scratch(gpu, gpu.sm_count())?;
-    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, n_layer, elem) else {
-        return Err(OpError::shape(OP, "no weight ring fits shared memory"));
-    };
     let p = DecodeStepParams::<W> {
         layers: in_ptr(gpu, &table.table) as *const DecodeStepLayer<W>,
         wte: W::ptr(gpu, model.wte).ok_or_else(wrong)?,
@@ -331,7 +328,7 @@ where
         slots,
         slot_bytes,
     };
-    addrs.extend([
+    if !aligned16(&[
         p.wte as usize,
         p.wpe as usize,
         p.lnf_w as usize,
@@ -342,9 +339,8 @@ where
         p.h as usize,
         p.logits as usize,
         p.layers as usize,
-    ]);
-    if !aligned16(&addrs) {
-        return Err(OpError::shape(OP, "buffers must be 16-byte aligned"));
+    ]) {
+        return Err(unaligned());
     }
     gpu.set_max_dynamic_shared(kernel, cfg.shared_mem_bytes)?;
     if gpu.occupancy_blocks_per_sm(kernel, cfg.block_dim.0, cfg.shared_mem_bytes)? == 0 {
