@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Assemble the PTX that the host embeds with NVIDIA's ptxas, without a GPU,
 # and fail on any ptxas error, any register spill, any kernel stack frame
-# (an array left in local memory) or serialised wgmma.
+# (an array left in local memory) or serialised wgmma; `*_traced` kernels
+# (diagnostics) only report theirs.
 #
 # Why: the driver JIT-compiles our PTX only on the GPU machine, which CI never
 # sees. ptxas is the same back end, so running it here catches invalid PTX,
@@ -262,12 +263,16 @@ for name in order:
     shown = name if len(name) <= 48 else name[:45] + "..."
     print(f"{shown:<48} {kind.get(name, 'func'):<7} {cell(r, 'regs'):>5} {cell(r, 'spill_st'):>9} "
           f"{cell(r, 'spill_ld'):>9} {cell(r, 'smem'):>7} {cell(r, 'stack'):>8}")
-    if r.get("spill_st", 0) or r.get("spill_ld", 0):
+    # `*_traced` kernels are diagnostics (the bench's trace of the decode
+    # step): their few spills are reported, not fatal; the kernels they
+    # trace must not spill.
+    diagnostic = name.endswith("_traced")
+    if (r.get("spill_st", 0) or r.get("spill_ld", 0)) and not diagnostic:
         spilled.append(name)
     # A kernel's stack frame is an array LLVM could not keep in registers
     # (indexed at run time somewhere): every access to it goes through
     # local memory, which ptxas does not count as a spill.
-    if kind.get(name) == "kernel" and r.get("stack", 0):
+    if kind.get(name) == "kernel" and r.get("stack", 0) and not diagnostic:
         stacked.append(name)
 if spilled:
     print("error: register spills in: " + ", ".join(spilled), file=sys.stderr)

@@ -8,6 +8,7 @@
 //! the sampler's CPU twin; pipelined generation against unpipelined.
 
 use gpu_kernels::params::sample::SampleRow;
+use host::bench::step_trace::phase_times;
 use host::cpu::CpuModel;
 use host::generate::{Backend, LogitsWanted, StopReason, generate};
 use host::gpu::engine::{DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
@@ -184,6 +185,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             gemv_block_warps: 2,
             early_trigger: true,
             persistent: false,
+            trace: false,
         },
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
@@ -191,6 +193,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             gemv_block_warps: 0,
             early_trigger: false,
             persistent: false,
+            trace: false,
         },
     ] {
         eng.set_decode_tuning(tuning);
@@ -235,6 +238,30 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             &chain_logits.concat(),
             paths_tol,
             0.0,
+        );
+        // The traced kernel (a diagnostic) computes the same bits, and its
+        // trace reads as a whole step.
+        eng.set_decode_tuning(DecodeTuning {
+            persistent: true,
+            trace: true,
+            ..DecodeTuning::default()
+        });
+        let traced = forced_path(&mut eng, DecodePath::Eager, &prompt, b, t, &graph_ids);
+        assert!(
+            traced
+                .concat()
+                .iter()
+                .zip(eager.concat())
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: the traced step changed the logits",
+            what("persistent")
+        );
+        let words = eng.decode_step_trace().unwrap().expect("a traced step ran");
+        let phases = phase_times(&words, eng.gpu().sm_count(), cfg.num_layers).expect("a whole trace");
+        assert!(
+            phases.iter().all(|p| p.period > 0.0 && p.work_max >= p.work_med),
+            "{}: {phases:?}",
+            what("trace")
         );
         persistent_logits = Some(logits);
     }
@@ -305,10 +332,12 @@ fn decode_graph_eight_rows_and_long_cache() {
 #[test]
 #[ignore = "needs a GPU"]
 fn decode_persistent_one_row() {
-    // One row: the persistent step on the sm_90a module. Past several
-    // 8-key attention items and two 64-key chunks; then windowed.
-    paths_agree(&head64_config(), 1, 70, 30, 0);
+    // One row: the persistent step on the sm_90a module. Past one 128-key
+    // attention item (the blocks' partials merged across the grid) and
+    // the chain's 64-key chunks; then windowed, within one item and over two.
+    paths_agree(&head64_config(), 1, 120, 30, 0);
     paths_agree(&head64_config(), 1, 7, 13, 9);
+    paths_agree(&head64_config(), 1, 140, 12, 130);
     paths_agree_in(&head64_config(), 1, 20, 12, 0, Precision::Bf16);
 }
 

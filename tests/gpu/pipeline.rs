@@ -53,6 +53,8 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
     for k in [
         gpu_kernels::params::decode_step::DECODE_STEP,
         gpu_kernels::params::decode_step::DECODE_STEP_BF16,
+        gpu_kernels::params::decode_step::DECODE_STEP_TRACED,
+        gpu_kernels::params::decode_step::DECODE_STEP_BF16_TRACED,
     ] {
         assert!(names.remove(k), "{k} was not found in {}", dir.display());
         wgmma.insert(k.to_string());

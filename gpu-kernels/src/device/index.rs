@@ -63,3 +63,24 @@ pub fn lane_id() -> u32 {
 pub fn warp_id() -> u32 {
     thread_idx_x() / super::WARP_SIZE
 }
+
+/// This SM's cycle counter (`%clock64`). Counters of different SMs are not
+/// synchronised: compare readings of one block only.
+#[inline(always)]
+pub fn clock64() -> u64 {
+    let t: u64;
+    // SAFETY: reading a special register; not `pure`, so each call reads anew
+    // where it stands in the program.
+    unsafe { core::arch::asm!("mov.u64 {t}, %clock64;", t = out(reg64) t, options(nomem, nostack)) };
+    t
+}
+
+/// The GPU's global nanosecond timer (`%globaltimer`), common to every SM;
+/// its resolution may be as coarse as a microsecond.
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let t: u64;
+    // SAFETY: reading a special register.
+    unsafe { core::arch::asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nomem, nostack)) };
+    t
+}

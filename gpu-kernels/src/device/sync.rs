@@ -158,6 +158,7 @@ pub unsafe fn load_acquire_u32(p: *const u32) -> u32 {
 /// A barrier across the whole grid: every block waits here until all
 /// `gridDim.x * gridDim.y * gridDim.z` blocks have arrived, and the global
 /// writes any block made before it are visible to every block after it.
+/// [`grid_arrive`] then [`grid_wait`] by thread 0, between block barriers.
 ///
 /// `counter` counts arrivals for the whole launch; the `k`-th barrier
 /// (from 1) of a launch passes `target = k * blocks`. The counter must be
@@ -175,15 +176,39 @@ pub unsafe fn load_acquire_u32(p: *const u32) -> u32 {
 pub unsafe fn grid_barrier(counter: *mut u32, target: u32) {
     sync_threads();
     if super::thread_idx_x() == 0 {
-        // The release arrival publishes the block's writes (ordered before
-        // this thread's by the barrier above); the acquire loads pair with
-        // the other blocks' arrivals. No full fence: it would also wait for
-        // this SM's outstanding loads (the prefetches of later weights).
         // SAFETY: the caller's contract.
         unsafe {
-            asm!("red.release.gpu.global.add.u32 [{p}], 1;", p = in(reg64) counter, options(nostack));
-            while load_acquire_u32(counter) < target {}
+            grid_arrive(counter);
+            grid_wait(counter, target);
         }
     }
     sync_threads();
+}
+
+/// The arrival half of a grid barrier ([`grid_barrier`] shows the whole),
+/// split so a block can do work of its own between arriving and waiting:
+/// one thread calls it after a block barrier that follows the block's
+/// writes. A release reduction publishes those writes (the block barrier
+/// ordered them before this thread's); no full fence, which would also
+/// wait for this thread's outstanding loads and copies. So the thread
+/// that arrives should not be one that issues asynchronous copies.
+///
+/// # Safety
+/// As [`grid_barrier`]'s `counter`.
+#[inline(always)]
+pub unsafe fn grid_arrive(counter: *mut u32) {
+    // SAFETY: the caller's contract.
+    unsafe { asm!("red.release.gpu.global.add.u32 [{p}], 1;", p = in(reg64) counter, options(nostack)) };
+}
+
+/// The waiting half of a grid barrier: one thread polls `counter` with
+/// acquire loads until it reaches `target`; a block barrier after it then
+/// lets the whole block see every block's published writes.
+///
+/// # Safety
+/// As [`grid_barrier`]'s `counter`; the residency rule holds.
+#[inline(always)]
+pub unsafe fn grid_wait(counter: *const u32, target: u32) {
+    // SAFETY: the caller's contract.
+    while unsafe { load_acquire_u32(counter) } < target {}
 }

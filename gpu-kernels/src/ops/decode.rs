@@ -799,27 +799,49 @@ pub(crate) unsafe fn combine_parts(
 ) {
     let mut d = tid;
     while d < HS {
-        let mut m_all = f32::NEG_INFINITY;
-        for i in 0..parts {
-            // SAFETY: partial i < parts.
-            m_all = m_all.max(unsafe { load_cg(part_ml.add(2 * i)) });
+        // SAFETY: the caller's contract; d < HS.
+        unsafe {
+            let (_, l_all, o) = merge_parts_dim(|x| load_cg(x), part_acc, part_ml, parts, d);
+            *out.add(d) = o / l_all;
         }
-        // Finite: the part holding the query's own key saw a real score.
-        let (mut l_all, mut o) = (0f32, 0f32);
-        for i in 0..parts {
-            let (mi, li, ai) = unsafe {
-                (
-                    load_cg(part_ml.add(2 * i)),
-                    load_cg(part_ml.add(2 * i + 1)),
-                    load_cg(part_acc.add(i * HS + d)),
-                )
-            };
-            let w = exp2_approx(mi - m_all);
-            l_all = fma(li, w, l_all);
-            o = fma(ai, w, o);
-        }
-        // SAFETY: d < HS.
-        unsafe { *out.add(d) = o / l_all };
         d += threads;
     }
+}
+
+/// Dimension `d` of `parts` partials laid out as for [`combine_parts`],
+/// read by `load`, merged: (max, sum, the unnormalised output), itself a
+/// partial of the same form.
+///
+/// # Safety
+/// `load` reads the `parts` partials; `d < 64`; at least one partial has a
+/// finite max (the one holding the query's own key).
+#[inline(always)]
+pub(crate) unsafe fn merge_parts_dim(
+    load: impl Fn(*const f32) -> f32,
+    part_acc: *const f32,
+    part_ml: *const f32,
+    parts: usize,
+    d: usize,
+) -> (f32, f32, f32) {
+    let mut m_all = f32::NEG_INFINITY;
+    for i in 0..parts {
+        // SAFETY: partial i < parts.
+        m_all = m_all.max(load(unsafe { part_ml.add(2 * i) }));
+    }
+    let (mut l_all, mut o) = (0f32, 0f32);
+    for i in 0..parts {
+        // SAFETY: partial i < parts, d < 64.
+        let (mi, li, ai) = unsafe {
+            (
+                load(part_ml.add(2 * i)),
+                load(part_ml.add(2 * i + 1)),
+                load(part_acc.add(i * HS + d)),
+            )
+        };
+        // A partial without keys (max -inf) weighs 0.
+        let w = exp2_approx(mi - m_all);
+        l_all = fma(li, w, l_all);
+        o = fma(ai, w, o);
+    }
+    (m_all, l_all, o)
 }

@@ -9,31 +9,38 @@
 //! as soon as the block has read it, whatever phase the next tile belongs
 //! to. A tile's columns go to warps, one column each, or when the tile has
 //! fewer columns than warps, a column's dot product is split over several
-//! warps whose partial sums meet in shared memory. Attention: one warp per
-//! (16-key chunk, row, head), spread over the grid's warps; the last
-//! chunk of a (row, head) to finish merges the partials.
+//! warps whose partial sums meet in shared memory. Attention: one block
+//! per (chunk of `WARPS * 8` keys, row, head), 8 keys a warp, the warps'
+//! partials merged in shared memory; where a head has several chunks, the
+//! last block to finish one merges theirs.
+//!
+//! Between phases a block arrives at the grid barrier first, then issues
+//! its next copies (weight tiles, layernorm parameters), then waits: the
+//! copies' latency hides behind the barrier's.
 
 use super::decode::{
-    ATT_LANES, ArgmaxOut, HS, argmax_finish, attend_keys, better, combine_parts, layernorm_rows, stage_vectors,
-    store_part, warp_best,
+    ATT_LANES, ArgmaxOut, HS, argmax_finish, attend_keys, better, combine_parts, merge_parts_dim, stage_vectors,
+    warp_best,
 };
 use super::gelu::gelu;
 use super::vec4::{VEC, load4, load4_cg, store4};
 use super::weight::Weight;
-use crate::device::math::fma;
+use crate::device::math::{fma, rsqrt_precise};
 use crate::device::mma::{cp_async_4, cp_async_16, cp_async_commit, cp_async_wait_group, shared_addr};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::tma::{
     bulk_copy_to_shared, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx, mbarrier_init,
     mbarrier_wait_parity,
 };
-use crate::device::warp::{shfl_idx_u32, warp_reduce_sum_many};
+use crate::device::warp::{warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
-    WARP_SIZE, atomic_add_acq_rel_u32, block_idx_x, grid_barrier, grid_dependency_wait, grid_dim_x, lane_id,
-    launch_dependents, sync_threads, sync_warp, thread_fence, thread_idx_x, warp_id,
+    WARP_SIZE, atomic_add_acq_rel_u32, block_idx_x, clock64, global_timer_ns, grid_arrive, grid_dependency_wait,
+    grid_dim_x, grid_wait, lane_id, launch_dependents, sync_threads, sync_threads_or, thread_fence, thread_idx_x,
+    warp_id,
 };
 use crate::params::decode::DECODE_MAX_ROWS;
 use crate::params::decode_step::*;
+use crate::params::layernorm::LAYERNORM_EPS;
 
 const ROWS: usize = DECODE_MAX_ROWS as usize;
 const WARPS: usize = DECODE_STEP_WARPS as usize;
@@ -46,6 +53,13 @@ const ATT_KEYS: usize = DECODE_STEP_ATTN_KEYS as usize;
 /// this kernel's blocks of 512 threads get at most 128 registers a thread).
 const ATT_KEYS_PER_GROUP: usize = ATT_KEYS / ATT_GROUPS_PER_WARP;
 const GEMVS: usize = DECODE_STEP_GEMVS_PER_LAYER as usize;
+/// Keys of one attention work item: each warp of the block takes `ATT_KEYS`.
+const ATT_ITEM_KEYS: usize = WARPS * ATT_KEYS;
+/// The thread that arrives at and waits on the grid barriers: the last
+/// warp's first lane, which issues no copies (thread 0 issues the weight
+/// tiles, the low threads the layernorm parameters and biases), so its
+/// release waits for nothing of theirs.
+const BARRIER_THREAD: u32 = DECODE_STEP_THREADS - WARP_SIZE;
 
 /// `a / b` in 32 bits (64-bit division is a long software sequence on the
 /// GPU): every size and index here is below 2^32 (the params' contract).
@@ -58,6 +72,84 @@ fn div32(a: usize, b: usize) -> usize {
 #[inline(always)]
 fn rem32(a: usize, b: usize) -> usize {
     (a as u32 % b as u32) as usize
+}
+
+/// The block's trace (`DecodeStepParams::trace`), when on: thread 0
+/// records, through the block's pointer kept in shared memory (not held in
+/// registers through the kernel).
+/// `ON`: the traced kernels; elsewhere every mark compiles away (tracing in
+/// every kernel made ptxas spill the FP32 step).
+struct Trace<'a, W, const ON: bool>(&'a DecodeStepParams<W>);
+
+// By hand: the derives would ask `W: Copy`.
+impl<W, const ON: bool> Clone for Trace<'_, W, ON> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<W, const ON: bool> Copy for Trace<'_, W, ON> {}
+
+/// Where the block's trace pointer lies in shared memory (a fixed offset).
+const TRACE_SLOT: usize = decode_step_smem(0, 0, 0, 0, 0).trace as usize;
+
+impl<W, const ON: bool> Trace<'_, W, ON> {
+    /// Whether the launch traces: the same answer in every thread.
+    #[inline(always)]
+    fn on(self) -> bool {
+        ON && !self.0.trace.is_null()
+    }
+
+    /// Thread 0, at the start: keep the block's part of the trace.
+    #[inline(always)]
+    fn init(self) {
+        if self.on() && thread_idx_x() == 0 {
+            let words = decode_step_trace_words(self.0.n_layer);
+            // SAFETY: the slot is 8 bytes of the launch's shared memory;
+            // the trace holds gridDim.x blocks of `words` (the contract).
+            unsafe { *Self::slot() = self.0.trace.add(block_idx_x() as usize * words) };
+        }
+    }
+
+    /// The shared-memory slot of the block's pointer.
+    #[inline(always)]
+    fn slot() -> *mut *mut u64 {
+        // SAFETY: the launch's shared memory holds the layout's `trace` slot.
+        unsafe { dynamic_shared_align16::<u8>().add(TRACE_SLOT) as *mut *mut u64 }
+    }
+
+    /// Thread 0 writes `v` to word `i` of the block's part.
+    #[inline(always)]
+    fn put(self, i: usize, v: u64) {
+        if self.on() && thread_idx_x() == 0 {
+            // SAFETY: `init` set the slot (thread 0 wrote it, thread 0
+            // reads it); i < the block's words.
+            unsafe { *(*Self::slot()).add(i) = v };
+        }
+    }
+
+    /// Thread 0 records `mark` of phase `phase` (its clock, now).
+    #[inline(always)]
+    fn mark(self, phase: usize, mark: DecodeStepMark) {
+        self.put(
+            DECODE_STEP_TRACE_HEADER + phase * DECODE_STEP_TRACE_MARKS + mark as usize,
+            clock64(),
+        );
+    }
+
+    /// Thread 0 records the global timer and its clock in the header.
+    #[inline(always)]
+    fn clocks(self, timer: DecodeStepTraceHeader, clock: DecodeStepTraceHeader) {
+        self.put(timer as usize, global_timer_ns());
+        self.put(clock as usize, clock64());
+    }
+}
+
+/// The trace's phase index of GEMV phase `g` (see `DecodeStepMark`).
+#[inline(always)]
+fn traced_phase(g: usize) -> usize {
+    const AT: [usize; GEMVS] = [0, 2, 3, 4];
+    let per = DECODE_STEP_PHASES_PER_LAYER as usize;
+    div32(g, GEMVS) * per + AT[rem32(g, GEMVS)]
 }
 
 /// What a GEMV phase does with a column's sum (after the bias).
@@ -247,6 +339,75 @@ unsafe fn stage_ln(lnp: *mut f32, w: *const f32, b: *const f32, c: usize) {
         k += DECODE_STEP_THREADS as usize * VEC;
     }
     cp_async_commit();
+}
+
+/// The sum of `v` over the block, in every thread: `slots` (`WARPS`
+/// floats of shared memory) takes the warps' sums.
+///
+/// # Safety
+/// `slots` holds `WARPS` floats no thread reads or writes until a block
+/// barrier after every thread has returned; every thread calls it.
+#[inline(always)]
+unsafe fn block_sum(v: f32, slots: *mut f32) -> f32 {
+    let w = warp_reduce_sum(v);
+    if lane_id() == 0 {
+        // SAFETY: warp < WARPS.
+        unsafe { *slots.add(warp_id() as usize) = w };
+    }
+    sync_threads();
+    let mut t = 0f32;
+    for i in 0..WARPS {
+        // SAFETY: i < WARPS; written before the barrier.
+        t += unsafe { *slots.add(i) };
+    }
+    t
+}
+
+/// Layernorm the staged rows `xs[r][0..c]`, `r < n`, in place, each with
+/// the whole block (two block reductions a row: the mean, then the
+/// variance about it), output rounded as the weights multiply it. One
+/// warp a row (`layernorm_rows`) left 15 warps idle through a serial chain
+/// of ~1 µs; the step has one row.
+///
+/// # Safety
+/// `xs` holds `n * c` floats, `lnp` the weight and bias (`2c`), `red`
+/// `2 * WARPS` floats; every thread calls it after a block barrier that
+/// follows the staging; a block barrier must follow it before other
+/// threads' elements are read.
+#[inline(always)]
+unsafe fn layernorm_block<W: Weight>(xs: *mut f32, lnp: *const f32, red: *mut f32, n: usize, c: usize) {
+    let (tid, threads) = (thread_idx_x() as usize, DECODE_STEP_THREADS as usize);
+    let inv_c = 1.0 / c as f32;
+    for r in 0..n {
+        // SAFETY (all): row r < n of xs; k < c; red's two halves.
+        let row = unsafe { xs.add(r * c) };
+        let mut s = 0f32;
+        let mut k = tid;
+        while k < c {
+            s += unsafe { *row.add(k) };
+            k += threads;
+        }
+        let mean = unsafe { block_sum(s, red) } * inv_c;
+        let mut v = 0f32;
+        k = tid;
+        while k < c {
+            let d = unsafe { *row.add(k) } - mean;
+            v = fma(d, d, v);
+            k += threads;
+        }
+        let rstd = rsqrt_precise(unsafe { block_sum(v, red.add(WARPS)) } * inv_c + LAYERNORM_EPS);
+        k = tid;
+        while k < c {
+            // Each thread normalises the elements it summed.
+            unsafe {
+                let x = *row.add(k);
+                *row.add(k) = W::round_input(fma((x - mean) * rstd, *lnp.add(k), *lnp.add(c + k)));
+            }
+            k += threads;
+        }
+        // `red` is reused by the next row's reductions.
+        sync_threads();
+    }
 }
 
 /// Fill `xs[r][0..c_in]` for `r < n` (see `stage_vectors`): the phase's
@@ -445,13 +606,13 @@ struct Smem {
     xraw: *mut f32,
     red: *mut f32,
     best: *mut u32,
-    stats: *mut f32,
     lnp: *mut f32,
     xs: *mut f32,
 }
 
 /// One GEMV phase: stage (and layernorm) the input rows, then every tile of
-/// this block's columns as the ring delivers them, refilling each slot.
+/// this block's columns as the ring delivers them, refilling each slot but
+/// the last one's (see `between_phases`). Ends with a block barrier.
 ///
 /// # Safety
 /// The params' contract; `lnp` holds the phase's layernorm parameters when
@@ -459,7 +620,7 @@ struct Smem {
 /// that published the phase's inputs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_gemv<W: Weight, const R: usize>(
+unsafe fn run_gemv<W: Weight, const R: usize, const T: bool>(
     p: &DecodeStepParams<W>,
     g: usize,
     sm: &Smem,
@@ -467,6 +628,7 @@ unsafe fn run_gemv<W: Weight, const R: usize>(
     prod: &mut Producer,
     consumed: &mut usize,
     best: &mut [(f32, u32); R],
+    tr: Trace<'_, W, T>,
 ) {
     let n = p.n as usize;
     // SAFETY: g is a phase of the step.
@@ -486,10 +648,11 @@ unsafe fn run_gemv<W: Weight, const R: usize>(
     cp_async_wait_group::<0>();
     sync_threads();
     if !ph.ln_w.is_null() {
-        // SAFETY: xs holds n rows of c_in, lnp the parameters, stats 2n.
-        unsafe { layernorm_rows::<W>(sm.xs, sm.lnp, sm.stats, n, ph.c_in) };
-        sync_threads();
+        // SAFETY: xs holds n rows of c_in, lnp the parameters, red 2 * WARPS
+        // floats (unused until the tiles); ends with a block barrier.
+        unsafe { layernorm_block::<W>(sm.xs, sm.lnp, sm.red, n, ph.c_in) };
     }
+    tr.mark(traced_phase(g), DecodeStepMark::Staged);
     let tc = tile_cols::<W>(ph.c_in, ring.slot_bytes);
     let mut c0 = lo;
     while c0 < hi {
@@ -498,22 +661,30 @@ unsafe fn run_gemv<W: Weight, const R: usize>(
         // SAFETY: the barrier was initialised; thread 0 issued this tile
         // (tiles are issued in the order they are consumed).
         unsafe { mbarrier_wait_parity(ring.bars + 8 * slot as u32, (div32(*consumed, ring.slots) & 1) as u32) };
+        if c0 == lo {
+            tr.mark(traced_phase(g), DecodeStepMark::Ready);
+        }
         let wt = unsafe { ring.ptr.add(slot * ring.slot_bytes) } as *const W;
         unsafe { tile_gemv::<W, R>(p, &ph, wt, sm, lo, c0, cols, n, best) };
         *consumed += 1;
         // Every thread is done with the slot (and `red`) before its refill.
         sync_threads();
-        if thread_idx_x() == 0 {
+        c0 += cols;
+        // After the phase's last tile, the refill waits for the block's
+        // arrival at the grid barrier (`between_phases`).
+        if c0 < hi && thread_idx_x() == 0 {
             // SAFETY: the slot just read is free.
             unsafe { issue(p, prod, *consumed, ring) };
         }
-        c0 += cols;
     }
 }
 
-/// Decode attention of layer `layer`: one warp per (16-key chunk, row,
-/// head) over the grid's warps, chunks past a row's position skipped; the
-/// last chunk of a (row, head) to finish merges the partials into `att`.
+/// Decode attention of layer `layer`: one block per item of
+/// [`ATT_ITEM_KEYS`] keys of a (row, head), items past a row's position
+/// skipped; each warp scores 8 of the item's keys, and the warps' partials
+/// merge in shared memory (`xs`). A head of one item writes `att` there;
+/// otherwise each item's merged partial goes to the partial buffers and
+/// the last block to finish one of the head's items merges them.
 ///
 /// # Safety
 /// The params' contract; after a grid barrier that published q and the
@@ -529,16 +700,17 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
         p.max_t as usize,
         p.window as usize,
     );
-    let lane = lane_id() as usize;
+    let (tid, lane, warp) = (thread_idx_x() as usize, lane_id() as usize, warp_id() as usize);
     let l8 = lane % ATT_LANES;
     let max_keys = if window > 0 { window.min(max_t) } else { max_t };
     let heads = n * nh;
-    let total = heads * max_keys.div_ceil(ATT_KEYS);
+    let total = heads * max_keys.div_ceil(ATT_ITEM_KEYS);
+    // The warps' partials: acc `[WARPS][64]`, then (max, sum) `[WARPS][2]`.
+    let (pacc, pml) = (sm.xs, unsafe { sm.xs.add(WARPS * HS) });
     let nb = grid_dim_x() as usize;
-    // Consecutive items go to different blocks, so the live ones spread over the SMs.
-    let mut i = warp_id() as usize * nb + block_idx_x() as usize;
+    let mut i = block_idx_x() as usize;
     while i < total {
-        let (chunk, head) = (div32(i, heads), rem32(i, heads));
+        let (item, head) = (div32(i, heads), rem32(i, heads));
         let (r, h) = (div32(head, nh), rem32(head, nh));
         // SAFETY: r < n; clamped so no key index reaches max_t.
         let pos = (unsafe { *sm.pos.add(r) } as usize).min(max_t - 1);
@@ -547,67 +719,158 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
         } else {
             0
         };
-        let chunks = (pos + 1 - key_lo).div_ceil(ATT_KEYS);
-        if chunk < chunks {
-            // This lane's 8 query dimensions, pre-scaled into log2 units.
-            // SAFETY: h*HS + 36 + 4 <= c.
-            let q_g = unsafe { p.q.add(r * c + h * HS + VEC * l8) };
-            let (qa, qb) = unsafe { (load4_cg(q_g), load4_cg(q_g.add(HS / 2))) };
-            let mut q = [0f32; 2 * VEC];
-            for e in 0..VEC {
-                q[e] = qa[e] * p.scale_log2e;
-                q[VEC + e] = qb[e] * p.scale_log2e;
-            }
-            let plane = head * max_t * HS + VEC * l8;
-            let first = key_lo + chunk * ATT_KEYS + lane / ATT_LANES;
-            // SAFETY: the planes of (r, h); keys below pos + 1 <= max_t.
-            let (m, l, acc) = unsafe {
-                attend_keys::<ATT_KEYS_PER_GROUP>(
-                    &q,
-                    lw.k_cache.add(plane),
-                    lw.v_cache.add(plane),
-                    first,
-                    ATT_GROUPS_PER_WARP,
-                    pos + 1,
-                )
-            };
-            let part0 = head * p.parts_stride as usize;
-            // SAFETY: chunk < chunks <= parts_stride.
-            unsafe { store_part(p.att_acc, p.att_ml, part0 + chunk, m, l, &acc) };
-            sync_warp();
-            // SAFETY: n * nh counters, zero between launches.
-            let counter = unsafe { p.att_counter.add(head) };
-            let mut last = chunks == 1;
-            if !last {
-                let arrived = if lane == 0 {
-                    (unsafe { atomic_add_acq_rel_u32(counter, 1) } as usize == chunks - 1) as u32
-                } else {
-                    0
-                };
-                last = shfl_idx_u32(arrived, 0) != 0;
-            }
-            if last {
-                thread_fence();
-                // SAFETY: the head's partials were published before the
-                // arrivals; its 64 outputs lie in att.
-                unsafe {
-                    combine_parts(
-                        p.att_acc.add(part0 * HS),
-                        p.att_ml.add(2 * part0),
-                        chunks,
-                        p.att.add(r * c + h * HS),
-                        lane,
-                        LANES,
+        let items = (pos + 1 - key_lo).div_ceil(ATT_ITEM_KEYS);
+        // The same answer in the whole block.
+        if item < items {
+            let first = key_lo + item * ATT_ITEM_KEYS + warp * ATT_KEYS;
+            let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, [0f32; 2 * VEC]);
+            if first <= pos {
+                // This lane's 8 query dimensions, pre-scaled into log2 units.
+                // SAFETY: h*HS + 36 + 4 <= c.
+                let q_g = unsafe { p.q.add(r * c + h * HS + VEC * l8) };
+                let (qa, qb) = unsafe { (load4_cg(q_g), load4_cg(q_g.add(HS / 2))) };
+                let mut q = [0f32; 2 * VEC];
+                for e in 0..VEC {
+                    q[e] = qa[e] * p.scale_log2e;
+                    q[VEC + e] = qb[e] * p.scale_log2e;
+                }
+                let plane = head * max_t * HS + VEC * l8;
+                // SAFETY: the planes of (r, h); keys below pos + 1 <= max_t.
+                (m, l, acc) = unsafe {
+                    attend_keys::<ATT_KEYS_PER_GROUP>(
+                        &q,
+                        lw.k_cache.add(plane),
+                        lw.v_cache.add(plane),
+                        first + lane / ATT_LANES,
+                        ATT_GROUPS_PER_WARP,
+                        pos + 1,
                     )
                 };
-                if lane == 0 && chunks > 1 {
-                    // SAFETY: every chunk of this head has arrived.
-                    unsafe { *counter = 0 };
+            }
+            if lane < ATT_LANES {
+                // SAFETY: warp < WARPS partials in xs (the layout's size).
+                unsafe {
+                    let a = pacc.add(warp * HS + VEC * l8);
+                    store4(a, [acc[0], acc[1], acc[2], acc[3]]);
+                    store4(a.add(HS / 2), [acc[4], acc[5], acc[6], acc[7]]);
+                    if l8 == 0 {
+                        *pml.add(2 * warp) = m;
+                        *pml.add(2 * warp + 1) = l;
+                    }
                 }
             }
+            sync_threads();
+            // Thread d < 64 merges dimension d of the warps' partials
+            // (warp 0's holds the item's first key: a finite max).
+            let merged = if tid < HS {
+                // SAFETY: WARPS partials, written before the barrier.
+                Some(unsafe { merge_parts_dim(|x| *x, pacc, pml, WARPS, tid) })
+            } else {
+                None
+            };
+            // SAFETY: r * c + h * HS + 64 <= n * c.
+            let out = unsafe { p.att.add(r * c + h * HS) };
+            if items == 1 {
+                if let Some((_, l_all, o)) = merged {
+                    // SAFETY: tid < 64.
+                    unsafe { *out.add(tid) = o / l_all };
+                }
+            } else {
+                let part0 = head * p.parts_stride as usize;
+                if let Some((m_all, l_all, o)) = merged {
+                    // SAFETY: item < items <= parts_stride.
+                    unsafe {
+                        *p.att_acc.add((part0 + item) * HS + tid) = o;
+                        if tid == 0 {
+                            *p.att_ml.add(2 * (part0 + item)) = m_all;
+                            *p.att_ml.add(2 * (part0 + item) + 1) = l_all;
+                        }
+                    }
+                    thread_fence();
+                }
+                sync_threads();
+                // SAFETY: n * nh counters, zero between launches.
+                let counter = unsafe { p.att_counter.add(head) };
+                let arrived_last = tid == 0 && unsafe { atomic_add_acq_rel_u32(counter, 1) } as usize == items - 1;
+                if sync_threads_or(arrived_last) {
+                    thread_fence();
+                    if warp == 0 {
+                        // SAFETY: the head's items published their partials
+                        // before arriving; its 64 outputs lie in att.
+                        unsafe {
+                            combine_parts(
+                                p.att_acc.add(part0 * HS),
+                                p.att_ml.add(2 * part0),
+                                items,
+                                out,
+                                lane,
+                                LANES,
+                            )
+                        };
+                    }
+                    if tid == 0 {
+                        // SAFETY: every item of this head has arrived.
+                        unsafe { *counter = 0 };
+                    }
+                }
+            }
+            // The partials in xs are read before the next item rewrites them.
+            sync_threads();
         }
-        i += WARPS * nb;
+        i += nb;
     }
+    // Blocks without an item reach `between_phases` past a barrier too.
+    sync_threads();
+}
+
+/// Between two phases: the block arrives at the grid barrier (after every
+/// thread's writes, [`BARRIER_THREAD`]), then issues what the next phases
+/// need (thread 0 the weight tiles the ring has room for; every thread the
+/// copy of the next layernorm's parameters, `ln`), then waits for the
+/// other blocks. `barriers` counts this launch's barriers.
+///
+/// # Safety
+/// The params' contract (one block per SM, all resident; `sync` word 0
+/// counts this launch's arrivals); every thread of the block calls it,
+/// after a block barrier that follows the phase's work; `ln`, when given,
+/// holds `c` floats each, 16-byte aligned.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn between_phases<W: Weight, const T: bool>(
+    p: &DecodeStepParams<W>,
+    sm: &Smem,
+    ring: &Ring,
+    prod: &mut Producer,
+    consumed: usize,
+    barriers: &mut u32,
+    ln: Option<(*const f32, *const f32)>,
+    tr: Trace<'_, W, T>,
+) {
+    let tid = thread_idx_x();
+    let phase = *barriers as usize;
+    tr.mark(phase, DecodeStepMark::End);
+    *barriers += 1;
+    if tid == BARRIER_THREAD {
+        // SAFETY: the caller's contract.
+        unsafe { grid_arrive(p.sync) };
+    }
+    if tid == 0 {
+        // SAFETY: every slot consumed so far was read (the block barrier
+        // before this call).
+        unsafe { issue(p, prod, consumed, ring) };
+    }
+    if let Some((w, b)) = ln {
+        // SAFETY: the caller's contract; lnp's last readers finished before
+        // the block barrier.
+        unsafe { stage_ln(sm.lnp, w, b, p.c as usize) };
+    }
+    tr.mark(phase, DecodeStepMark::Issued);
+    if tid == BARRIER_THREAD {
+        // SAFETY: the caller's contract.
+        unsafe { grid_wait(p.sync, *barriers * grid_dim_x()) };
+    }
+    sync_threads();
+    tr.mark(phase + 1, DecodeStepMark::Start);
 }
 
 /// The LM head's end: each row's best over the block (lane `r` of every
@@ -653,7 +916,7 @@ unsafe fn lm_head_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: &[(f3
 /// # Safety
 /// `DecodeStepParams`' contract, with the launch it describes; `n <= R`.
 #[inline(always)]
-unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
+unsafe fn decode_step_rows<W: Weight, const R: usize, const T: bool>(p: DecodeStepParams<W>) {
     let (c, nl) = (p.c as usize, p.n_layer as usize);
     let lay = decode_step_smem(p.n, p.c, p.n_layer, p.slots, p.slot_bytes);
     // SAFETY: the launch provides `lay.total` bytes, 16-byte aligned.
@@ -665,7 +928,6 @@ unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
         xraw: at(lay.xraw) as *mut f32,
         red: at(lay.red) as *mut f32,
         best: at(lay.best) as *mut u32,
-        stats: at(lay.stats) as *mut f32,
         lnp: at(lay.lnp) as *mut f32,
         xs: at(lay.xs) as *mut f32,
     };
@@ -681,6 +943,9 @@ unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
         }
     };
     let tid = thread_idx_x();
+    let tr = Trace::<W, T>(&p);
+    tr.init();
+    tr.clocks(DecodeStepTraceHeader::TimerStart, DecodeStepTraceHeader::ClockStart);
     if tid == 0 {
         for s in 0..ring.slots {
             // SAFETY: slots <= MAX_SLOTS barriers at `bars`.
@@ -719,66 +984,74 @@ unsafe fn decode_step_rows<W: Weight, const R: usize>(p: DecodeStepParams<W>) {
         unsafe { *sm.pos.add(tid as usize) = *p.pos.add(tid as usize) };
     }
     sync_threads();
+    tr.mark(0, DecodeStepMark::Start);
 
-    let nb = grid_dim_x();
-    let mut barriers = 0;
-    let mut grid_sync = || {
-        barriers += 1;
-        // SAFETY: one block per SM, all resident (the launch contract);
-        // `sync` word 0 counts this launch's arrivals.
-        unsafe { grid_barrier(p.sync, barriers * nb) };
-    };
+    let mut barriers = 0u32;
     // Each row's best logit, tracked by the LM head's epilogue only (a fresh
     // array per phase keeps it out of the other phases' registers).
     let none = || [(f32::NEG_INFINITY, u32::MAX); R];
     for layer in 0..nl {
         let g = GEMVS * layer;
-        // SAFETY (phases): the params' contract, after the barrier before each.
+        // SAFETY (phases): the params' contract; each phase after the
+        // barrier that published its inputs; layer < n_layer.
         unsafe {
-            // ln1 + qkv: q, and k, v into the cache.
-            run_gemv::<W, R>(&p, g, &sm, &ring, &mut prod, &mut consumed, &mut none());
-            grid_sync();
-            run_attention(&p, &ring, &sm, layer);
-            grid_sync();
-            // x += attproj(att)
-            run_gemv::<W, R>(&p, g + 1, &sm, &ring, &mut prod, &mut consumed, &mut none());
             let lw = &*(ring.tbl as *const DecodeStepLayer<W>).add(layer);
-            stage_ln(sm.lnp, lw.ln2_w, lw.ln2_b, c);
-            grid_sync();
-            // h = gelu(fc(ln2(x)))
-            run_gemv::<W, R>(&p, g + 2, &sm, &ring, &mut prod, &mut consumed, &mut none());
-            grid_sync();
-            // x += fcproj(h)
-            run_gemv::<W, R>(&p, g + 3, &sm, &ring, &mut prod, &mut consumed, &mut none());
-            if layer + 1 < nl {
+            let next_ln = if layer + 1 < nl {
                 let next = &*(ring.tbl as *const DecodeStepLayer<W>).add(layer + 1);
-                stage_ln(sm.lnp, next.ln1_w, next.ln1_b, c);
+                (next.ln1_w, next.ln1_b)
             } else {
-                stage_ln(sm.lnp, p.lnf_w, p.lnf_b, c);
-            }
-            grid_sync();
+                (p.lnf_w, p.lnf_b)
+            };
+            // ln1 + qkv: q, and k, v into the cache.
+            run_gemv::<W, R, T>(&p, g, &sm, &ring, &mut prod, &mut consumed, &mut none(), tr);
+            between_phases(&p, &sm, &ring, &mut prod, consumed, &mut barriers, None, tr);
+            run_attention(&p, &ring, &sm, layer);
+            between_phases(&p, &sm, &ring, &mut prod, consumed, &mut barriers, None, tr);
+            // x += attproj(att)
+            run_gemv::<W, R, T>(&p, g + 1, &sm, &ring, &mut prod, &mut consumed, &mut none(), tr);
+            between_phases(
+                &p,
+                &sm,
+                &ring,
+                &mut prod,
+                consumed,
+                &mut barriers,
+                Some((lw.ln2_w, lw.ln2_b)),
+                tr,
+            );
+            // h = gelu(fc(ln2(x)))
+            run_gemv::<W, R, T>(&p, g + 2, &sm, &ring, &mut prod, &mut consumed, &mut none(), tr);
+            between_phases(&p, &sm, &ring, &mut prod, consumed, &mut barriers, None, tr);
+            // x += fcproj(h)
+            run_gemv::<W, R, T>(&p, g + 3, &sm, &ring, &mut prod, &mut consumed, &mut none(), tr);
+            between_phases(&p, &sm, &ring, &mut prod, consumed, &mut barriers, Some(next_ln), tr);
         }
     }
     // lnf + the LM head + argmax.
     unsafe {
         let mut best = none();
-        run_gemv::<W, R>(&p, GEMVS * nl, &sm, &ring, &mut prod, &mut consumed, &mut best);
+        run_gemv::<W, R, T>(&p, GEMVS * nl, &sm, &ring, &mut prod, &mut consumed, &mut best, tr);
+        tr.mark(traced_phase(GEMVS * nl), DecodeStepMark::End);
         lm_head_finish(&p, &best, &sm);
     }
+    tr.clocks(DecodeStepTraceHeader::TimerEnd, DecodeStepTraceHeader::ClockEnd);
 }
 
 macro_rules! decode_step_entry {
-    ($name:ident, $w:ty, $rows:expr) => {
-        /// [`decode_step_rows`] for up to this many rows, weights of this type.
+    ($name:ident, $w:ty, $rows:expr, $trace:expr) => {
+        /// [`decode_step_rows`] for up to this many rows, weights of this
+        /// type; the `_traced` entries also write `DecodeStepParams::trace`.
         ///
         /// # Safety
         /// `DecodeStepParams`' contract, with the launch it describes.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeStepParams<$w>) {
             // SAFETY: forwarded; the host picks the entry with n <= rows.
-            unsafe { decode_step_rows::<$w, { $rows }>(p) }
+            unsafe { decode_step_rows::<$w, { $rows }, { $trace }>(p) }
         }
     };
 }
-decode_step_entry!(decode_step, f32, DECODE_STEP_MAX_ROWS as usize);
-decode_step_entry!(decode_step_bf16, u16, DECODE_STEP_MAX_ROWS as usize);
+decode_step_entry!(decode_step, f32, DECODE_STEP_MAX_ROWS as usize, false);
+decode_step_entry!(decode_step_bf16, u16, DECODE_STEP_MAX_ROWS as usize, false);
+decode_step_entry!(decode_step_traced, f32, DECODE_STEP_MAX_ROWS as usize, true);
+decode_step_entry!(decode_step_bf16_traced, u16, DECODE_STEP_MAX_ROWS as usize, true);

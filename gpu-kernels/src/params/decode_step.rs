@@ -15,11 +15,14 @@
 //! attention), in other summation orders; its CPU twin is the CPU forward at
 //! `t = 1` (`cpu::forward`).
 
-use super::decode::DECODE_MAX_ROWS;
+use super::decode::{DECODE_HEAD_SIZE, DECODE_MAX_ROWS};
 
 /// Kernels by weight format (`DecodeStepParams<f32>` / `<u16>`).
 pub const DECODE_STEP: &str = "decode_step";
 pub const DECODE_STEP_BF16: &str = "decode_step_bf16";
+/// The same, writing the trace (`DecodeStepParams::trace`): diagnostics.
+pub const DECODE_STEP_TRACED: &str = "decode_step_traced";
+pub const DECODE_STEP_BF16_TRACED: &str = "decode_step_bf16_traced";
 /// Most rows a launch serves. The code is generic over the row count (one
 /// accumulator per row in registers), but at 512 threads a block gets 128
 /// registers a thread, and ptxas spills from 4 rows up (measured with the
@@ -32,14 +35,60 @@ pub const DECODE_STEP_THREADS: u32 = 512;
 pub const DECODE_STEP_WARPS: u32 = DECODE_STEP_THREADS / 32;
 /// Most shared-memory slots in the weight ring.
 pub const DECODE_STEP_MAX_SLOTS: u32 = 4;
-/// Keys one warp scores per attention work item (4 groups of 8 lanes, 4
-/// keys each); the partial buffers hold one partial per item.
+/// Keys one warp scores in the attention phase (4 groups of 8 lanes, 2
+/// keys each); a block's warps take consecutive keys, so one attention
+/// work item is `DECODE_STEP_WARPS * DECODE_STEP_ATTN_KEYS` keys of a
+/// head, and the partial buffers hold one partial per item.
 pub const DECODE_STEP_ATTN_KEYS: u32 = 8;
 /// The GEMV phases of a layer, in order (their weights stream in this
 /// order, then the LM head's).
 pub const DECODE_STEP_GEMVS_PER_LAYER: u32 = 4;
 /// Words of the `sync` buffer: the grid barrier's arrivals, the LM head's.
 pub const DECODE_STEP_SYNC_WORDS: usize = 2;
+
+/// Phases of a layer: qkv, attention, attproj, fc, fcproj (the LM head
+/// follows the last layer).
+pub const DECODE_STEP_PHASES_PER_LAYER: u32 = 5;
+/// The step's trace (`DecodeStepParams::trace`, a diagnostic for the
+/// bench): per block, [`DECODE_STEP_TRACE_HEADER`] words, then this many
+/// `%clock64` readings per phase, indexed by [`DecodeStepMark`]. Marks a
+/// phase does not have stay 0.
+pub const DECODE_STEP_TRACE_MARKS: usize = 5;
+
+/// What each mark of a phase records (thread 0 of the block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeStepMark {
+    /// The phase starts: the grid barrier before it opened.
+    Start = 0,
+    /// A GEMV phase's input rows are staged and layernormed.
+    Staged = 1,
+    /// A GEMV phase's first weight tile is in shared memory.
+    Ready = 2,
+    /// The whole block has finished the phase (it arrives at the barrier).
+    End = 3,
+    /// Between arriving and waiting: the next weight tiles and layernorm
+    /// parameters are on their way.
+    Issued = 4,
+}
+
+/// The trace header's words, per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeStepTraceHeader {
+    /// `%globaltimer` (ns) and `%clock64` at the kernel's start and end:
+    /// their ratio converts the block's cycles to time.
+    TimerStart = 0,
+    ClockStart = 1,
+    TimerEnd = 2,
+    ClockEnd = 3,
+}
+
+/// Words of [`DecodeStepTraceHeader`].
+pub const DECODE_STEP_TRACE_HEADER: usize = 4;
+
+/// Trace words per block for `n_layer` layers.
+pub const fn decode_step_trace_words(n_layer: u32) -> usize {
+    DECODE_STEP_TRACE_HEADER + (DECODE_STEP_PHASES_PER_LAYER * n_layer + 1) as usize * DECODE_STEP_TRACE_MARKS
+}
 
 /// One layer's tensors, as the kernel reads them from a device table
 /// (`DecodeStepParams::layers`). Weights `[out, in]` row-major (GPT-2's
@@ -73,14 +122,16 @@ pub struct DecodeStepLayer<W = f32> {
 pub struct DecodeStepSmem {
     /// `slots` mbarriers (8 bytes each).
     pub bars: u32,
+    /// The block's trace pointer (8 bytes; see `DecodeStepParams::trace`),
+    /// at a fixed offset.
+    pub trace: u32,
     /// Each row's position (`u32`), read once per launch.
     pub pos: u32,
-    /// Split-column partial sums: `2 * WARPS * MAX_ROWS` floats.
+    /// Split-column partial sums: `2 * WARPS * MAX_ROWS` floats; the
+    /// layernorm's block reductions use `2 * WARPS` of them.
     pub red: u32,
     /// The LM head's per-warp bests: `WARPS * MAX_ROWS` (value, index) pairs.
     pub best: u32,
-    /// Each row's layernorm (mean, rstd).
-    pub stats: u32,
     /// A layernorm's weight and bias, `2 * c` floats.
     pub lnp: u32,
     /// The phase's bias for this block's columns: up to `4c` floats.
@@ -90,7 +141,8 @@ pub struct DecodeStepSmem {
     pub xraw: u32,
     /// The layer table, copied once per launch: `n_layer` entries.
     pub table: u32,
-    /// The phase's input rows, `n * 4c` floats.
+    /// The phase's input rows, `n * 4c` floats; in the attention phase, the
+    /// warps' partials (`WARPS * (64 + 2)` floats, if more).
     pub xs: u32,
     /// The weight ring: `slots * slot_bytes`.
     pub ring: u32,
@@ -106,22 +158,24 @@ pub const DECODE_STEP_SLOT_ALIGN: u32 = 128;
 /// [`DECODE_STEP_SLOT_ALIGN`]).
 pub const fn decode_step_smem(n: u32, c: u32, n_layer: u32, slots: u32, slot_bytes: u32) -> DecodeStepSmem {
     let bars = 0;
-    let pos = bars + DECODE_STEP_MAX_SLOTS * 8;
+    let trace = bars + DECODE_STEP_MAX_SLOTS * 8;
+    let pos = trace + 8;
     let red = (pos + DECODE_MAX_ROWS * 4).next_multiple_of(16);
     let best = red + 2 * DECODE_STEP_WARPS * DECODE_MAX_ROWS * 4;
-    let stats = best + DECODE_STEP_WARPS * DECODE_MAX_ROWS * 8;
-    let lnp = stats + 2 * DECODE_MAX_ROWS * 4;
+    let lnp = best + DECODE_STEP_WARPS * DECODE_MAX_ROWS * 8;
     let bias = lnp + 2 * c * 4;
     let xraw = bias + 4 * c * 4;
     let table = xraw + n * c * 4;
     let xs = table + n_layer * size_of::<DecodeStepLayer<f32>>() as u32;
-    let ring = (xs + n * 4 * c * 4).next_multiple_of(DECODE_STEP_SLOT_ALIGN);
+    let rows = n * 4 * c;
+    let parts = DECODE_STEP_WARPS * (DECODE_HEAD_SIZE + 2);
+    let ring = (xs + 4 * if rows > parts { rows } else { parts }).next_multiple_of(DECODE_STEP_SLOT_ALIGN);
     DecodeStepSmem {
         bars,
+        trace,
         pos,
         red,
         best,
-        stats,
         lnp,
         bias,
         xraw,
@@ -190,7 +244,8 @@ pub struct DecodeStepParams<W = f32> {
     pub max_pos: u32,
     /// 0 = unlimited; else each query sees its last `window` keys.
     pub window: u32,
-    /// Partials per (row, head): `>= ceil(max_t / DECODE_STEP_ATTN_KEYS)`.
+    /// Partials per (row, head): `>= ceil(max_t / (DECODE_STEP_WARPS *
+    /// DECODE_STEP_ATTN_KEYS))`.
     pub parts_stride: u32,
     /// log2(e) / sqrt(64).
     pub scale_log2e: f32,
@@ -198,6 +253,11 @@ pub struct DecodeStepParams<W = f32> {
     /// `slot_bytes` each.
     pub slots: u32,
     pub slot_bytes: u32,
+    /// The `_traced` kernels: null, or `gridDim.x *
+    /// decode_step_trace_words(n_layer)` words, where each block records
+    /// when its phases start, get their inputs and end (a diagnostic; a
+    /// block barrier more per phase). The other kernels ignore it.
+    pub trace: *mut u64,
 }
 
 crate::kernel_params!(DecodeStepParams<f32>, DecodeStepParams<u16>);

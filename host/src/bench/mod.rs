@@ -4,6 +4,8 @@
 //!
 //! Timing rule of the project: speed is shown here, never by a timed test.
 
+pub mod step_trace;
+
 use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas_sys};

@@ -3,7 +3,7 @@
 //! flash), and the end-to-end engine. CUDA-event timing after warm-up, median of
 //! `--samples` (≥ 20) samples, operands rotated among enough sets to exceed L2.
 //!
-//! Usage: `bench [gemm|gemv|attention|e2e|all]... [--json PATH] [--samples N] [--quick]`
+//! Usage: `bench [gemm|gemv|attention|e2e|trace|step|all]... [--json PATH] [--samples N] [--quick]`
 //! Prints the device name, then a table per section; `--json` writes every
 //! number (see `host::bench::GemmResult`).
 
@@ -14,6 +14,7 @@ use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
+use host::bench::step_trace::{PHASE_KINDS, PhaseTimes, by_kind, phase_times};
 use host::bench::{
     AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random,
     tf32_variants, time_calls,
@@ -120,7 +121,7 @@ const GEMV_CUBLAS_WORKSPACE: usize = 32 << 20;
 #[derive(Parser)]
 #[command(about = "Benchmarks: GEMM (ours vs cuBLAS), GEMV, attention, end to end")]
 struct Args {
-    /// Sections: gemm, gemv, attention, e2e, trace, all (default all: every one but trace).
+    /// Sections: gemm, gemv, attention, e2e, trace, step, all (default all: every one but trace and step).
     sections: Vec<String>,
     /// Write all results as JSON here.
     #[arg(long)]
@@ -190,7 +191,8 @@ fn main() -> anyhow::Result<()> {
             "attention" => bench_attention(&gpu, &args, &mut report)?,
             "e2e" => bench_e2e(&gpu, &args, &mut report)?,
             "trace" => bench_trace(&args, &mut report)?,
-            other => anyhow::bail!("unknown section `{other}` (gemm, gemv, attention, e2e, trace, all)"),
+            "step" => bench_step(&args, &mut report)?,
+            other => anyhow::bail!("unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, all)"),
         }
     }
     if let Some(path) = &args.json {
@@ -1132,22 +1134,11 @@ fn bench_decode_paths(
                 }
                 Ok(())
             })?;
-            let mut device_ms = None;
-            if path != DecodePath::Unfused {
-                let mut samples = Vec::new();
-                for i in 0..args.warmup + args.samples {
-                    engine.forward(&step, b, 1, E2E_DECODE_PROMPT, LogitsWanted::Last)?;
-                    let gpu = engine.gpu().stream.clone();
-                    let start = gpu.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                    engine.decode_on_device(DECODE_DEVICE_STEPS)?;
-                    let end = gpu.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                    let ms = start.elapsed_ms(&end)? as f64 / DECODE_DEVICE_STEPS as f64;
-                    if i >= args.warmup {
-                        samples.push(ms);
-                    }
-                }
-                device_ms = Some(median(&mut samples));
-            }
+            let device_ms = if path != DecodePath::Unfused {
+                Some(device_fed_ms(engine, args, &step)?)
+            } else {
+                None
+            };
             let shown = device_ms.map_or("-".to_string(), |m| format!("{m:.4}"));
             let persistent = engine.decode_step_is_persistent(b);
             println!(
@@ -1167,6 +1158,137 @@ fn bench_decode_paths(
     engine.set_decode_path(DecodePath::default(), true);
     engine.set_decode_tuning(base);
     engine.prepare_sampling(None)?;
+    Ok(())
+}
+
+/// A fused step's own time (ms): after a step from `step` at
+/// `E2E_DECODE_PROMPT` (the rows of `step`), `DECODE_DEVICE_STEPS` steps fed
+/// by the device between two events, per step; median over the samples.
+fn device_fed_ms(engine: &mut GpuEngine, args: &Args, step: &[u32]) -> anyhow::Result<f64> {
+    let mut samples = Vec::new();
+    for i in 0..args.warmup + args.samples {
+        engine.forward(step, step.len(), 1, E2E_DECODE_PROMPT, LogitsWanted::Last)?;
+        let stream = engine.gpu().stream.clone();
+        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        engine.decode_on_device(DECODE_DEVICE_STEPS)?;
+        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        if i >= args.warmup {
+            samples.push(start.elapsed_ms(&end)? as f64 / DECODE_DEVICE_STEPS as f64);
+        }
+    }
+    Ok(median(&mut samples))
+}
+
+/// `step` section: the one-row decode step of GPT-2 124M (random weights,
+/// FP32 and bf16) as the chain of fused kernels and as the persistent
+/// kernel, device-fed as in `e2e`; then the persistent step traced
+/// (`DecodeTuning::trace`, eager launches, one step at a time): per kind of
+/// phase, where a block's time goes, medians over the samples.
+fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
+    let config = ModelConfig::GPT2_124M;
+    let bytes = llmc_bytes(&config, E2E_SEED, DType::F32)?;
+    let weights = host::model::llmc::parse(&bytes)?;
+    println!(
+        "\n== decode step, one row after {E2E_DECODE_PROMPT} tokens, GPT-2 124M random weights, median of {} samples",
+        args.samples
+    );
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let gpu = Gpu::new(args.device)?;
+        let blocks = gpu.sm_count();
+        let mut engine = GpuEngine::new(gpu, &weights, 1, config.max_seq_len, precision)?;
+        let mut rng = rand::rng();
+        let mut tokens =
+            |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..config.vocab_size as u32)).collect() };
+        let prec = format!("{precision:?}");
+        let prompt = tokens(E2E_DECODE_PROMPT);
+        let step = tokens(1);
+        let base = DecodeTuning::default();
+        let persistent = DecodeTuning {
+            persistent: true,
+            ..base
+        };
+        engine.set_decode_path(DecodePath::Graph, true);
+        for (name, tuning) in [("chain", base), ("persistent", persistent)] {
+            engine.set_decode_tuning(tuning);
+            engine.forward(&prompt, 1, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
+            let ms = device_fed_ms(&mut engine, args, &step)?;
+            let ran = if engine.decode_step_is_persistent(1) {
+                "persistent"
+            } else {
+                "chain"
+            };
+            println!("{prec:>6} {name:>10} (ran: {ran}): {ms:.4} ms/step, device-fed");
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step", "asked": name, "ran": ran, "b": 1, "pos0": E2E_DECODE_PROMPT, "device_ms_per_step": ms, "samples": args.samples}));
+        }
+        // The trace: eager launches (the graph would bake in a buffer the
+        // first traced step allocates).
+        engine.set_decode_path(DecodePath::Eager, true);
+        engine.set_decode_tuning(DecodeTuning {
+            trace: true,
+            ..persistent
+        });
+        if !engine.decode_step_is_persistent(1) {
+            println!("{prec:>6} no persistent step on this GPU: no trace");
+            continue;
+        }
+        engine.forward(&prompt, 1, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
+        let mut per_sample: Vec<Vec<PhaseTimes>> = Vec::new();
+        let mut traced_ms = Vec::new();
+        for i in 0..args.warmup + args.samples {
+            engine.forward(&step, 1, 1, E2E_DECODE_PROMPT + 1 + (i % 8), LogitsWanted::Last)?;
+            let stream = engine.gpu().stream.clone();
+            let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            engine.decode_on_device(1)?;
+            let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            let words = engine.decode_step_trace()?.context("the traced step left no trace")?;
+            let phases = phase_times(&words, blocks, config.num_layers).context("an incomplete trace")?;
+            if i >= args.warmup {
+                traced_ms.push(start.elapsed_ms(&end)? as f64);
+                per_sample.push(by_kind(&phases));
+            }
+        }
+        let ms = median(&mut traced_ms);
+        println!(
+            "{prec:>6} traced step {ms:.4} ms (eager, one step, a block barrier per phase more); per phase, µs, each kind's mean over the layers:"
+        );
+        println!(
+            "{:>10} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}",
+            "phase", "period", "work med", "work max", "staged", "w. wait", "issue", "barr min", "barr med"
+        );
+        let mut steps_us = 0.0;
+        for (k, kind) in PHASE_KINDS.iter().enumerate() {
+            let col = |f: fn(&PhaseTimes) -> f64| {
+                let mut v: Vec<f64> = per_sample
+                    .iter()
+                    .filter_map(|s| s.iter().find(|p| p.kind == k))
+                    .map(f)
+                    .collect();
+                median(&mut v) / 1e3
+            };
+            let row = [
+                col(|p| p.period),
+                col(|p| p.work_med),
+                col(|p| p.work_max),
+                col(|p| p.staged),
+                col(|p| p.weight_wait),
+                col(|p| p.issue),
+                col(|p| p.barrier_min),
+                col(|p| p.barrier_med),
+            ];
+            let count = if k + 1 == PHASE_KINDS.len() {
+                1
+            } else {
+                config.num_layers
+            };
+            steps_us += row[0] * count as f64;
+            println!(
+                "{kind:>10} {:>8.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2}",
+                row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]
+            );
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step_trace", "phase": kind, "period_us": row[0], "work_med_us": row[1], "work_max_us": row[2], "staged_us": row[3], "weight_wait_us": row[4], "issue_us": row[5], "barrier_min_us": row[6], "barrier_med_us": row[7], "samples": per_sample.len()}));
+        }
+        println!("{prec:>6} phases add up to {:.1} µs", steps_us);
+    }
     Ok(())
 }
 

@@ -109,6 +109,10 @@ pub struct DecodeTuning {
     /// where it serves the batch (one row, the sm_90a module), instead of
     /// the chain of fused kernels. The knobs above tune the chain only.
     pub persistent: bool,
+    /// The persistent step records when each block's phases start, get
+    /// their inputs and end (`GpuEngine::decode_step_trace`): a diagnostic
+    /// for the bench, one block barrier per phase dearer.
+    pub trace: bool,
 }
 
 impl Default for DecodeTuning {
@@ -122,6 +126,7 @@ impl Default for DecodeTuning {
             // Off: correct, but 0.48 against the chain's 0.36 ms a step at
             // one row on an H200 (docs/performance.md, decode step 3).
             persistent: false,
+            trace: false,
         }
     }
 }
@@ -229,6 +234,21 @@ impl GpuEngine {
             },
             _ => DecodePath::Unfused,
         }
+    }
+
+    /// The persistent step's trace as its last launch left it
+    /// (`DecodeTuning::trace`; layout: `DecodeStepParams::trace`), after
+    /// the stream's work; `None` when no traced persistent step ran.
+    pub fn decode_step_trace(&self) -> Result<Option<Vec<u64>>> {
+        let Some(t) = self
+            .decode
+            .as_ref()
+            .and_then(|d| d.step_table.as_ref())
+            .and_then(|t| t.trace())
+        else {
+            return Ok(None);
+        };
+        Ok(Some(self.gpu.stream.clone_dtoh(t)?))
     }
 
     /// Whether a fused step of `rows` rows runs as the persistent kernel
@@ -461,6 +481,7 @@ impl Step<'_> {
             .step_table
             .as_mut()
             .context("the persistent step's table is missing")?;
+        table.set_trace(gpu, d.tuning.trace)?;
         let model = StepModel {
             wte: p.wte.as_ref(),
             wpe: &p.wpe,

@@ -71,6 +71,11 @@ pub struct DecodeStepTable {
     /// Host staging of the next table (kept: a step allocates nothing).
     staging: Vec<u8>,
     sync: CudaSlice<u32>,
+    /// Layers the table holds.
+    layers: usize,
+    /// Where the kernel records its trace, when on (see
+    /// `DecodeStepParams::trace`).
+    trace: Option<CudaSlice<u64>>,
 }
 
 impl DecodeStepTable {
@@ -82,7 +87,26 @@ impl DecodeStepTable {
             uploaded: Vec::with_capacity(bytes),
             staging: Vec::with_capacity(bytes),
             sync: gpu.alloc(DECODE_STEP_SYNC_WORDS)?,
+            layers,
+            trace: None,
         })
+    }
+
+    /// Turn the kernel's trace on (room for one block per SM) or off.
+    pub fn set_trace(&mut self, gpu: &Gpu, on: bool) -> Result<(), OpError> {
+        if !on {
+            self.trace = None;
+        } else if self.trace.is_none() {
+            let words = gpu.sm_count() * decode_step_trace_words(to_u32(OP, "layers", self.layers)?);
+            self.trace = Some(gpu.alloc(words)?);
+        }
+        Ok(())
+    }
+
+    /// The trace buffer, when on: `gridDim.x` blocks of
+    /// `decode_step_trace_words(layers)` words, as the last step left it.
+    pub fn trace(&self) -> Option<&CudaSlice<u64>> {
+        self.trace.as_ref()
     }
 }
 
@@ -154,9 +178,20 @@ pub fn decode_step<'a>(
     layers: impl ExactSizeIterator<Item = StepLayer<'a>>,
     bufs: StepBuffers<'_>,
 ) -> Result<(), OpError> {
+    let traced = table.trace.is_some();
     match model.wte {
-        WeightRef::F32(_) => step_typed::<f32>(gpu, ws, table, pdl, model, layers, bufs, DECODE_STEP),
-        WeightRef::Bf16(_) => step_typed::<u16>(gpu, ws, table, pdl, model, layers, bufs, DECODE_STEP_BF16),
+        WeightRef::F32(_) => {
+            let kernel = if traced { DECODE_STEP_TRACED } else { DECODE_STEP };
+            step_typed::<f32>(gpu, ws, table, pdl, model, layers, bufs, kernel)
+        }
+        WeightRef::Bf16(_) => {
+            let kernel = if traced {
+                DECODE_STEP_BF16_TRACED
+            } else {
+                DECODE_STEP_BF16
+            };
+            step_typed::<u16>(gpu, ws, table, pdl, model, layers, bufs, kernel)
+        }
     }
 }
 
@@ -294,6 +329,18 @@ where
         check_len(OP, what, len, need)?;
     }
     let (part_val, part_idx, att_acc, att_ml, att_counter, parts_stride) = ws.step_scratch(gpu, gpu.sm_count())?;
+    let trace = match table.trace.as_mut() {
+        Some(t) => {
+            check_len(
+                OP,
+                "trace",
+                t.len(),
+                cfg.grid_dim.0 as usize * decode_step_trace_words(n_layer as u32),
+            )?;
+            out_ptr(gpu, t)
+        }
+        None => std::ptr::null_mut(),
+    };
     let p = DecodeStepParams::<W> {
         layers: in_ptr(gpu, &table.table) as *const DecodeStepLayer<W>,
         wte: W::ptr(gpu, model.wte).ok_or_else(wrong)?,
@@ -327,6 +374,7 @@ where
         scale_log2e: std::f32::consts::LOG2_E / (DECODE_HEAD_SIZE as f32).sqrt(),
         slots,
         slot_bytes,
+        trace,
     };
     if !aligned16(&[
         p.wte as usize,
@@ -352,7 +400,8 @@ where
     // 16-byte aligned, weights in W's format; the workspace's scratch holds
     // gridDim.x * n argmax partials and n * nh * parts_stride attention
     // partials with zeroed counters, and the sync words are zero between
-    // launches (the kernel leaves them so); one block per SM, each fitting
+    // launches (the kernel leaves them so); the trace, when on, holds
+    // gridDim.x blocks of its words (checked above); one block per SM, each fitting
     // (occupancy >= 1, so the grid is resident at once for its barriers);
     // shared memory as `decode_step_smem` lays out; the kernel keeps the
     // PDL contract (weights only before its wait).
