@@ -341,6 +341,14 @@ fn decode_persistent_one_row() {
     paths_agree_in(&head64_config(), 1, 20, 12, 0, Precision::Bf16);
 }
 
+/// The persistent step at its smallest (a few steps of a 2-layer model):
+/// the size compute-sanitizer's racecheck can finish.
+#[test]
+#[ignore = "needs a GPU"]
+fn decode_persistent_small() {
+    paths_agree(&head64_config(), 1, 3, 2, 0);
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn decode_graph_124m() {

@@ -60,6 +60,27 @@ pub unsafe fn atomic_add_acq_rel_u32(p: *mut u32, v: u32) -> u32 {
     old
 }
 
+/// `atomicAdd` on a `u32` in this block's shared memory (relaxed,
+/// `atom.shared::cta.add.u32`): returns the old value.
+///
+/// # Safety
+/// `p` is a 4-byte aligned `u32` in the block's shared memory (generic address).
+#[inline(always)]
+pub unsafe fn atomic_add_shared_u32(p: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller's contract; cvta turns the generic address into
+    // the shared window's.
+    unsafe {
+        asm!(
+            "{{ .reg .b64 s; cvta.to.shared.u64 s, {p}; atom.shared::cta.add.u32 {o}, [s], {v}; }}",
+            o = out(reg32) old,
+            p = in(reg64) p,
+            v = in(reg32) v,
+        )
+    };
+    old
+}
+
 /// Abort the kernel (`trap`): the launch fails with an error the host sees
 /// at its next synchronisation. What a `#[panic_handler]` on the GPU calls.
 #[inline(always)]

@@ -14,9 +14,14 @@
 //! partials merged in shared memory; where a head has several chunks, the
 //! last block to finish one merges theirs.
 //!
-//! Between phases a block arrives at the grid barrier first, then issues
-//! its next copies (weight tiles, layernorm parameters), then waits: the
-//! copies' latency hides behind the barrier's.
+//! Between phases a block arrives at the grid barrier first, then starts
+//! the small copies the next phase needs (its bias, layernorm parameters),
+//! then waits: their latency hides behind the barrier's. The weight tiles
+//! are issued by a producer thread once a phase has staged its input rows,
+//! so their bytes stream while the block computes, not while the next
+//! phase waits on its inputs (measured: `bench step` traces, the notes in
+//! docs/performance.md). One loop over the GEMV phases keeps one copy of
+//! each phase's code: the step is larger than the instruction caches.
 
 use super::decode::{
     ATT_LANES, ArgmaxOut, HS, argmax_finish, attend_keys, better, combine_parts, merge_parts_dim, stage_vectors,
@@ -34,9 +39,9 @@ use crate::device::tma::{
 };
 use crate::device::warp::{warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
-    WARP_SIZE, atomic_add_acq_rel_u32, block_idx_x, clock64, global_timer_ns, grid_arrive, grid_dependency_wait,
-    grid_dim_x, grid_wait, lane_id, launch_dependents, sync_threads, sync_threads_or, thread_fence, thread_idx_x,
-    warp_id,
+    WARP_SIZE, atomic_add_acq_rel_u32, atomic_add_shared_u32, block_idx_x, clock64, global_timer_ns, grid_arrive,
+    grid_dependency_wait, grid_dim_x, grid_wait, lane_id, launch_dependents, sync_threads, sync_threads_or,
+    thread_fence, thread_idx_x, warp_id,
 };
 use crate::params::decode::DECODE_MAX_ROWS;
 use crate::params::decode_step::*;
@@ -60,6 +65,10 @@ const ATT_ITEM_KEYS: usize = WARPS * ATT_KEYS;
 /// tiles, the low threads the layernorm parameters and biases), so its
 /// release waits for nothing of theirs.
 const BARRIER_THREAD: u32 = DECODE_STEP_THREADS - WARP_SIZE;
+/// The thread that issues the weight tiles (the producer): warp 14's
+/// first lane. Not warp 0, which takes the most columns when they do not
+/// divide evenly (the tiles' issue sits on its path); not the barrier's.
+const PRODUCER_THREAD: u32 = DECODE_STEP_THREADS - 2 * WARP_SIZE;
 
 /// `a / b` in 32 bits (64-bit division is a long software sequence on the
 /// GPU): every size and index here is below 2^32 (the params' contract).
@@ -104,9 +113,13 @@ impl<W, const ON: bool> Trace<'_, W, ON> {
     fn init(self) {
         if self.on() && thread_idx_x() == 0 {
             let words = decode_step_trace_words(self.0.n_layer);
-            // SAFETY: the slot is 8 bytes of the launch's shared memory;
-            // the trace holds gridDim.x blocks of `words` (the contract).
-            unsafe { *Self::slot() = self.0.trace.add(block_idx_x() as usize * words) };
+            // SAFETY: the slot (pointer, counter) is 16 bytes of the
+            // launch's shared memory; the trace holds gridDim.x blocks of
+            // `words` (the contract).
+            unsafe {
+                *Self::slot() = self.0.trace.add(block_idx_x() as usize * words);
+                *(Self::slot().add(1) as *mut u32) = 0;
+            }
         }
     }
 
@@ -134,6 +147,23 @@ impl<W, const ON: bool> Trace<'_, W, ON> {
             DECODE_STEP_TRACE_HEADER + phase * DECODE_STEP_TRACE_MARKS + mark as usize,
             clock64(),
         );
+    }
+
+    /// The last warp of the block to get here records `mark` (lane 0,
+    /// counting arrivals in the trace word itself, which ends as the time).
+    #[inline(always)]
+    fn mark_last_warp(self, phase: usize, mark: DecodeStepMark) {
+        if self.on() && lane_id() == 0 {
+            // SAFETY: the counter beside the slot (zeroed by `init` before a
+            // block barrier); the slot holds the block's part.
+            unsafe {
+                let counter = Self::slot().add(1) as *mut u32;
+                if (atomic_add_shared_u32(counter, 1) + 1) % WARPS as u32 == 0 {
+                    *(*Self::slot()).add(DECODE_STEP_TRACE_HEADER + phase * DECODE_STEP_TRACE_MARKS + mark as usize) =
+                        clock64();
+                }
+            }
+        }
     }
 
     /// Thread 0 records the global timer and its clock in the header.
@@ -241,17 +271,59 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
     ph
 }
 
-/// This block's columns `[lo, hi)` of `oc`.
-#[inline(always)]
-fn block_cols(oc: usize) -> (usize, usize) {
-    let (b, nb) = (block_idx_x() as usize, grid_dim_x() as usize);
-    (div32(oc * b, nb), div32(oc * (b + 1), nb))
+/// This block's share of one kind of GEMV phase (the same in every
+/// layer): its columns `[lo, hi)`, `tc` columns a tile, `tiles` tiles.
+/// Worked out once per launch (`share_kinds`): the divisions cost a
+/// fraction of a microsecond on every phase's path.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Share {
+    lo: u32,
+    hi: u32,
+    tc: u32,
+    tiles: u32,
 }
 
-/// Columns of `c_in` elements one slot holds (at least 1 by the contract).
+const KINDS: usize = DECODE_STEP_GEMV_KINDS as usize;
+
+/// The kind of GEMV phase `g` (`Share`'s index): `g % 4` in a layer, then
+/// the LM head.
 #[inline(always)]
-fn tile_cols<W>(c_in: usize, slot_bytes: usize) -> usize {
-    div32(slot_bytes, c_in * size_of::<W>()).max(1)
+fn kind_of(g: usize, n_layer: usize) -> usize {
+    if g >= GEMVS * n_layer { GEMVS } else { g % GEMVS }
+}
+
+/// Threads `k < KINDS` fill `shares[k]`: block `b` of `B` owns columns
+/// `[oc*b/B, oc*(b+1)/B)`, in tiles of as many columns as a slot holds.
+///
+/// # Safety
+/// The params' contract; `shares` holds `KINDS` entries of shared memory;
+/// `tbl` the layer table; a block barrier follows before any read.
+#[inline(always)]
+unsafe fn share_kinds<W: Weight>(
+    p: &DecodeStepParams<W>,
+    tbl: *const DecodeStepLayer<W>,
+    shares: *mut Share,
+    slot_bytes: usize,
+) {
+    let k = thread_idx_x() as usize;
+    if k < KINDS {
+        let g = if k < GEMVS { k } else { GEMVS * p.n_layer as usize };
+        // SAFETY: g is a phase of the step.
+        let ph = unsafe { gemv_phase(p, tbl, g) };
+        let (b, nb) = (block_idx_x() as usize, grid_dim_x() as usize);
+        let (lo, hi) = (div32(ph.oc * b, nb), div32(ph.oc * (b + 1), nb));
+        // At least one column (the contract: a slot holds a row).
+        let tc = div32(slot_bytes, ph.c_in * size_of::<W>()).max(1);
+        let share = Share {
+            lo: lo as u32,
+            hi: hi as u32,
+            tc: tc as u32,
+            tiles: div32(hi - lo + tc - 1, tc) as u32,
+        };
+        // SAFETY: k < KINDS.
+        unsafe { *shares.add(k) = share };
+    }
 }
 
 /// The weight ring in shared memory.
@@ -266,9 +338,11 @@ struct Ring {
     slot_bytes: usize,
     /// The layer table in shared memory.
     tbl: *const u8,
+    /// Each kind's `Share` in shared memory.
+    shares: *const Share,
 }
 
-/// Where thread 0's bulk copies have got to: the next tile is tile `j` of
+/// Where the producer's bulk copies have got to: the next tile is tile `j` of
 /// GEMV phase `g`; `issued` tiles so far.
 struct Producer {
     g: usize,
@@ -276,11 +350,11 @@ struct Producer {
     issued: usize,
 }
 
-/// Thread 0: issue the next tiles while a slot is free (`consumed` tiles
+/// The producer: issue the next tiles while a slot is free (`consumed` tiles
 /// read so far; a slot frees when its tile has been read).
 ///
 /// # Safety
-/// The params' contract; thread 0 only, after the barriers' init; the
+/// The params' contract; the producer only, after the barriers' init; the
 /// slot of every tile issued is no longer read (the block synchronised
 /// after consuming the tile before it).
 #[inline(always)]
@@ -289,14 +363,15 @@ unsafe fn issue<W: Weight>(p: &DecodeStepParams<W>, prod: &mut Producer, consume
     while prod.issued < consumed + ring.slots && prod.g <= last {
         // SAFETY: g <= last.
         let ph = unsafe { gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, prod.g) };
-        let (lo, hi) = block_cols(ph.oc);
-        let tc = tile_cols::<W>(ph.c_in, ring.slot_bytes);
-        if prod.j >= div32(hi - lo + tc - 1, tc) {
+        // SAFETY: KINDS entries.
+        let sh = unsafe { *ring.shares.add(kind_of(prod.g, p.n_layer as usize)) };
+        if prod.j >= sh.tiles as usize {
             prod.g += 1;
             prod.j = 0;
             continue;
         }
-        let c0 = lo + prod.j * tc;
+        let (tc, hi) = (sh.tc as usize, sh.hi as usize);
+        let c0 = sh.lo as usize + prod.j * tc;
         let cols = tc.min(hi - c0);
         let bytes = (cols * ph.c_in * size_of::<W>()) as u32;
         let slot = rem32(prod.issued, ring.slots);
@@ -317,6 +392,24 @@ unsafe fn issue<W: Weight>(p: &DecodeStepParams<W>, prod: &mut Producer, consume
         }
         prod.j += 1;
         prod.issued += 1;
+    }
+}
+
+/// Start copying the bias of a phase's columns `[lo, hi)` (if it has one)
+/// to the bias slot (`cp.async`, waited for with the phase's staging).
+///
+/// # Safety
+/// `lo <= hi <= oc` of the phase; no thread reads the slot until a
+/// `cp_async_wait_group` and a block barrier.
+#[inline(always)]
+unsafe fn stage_bias<W>(ph: &Gemv<W>, sm: &Smem, lo: usize, hi: usize) {
+    if !ph.bias.is_null() {
+        let t = thread_idx_x() as usize;
+        if t < hi - lo {
+            // SAFETY: lo + t < oc; the bias slot holds 4c >= hi - lo floats.
+            unsafe { cp_async_4(sm.bias.add(t), ph.bias.add(lo + t)) };
+        }
+        cp_async_commit();
     }
 }
 
@@ -610,13 +703,15 @@ struct Smem {
     xs: *mut f32,
 }
 
-/// One GEMV phase: stage (and layernorm) the input rows, then every tile of
-/// this block's columns as the ring delivers them, refilling each slot but
-/// the last one's (see `between_phases`). Ends with a block barrier.
+/// One GEMV phase: stage (and layernorm) the input rows, refill the slot
+/// the last phase freed, then every tile of this block's columns as the
+/// ring delivers them, refilling each slot as it is read (but after the
+/// last tile: the next phase refills that one). Ends with a block barrier.
 ///
 /// # Safety
-/// The params' contract; `lnp` holds the phase's layernorm parameters when
-/// it has one; every thread of the block calls it, after a grid barrier
+/// The params' contract; `lnp` and the bias slot hold the phase's
+/// layernorm parameters and bias (copies in flight since the barrier
+/// before it); every thread of the block calls it, after a grid barrier
 /// that published the phase's inputs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -633,17 +728,11 @@ unsafe fn run_gemv<W: Weight, const R: usize, const T: bool>(
     let n = p.n as usize;
     // SAFETY: g is a phase of the step.
     let ph = unsafe { gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, g) };
-    let (lo, hi) = block_cols(ph.oc);
-    if !ph.bias.is_null() {
-        // The bias of this block's columns, in flight with the staging loads.
-        let t = thread_idx_x() as usize;
-        if t < hi - lo {
-            // SAFETY: lo + t < oc; the bias slot holds 4c >= hi - lo floats.
-            unsafe { cp_async_4(sm.bias.add(t), ph.bias.add(lo + t)) };
-        }
-        cp_async_commit();
-    }
+    // SAFETY: KINDS entries.
+    let sh = unsafe { *ring.shares.add(kind_of(g, p.n_layer as usize)) };
+    let (lo, hi, tc) = (sh.lo as usize, sh.hi as usize, sh.tc as usize);
     unsafe { stage_rows(p, &ph, sm, n) };
+    tr.mark(traced_phase(g), DecodeStepMark::Loaded);
     // The bias and the layernorm's parameters (`stage_ln`) have landed.
     cp_async_wait_group::<0>();
     sync_threads();
@@ -653,7 +742,13 @@ unsafe fn run_gemv<W: Weight, const R: usize, const T: bool>(
         unsafe { layernorm_block::<W>(sm.xs, sm.lnp, sm.red, n, ph.c_in) };
     }
     tr.mark(traced_phase(g), DecodeStepMark::Staged);
-    let tc = tile_cols::<W>(ph.c_in, ring.slot_bytes);
+    // The slot the last phase freed gets its next tile now, not at the
+    // barrier: its bytes then stream while this phase computes, not while
+    // the next one waits on its input rows.
+    if thread_idx_x() == PRODUCER_THREAD {
+        // SAFETY: every slot consumed so far was read.
+        unsafe { issue(p, prod, *consumed, ring) };
+    }
     let mut c0 = lo;
     while c0 < hi {
         let cols = tc.min(hi - c0);
@@ -666,13 +761,16 @@ unsafe fn run_gemv<W: Weight, const R: usize, const T: bool>(
         }
         let wt = unsafe { ring.ptr.add(slot * ring.slot_bytes) } as *const W;
         unsafe { tile_gemv::<W, R>(p, &ph, wt, sm, lo, c0, cols, n, best) };
+        if c0 + cols >= hi {
+            tr.mark_last_warp(traced_phase(g), DecodeStepMark::Computed);
+        }
         *consumed += 1;
         // Every thread is done with the slot (and `red`) before its refill.
         sync_threads();
         c0 += cols;
         // After the phase's last tile, the refill waits for the block's
         // arrival at the grid barrier (`between_phases`).
-        if c0 < hi && thread_idx_x() == 0 {
+        if c0 < hi && thread_idx_x() == PRODUCER_THREAD {
             // SAFETY: the slot just read is free.
             unsafe { issue(p, prod, *consumed, ring) };
         }
@@ -823,27 +921,31 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
     sync_threads();
 }
 
+/// What the phases after a boundary need staged early: the next
+/// layernorm's parameters, the next GEMV phase's bias.
+struct Boundary {
+    ln: Option<(*const f32, *const f32)>,
+    gemv: Option<usize>,
+}
+
 /// Between two phases: the block arrives at the grid barrier (after every
-/// thread's writes, [`BARRIER_THREAD`]), then issues what the next phases
-/// need (thread 0 the weight tiles the ring has room for; every thread the
-/// copy of the next layernorm's parameters, `ln`), then waits for the
-/// other blocks. `barriers` counts this launch's barriers.
+/// thread's writes, [`BARRIER_THREAD`]), then starts the copies the next
+/// phases need (the next layernorm's parameters and GEMV bias, `next`),
+/// then waits for the other blocks. `barriers` counts this launch's
+/// barriers.
 ///
 /// # Safety
 /// The params' contract (one block per SM, all resident; `sync` word 0
 /// counts this launch's arrivals); every thread of the block calls it,
-/// after a block barrier that follows the phase's work; `ln`, when given,
-/// holds `c` floats each, 16-byte aligned.
+/// after a block barrier that follows the phase's work; `next.ln`, when
+/// given, holds `c` floats each, 16-byte aligned; `next.gemv` is a phase.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn between_phases<W: Weight, const T: bool>(
     p: &DecodeStepParams<W>,
     sm: &Smem,
     ring: &Ring,
-    prod: &mut Producer,
-    consumed: usize,
     barriers: &mut u32,
-    ln: Option<(*const f32, *const f32)>,
+    next: Boundary,
     tr: Trace<'_, W, T>,
 ) {
     let tid = thread_idx_x();
@@ -854,15 +956,19 @@ unsafe fn between_phases<W: Weight, const T: bool>(
         // SAFETY: the caller's contract.
         unsafe { grid_arrive(p.sync) };
     }
-    if tid == 0 {
-        // SAFETY: every slot consumed so far was read (the block barrier
-        // before this call).
-        unsafe { issue(p, prod, consumed, ring) };
-    }
-    if let Some((w, b)) = ln {
+    if let Some((w, b)) = next.ln {
         // SAFETY: the caller's contract; lnp's last readers finished before
         // the block barrier.
         unsafe { stage_ln(sm.lnp, w, b, p.c as usize) };
+    }
+    if let Some(g) = next.gemv {
+        // SAFETY: g is a phase of the step; KINDS shares; the bias slot's
+        // readers finished before the block barrier.
+        unsafe {
+            let ph = gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, g);
+            let sh = *ring.shares.add(kind_of(g, p.n_layer as usize));
+            stage_bias(&ph, sm, sh.lo as usize, sh.hi as usize);
+        }
     }
     tr.mark(phase, DecodeStepMark::Issued);
     if tid == BARRIER_THREAD {
@@ -940,6 +1046,7 @@ unsafe fn decode_step_rows<W: Weight, const R: usize, const T: bool>(p: DecodeSt
             slots: p.slots as usize,
             slot_bytes: p.slot_bytes as usize,
             tbl: at(lay.table),
+            shares: at(lay.shares) as *const Share,
         }
     };
     let tid = thread_idx_x();
@@ -963,18 +1070,33 @@ unsafe fn decode_step_rows<W: Weight, const R: usize, const T: bool>(p: DecodeSt
         unsafe { *(ring.tbl as *mut u64).add(i) = *(p.layers as *const u64).add(i) };
         i += DECODE_STEP_THREADS as usize;
     }
+    // Each kind's share reads its pointers from the global table (the copy
+    // is not complete yet); only its sizes are kept.
+    // SAFETY: the layout's `shares` slot; the barrier below.
+    unsafe {
+        share_kinds(&p, p.layers, at(lay.shares) as *mut Share, ring.slot_bytes);
+    }
     sync_threads();
     let mut prod = Producer { g: 0, j: 0, issued: 0 };
     let mut consumed = 0;
     // Weights only before the PDL wait: they overlap the previous kernel.
-    if tid == 0 {
+    if tid == PRODUCER_THREAD {
         // SAFETY: the barriers are initialised; no slot was read yet.
         unsafe { issue(&p, &mut prod, consumed, &ring) };
     }
-    // SAFETY: layer 0's ln1 parameters hold c floats.
+    // The first phase's layernorm parameters and bias (later phases' come
+    // at the barrier before them, `between_phases`).
+    // SAFETY: layer 0's ln1 parameters hold c floats; phase 0's share.
     unsafe {
         let l0 = &*(ring.tbl as *const DecodeStepLayer<W>);
         stage_ln(sm.lnp, l0.ln1_w, l0.ln1_b, c);
+        let sh = *ring.shares;
+        stage_bias(
+            &gemv_phase(&p, ring.tbl as *const DecodeStepLayer<W>, 0),
+            &sm,
+            sh.lo as usize,
+            sh.hi as usize,
+        );
     }
     grid_dependency_wait();
     launch_dependents();
@@ -987,52 +1109,48 @@ unsafe fn decode_step_rows<W: Weight, const R: usize, const T: bool>(p: DecodeSt
     tr.mark(0, DecodeStepMark::Start);
 
     let mut barriers = 0u32;
-    // Each row's best logit, tracked by the LM head's epilogue only (a fresh
-    // array per phase keeps it out of the other phases' registers).
-    let none = || [(f32::NEG_INFINITY, u32::MAX); R];
-    for layer in 0..nl {
-        let g = GEMVS * layer;
+    // One loop over the GEMV phases, so each phase's code exists once: the
+    // step's code is larger than the instruction caches, and a copy per
+    // phase (the layer's order written out) had every phase fetching its
+    // own instructions again (ncu: a fifth of the warps' stalls).
+    let last = GEMVS * nl;
+    for g in 0..=last {
+        // Each row's best logit, tracked by the LM head's epilogue only.
+        let mut best = [(f32::NEG_INFINITY, u32::MAX); R];
         // SAFETY (phases): the params' contract; each phase after the
-        // barrier that published its inputs; layer < n_layer.
+        // barrier that published its inputs; g <= last; layer < n_layer.
         unsafe {
+            // ln1 + qkv (q, and k, v into the cache); x += attproj(att);
+            // h = gelu(fc(ln2(x))); x += fcproj(h); then lnf + the LM head.
+            run_gemv::<W, R, T>(&p, g, &sm, &ring, &mut prod, &mut consumed, &mut best, tr);
+            if g == last {
+                tr.mark(traced_phase(g), DecodeStepMark::End);
+                lm_head_finish(&p, &best, &sm);
+                break;
+            }
+            let layer = g / GEMVS;
             let lw = &*(ring.tbl as *const DecodeStepLayer<W>).add(layer);
-            let next_ln = if layer + 1 < nl {
-                let next = &*(ring.tbl as *const DecodeStepLayer<W>).add(layer + 1);
-                (next.ln1_w, next.ln1_b)
-            } else {
-                (p.lnf_w, p.lnf_b)
+            // What the phases after this one need early: the next GEMV's
+            // bias, and after attproj ln2's parameters, after fcproj the
+            // next layer's ln1 (or lnf).
+            let ln = match g % GEMVS {
+                1 => Some((lw.ln2_w, lw.ln2_b)),
+                3 if layer + 1 < nl => {
+                    let next = &*(ring.tbl as *const DecodeStepLayer<W>).add(layer + 1);
+                    Some((next.ln1_w, next.ln1_b))
+                }
+                3 => Some((p.lnf_w, p.lnf_b)),
+                _ => None,
             };
-            // ln1 + qkv: q, and k, v into the cache.
-            run_gemv::<W, R, T>(&p, g, &sm, &ring, &mut prod, &mut consumed, &mut none(), tr);
-            between_phases(&p, &sm, &ring, &mut prod, consumed, &mut barriers, None, tr);
-            run_attention(&p, &ring, &sm, layer);
-            between_phases(&p, &sm, &ring, &mut prod, consumed, &mut barriers, None, tr);
-            // x += attproj(att)
-            run_gemv::<W, R, T>(&p, g + 1, &sm, &ring, &mut prod, &mut consumed, &mut none(), tr);
-            between_phases(
-                &p,
-                &sm,
-                &ring,
-                &mut prod,
-                consumed,
-                &mut barriers,
-                Some((lw.ln2_w, lw.ln2_b)),
-                tr,
-            );
-            // h = gelu(fc(ln2(x)))
-            run_gemv::<W, R, T>(&p, g + 2, &sm, &ring, &mut prod, &mut consumed, &mut none(), tr);
-            between_phases(&p, &sm, &ring, &mut prod, consumed, &mut barriers, None, tr);
-            // x += fcproj(h)
-            run_gemv::<W, R, T>(&p, g + 3, &sm, &ring, &mut prod, &mut consumed, &mut none(), tr);
-            between_phases(&p, &sm, &ring, &mut prod, consumed, &mut barriers, Some(next_ln), tr);
+            let mut next = Boundary { ln, gemv: Some(g + 1) };
+            if g % GEMVS == 0 {
+                // Attention between qkv and attproj.
+                between_phases(&p, &sm, &ring, &mut barriers, next, tr);
+                run_attention(&p, &ring, &sm, layer);
+                next = Boundary { ln: None, gemv: None };
+            }
+            between_phases(&p, &sm, &ring, &mut barriers, next, tr);
         }
-    }
-    // lnf + the LM head + argmax.
-    unsafe {
-        let mut best = none();
-        run_gemv::<W, R, T>(&p, GEMVS * nl, &sm, &ring, &mut prod, &mut consumed, &mut best, tr);
-        tr.mark(traced_phase(GEMVS * nl), DecodeStepMark::End);
-        lm_head_finish(&p, &best, &sm);
     }
     tr.clocks(DecodeStepTraceHeader::TimerEnd, DecodeStepTraceHeader::ClockEnd);
 }

@@ -43,6 +43,8 @@ pub const DECODE_STEP_ATTN_KEYS: u32 = 8;
 /// The GEMV phases of a layer, in order (their weights stream in this
 /// order, then the LM head's).
 pub const DECODE_STEP_GEMVS_PER_LAYER: u32 = 4;
+/// Kinds of GEMV phase: a layer's four, then the LM head.
+pub const DECODE_STEP_GEMV_KINDS: u32 = DECODE_STEP_GEMVS_PER_LAYER + 1;
 /// Words of the `sync` buffer: the grid barrier's arrivals, the LM head's.
 pub const DECODE_STEP_SYNC_WORDS: usize = 2;
 
@@ -53,7 +55,7 @@ pub const DECODE_STEP_PHASES_PER_LAYER: u32 = 5;
 /// bench): per block, [`DECODE_STEP_TRACE_HEADER`] words, then this many
 /// `%clock64` readings per phase, indexed by [`DecodeStepMark`]. Marks a
 /// phase does not have stay 0.
-pub const DECODE_STEP_TRACE_MARKS: usize = 5;
+pub const DECODE_STEP_TRACE_MARKS: usize = 7;
 
 /// What each mark of a phase records (thread 0 of the block).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,9 +68,14 @@ pub enum DecodeStepMark {
     Ready = 2,
     /// The whole block has finished the phase (it arrives at the barrier).
     End = 3,
-    /// Between arriving and waiting: the next weight tiles and layernorm
+    /// Between arriving and waiting: the next phase's bias and layernorm
     /// parameters are on their way.
     Issued = 4,
+    /// A GEMV phase's input rows have arrived (before the layernorm).
+    Loaded = 5,
+    /// The last warp has finished a GEMV phase's columns (before the block
+    /// barrier that ends the phase).
+    Computed = 6,
 }
 
 /// The trace header's words, per block.
@@ -122,9 +129,12 @@ pub struct DecodeStepLayer<W = f32> {
 pub struct DecodeStepSmem {
     /// `slots` mbarriers (8 bytes each).
     pub bars: u32,
-    /// The block's trace pointer (8 bytes; see `DecodeStepParams::trace`),
-    /// at a fixed offset.
+    /// The block's trace pointer (8 bytes; see `DecodeStepParams::trace`)
+    /// and a warp counter (4 bytes, 8 with padding), at a fixed offset.
     pub trace: u32,
+    /// The block's columns and tiles of each kind of GEMV phase
+    /// ([`DECODE_STEP_GEMV_KINDS`] entries of four `u32`), worked out once.
+    pub shares: u32,
     /// Each row's position (`u32`), read once per launch.
     pub pos: u32,
     /// Split-column partial sums: `2 * WARPS * MAX_ROWS` floats; the
@@ -159,7 +169,8 @@ pub const DECODE_STEP_SLOT_ALIGN: u32 = 128;
 pub const fn decode_step_smem(n: u32, c: u32, n_layer: u32, slots: u32, slot_bytes: u32) -> DecodeStepSmem {
     let bars = 0;
     let trace = bars + DECODE_STEP_MAX_SLOTS * 8;
-    let pos = trace + 8;
+    let shares = trace + 16;
+    let pos = shares + DECODE_STEP_GEMV_KINDS * 16;
     let red = (pos + DECODE_MAX_ROWS * 4).next_multiple_of(16);
     let best = red + 2 * DECODE_STEP_WARPS * DECODE_MAX_ROWS * 4;
     let lnp = best + DECODE_STEP_WARPS * DECODE_MAX_ROWS * 8;
@@ -173,6 +184,7 @@ pub const fn decode_step_smem(n: u32, c: u32, n_layer: u32, slots: u32, slot_byt
     DecodeStepSmem {
         bars,
         trace,
+        shares,
         pos,
         red,
         best,

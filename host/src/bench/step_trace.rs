@@ -24,10 +24,16 @@ pub struct PhaseTimes {
     /// From the start to the block's end of the phase: median, max.
     pub work_med: f64,
     pub work_max: f64,
-    /// GEMV phases: staging (and layernorming) the input rows, then the
-    /// wait for the first weight tile after that; medians (0 otherwise).
+    /// GEMV phases, medians (0 otherwise): from the start until the input
+    /// rows arrived; until they were also layernormed (and the bias and
+    /// layernorm parameters had landed); then the wait for the first
+    /// weight tile; the tiles' products until the last warp finished;
+    /// from there to the block's end.
+    pub loaded: f64,
     pub staged: f64,
     pub weight_wait: f64,
+    pub compute: f64,
+    pub tail: f64,
     /// From the block's end (its arrival) to its next copies issued, median
     /// (0 for the LM head).
     pub issue: f64,
@@ -80,6 +86,7 @@ pub fn phase_times(words: &[u64], blocks: usize, n_layer: usize) -> Option<Vec<P
                 .map(|(s, b)| (mark(b, p, m1) - mark(b, p, m0)) * s)
                 .collect()
         };
+        let gemv_span = |m0, m1| if gemv { median(span(m0, m1)) } else { 0.0 };
         let work = span(DecodeStepMark::Start, DecodeStepMark::End);
         let barrier: Vec<f64> = if last {
             Vec::new()
@@ -100,16 +107,11 @@ pub fn phase_times(words: &[u64], blocks: usize, n_layer: usize) -> Option<Vec<P
             period: median(period),
             work_max: work.iter().copied().fold(0.0, f64::max),
             work_med: median(work),
-            staged: if gemv {
-                median(span(DecodeStepMark::Start, DecodeStepMark::Staged))
-            } else {
-                0.0
-            },
-            weight_wait: if gemv {
-                median(span(DecodeStepMark::Staged, DecodeStepMark::Ready))
-            } else {
-                0.0
-            },
+            loaded: gemv_span(DecodeStepMark::Start, DecodeStepMark::Loaded),
+            staged: gemv_span(DecodeStepMark::Start, DecodeStepMark::Staged),
+            weight_wait: gemv_span(DecodeStepMark::Staged, DecodeStepMark::Ready),
+            compute: gemv_span(DecodeStepMark::Ready, DecodeStepMark::Computed),
+            tail: gemv_span(DecodeStepMark::Computed, DecodeStepMark::End),
             issue: if last {
                 0.0
             } else {
@@ -136,8 +138,11 @@ pub fn by_kind(phases: &[PhaseTimes]) -> Vec<PhaseTimes> {
                 period: mean(|p| p.period),
                 work_med: mean(|p| p.work_med),
                 work_max: mean(|p| p.work_max),
+                loaded: mean(|p| p.loaded),
                 staged: mean(|p| p.staged),
                 weight_wait: mean(|p| p.weight_wait),
+                compute: mean(|p| p.compute),
+                tail: mean(|p| p.tail),
                 issue: mean(|p| p.issue),
                 barrier_min: mean(|p| p.barrier_min),
                 barrier_med: mean(|p| p.barrier_med),
@@ -167,8 +172,10 @@ mod tests {
                 let at = |m: DecodeStepMark| DECODE_STEP_TRACE_HEADER + p * DECODE_STEP_TRACE_MARKS + m as usize;
                 let start = clock0 + 100 * p as u64;
                 base[at(DecodeStepMark::Start)] = start;
+                base[at(DecodeStepMark::Loaded)] = start + 4;
                 base[at(DecodeStepMark::Staged)] = start + 10;
                 base[at(DecodeStepMark::Ready)] = start + 30;
+                base[at(DecodeStepMark::Computed)] = start + 50;
                 base[at(DecodeStepMark::End)] = start + 60 + b as u64 * 2;
                 base[at(DecodeStepMark::Issued)] = start + 70 + b as u64 * 2;
             }
@@ -184,8 +191,12 @@ mod tests {
         let qkv = &t[0];
         assert_eq!(qkv.kind, 0);
         assert_eq!(qkv.period, 50.0);
+        assert_eq!(qkv.loaded, 2.0);
         assert_eq!(qkv.staged, 5.0);
         assert_eq!(qkv.weight_wait, 10.0);
+        assert_eq!(qkv.compute, 10.0);
+        // 10, 12, 14 cycles from the last warp to the end.
+        assert_eq!(qkv.tail, 6.0);
         assert_eq!(qkv.issue, 5.0);
         // Work: 60, 62, 64 cycles = 30, 31, 32 ns.
         assert_eq!(qkv.work_med, 31.0);
@@ -194,7 +205,7 @@ mod tests {
         assert_eq!(qkv.barrier_min, 18.0);
         assert_eq!(qkv.barrier_med, 19.0);
         let att = &t[1];
-        assert_eq!((att.kind, att.staged, att.weight_wait), (1, 0.0, 0.0));
+        assert_eq!((att.kind, att.staged, att.weight_wait, att.compute), (1, 0.0, 0.0, 0.0));
         let head = &t[5];
         assert_eq!(
             (head.kind, head.period, head.barrier_min, head.barrier_med),

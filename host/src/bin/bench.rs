@@ -1083,29 +1083,31 @@ fn bench_decode_paths(
     tokens: &mut impl FnMut(usize) -> Vec<u32>,
 ) -> anyhow::Result<()> {
     let base = DecodeTuning::default();
-    // The persistent step (one row, sm_90a; elsewhere the chain runs), and
-    // one L2-prefetch experiment on the chain; the other chain knobs were
-    // measured slower (docs/performance.md).
-    let persistent = DecodeTuning {
-        persistent: true,
+    // The default (the persistent step where it serves the batch: one row,
+    // sm_90a), the chain of fused kernels, and one L2-prefetch experiment
+    // on the chain; the other chain knobs were measured slower
+    // (docs/performance.md).
+    let chain = DecodeTuning {
+        persistent: false,
         ..base
     };
     let prefetch = DecodeTuning {
         prefetch_ahead_bytes: PREFETCH_AHEAD_TRY_BYTES,
-        ..base
+        ..chain
     };
     // (path, PDL, launch knobs, sampled): sampled steps use the CLI's
     // default settings (temperature 0.8, top-k 40, top-p 0.95).
     let paths = [
         (DecodePath::Graph, true, base, false),
         (DecodePath::Graph, true, base, true),
-        (DecodePath::Graph, true, persistent, false),
-        (DecodePath::Graph, true, persistent, true),
+        (DecodePath::Graph, true, chain, false),
+        (DecodePath::Graph, true, chain, true),
         (DecodePath::Graph, true, prefetch, false),
         (DecodePath::Graph, false, base, false),
-        (DecodePath::Graph, false, persistent, false),
+        (DecodePath::Graph, false, chain, false),
         (DecodePath::Eager, true, base, false),
-        (DecodePath::Eager, false, base, false),
+        (DecodePath::Eager, true, chain, false),
+        (DecodePath::Eager, false, chain, false),
         (DecodePath::Unfused, false, base, false),
     ];
     let sample_row = Sampler::new(SamplingParams {
@@ -1251,10 +1253,11 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         println!(
             "{prec:>6} traced step {ms:.4} ms (eager, one step, a block barrier per phase more); per phase, µs, each kind's mean over the layers:"
         );
-        println!(
-            "{:>10} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}",
-            "phase", "period", "work med", "work max", "staged", "w. wait", "issue", "barr min", "barr med"
-        );
+        let heads = [
+            "period", "work med", "work max", "loaded", "staged", "w. wait", "compute", "tail", "issue", "barr min",
+            "barr med",
+        ];
+        println!("{:>10}{}", "phase", heads.map(|h| format!("{h:>9}")).join(""));
         let mut steps_us = 0.0;
         for (k, kind) in PHASE_KINDS.iter().enumerate() {
             let col = |f: fn(&PhaseTimes) -> f64| {
@@ -1269,8 +1272,11 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
                 col(|p| p.period),
                 col(|p| p.work_med),
                 col(|p| p.work_max),
+                col(|p| p.loaded),
                 col(|p| p.staged),
                 col(|p| p.weight_wait),
+                col(|p| p.compute),
+                col(|p| p.tail),
                 col(|p| p.issue),
                 col(|p| p.barrier_min),
                 col(|p| p.barrier_med),
@@ -1281,11 +1287,10 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
                 config.num_layers
             };
             steps_us += row[0] * count as f64;
-            println!(
-                "{kind:>10} {:>8.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2}",
-                row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]
-            );
-            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step_trace", "phase": kind, "period_us": row[0], "work_med_us": row[1], "work_max_us": row[2], "staged_us": row[3], "weight_wait_us": row[4], "issue_us": row[5], "barrier_min_us": row[6], "barrier_med_us": row[7], "samples": per_sample.len()}));
+            println!("{kind:>10}{}", row.map(|v| format!("{v:>9.2}")).join(""));
+            let us: serde_json::Map<String, serde_json::Value> =
+                heads.iter().zip(row).map(|(h, v)| (h.to_string(), v.into())).collect();
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step_trace", "phase": kind, "us": us, "samples": per_sample.len()}));
         }
         println!("{prec:>6} phases add up to {:.1} µs", steps_us);
     }

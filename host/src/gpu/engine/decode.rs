@@ -86,8 +86,9 @@ pub(super) struct DecodeState {
 }
 
 /// Launch knobs of the fused decode step, for experiments and the bench;
-/// the default is what measured fastest (docs/performance.md): the chain
-/// of fused kernels, no prefetch, every resident block, the early trigger.
+/// the default is what measured fastest (docs/performance.md): the
+/// persistent step where it serves the batch, else the chain of fused
+/// kernels with no prefetch, every resident block, the early trigger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeTuning {
     /// How far (bytes) past its own weights each kernel asks L2 to fetch
@@ -123,9 +124,11 @@ impl Default for DecodeTuning {
             gemv_block_warps: 0,
             // Measured 0.4-1 % faster on an H200, at 1 and 8 rows, in two runs.
             early_trigger: true,
-            // Off: correct, but 0.48 against the chain's 0.36 ms a step at
-            // one row on an H200 (docs/performance.md, decode step 3).
-            persistent: false,
+            // On where it serves the batch (one row, sm_90a): 0.325 against
+            // the chain's 0.351 ms a step in FP32, 0.307 against 0.332 in
+            // bf16, on an H200 (`bench step`; docs/performance.md, decode
+            // step 4).
+            persistent: true,
             trace: false,
         }
     }
