@@ -1209,8 +1209,12 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             persistent: true,
             ..base
         };
+        let chain = DecodeTuning {
+            persistent: false,
+            ..base
+        };
         engine.set_decode_path(DecodePath::Graph, true);
-        for (name, tuning) in [("chain", base), ("persistent", persistent)] {
+        for (name, tuning) in [("chain", chain), ("persistent", persistent)] {
             engine.set_decode_tuning(tuning);
             engine.forward(&prompt, 1, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
             let ms = device_fed_ms(&mut engine, args, &step)?;
