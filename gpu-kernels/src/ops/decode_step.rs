@@ -37,7 +37,7 @@ use crate::device::tma::{
     bulk_copy_to_shared, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx, mbarrier_init,
     mbarrier_wait_parity,
 };
-use crate::device::warp::{warp_reduce_sum, warp_reduce_sum_many};
+use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, atomic_add_shared_u32, block_idx_x, clock64, global_timer_ns, grid_arrive,
     grid_dependency_wait, grid_dim_x, grid_wait, lane_id, launch_dependents, sync_threads, sync_threads_or,
@@ -46,6 +46,9 @@ use crate::device::{
 use crate::params::decode::DECODE_MAX_ROWS;
 use crate::params::decode_step::*;
 use crate::params::layernorm::LAYERNORM_EPS;
+
+// The layernorm's reductions use the split-column scratch.
+const _: () = assert!(2 * WARPS * ROWS >= BLOCK_REDUCE_SCRATCH);
 
 const ROWS: usize = DECODE_MAX_ROWS as usize;
 const WARPS: usize = DECODE_STEP_WARPS as usize;
@@ -434,28 +437,6 @@ unsafe fn stage_ln(lnp: *mut f32, w: *const f32, b: *const f32, c: usize) {
     cp_async_commit();
 }
 
-/// The sum of `v` over the block, in every thread: `slots` (`WARPS`
-/// floats of shared memory) takes the warps' sums.
-///
-/// # Safety
-/// `slots` holds `WARPS` floats no thread reads or writes until a block
-/// barrier after every thread has returned; every thread calls it.
-#[inline(always)]
-unsafe fn block_sum(v: f32, slots: *mut f32) -> f32 {
-    let w = warp_reduce_sum(v);
-    if lane_id() == 0 {
-        // SAFETY: warp < WARPS.
-        unsafe { *slots.add(warp_id() as usize) = w };
-    }
-    sync_threads();
-    let mut t = 0f32;
-    for i in 0..WARPS {
-        // SAFETY: i < WARPS; written before the barrier.
-        t += unsafe { *slots.add(i) };
-    }
-    t
-}
-
 /// Layernorm the staged rows `xs[r][0..c]`, `r < n`, in place, each with
 /// the whole block (two block reductions a row: the mean, then the
 /// variance about it), output rounded as the weights multiply it. One
@@ -464,15 +445,14 @@ unsafe fn block_sum(v: f32, slots: *mut f32) -> f32 {
 ///
 /// # Safety
 /// `xs` holds `n * c` floats, `lnp` the weight and bias (`2c`), `red`
-/// `2 * WARPS` floats; every thread calls it after a block barrier that
-/// follows the staging; a block barrier must follow it before other
-/// threads' elements are read.
+/// `BLOCK_REDUCE_SCRATCH` floats; every thread calls it after a block
+/// barrier that follows the staging; it ends with one.
 #[inline(always)]
 unsafe fn layernorm_block<W: Weight>(xs: *mut f32, lnp: *const f32, red: *mut f32, n: usize, c: usize) {
     let (tid, threads) = (thread_idx_x() as usize, DECODE_STEP_THREADS as usize);
     let inv_c = 1.0 / c as f32;
     for r in 0..n {
-        // SAFETY (all): row r < n of xs; k < c; red's two halves.
+        // SAFETY (all): row r < n of xs; k < c; red the reductions' scratch.
         let row = unsafe { xs.add(r * c) };
         let mut s = 0f32;
         let mut k = tid;
@@ -480,7 +460,7 @@ unsafe fn layernorm_block<W: Weight>(xs: *mut f32, lnp: *const f32, red: *mut f3
             s += unsafe { *row.add(k) };
             k += threads;
         }
-        let mean = unsafe { block_sum(s, red) } * inv_c;
+        let mean = unsafe { block_reduce_sum(s, red) } * inv_c;
         let mut v = 0f32;
         k = tid;
         while k < c {
@@ -488,7 +468,7 @@ unsafe fn layernorm_block<W: Weight>(xs: *mut f32, lnp: *const f32, red: *mut f3
             v = fma(d, d, v);
             k += threads;
         }
-        let rstd = rsqrt_precise(unsafe { block_sum(v, red.add(WARPS)) } * inv_c + LAYERNORM_EPS);
+        let rstd = rsqrt_precise(unsafe { block_reduce_sum(v, red) } * inv_c + LAYERNORM_EPS);
         k = tid;
         while k < c {
             // Each thread normalises the elements it summed.
@@ -498,7 +478,7 @@ unsafe fn layernorm_block<W: Weight>(xs: *mut f32, lnp: *const f32, red: *mut f3
             }
             k += threads;
         }
-        // `red` is reused by the next row's reductions.
+        // The rows are read by other threads next.
         sync_threads();
     }
 }
@@ -737,8 +717,8 @@ unsafe fn run_gemv<W: Weight, const R: usize, const T: bool>(
     cp_async_wait_group::<0>();
     sync_threads();
     if !ph.ln_w.is_null() {
-        // SAFETY: xs holds n rows of c_in, lnp the parameters, red 2 * WARPS
-        // floats (unused until the tiles); ends with a block barrier.
+        // SAFETY: xs holds n rows of c_in, lnp the parameters, red at least
+        // BLOCK_REDUCE_SCRATCH floats (unused until the tiles).
         unsafe { layernorm_block::<W>(sm.xs, sm.lnp, sm.red, n, ph.c_in) };
     }
     tr.mark(traced_phase(g), DecodeStepMark::Staged);

@@ -138,7 +138,7 @@ pub struct DecodeStepSmem {
     /// Each row's position (`u32`), read once per launch.
     pub pos: u32,
     /// Split-column partial sums: `2 * WARPS * MAX_ROWS` floats; the
-    /// layernorm's block reductions use `2 * WARPS` of them.
+    /// layernorm's block reductions use them as scratch.
     pub red: u32,
     /// The LM head's per-warp bests: `WARPS * MAX_ROWS` (value, index) pairs.
     pub best: u32,
