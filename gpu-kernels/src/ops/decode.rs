@@ -23,7 +23,7 @@ use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::shared::dynamic_shared_align16;
-use crate::device::warp::{shfl_xor_f32, shfl_xor_u32, warp_reduce_sum, warp_reduce_sum_many};
+use crate::device::warp::{warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, block_dim_x, block_idx_x, block_idx_y, block_idx_z, grid_dependency_wait,
     grid_dim_x, grid_dim_y, grid_dim_z, lane_id, launch_dependents, prefetch_l2_slice, sync_threads, sync_threads_or,
@@ -411,18 +411,6 @@ pub(crate) unsafe fn argmax_finish(out: &ArgmaxOut, best: (f32, u32), scratch: *
         unsafe { *out.counter = 0 };
     }
     true
-}
-
-/// The best of a warp's (value, index) candidates under [`better`], in
-/// every lane.
-#[inline(always)]
-pub(crate) fn warp_best(mut b: (f32, u32)) -> (f32, u32) {
-    let mut off = WARP_SIZE / 2;
-    while off > 0 {
-        b = better(b, (shfl_xor_f32(b.0, off), shfl_xor_u32(b.1, off)));
-        off /= 2;
-    }
-    b
 }
 
 /// The better of two (value, id) candidates: larger value, then lower id;
