@@ -112,7 +112,10 @@ pub struct DecodeTuning {
     pub persistent: bool,
     /// The persistent step records when each block's phases start, get
     /// their inputs and end (`GpuEngine::decode_step_trace`): a diagnostic
-    /// for the bench, one block barrier per phase dearer.
+    /// for the bench, one block barrier per phase dearer. Use it with
+    /// `DecodePath::Eager`: the first traced launch allocates the trace
+    /// buffer, which a graph capture cannot (the engine would fall back to
+    /// eager launches for good).
     pub trace: bool,
 }
 
