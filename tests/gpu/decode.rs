@@ -120,6 +120,12 @@ fn forced_path(
     logits
 }
 
+/// Whether two runs' per-step logits are equal bit for bit.
+fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    let (a, b) = (a.concat(), b.concat());
+    a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// Every path on one checkpoint: graph = eager (with and without PDL),
 /// both within `PATHS_TOL` of the per-op kernels on the same tokens, and
 /// the CPU reference fed the same tokens within the FP32 bar.
@@ -199,11 +205,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
         eng.set_decode_tuning(tuning);
         let logits = forced_path(&mut eng, DecodePath::Graph, &prompt, b, t, &graph_ids);
         assert!(
-            logits
-                .concat()
-                .iter()
-                .zip(chain_logits.concat())
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            same_bits(&logits, &chain_logits),
             "{}: {tuning:?} changed the logits",
             what("chain")
         );
@@ -248,11 +250,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
         });
         let traced = forced_path(&mut eng, DecodePath::Eager, &prompt, b, t, &graph_ids);
         assert!(
-            traced
-                .concat()
-                .iter()
-                .zip(eager.concat())
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            same_bits(&traced, &eager),
             "{}: the traced step changed the logits",
             what("persistent")
         );

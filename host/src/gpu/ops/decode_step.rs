@@ -71,8 +71,6 @@ pub struct DecodeStepTable {
     /// Host staging of the next table (kept: a step allocates nothing).
     staging: Vec<u8>,
     sync: CudaSlice<u32>,
-    /// Layers the table holds.
-    layers: usize,
     /// Where the kernel records its trace, when on (see
     /// `DecodeStepParams::trace`).
     trace: Option<CudaSlice<u64>>,
@@ -87,7 +85,6 @@ impl DecodeStepTable {
             uploaded: Vec::with_capacity(bytes),
             staging: Vec::with_capacity(bytes),
             sync: gpu.alloc(DECODE_STEP_SYNC_WORDS)?,
-            layers,
             trace: None,
         })
     }
@@ -97,7 +94,8 @@ impl DecodeStepTable {
         if !on {
             self.trace = None;
         } else if self.trace.is_none() {
-            let words = gpu.sm_count() * decode_step_trace_words(to_u32(OP, "layers", self.layers)?);
+            let layers = self.table.len() / size_of::<DecodeStepLayer<f32>>();
+            let words = gpu.sm_count() * decode_step_trace_words(to_u32(OP, "layers", layers)?);
             self.trace = Some(gpu.alloc(words)?);
         }
         Ok(())
