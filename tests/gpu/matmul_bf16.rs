@@ -24,21 +24,34 @@
 //! `matmul_bf16_selects_and_rounds_exactly` needs no tolerance: with one-hot
 //! weight rows each output is one rounded input, bit for bit.
 //!
+//! The `wgmma` kernels (`matmul_forward_bf16_wgmma`, sm_90a) take `inp` in
+//! bf16, rounded once where it is made (here: by the test, as the CPU twin
+//! rounds it), and are held to the same bounds. Their bf16 output adds one
+//! rounding of the result: half a bf16 ulp, at most 2^-8 of its magnitude
+//! (8 significant bits), allowed on top (`BF16_OUT_REL`).
+//!
 //! The measured errors are printed (run with `--nocapture`).
 
 use cudarc::driver::CudaSlice;
-use gpu_kernels::params::matmul_bf16::{Bf16TileShape, MATMUL_BF16_VARIANTS};
+use gpu_kernels::params::matmul_bf16::{Bf16TileShape, MATMUL_BF16_VARIANTS, MATMUL_BF16_WGMMA_VARIANTS};
+use gpu_kernels::params::matmul_tf32::TileShape;
 use half::bf16;
 use host::cpu::ops::{gelu_forward, matmul_forward_bf16 as cpu_matmul_forward_bf16};
 use host::gpu::Gpu;
 use host::gpu::ops::args::OpError;
-use host::gpu::ops::matmul_bf16::{bf16_blocks, choose_tile, matmul_forward_bf16, matmul_forward_bf16_with};
+use host::gpu::ops::matmul_bf16::{
+    Bf16Out, bf16_blocks, choose_tile, choose_wgmma_tile, matmul_forward_bf16, matmul_forward_bf16_wgmma,
+    matmul_forward_bf16_wgmma_with, matmul_forward_bf16_with,
+};
 use rand::Rng;
 
 use crate::kernels::skip;
+use crate::matmul_tf32::wgmma_gpu;
 
 const MAX_ABS_PER_SCALE: f64 = 1e-4;
 const RMSE_PER_SCALE: f64 = 2e-5;
+/// A bf16 result's own rounding: half an ulp, at most 2^-8 of its magnitude.
+const BF16_OUT_REL: f64 = 1.0 / 256.0;
 
 fn random(n: usize, rng: &mut impl Rng) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
@@ -74,6 +87,8 @@ struct Case {
     oc: usize,
     gelu: bool,
     d_inp: CudaSlice<f32>,
+    /// `inp` rounded to bf16 (the `wgmma` kernels' input).
+    d_inp16: CudaSlice<bf16>,
     d_w: CudaSlice<bf16>,
     d_b: Option<CudaSlice<f32>>,
     want: Vec<f32>,
@@ -96,6 +111,7 @@ impl Case {
             oc,
             gelu,
             d_inp: gpu.upload(&inp).unwrap(),
+            d_inp16: gpu.upload(&to_bf16(&inp)).unwrap(),
             d_w: gpu.upload(&w).unwrap(),
             d_b: b.map(|b| gpu.upload(&b).unwrap()),
             want,
@@ -136,6 +152,56 @@ impl Case {
             "{name}: RMSE {rmse} > {} (n={n} c={c} oc={oc})",
             RMSE_PER_SCALE * scale
         );
+    }
+}
+
+impl Case {
+    /// Runs the case on a bf16 `wgmma` tile (or the chosen one), f32 or
+    /// bf16 out (`bf16_out`), on a NaN-poisoned output, and checks every
+    /// element against the twin (a bf16 result allowed its own rounding).
+    fn check_wgmma(&self, gpu: &Gpu, shape: Option<&TileShape>, bf16_out: bool) {
+        let (n, c, oc) = (self.n, self.c, self.oc);
+        let bias = self.d_b.as_ref();
+        let (inp, w) = (&self.d_inp16, &self.d_w);
+        let run = |out: Bf16Out<'_>| match shape {
+            Some(s) => matmul_forward_bf16_wgmma_with(gpu, s, out, inp, w, bias, n, c, oc, self.gelu),
+            None => matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, n, c, oc, self.gelu),
+        };
+        let got = if bf16_out {
+            let mut d_out = gpu.upload(&vec![bf16::NAN; n * oc]).unwrap();
+            run(Bf16Out::Bf16(&mut d_out)).unwrap();
+            gpu.download(&d_out).unwrap().iter().map(|v| v.to_f32()).collect()
+        } else {
+            let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
+            run(Bf16Out::F32(&mut d_out)).unwrap();
+            gpu.download(&d_out).unwrap()
+        };
+        let name = shape.map_or("wgmma auto", |s| s.name);
+        let what = format!("{name} n={n} c={c} oc={oc} bf16 out={bf16_out}");
+        let (max_abs, rmse) = errors(&got, &self.want, oc, &what);
+        let scale = self.scale;
+        eprintln!(
+            "matmul_bf16 {what}: max abs {max_abs:.3e} ({:.2e} scale), RMSE {rmse:.3e} ({:.2e} scale)",
+            max_abs / scale,
+            rmse / scale
+        );
+        let out_rel = if bf16_out { BF16_OUT_REL } else { 0.0 };
+        for (i, (&g, &r)) in got.iter().zip(&self.want).enumerate() {
+            let bound = MAX_ABS_PER_SCALE * scale + out_rel * r.abs() as f64;
+            assert!(
+                (g as f64 - r as f64).abs() <= bound,
+                "{what}: out[{}][{}] = {g}, twin {r} (bound {bound:.3e})",
+                i / oc,
+                i % oc
+            );
+        }
+        if !bf16_out {
+            assert!(
+                rmse <= RMSE_PER_SCALE * scale,
+                "{what}: RMSE {rmse} > {}",
+                RMSE_PER_SCALE * scale
+            );
+        }
     }
 }
 
@@ -335,5 +401,117 @@ fn matmul_bf16_rejects_c_not_multiple_of_8() {
             gpu.download(&out).unwrap().iter().all(|v| v.is_nan()),
             "c = {c}: output written"
         );
+    }
+}
+
+/// The sm_90a module has every bf16 `wgmma` tile's kernel.
+#[test]
+fn embedded_sm90a_ptx_has_every_bf16_wgmma_variant() {
+    for s in &MATMUL_BF16_WGMMA_VARIANTS {
+        let entry = format!(".visible .entry {}(", s.name);
+        assert!(gpt2::GPU_KERNELS_SM90A_PTX.contains(&entry), "{} missing", s.name);
+        assert!(
+            !gpt2::GPU_KERNELS_PTX.contains(&entry),
+            "{} in the portable module",
+            s.name
+        );
+    }
+}
+
+/// The `wgmma` chooser returns a bf16 variant for every shape (no GPU needed).
+#[test]
+fn matmul_bf16_wgmma_chooser_choices() {
+    const SMS: usize = 132;
+    for n in [1, 7, 64, 200, 1024, 8192] {
+        for oc in [768, 2304, 3072, 50304] {
+            let s = choose_wgmma_tile(n, oc, SMS);
+            assert!(MATMUL_BF16_WGMMA_VARIANTS.contains(&s), "n={n} oc={oc}: {}", s.name);
+            eprintln!("n={n:5} oc={oc:6}: {}", s.name);
+        }
+    }
+}
+
+/// GPT-2's matmuls at a few token counts, f32 and bf16 out, through the
+/// chooser and with every `wgmma` tile.
+#[test]
+#[ignore = "needs a GPU"]
+fn matmul_bf16_wgmma_gpt2_shapes() {
+    let Some(gpu) = wgmma_gpu() else { return };
+    for n in [1, 64, 200, 1024] {
+        for (c, oc, gelu) in [(768, 2304, false), (3072, 768, false), (768, 3072, true)] {
+            let case = Case::new(&gpu, n, c, oc, true, gelu);
+            for bf16_out in [false, true] {
+                case.check_wgmma(&gpu, None, bf16_out);
+                for s in &MATMUL_BF16_WGMMA_VARIANTS {
+                    case.check_wgmma(&gpu, Some(s), bf16_out);
+                }
+            }
+        }
+    }
+}
+
+/// Edges with every `wgmma` tile: n and oc not multiples of any tile (oc
+/// odd: scalar stores), c a multiple of 8 but not of the 64-deep stage or
+/// smaller than it (the TMA's zero fill), bias and GELU on and off, both
+/// outputs.
+#[test]
+#[ignore = "needs a GPU"]
+fn matmul_bf16_wgmma_awkward_shapes_every_variant() {
+    let Some(gpu) = wgmma_gpu() else { return };
+    let cases = [
+        (77, 768, 50, true, false),
+        (77, 768, 50, false, true),
+        (1, 8, 1, true, true),
+        (129, 40, 130, false, false),
+        (65, 24, 67, true, false),
+        (200, 776, 129, true, true),
+        (3, 3072, 769, false, false),
+        (300, 136, 260, true, true),
+    ];
+    for (n, c, oc, bias, gelu) in cases {
+        let case = Case::new(&gpu, n, c, oc, bias, gelu);
+        for s in &MATMUL_BF16_WGMMA_VARIANTS {
+            for bf16_out in [false, true] {
+                case.check_wgmma(&gpu, Some(s), bf16_out);
+            }
+        }
+    }
+}
+
+/// One-hot weight rows through the `wgmma` tiles: each output is one bf16
+/// input, bit for bit (f32 out), whatever the summation order: a wrong
+/// swizzle, descriptor, k order or row/column mapping shows as a mismatch.
+#[test]
+#[ignore = "needs a GPU"]
+fn matmul_bf16_wgmma_selects_exactly() {
+    let Some(gpu) = wgmma_gpu() else { return };
+    let mut rng = crate::seed::rng();
+    for (n, c, oc) in [(3, 40, 50), (130, 64, 136), (17, 776, 33), (200, 1536, 300)] {
+        let inp = to_bf16(&random(n * c, &mut rng));
+        let picks: Vec<usize> = (0..oc).map(|_| rng.random_range(0..c)).collect();
+        let mut w = vec![bf16::ZERO; oc * c];
+        for (o, &k) in picks.iter().enumerate() {
+            w[o * c + k] = bf16::ONE;
+        }
+        let d_inp = gpu.upload(&inp).unwrap();
+        let d_w = gpu.upload(&w).unwrap();
+        for s in &MATMUL_BF16_WGMMA_VARIANTS {
+            let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
+            matmul_forward_bf16_wgmma_with(&gpu, s, Bf16Out::F32(&mut d_out), &d_inp, &d_w, None, n, c, oc, false)
+                .unwrap();
+            let got = gpu.download(&d_out).unwrap();
+            for r in 0..n {
+                for (o, &k) in picks.iter().enumerate() {
+                    let want = inp[r * c + k].to_f32();
+                    assert_eq!(
+                        got[r * oc + o].to_bits(),
+                        want.to_bits(),
+                        "{} n={n} c={c} oc={oc}: out[{r}][{o}] = {} but inp[{r}][{k}] = {want}",
+                        s.name,
+                        got[r * oc + o]
+                    );
+                }
+            }
+        }
     }
 }

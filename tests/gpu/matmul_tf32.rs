@@ -179,7 +179,7 @@ fn wgmma_expected(gpu: &Gpu) -> bool {
 /// and leaves them out of the passes where they cannot run (the portable
 /// pass; a GPU that is not compute capability 9.0), since a skip fails its
 /// summary: add a new wgmma-only test there too.
-fn wgmma_gpu() -> Option<Gpu> {
+pub(crate) fn wgmma_gpu() -> Option<Gpu> {
     let gpu = skip::gpu()?;
     if gpu.has_wgmma() {
         return Some(gpu);

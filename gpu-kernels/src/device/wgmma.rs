@@ -103,6 +103,13 @@ pub trait WgmmaAccumulator: Sized {
     /// published by a barrier) and is not overwritten until a `wait`
     /// covering this step has returned.
     unsafe fn mma_tf32(&mut self, a: u64, b: u64);
+    /// `self += A · Bᵀ` for one 64 x N x 16 step of bf16 operands: the same
+    /// descriptors as [`Self::mma_tf32`] (a 16-deep bf16 slice is 32 bytes of
+    /// a staged row, as an 8-deep TF32 one is), both operands K-major.
+    ///
+    /// # Safety
+    /// As for [`Self::mma_tf32`], with tiles of bf16.
+    unsafe fn mma_bf16(&mut self, a: u64, b: u64);
     /// Wait until at most `PENDING` committed groups of this warpgroup are
     /// still running. The accumulator is passed through so the compiler
     /// cannot move its uses above the wait.
@@ -145,6 +152,25 @@ macro_rules! wgmma_accumulator {
                             "wgmma.mma_async.sync.aligned.m64n", $n, "k8.f32.tf32.tf32 {{{", $first, "}",
                             $(", {", $i, "}",)*
                             "}}, {a}, {b}, {one}, 1, 1;"
+                        ),
+                        inout(reg32) self[$first], $(inout(reg32) self[$i],)*
+                        a = in(reg64) a,
+                        b = in(reg64) b,
+                        one = const 1,
+                    )
+                }
+            }
+
+            #[inline(always)]
+            unsafe fn mma_bf16(&mut self, a: u64, b: u64) {
+                // Scale-d 1 (accumulate), scale-a and scale-b 1, transpose
+                // flags 0: both operands K-major.
+                unsafe {
+                    asm!(
+                        concat!(
+                            "wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.bf16.bf16 {{{", $first, "}",
+                            $(", {", $i, "}",)*
+                            "}}, {a}, {b}, {one}, 1, 1, 0, 0;"
                         ),
                         inout(reg32) self[$first], $(inout(reg32) self[$i],)*
                         a = in(reg64) a,

@@ -30,7 +30,7 @@
 //! The body is generic over the tile shape; the macro at the bottom exports
 //! one kernel per shape in [`crate::params::matmul_bf16::MATMUL_BF16_VARIANTS`].
 
-use super::matmul_tf32::{grouped_tile, park_fragments, store_tile, wait_for_oldest_stage};
+use super::matmul_tf32::{TileOut, grouped_tile, park_fragments, store_tile, wait_for_oldest_stage};
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k16_bf16, pack_bf16x2};
 use crate::device::shared::dynamic_shared;
 use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
@@ -351,14 +351,15 @@ unsafe fn matmul_bf16_body<
             BN,
             tid,
             THREADS,
-            m0,
-            n0,
-            p.out,
+            (m0, n0),
+            TileOut::F32 {
+                out: p.out,
+                round_tf32: false,
+            },
             p.bias,
             n,
             oc,
             p.gelu != 0,
-            false,
         )
     };
 }

@@ -25,7 +25,10 @@
 //! one kernel per shape in [`crate::params::matmul_tf32::MATMUL_TF32_VARIANTS`].
 
 use super::gelu::gelu;
-use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, to_tf32};
+use crate::device::bf16::f32_to_bf16;
+use crate::device::mma::{
+    cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, pack_bf16x2, to_tf32,
+};
 use crate::device::shared::dynamic_shared;
 use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
 use crate::params::matmul_tf32::*;
@@ -349,14 +352,15 @@ unsafe fn matmul_tf32_body<
             BN,
             tid,
             THREADS,
-            m0,
-            n0,
-            p.out,
+            (m0, n0),
+            TileOut::F32 {
+                out: p.out,
+                round_tf32: false,
+            },
             p.bias,
             n,
             oc,
             p.gelu != 0,
-            false,
         )
     };
 }
@@ -396,17 +400,29 @@ pub(crate) unsafe fn park_fragments<const MI: usize, const NI: usize>(
     });
 }
 
-/// The epilogue both TF32 engines share: stream a `bm x bn` tile of
+/// Where [`store_tile`] writes its results.
+#[derive(Clone, Copy)]
+pub(crate) enum TileOut {
+    /// f32 `[n, oc]`, rounded to TF32 when `round_tf32` (the result feeds
+    /// another TF32 matmul).
+    F32 { out: *mut f32, round_tf32: bool },
+    /// bf16 bits `[n, oc]`, rounded to nearest even (the result feeds a bf16
+    /// matmul, which would round it the same way).
+    Bf16(*mut u16),
+}
+
+/// The epilogue the tensor-core matmuls share: stream a `bm x bn` tile of
 /// accumulated sums, parked in shared memory at `tile` (row stride `ldo`
 /// floats), to `out[m0.., n0..]` (`n x oc`), adding `bias` (if not null) and
-/// applying GELU (if `gelu_on`) and rounding to TF32 (if `round_out`: the
-/// result feeds another TF32 matmul); threads `tid` of `threads` take 16-byte chunks
-/// in turn, so a warp writes whole rows (16-byte stores when `oc % 4 == 0`).
+/// applying GELU (if `gelu_on`); threads `tid` of `threads` take 16-byte
+/// chunks of the tile in turn, so a warp writes whole rows (one store per
+/// chunk when `oc % 4 == 0`).
 ///
 /// # Safety
 /// `tile` holds `bm` rows of `ldo >= bn` floats of shared memory, written
 /// and published by a barrier; `ldo` and `bn` are multiples of 4; `out`
-/// holds `n * oc` floats (16-byte aligned), `bias` `oc` floats or is null.
+/// holds `n * oc` elements (16-byte aligned for f32, 8-byte for bf16),
+/// `bias` `oc` floats or is null.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn store_tile(
@@ -416,22 +432,19 @@ pub(crate) unsafe fn store_tile(
     bn: usize,
     tid: usize,
     threads: usize,
-    m0: usize,
-    n0: usize,
-    out: *mut f32,
+    (m0, n0): (usize, usize),
+    out: TileOut,
     bias: *const f32,
     n: usize,
     oc: usize,
     gelu_on: bool,
-    round_out: bool,
 ) {
     let has_bias = !bias.is_null();
-    // 16-byte stores need every output row to start 16-byte aligned.
+    // Vector stores need every output row to start aligned.
     let vector_ok = oc % CHUNK == 0;
     let finish = |v: f32, col: usize| {
         let v = if has_bias { v + unsafe { *bias.add(col) } } else { v };
-        let v = if gelu_on { gelu(v) } else { v };
-        if round_out { f32::from_bits(to_tf32(v)) } else { v }
+        if gelu_on { gelu(v) } else { v }
     };
     let chunks_per_row = bn / CHUNK;
     let mut chunk = tid;
@@ -441,19 +454,42 @@ pub(crate) unsafe fn store_tile(
         let (row, col) = (m0 + r, n0 + cl);
         if row < n && col < oc {
             let v = unsafe { *tile.add(r * ldo + cl).cast::<F4>() }.0;
-            let dst = unsafe { out.add(row * oc + col) };
-            if vector_ok {
-                let o = F4([
-                    finish(v[0], col),
-                    finish(v[1], col + 1),
-                    finish(v[2], col + 2),
-                    finish(v[3], col + 3),
-                ]);
-                unsafe { *dst.cast::<F4>() = o };
-            } else {
-                for (j, &x) in v.iter().enumerate() {
-                    if col + j < oc {
-                        unsafe { *dst.add(j) = finish(x, col + j) };
+            let at = row * oc + col;
+            match out {
+                TileOut::F32 { out, round_tf32 } => {
+                    let fin = |x: f32, col: usize| {
+                        let x = finish(x, col);
+                        if round_tf32 { f32::from_bits(to_tf32(x)) } else { x }
+                    };
+                    let dst = unsafe { out.add(at) };
+                    if vector_ok {
+                        let o = F4([
+                            fin(v[0], col),
+                            fin(v[1], col + 1),
+                            fin(v[2], col + 2),
+                            fin(v[3], col + 3),
+                        ]);
+                        unsafe { *dst.cast::<F4>() = o };
+                    } else {
+                        for (j, &x) in v.iter().enumerate() {
+                            if col + j < oc {
+                                unsafe { *dst.add(j) = fin(x, col + j) };
+                            }
+                        }
+                    }
+                }
+                TileOut::Bf16(out) => {
+                    let dst = unsafe { out.add(at) };
+                    if vector_ok {
+                        let lo = pack_bf16x2(finish(v[0], col), finish(v[1], col + 1));
+                        let hi = pack_bf16x2(finish(v[2], col + 2), finish(v[3], col + 3));
+                        unsafe { *dst.cast::<U2>() = U2([lo, hi]) };
+                    } else {
+                        for (j, &x) in v.iter().enumerate() {
+                            if col + j < oc {
+                                unsafe { *dst.add(j) = f32_to_bf16(finish(x, col + j)) };
+                            }
+                        }
                     }
                 }
             }
@@ -461,6 +497,11 @@ pub(crate) unsafe fn store_tile(
         chunk += threads;
     }
 }
+
+/// Two 32-bit words stored as one 8-byte access (four bf16).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct U2([u32; 2]);
 
 /// Exports one kernel per tile shape; the name comes from the shape so the
 /// host's launch configuration and the kernel are always the same shape.

@@ -35,7 +35,7 @@ pub mod matmul_small;
 pub mod matmul_tf32;
 // Hopper only: the PTX assembler accepts `wgmma` for sm_90a alone.
 #[cfg(feature = "sm90a")]
-pub mod matmul_tf32_wgmma;
+pub mod matmul_wgmma;
 // Hopper only: bulk copies into shared memory that complete on mbarriers.
 #[cfg(feature = "sm90a")]
 pub mod decode_step;

@@ -4,9 +4,15 @@
 //! stays f32 in memory; the kernel rounds it to bf16 (to nearest, ties to
 //! even) as it stages it.
 //!
+//! On Hopper (the sm_90a module) the `wgmma` kernels (`ops::matmul_wgmma`,
+//! [`MatmulBf16WgmmaParams`]) take `inp` as bf16, rounded once by whatever
+//! produced it, and may write bf16.
+//!
 //! One kernel body, monomorphised into the tile shapes below, each exported
 //! under its own PTX name; the kernels read their shape from the same
 //! constants, so host launch configurations and device code cannot disagree.
+
+use super::matmul_tf32::{TensorMap, TileShape, wgmma_tile};
 
 /// Depth (in k) of the slabs staged in shared memory per pipeline stage.
 pub const MATMUL_BF16_BK: u32 = 32;
@@ -101,3 +107,61 @@ pub struct MatmulBf16Params {
 }
 
 crate::kernel_params!(MatmulBf16Params);
+
+/// k depth (bf16 elements) of a stage of the `wgmma` kernels: one 128-byte
+/// swizzled row, as the TF32 ones' 32 f32 (`ops::matmul_wgmma`).
+pub const MATMUL_BF16_WGMMA_BK: u32 = 64;
+
+/// 128x256, 2 consumer warpgroups of m64n256k16, 4 stages (193 KiB): the
+/// most tensor work per staged byte (85 FLOP/B).
+pub const MATMUL_BF16_WGMMA_128X256: TileShape = wgmma_tile("matmul_forward_bf16_wgmma_128x256", 128, 256, 4, 1);
+/// 192x192, 3 consumer warpgroups, 4 stages (193 KiB): fewer partial waves
+/// at N = 2304 (see the TF32 twin).
+pub const MATMUL_BF16_WGMMA_192X192: TileShape = wgmma_tile("matmul_forward_bf16_wgmma_192x192", 192, 192, 4, 1);
+/// 128x192, 2 warpgroups, 5 stages (201 KiB): N = 768 in 4 column tiles.
+pub const MATMUL_BF16_WGMMA_128X192: TileShape = wgmma_tile("matmul_forward_bf16_wgmma_128x192", 128, 192, 5, 1);
+/// 128x128, 2 warpgroups, 6 stages (193 KiB).
+pub const MATMUL_BF16_WGMMA_128X128: TileShape = wgmma_tile("matmul_forward_bf16_wgmma_128x128", 128, 128, 6, 1);
+/// 64x128, one warpgroup, 4 stages (97 KiB, two blocks per SM).
+pub const MATMUL_BF16_WGMMA_64X128: TileShape = wgmma_tile("matmul_forward_bf16_wgmma_64x128", 64, 128, 4, 2);
+/// 64x64, one warpgroup, 4 stages (65 KiB, three blocks per SM): small outputs.
+pub const MATMUL_BF16_WGMMA_64X64: TileShape = wgmma_tile("matmul_forward_bf16_wgmma_64x64", 64, 64, 4, 3);
+
+/// Every bf16 `wgmma` tile shape (sm_90a module only).
+pub const MATMUL_BF16_WGMMA_VARIANTS: [TileShape; 6] = [
+    MATMUL_BF16_WGMMA_128X256,
+    MATMUL_BF16_WGMMA_192X192,
+    MATMUL_BF16_WGMMA_128X192,
+    MATMUL_BF16_WGMMA_128X128,
+    MATMUL_BF16_WGMMA_64X128,
+    MATMUL_BF16_WGMMA_64X64,
+];
+
+/// Parameters of the bf16 `wgmma` kernels: `out = inp · weightᵀ (+ bias)
+/// (GELU)` with `inp` `[n, c]` and `weight` `[oc, c]` bf16, described by
+/// tensor maps (element bf16, box [`MATMUL_BF16_WGMMA_BK`] x the tile's rows,
+/// 128-byte swizzle), f32 accumulation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulBf16WgmmaParams {
+    pub inp_map: *const TensorMap,
+    pub weight_map: *const TensorMap,
+    /// `[n, oc]` f32, 16-byte aligned; written unless `out_bf16` is set.
+    pub out: *mut f32,
+    /// Null, or `[n, oc]` bf16 bits (8-byte aligned) written instead of
+    /// `out` (rounded to nearest even), for a bf16 matmul that reads it next.
+    pub out_bf16: *mut u16,
+    /// `[oc]`, or null for no bias.
+    pub bias: *const f32,
+    pub n: u32,
+    /// A multiple of 8 (16-byte rows for the tensor maps).
+    pub c: u32,
+    pub oc: u32,
+    /// Nonzero: GELU (tanh approximation) after the bias.
+    pub gelu: u32,
+    /// Split-K as in `MatmulTf32WgmmaParams` (f32 `out` only; then `bias`
+    /// null and `gelu` 0).
+    pub k_tiles_per_split: u32,
+}
+
+crate::kernel_params!(MatmulBf16WgmmaParams);

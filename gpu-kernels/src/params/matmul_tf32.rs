@@ -6,7 +6,7 @@
 //! pick per GEMM shape:
 //! - [`TileEngine::MmaSync`] (`ops::matmul_tf32`): warp-level
 //!   `mma.sync.m16n8k8`, any GPU from sm_80 on;
-//! - [`TileEngine::Wgmma`] (`ops::matmul_tf32_wgmma`): Hopper's warpgroup
+//! - [`TileEngine::Wgmma`] (`ops::matmul_wgmma`): Hopper's warpgroup
 //!   `wgmma.mma_async.m64nNk8`, only in the sm_90a module (feature `sm90a`).
 //!
 //! The shapes are described by [`TileShape`]; the kernels read their shape
@@ -176,7 +176,7 @@ pub const MATMUL_TF32_VARIANTS: [TileShape; 5] = [
 ];
 
 /// A wgmma tile: `bm / 64` warpgroups, each `64 x bn`.
-const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, blocks_per_sm: u32) -> TileShape {
+pub const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, blocks_per_sm: u32) -> TileShape {
     TileShape {
         name,
         engine: TileEngine::Wgmma,

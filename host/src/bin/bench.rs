@@ -14,6 +14,7 @@ use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
+use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
 use host::bench::step_trace::{PHASE_KINDS, PhaseTimes, by_kind, phase_times};
 use host::bench::{
     AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random,
@@ -33,7 +34,9 @@ use host::gpu::ops::matmul::{
     FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulWorkspace, SMALL_MAX_ROWS, SmallPlan, TiledPlan,
     matmul_forward_plan, matmul_forward_small, matmul_forward_with, matmul_forward_ws, split_k_workspace_floats,
 };
-use host::gpu::ops::matmul_bf16::matmul_forward_bf16;
+use host::gpu::ops::matmul_bf16::{
+    Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_with,
+};
 use host::gpu::ops::matmul_tf32::{
     MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32, matmul_forward_tf32_opts,
     matmul_forward_tf32_with,
@@ -356,6 +359,30 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                     matmul_forward_bf16(gpu, &mut out[i], &inp[i], &w16[i], None, m, k, n, false)
                 })?;
                 record("ours_bf16_auto".into(), "bf16", t);
+                if gpu.has_wgmma() {
+                    // The Hopper kernels, as cuBLAS runs: bf16 inp and out.
+                    let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
+                        let out = Bf16Out::Bf16(&mut out16[i]);
+                        matmul_forward_bf16_wgmma(gpu, out, &inp16[i], &w16[i], None, m, k, n, false)
+                    })?;
+                    record("ours_bf16_wgmma_auto".into(), "bf16", t);
+                    let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
+                        let out = Bf16Out::F32(&mut sets.out[i]);
+                        matmul_forward_bf16_wgmma(gpu, out, &inp16[i], &w16[i], None, m, k, n, false)
+                    })?;
+                    record("ours_bf16_wgmma_auto_f32_out".into(), "bf16", t);
+                    for shape in &MATMUL_BF16_WGMMA_VARIANTS {
+                        let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
+                            let out = Bf16Out::Bf16(&mut out16[i]);
+                            matmul_forward_bf16_wgmma_with(gpu, shape, out, &inp16[i], &w16[i], None, m, k, n, false)
+                        })?;
+                        record(
+                            format!("ours_{}", shape.name.trim_start_matches("matmul_forward_")),
+                            "bf16",
+                            t,
+                        );
+                    }
+                }
             }
 
             // Ours, FP32 (H4's naive and tiled matmul_forward): hook.

@@ -137,22 +137,23 @@ impl Gpu {
     }
 
     /// The device address of a tensor map for TMA copies of `box_rows x
-    /// box_cols` boxes, with the 128-byte swizzle, out of the row-major f32
-    /// matrix of `rows x cols` at device address `ptr` (out-of-range parts
-    /// of a box read as zeros). Encoded and uploaded once per distinct
-    /// request, then served from a cache: a map holds only the address and
-    /// shape, so it stays valid for any buffer later allocated at `ptr`.
-    /// `ptr` must be 16-byte aligned and `cols * 4` a multiple of 16; a box
-    /// row (`box_cols * 4` bytes) at most 128 bytes.
+    /// box_cols` boxes, with the 128-byte swizzle, out of the row-major
+    /// matrix of `rows x cols` elements of `elem` at device address `ptr`
+    /// (out-of-range parts of a box read as zeros). Encoded and uploaded once
+    /// per distinct request, then served from a cache: a map holds only the
+    /// address and shape, so it stays valid for any buffer later allocated
+    /// at `ptr`. `ptr` must be 16-byte aligned and a row's bytes a multiple
+    /// of 16; a box row at most 128 bytes.
     pub fn tensor_map_2d(
         &self,
+        elem: TensorElem,
         ptr: u64,
         rows: usize,
         cols: usize,
         box_rows: u32,
         box_cols: u32,
     ) -> Result<*const TensorMap, GpuError> {
-        let key = (ptr, rows, cols, box_rows, box_cols);
+        let key = (elem, ptr, rows, cols, box_rows, box_cols);
         let mut cache = self.tensor_maps.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(&addr) = cache.maps.get(&key) {
             return Ok(addr as *const TensorMap);
@@ -162,7 +163,7 @@ impl Gpu {
             self.synchronize()?;
             *cache = TensorMapCache::default();
         }
-        let map = encode_tensor_map_2d_f32(ptr, rows, cols, box_rows, box_cols)?;
+        let map = encode_tensor_map_2d(elem, ptr, rows, cols, box_rows, box_cols)?;
         if cache.used == TENSOR_MAPS_PER_CHUNK || cache.chunks.is_empty() {
             let chunk = self.alloc::<DeviceTensorMap>(TENSOR_MAPS_PER_CHUNK)?;
             cache.chunks.push(chunk);
@@ -439,7 +440,7 @@ const TENSOR_MAP_CACHE_LIMIT: usize = 16 * TENSOR_MAPS_PER_CHUNK;
 /// box cols); filled chunk by chunk.
 #[derive(Default)]
 struct TensorMapCache {
-    maps: HashMap<(u64, usize, usize, u32, u32), u64>,
+    maps: HashMap<(TensorElem, u64, usize, usize, u32, u32), u64>,
     chunks: Vec<CudaSlice<DeviceTensorMap>>,
     used: usize,
 }
@@ -452,8 +453,25 @@ struct DeviceTensorMap(TensorMap);
 unsafe impl DeviceRepr for DeviceTensorMap {}
 unsafe impl cudarc::driver::ValidAsZeroBits for DeviceTensorMap {}
 
-/// `cuTensorMapEncodeTiled` for a row-major f32 matrix, 128-byte swizzle.
-fn encode_tensor_map_2d_f32(
+/// The element type of a matrix a tensor map describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TensorElem {
+    F32,
+    Bf16,
+}
+
+impl TensorElem {
+    fn bytes(self) -> u64 {
+        match self {
+            TensorElem::F32 => 4,
+            TensorElem::Bf16 => 2,
+        }
+    }
+}
+
+/// `cuTensorMapEncodeTiled` for a row-major matrix, 128-byte swizzle.
+fn encode_tensor_map_2d(
+    elem: TensorElem,
     ptr: u64,
     rows: usize,
     cols: usize,
@@ -461,11 +479,14 @@ fn encode_tensor_map_2d_f32(
     box_cols: u32,
 ) -> Result<TensorMap, GpuError> {
     use cudarc::driver::sys;
-    const F32_BYTES: u64 = 4;
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
     // Innermost dimension first; the stride of dimension 0 is implicit.
     let dims = [cols as u64, rows as u64];
-    let strides = [cols as u64 * F32_BYTES];
+    let strides = [cols as u64 * elem.bytes()];
+    let dtype = match elem {
+        TensorElem::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        TensorElem::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
     let boxes = [box_cols, box_rows];
     let element_strides = [1u32, 1];
     // SAFETY: every pointer argument points to a live local array of the
@@ -473,7 +494,7 @@ fn encode_tensor_map_2d_f32(
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            dtype,
             2,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),

@@ -5,14 +5,22 @@
 //!
 //! Two tile shapes are compiled (`MATMUL_BF16_VARIANTS`); [`choose_tile`]
 //! picks one per GEMM shape, [`matmul_forward_bf16_with`] runs a given one.
+//!
+//! On Hopper, [`matmul_forward_bf16_wgmma`]: `inp` already in bf16 (rounded
+//! once by its producer), operands staged by TMA into `wgmma` tiles, the
+//! result in f32 or bf16 ([`Bf16Out`]).
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use gpu_kernels::params::matmul_bf16::{
-    Bf16TileShape, MATMUL_BF16_64X64, MATMUL_BF16_128X128, MATMUL_BF16_C_MULTIPLE, MatmulBf16Params,
+    Bf16TileShape, MATMUL_BF16_64X64, MATMUL_BF16_128X128, MATMUL_BF16_C_MULTIPLE, MATMUL_BF16_WGMMA_BK,
+    MATMUL_BF16_WGMMA_VARIANTS, MatmulBf16Params, MatmulBf16WgmmaParams,
 };
+use gpu_kernels::params::matmul_tf32::TileShape;
 
 use super::args::{OpError, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use super::matmul_tf32::{predicted_cost, tf32_blocks};
 use crate::gpu::Gpu;
+use crate::gpu::runtime::TensorElem;
 
 const OP: &str = "matmul_forward_bf16";
 
@@ -122,6 +130,149 @@ pub fn matmul_forward_bf16_with(
     // c % 8 == 0 (the kernel's cp.async contract). Grid, block and dynamic
     // shared memory come from `shape` (the kernel checks at compile time that
     // its layout takes `shared_bytes`), and the limit was raised for it.
+    unsafe { gpu.launch(shape.name, cfg, params)? };
+    Ok(())
+}
+
+/// Where [`matmul_forward_bf16_wgmma`] writes `[n, oc]`.
+pub enum Bf16Out<'a> {
+    /// f32 (16-byte aligned).
+    F32(&'a mut CudaSlice<f32>),
+    /// bf16, rounded to nearest even (8-byte aligned): for a bf16 matmul
+    /// that reads the result next, which would round it the same way.
+    Bf16(&'a mut CudaSlice<half::bf16>),
+}
+
+const OP_WGMMA: &str = "matmul_forward_bf16_wgmma";
+
+/// The bf16 `wgmma` tile for an `n x oc` output on `sms` SMs: the least
+/// predicted cost (`matmul_tf32::predicted_cost`: wave quantisation and
+/// tile efficiency), ties to the tile that keeps more blocks running.
+pub fn choose_wgmma_tile(n: usize, oc: usize, sms: usize) -> TileShape {
+    let key = |s: &TileShape| {
+        let running = tf32_blocks(s, n, oc).min(sms * s.blocks_per_sm as usize);
+        (predicted_cost(s, n, oc, sms), std::cmp::Reverse(running), s.bm * s.bn)
+    };
+    MATMUL_BF16_WGMMA_VARIANTS
+        .iter()
+        .copied()
+        .min_by_key(key)
+        .expect("the variant list is not empty")
+}
+
+/// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
+/// `gelu`: bf16 operands on Hopper's `wgmma` tensor cores (sm_90a module),
+/// f32 accumulation, the tile chosen by [`choose_wgmma_tile`]. CPU twin:
+/// `cpu::ops::matmul_forward_bf16` (which rounds an f32 `inp` as the
+/// producer of this `inp` did). `c` must be a multiple of 8.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_bf16_wgmma(
+    gpu: &Gpu,
+    out: Bf16Out<'_>,
+    inp: &CudaSlice<half::bf16>,
+    weight: &CudaSlice<half::bf16>,
+    bias: Option<&CudaSlice<f32>>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+) -> Result<(), OpError> {
+    let shape = choose_wgmma_tile(n, oc, gpu.sm_count());
+    matmul_forward_bf16_wgmma_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
+}
+
+/// [`matmul_forward_bf16_wgmma`] with an explicit tile (one of
+/// `MATMUL_BF16_WGMMA_VARIANTS`).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_bf16_wgmma_with(
+    gpu: &Gpu,
+    shape: &TileShape,
+    out: Bf16Out<'_>,
+    inp: &CudaSlice<half::bf16>,
+    weight: &CudaSlice<half::bf16>,
+    bias: Option<&CudaSlice<f32>>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+) -> Result<(), OpError> {
+    if !gpu.has_wgmma() {
+        return Err(OpError::shape(
+            OP_WGMMA,
+            "needs the sm_90a (wgmma) kernels, which this GPU's module lacks",
+        ));
+    }
+    if !MATMUL_BF16_WGMMA_VARIANTS.contains(shape) {
+        return Err(OpError::shape(
+            OP_WGMMA,
+            format!("{} is not a bf16 wgmma tile", shape.name),
+        ));
+    }
+    if !c.is_multiple_of(BF16_C_MULTIPLE) {
+        return Err(OpError::shape(
+            OP_WGMMA,
+            format!("c = {c} is not a multiple of {BF16_C_MULTIPLE} (tensor-map rows are 16-byte multiples)"),
+        ));
+    }
+    count_u32(OP_WGMMA, "n * c", &[n, c])?;
+    count_u32(OP_WGMMA, "oc * c", &[oc, c])?;
+    count_u32(OP_WGMMA, "n * oc", &[n, oc])?;
+    check_len(OP_WGMMA, "inp", inp.len(), n * c)?;
+    check_len(OP_WGMMA, "weight", weight.len(), oc * c)?;
+    if let Some(b) = bias {
+        check_len(OP_WGMMA, "bias", b.len(), oc)?;
+    }
+    let (out_f32, out_bf16) = match out {
+        Bf16Out::F32(o) => {
+            check_len(OP_WGMMA, "out", o.len(), n * oc)?;
+            (out_ptr(gpu, o), std::ptr::null_mut())
+        }
+        Bf16Out::Bf16(o) => {
+            check_len(OP_WGMMA, "out", o.len(), n * oc)?;
+            (std::ptr::null_mut(), out_ptr(gpu, o).cast::<u16>())
+        }
+    };
+    if n == 0 || oc == 0 {
+        return Ok(());
+    }
+    let (inp_p, w_p) = (in_ptr(gpu, inp) as u64, in_ptr(gpu, weight) as u64);
+    if !aligned16(&[inp_p as usize, w_p as usize, out_f32 as usize]) || !(out_bf16 as usize).is_multiple_of(8) {
+        return Err(OpError::shape(
+            OP_WGMMA,
+            "inp, weight and an f32 out must be 16-byte aligned, a bf16 out 8-byte",
+        ));
+    }
+    let bk = MATMUL_BF16_WGMMA_BK;
+    // The `inp` map spans the whole buffer, not n rows (as the TF32 kernels'
+    // do): one map per activation buffer, whatever the token count; rows
+    // past n only feed output rows that are never stored.
+    let inp_rows = inp.len() / c.max(1);
+    let params = MatmulBf16WgmmaParams {
+        inp_map: gpu.tensor_map_2d(TensorElem::Bf16, inp_p, inp_rows, c, shape.bm, bk)?,
+        weight_map: gpu.tensor_map_2d(TensorElem::Bf16, w_p, oc, c, shape.bn, bk)?,
+        out: out_f32,
+        out_bf16,
+        bias: bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b)),
+        n: to_u32(OP_WGMMA, "n", n)?,
+        c: to_u32(OP_WGMMA, "c", c)?,
+        oc: to_u32(OP_WGMMA, "oc", oc)?,
+        gelu: gelu as u32,
+        k_tiles_per_split: 0,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (to_u32(OP_WGMMA, "blocks", tf32_blocks(shape, n, oc))?, 1, 1),
+        block_dim: (shape.threads(), 1, 1),
+        shared_mem_bytes: shape.shared_bytes(),
+    };
+    gpu.set_max_dynamic_shared(shape.name, shape.shared_bytes())?;
+    // SAFETY: `shape.name` is a bf16 wgmma kernel (checked: one of the
+    // variants, and the sm_90a module is loaded), whose parameter type is
+    // MatmulBf16WgmmaParams. The maps describe `inp` (>= n rows) and
+    // `weight` (oc rows) of c bf16 with the boxes the kernel was compiled
+    // with; exactly one of `out` (n*oc f32, 16-byte aligned) and `out_bf16`
+    // (n*oc bf16, 8-byte aligned) is set, `bias` holds oc floats or is null
+    // (all checked above); no split-K. Grid, block and shared memory come
+    // from `shape`, and the shared-memory limit was raised for it.
     unsafe { gpu.launch(shape.name, cfg, params)? };
     Ok(())
 }

@@ -19,7 +19,7 @@ use gpu_kernels::params::matmul_tf32::{
 };
 
 use crate::gpu::ops::matmul::launch_split_reduce;
-use crate::gpu::runtime::{Gpu, GpuError};
+use crate::gpu::runtime::{Gpu, GpuError, TensorElem};
 
 /// Floats per 16-byte `cp.async` copy: rows of `inp` and `W` are copied in
 /// such chunks, so `c` must be a multiple of it.
@@ -558,8 +558,8 @@ where
         // past n only feed output rows past n, which are never stored.
         let inp_rows = inp.len() / c.max(1);
         let params = MatmulTf32WgmmaParams {
-            inp_map: gpu.tensor_map_2d(inp_p, inp_rows, c, shape.bm, MATMUL_TF32_BK)?,
-            weight_map: gpu.tensor_map_2d(w_p, oc, c, shape.bn, MATMUL_TF32_BK)?,
+            inp_map: gpu.tensor_map_2d(TensorElem::F32, inp_p, inp_rows, c, shape.bm, MATMUL_TF32_BK)?,
+            weight_map: gpu.tensor_map_2d(TensorElem::F32, w_p, oc, c, shape.bn, MATMUL_TF32_BK)?,
             out: out_p as *mut f32,
             bias: bias_ptr,
             n: n as u32,

@@ -1,6 +1,13 @@
-//! TF32 matmul on Hopper's warpgroup tensor cores (sm_90a):
-//! `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias) (GELU)`, the same contract as
-//! `ops::matmul_tf32` (whose `mma.sync` kernels run on any GPU).
+//! TF32 and bf16 matmuls on Hopper's warpgroup tensor cores (sm_90a):
+//! `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias) (GELU)`, the contracts of
+//! `ops::matmul_tf32` and `ops::matmul_bf16` (whose `mma.sync` kernels run
+//! on any GPU). One body serves both ([`WgmmaOperands`]): a staged row of
+//! k is 128 bytes either way (32 f32 or 64 bf16), and one `wgmma` step reads
+//! 32 bytes of it (k = 8 TF32 or 16 bf16), so the layout, descriptors and
+//! pipeline are the same; only the instruction and the depth of a stage in
+//! elements differ. The bf16 kernels read `inp` as bf16 (rounded once by
+//! its producer) and may write bf16 (`TileOut::Bf16`) for a bf16 matmul
+//! that reads the result next.
 //!
 //! Why a second kernel: `mma.sync` is issued per warp and reads its operands
 //! from registers, so every k-step costs shared-memory loads, a barrier per
@@ -48,14 +55,13 @@ use crate::device::wgmma::{
     wgmma_fence,
 };
 use crate::device::{WARP_SIZE, block_idx_x, block_idx_y, named_barrier_sync, sync_threads, thread_idx_x};
-use crate::ops::matmul_tf32::{grouped_tile, store_tile};
+use crate::ops::matmul_tf32::{TileOut, grouped_tile, store_tile};
+use crate::params::matmul_bf16::*;
 use crate::params::matmul_tf32::*;
 
-const BK: usize = MATMUL_TF32_BK as usize;
-/// k depth of one TF32 `wgmma`, and the bytes it advances in a staged row.
-const WGMMA_K: usize = 8;
-const WGMMA_K_BYTES: u32 = (WGMMA_K * 4) as u32;
-const STEPS_PER_STAGE: usize = BK / WGMMA_K;
+/// Bytes of a staged row one `wgmma` step advances (8 TF32 or 16 bf16).
+const WGMMA_K_BYTES: u32 = 32;
+const STEPS_PER_STAGE: usize = (SWIZZLE_ROW_BYTES / WGMMA_K_BYTES) as usize;
 /// Rows of A per warpgroup, threads per warpgroup.
 const WG_ROWS: usize = WGMMA_M as usize;
 const WG_THREADS: usize = WARPGROUP_THREADS as usize;
@@ -68,7 +74,60 @@ const GROUP_COLS: usize = 8;
 /// Rows of one warp's accumulator slice.
 const WARP_ROWS: usize = 16;
 
-const _: () = assert!(SWIZZLE_ROW_BYTES as usize == BK * 4);
+const _: () = assert!(SWIZZLE_ROW_BYTES == MATMUL_TF32_BK * 4 && SWIZZLE_ROW_BYTES == MATMUL_BF16_WGMMA_BK * 2);
+
+/// The operand type of a `wgmma` kernel: what one step issues, and how many
+/// elements of k a stage (one 128-byte row) holds.
+pub(crate) trait WgmmaOperands {
+    /// Elements of k per stage.
+    const BK: usize;
+    /// One 32-byte-deep step of the warpgroup's tile (see
+    /// `WgmmaAccumulator::mma_tf32`).
+    ///
+    /// # Safety
+    /// `WgmmaAccumulator::mma_tf32`'s contract, with tiles of this type.
+    unsafe fn mma<Acc: WgmmaAccumulator>(acc: &mut Acc, a: u64, b: u64);
+}
+
+/// TF32 operands (f32 storage; `weight` pre-rounded, `inp` rounded in the
+/// kernel or by its producer).
+pub(crate) struct Tf32;
+impl WgmmaOperands for Tf32 {
+    const BK: usize = MATMUL_TF32_BK as usize;
+    #[inline(always)]
+    unsafe fn mma<Acc: WgmmaAccumulator>(acc: &mut Acc, a: u64, b: u64) {
+        // SAFETY: forwarded.
+        unsafe { acc.mma_tf32(a, b) }
+    }
+}
+
+/// bf16 operands.
+pub(crate) struct Bf16;
+impl WgmmaOperands for Bf16 {
+    const BK: usize = MATMUL_BF16_WGMMA_BK as usize;
+    #[inline(always)]
+    unsafe fn mma<Acc: WgmmaAccumulator>(acc: &mut Acc, a: u64, b: u64) {
+        // SAFETY: forwarded.
+        unsafe { acc.mma_bf16(a, b) }
+    }
+}
+
+/// One launch's GEMM, whichever kernel family's parameters it came from.
+#[derive(Clone, Copy)]
+struct Gemm {
+    inp_map: u64,
+    weight_map: u64,
+    out: TileOut,
+    bias: *const f32,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+    /// Round `inp` to TF32 in shared memory (TF32 only).
+    round_inp: bool,
+    /// Split-K: k-tiles per split, 0 for none.
+    k_tiles_per_split: usize,
+}
 
 /// Two floats stored as one 8-byte access.
 #[repr(C, align(8))]
@@ -130,15 +189,17 @@ unsafe fn round_stage(stage: *mut u8, bytes: usize, tid: usize, consumers: usize
 /// and `32 x BN` and the 128-byte swizzle, `out` holds `n * oc` floats,
 /// 16-byte aligned, `bias` `oc` floats or null.
 #[inline(always)]
-unsafe fn matmul_tf32_wgmma_body<
+unsafe fn matmul_wgmma_body<
+    Op: WgmmaOperands,
     Acc: WgmmaAccumulator,
     const BM: usize,
     const BN: usize,
     const STAGES: usize,
     const CONSUMERS: usize,
 >(
-    p: MatmulTf32WgmmaParams,
+    p: Gemm,
 ) {
+    let bk = Op::BK;
     const {
         assert!(Acc::N == BN);
         assert!(BM % WG_ROWS == 0 && CONSUMERS == BM / WG_ROWS * WG_THREADS);
@@ -148,7 +209,7 @@ unsafe fn matmul_tf32_wgmma_body<
         // The epilogue parks the output tile in the stages' memory.
         assert!(BM * (BN + EPI_PAD) * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
     };
-    let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
+    let (n, c, oc) = (p.n, p.c, p.oc);
     let (tile_m, tile_n) = grouped_tile(block_idx_x() as usize, n.div_ceil(BM), oc.div_ceil(BN));
     let (m0, n0) = (tile_m * BM, tile_n * BN);
     let tid = thread_idx_x() as usize;
@@ -183,20 +244,27 @@ unsafe fn matmul_tf32_wgmma_body<
 
     // Split-K: block row `y` of the grid takes k-tiles `first..last` and
     // writes a partial tile (no bias, no GELU) to slice `y` of `out`.
-    let ktiles_all = c.div_ceil(BK);
+    let ktiles_all = c.div_ceil(bk);
     let split = block_idx_y() as usize;
     let per_split = if p.k_tiles_per_split == 0 {
         ktiles_all
     } else {
-        p.k_tiles_per_split as usize
+        p.k_tiles_per_split
     };
     let first = (split * per_split).min(ktiles_all);
     let ktiles = (first + per_split).min(ktiles_all) - first;
-    let out = unsafe { p.out.add(split * n * oc) };
+    let out = match p.out {
+        TileOut::F32 { out, round_tf32 } => TileOut::F32 {
+            out: unsafe { out.add(split * n * oc) },
+            round_tf32,
+        },
+        // No split-K for bf16 output (the host's contract).
+        bf16 => bf16,
+    };
     if tid >= CONSUMERS {
         // Producer warp: one lane streams the k-tiles through the ring.
         if tid == CONSUMERS {
-            let (inp_map, weight_map) = (p.inp_map as u64, p.weight_map as u64);
+            let (inp_map, weight_map) = (p.inp_map, p.weight_map);
             for kt in 0..ktiles {
                 let s = kt % STAGES;
                 let round = kt / STAGES;
@@ -204,7 +272,7 @@ unsafe fn matmul_tf32_wgmma_body<
                     // Wait until the consumers released this buffer's previous tile.
                     unsafe { mbarrier_wait_parity(empty(s), ((round - 1) & 1) as u32) };
                 }
-                let k = ((first + kt) * BK) as i32;
+                let k = ((first + kt) * bk) as i32;
                 unsafe {
                     mbarrier_arrive_expect_tx(full(s), stage_bytes);
                     tma_load_2d(stage(s), inp_map, k, m0 as i32, full(s));
@@ -227,7 +295,7 @@ unsafe fn matmul_tf32_wgmma_body<
         for kt in 0..ktiles {
             let s = kt % STAGES;
             unsafe { mbarrier_wait_parity(full(s), ((kt / STAGES) & 1) as u32) };
-            if p.round_inp != 0 {
+            if p.round_inp {
                 // Round this warpgroup's rows of `inp` (its A operand) in place.
                 let a_rows = unsafe {
                     smem_ptr.add(s * stage_bytes as usize + warpgroup * WG_ROWS * SWIZZLE_ROW_BYTES as usize)
@@ -262,7 +330,7 @@ unsafe fn matmul_tf32_wgmma_body<
                 // SAFETY: the whole warpgroup runs this with the same descriptors
                 // of a landed stage; the stage is refilled only after this
                 // warpgroup releases it below, once this group has completed.
-                unsafe { acc.mma_tf32(a, b) };
+                unsafe { Op::mma(&mut acc, a, b) };
             }
             wgmma_commit_group();
             // Keep this tile's group in flight; the previous one is done now.
@@ -292,51 +360,99 @@ unsafe fn matmul_tf32_wgmma_body<
         unsafe { *tile.add(row * ldo + col).cast::<F2>() = F2(v) };
     });
     named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
-    unsafe {
-        store_tile(
-            tile,
-            ldo,
-            BM,
-            BN,
-            tid,
-            CONSUMERS,
-            m0,
-            n0,
-            out,
-            p.bias,
-            n,
-            oc,
-            p.gelu != 0,
-            p.round_out != 0,
-        )
-    };
+    unsafe { store_tile(tile, ldo, BM, BN, tid, CONSUMERS, (m0, n0), out, p.bias, n, oc, p.gelu) };
 }
 
-/// Exports one kernel per wgmma tile shape, named and sized from its `TileShape`.
-macro_rules! matmul_tf32_wgmma_kernel {
-    ($fn_name:ident, $shape:expr) => {
+/// Exports one kernel per wgmma tile shape, named and sized from its
+/// `TileShape`: `$op` the operands, `$params` the parameter struct, `$gemm`
+/// how it becomes a [`Gemm`].
+macro_rules! matmul_wgmma_kernel {
+    ($fn_name:ident, $shape:expr, $op:ty, $params:ty, $gemm:path) => {
         /// # Safety
-        /// As for `matmul_tf32_wgmma_body`, with this kernel's tile shape.
+        /// As for `matmul_wgmma_body`, with this kernel's tile shape.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $fn_name(p: MatmulTf32WgmmaParams) {
+        pub unsafe extern "ptx-kernel" fn $fn_name(p: $params) {
             const S: TileShape = $shape;
             const { assert!(matches!(S.engine, TileEngine::Wgmma)) };
             unsafe {
-                matmul_tf32_wgmma_body::<
+                matmul_wgmma_body::<
+                    $op,
                     [f32; { S.bn as usize / 2 }],
                     { S.bm as usize },
                     { S.bn as usize },
                     { S.stages as usize },
                     { (S.bm / WGMMA_M * WARPGROUP_THREADS) as usize },
-                >(p)
+                >($gemm(&p))
             }
         }
     };
 }
 
-matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x256, MATMUL_TF32_WGMMA_128X256);
-matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_192x192, MATMUL_TF32_WGMMA_192X192);
-matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x192, MATMUL_TF32_WGMMA_128X192);
-matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_128x128, MATMUL_TF32_WGMMA_128X128);
-matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_64x128, MATMUL_TF32_WGMMA_64X128);
-matmul_tf32_wgmma_kernel!(matmul_forward_tf32_wgmma_64x64, MATMUL_TF32_WGMMA_64X64);
+/// The [`Gemm`] of a TF32 launch.
+#[inline(always)]
+fn tf32_gemm(p: &MatmulTf32WgmmaParams) -> Gemm {
+    Gemm {
+        inp_map: p.inp_map as u64,
+        weight_map: p.weight_map as u64,
+        out: TileOut::F32 {
+            out: p.out,
+            round_tf32: p.round_out != 0,
+        },
+        bias: p.bias,
+        n: p.n as usize,
+        c: p.c as usize,
+        oc: p.oc as usize,
+        gelu: p.gelu != 0,
+        round_inp: p.round_inp != 0,
+        k_tiles_per_split: p.k_tiles_per_split as usize,
+    }
+}
+
+/// The [`Gemm`] of a bf16 launch: bf16 out where `out_bf16` is set.
+#[inline(always)]
+fn bf16_gemm(p: &MatmulBf16WgmmaParams) -> Gemm {
+    Gemm {
+        inp_map: p.inp_map as u64,
+        weight_map: p.weight_map as u64,
+        out: if p.out_bf16.is_null() {
+            TileOut::F32 {
+                out: p.out,
+                round_tf32: false,
+            }
+        } else {
+            TileOut::Bf16(p.out_bf16)
+        },
+        bias: p.bias,
+        n: p.n as usize,
+        c: p.c as usize,
+        oc: p.oc as usize,
+        gelu: p.gelu != 0,
+        round_inp: false,
+        k_tiles_per_split: p.k_tiles_per_split as usize,
+    }
+}
+
+macro_rules! tf32_kernel {
+    ($fn_name:ident, $shape:expr) => {
+        matmul_wgmma_kernel!($fn_name, $shape, Tf32, MatmulTf32WgmmaParams, tf32_gemm);
+    };
+}
+macro_rules! bf16_kernel {
+    ($fn_name:ident, $shape:expr) => {
+        matmul_wgmma_kernel!($fn_name, $shape, Bf16, MatmulBf16WgmmaParams, bf16_gemm);
+    };
+}
+
+tf32_kernel!(matmul_forward_tf32_wgmma_128x256, MATMUL_TF32_WGMMA_128X256);
+tf32_kernel!(matmul_forward_tf32_wgmma_192x192, MATMUL_TF32_WGMMA_192X192);
+tf32_kernel!(matmul_forward_tf32_wgmma_128x192, MATMUL_TF32_WGMMA_128X192);
+tf32_kernel!(matmul_forward_tf32_wgmma_128x128, MATMUL_TF32_WGMMA_128X128);
+tf32_kernel!(matmul_forward_tf32_wgmma_64x128, MATMUL_TF32_WGMMA_64X128);
+tf32_kernel!(matmul_forward_tf32_wgmma_64x64, MATMUL_TF32_WGMMA_64X64);
+
+bf16_kernel!(matmul_forward_bf16_wgmma_128x256, MATMUL_BF16_WGMMA_128X256);
+bf16_kernel!(matmul_forward_bf16_wgmma_192x192, MATMUL_BF16_WGMMA_192X192);
+bf16_kernel!(matmul_forward_bf16_wgmma_128x192, MATMUL_BF16_WGMMA_128X192);
+bf16_kernel!(matmul_forward_bf16_wgmma_128x128, MATMUL_BF16_WGMMA_128X128);
+bf16_kernel!(matmul_forward_bf16_wgmma_64x128, MATMUL_BF16_WGMMA_64X128);
+bf16_kernel!(matmul_forward_bf16_wgmma_64x64, MATMUL_BF16_WGMMA_64X64);
