@@ -17,7 +17,9 @@ use host::gpu::ops::attention::attention_forward_variant;
 use host::gpu::ops::convert::convert_to_f32;
 use host::gpu::ops::encoder::encoder_forward_variant;
 use host::gpu::ops::gelu::gelu_forward_variant;
-use host::gpu::ops::layernorm::{layernorm_forward_variant, residual_layernorm_forward};
+use host::gpu::ops::layernorm::{
+    layernorm_forward_bf16, layernorm_forward_variant, residual_layernorm_forward, residual_layernorm_forward_bf16,
+};
 use host::gpu::ops::matmul::{
     MatmulKernel, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_with, matmul_forward_ws, plan_tiled,
     split_k_workspace_floats,
@@ -278,6 +280,73 @@ fn residual_layernorm_matches_cpu() {
             // a value by one TF32 step (2^-10 relative).
             let rtol = if round { 1e-3 } else { 1e-5 };
             check(&format!("{what} (out)"), &down(&gpu, &out), &want, 1e-5, rtol);
+        }
+    }
+}
+
+/// Both layernorm kernels writing bf16 (for the bf16 matmuls): each output
+/// is the CPU twin's f32 value rounded to nearest even, allowing a last-bit
+/// difference before the rounding to move it one bf16 step (2^-8 of it) and
+/// the f32 kernels' own bar; the residual output stays f32, bit for bit. Odd
+/// `c` and a misaligned input take the scalar stores.
+#[test]
+#[ignore = "needs a GPU"]
+fn layernorm_bf16_out_matches_cpu() {
+    let Some(gpu) = skip::gpu() else { return };
+    let bf16_check = |what: &str, got: &[half::bf16], want: &[f32]| {
+        for (i, (g, &w)) in got.iter().zip(want).enumerate() {
+            let (g, r) = (g.to_f32(), half::bf16::from_f32(w).to_f32());
+            let bound = 1e-5 + w.abs() / 256.0;
+            assert!(
+                g == r || (g - w).abs() <= bound,
+                "{what}: out[{i}] = {g}, twin {w} (bf16 {r})"
+            );
+        }
+    };
+    for &(n, c) in &[(1, 768), (3 * 37, 768), (4 * 64, 1600), (3, 2052), (7, 66), (5, 3)] {
+        for misaligned in [false, true] {
+            let inp1: Vec<f32> = random_vec(n * c + 1, 2.0).iter().map(|x| x + 10.0).collect();
+            let inp2 = random_vec(n * c + 1, 1.0);
+            let (w, bias) = (random_vec(c, 1.0), random_vec(c, 1.0));
+            let off = misaligned as usize;
+            let (mut want_res, mut want) = (vec![0f32; n * c], vec![0f32; n * c]);
+            cpu::residual_layernorm_forward(
+                &mut want_res,
+                &mut want,
+                &inp1[..n * c],
+                &inp2[off..off + n * c],
+                &w,
+                &bias,
+                n,
+                c,
+            );
+            let (d1, d2, dw, db) = (
+                gpu.upload(&inp1[..n * c]).unwrap(),
+                gpu.upload(&inp2).unwrap(),
+                gpu.upload(&w).unwrap(),
+                gpu.upload(&bias).unwrap(),
+            );
+            let d2v = d2.slice(off..off + n * c);
+            let what = format!("n={n} c={c} misaligned={misaligned}");
+            let mut res = poisoned(&gpu, n * c);
+            let mut out = gpu.upload(&vec![half::bf16::NAN; n * c]).unwrap();
+            residual_layernorm_forward_bf16(&gpu, &mut res, &mut out, &d1, &d2v, &dw, &db, n, c).unwrap();
+            check(
+                &format!("residual_layernorm_bf16 {what} (residual)"),
+                &down(&gpu, &res),
+                &want_res,
+                0.0,
+                0.0,
+            );
+            bf16_check(
+                &format!("residual_layernorm_bf16 {what}"),
+                &gpu.download(&out).unwrap(),
+                &want,
+            );
+            // The unfused kernel on the same row sums (the residual above).
+            let mut out = gpu.upload(&vec![half::bf16::NAN; n * c]).unwrap();
+            layernorm_forward_bf16(&gpu, &mut out, &res, &dw, &db, n, c).unwrap();
+            bf16_check(&format!("layernorm_bf16 {what}"), &gpu.download(&out).unwrap(), &want);
         }
     }
 }

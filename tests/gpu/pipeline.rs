@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
 use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS};
 use gpu_kernels::params::{SaxpyParams, names};
 use host::gpu::runtime::{dptr, dptr_mut};
@@ -49,7 +50,11 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
     }
     // Kernels of the sm_90a module only: the wgmma matmuls, and the
     // persistent decode step (bulk copies on mbarriers).
-    let mut wgmma: BTreeSet<String> = MATMUL_TF32_WGMMA_VARIANTS.iter().map(|s| s.name.to_string()).collect();
+    let mut wgmma: BTreeSet<String> = MATMUL_TF32_WGMMA_VARIANTS
+        .iter()
+        .chain(&MATMUL_BF16_WGMMA_VARIANTS)
+        .map(|s| s.name.to_string())
+        .collect();
     for k in [
         gpu_kernels::params::decode_step::DECODE_STEP,
         gpu_kernels::params::decode_step::DECODE_STEP_BF16,

@@ -1,8 +1,9 @@
 //! Layernorm over rows of `c` channels.
 
 use super::vec4::{VEC, aligned16, load4, store4};
+use crate::device::bf16::f32_to_bf16;
 use crate::device::math::rsqrt_precise;
-use crate::device::mma::to_tf32;
+use crate::device::mma::{pack_bf16x2, to_tf32};
 use crate::device::warp::warp_reduce_sum;
 use crate::device::{WARP_SIZE, block_dim_x, block_idx_x, global_idx_x, lane_id, warp_id};
 use crate::params::layernorm::{LAYERNORM_EPS, LayernormParams, ResidualLayernormParams};
@@ -15,17 +16,94 @@ struct Row {
     x: *mut f32,
     /// `(inp1, inp2)` whose sum is the row, when fused.
     add: Option<(*const f32, *const f32)>,
-    out: *mut f32,
+    out: Out,
     weight: *const f32,
     bias: *const f32,
 }
+
+/// Where a row's normalised values go (`LayernormParams::out_bf16`,
+/// `round_tf32`): f32, maybe TF32-rounded, or bf16. The pointers are the
+/// row's start.
+#[derive(Clone, Copy)]
+enum Out {
+    F32 { out: *mut f32, round_tf32: bool },
+    Bf16(*mut u16),
+}
+
+impl Out {
+    /// The row's output: bf16 where `out_bf16` is set, else `out`.
+    #[inline(always)]
+    fn new(out: *mut f32, out_bf16: *mut u16, round_tf32: u32, at: usize) -> Out {
+        // SAFETY (both): the caller's row offset lies inside the buffer.
+        if out_bf16.is_null() {
+            Out::F32 {
+                out: unsafe { out.add(at) },
+                round_tf32: round_tf32 != 0,
+            }
+        } else {
+            Out::Bf16(unsafe { out_bf16.add(at) })
+        }
+    }
+
+    /// Whether 4-value stores at multiples of 4 are aligned (16 bytes of f32,
+    /// 8 of bf16).
+    #[inline(always)]
+    fn aligned(self) -> bool {
+        match self {
+            Out::F32 { out, .. } => aligned16(out),
+            Out::Bf16(out) => (out as usize).is_multiple_of(8),
+        }
+    }
+
+    /// Element `i` is `v`.
+    ///
+    /// # Safety
+    /// `i` is inside the row.
+    #[inline(always)]
+    unsafe fn put(self, i: usize, v: f32) {
+        match self {
+            Out::F32 { out, round_tf32 } => unsafe {
+                *out.add(i) = if round_tf32 { f32::from_bits(to_tf32(v)) } else { v }
+            },
+            Out::Bf16(out) => unsafe { *out.add(i) = f32_to_bf16(v) },
+        }
+    }
+
+    /// Elements `i..i + 4` are `v`, one store.
+    ///
+    /// # Safety
+    /// `i + 4` is inside the row, `i` a multiple of 4, and [`Self::aligned`].
+    #[inline(always)]
+    unsafe fn put4(self, i: usize, v: [f32; VEC]) {
+        match self {
+            Out::F32 { out, round_tf32 } => unsafe {
+                store4(
+                    out.add(i),
+                    if round_tf32 {
+                        v.map(|x| f32::from_bits(to_tf32(x)))
+                    } else {
+                        v
+                    },
+                )
+            },
+            Out::Bf16(out) => unsafe {
+                *out.add(i).cast::<U2>() = U2([pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3])]);
+            },
+        }
+    }
+}
+
+/// Four bf16 stored as one 8-byte access.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct U2([u32; 2]);
 
 /// True when every pointer is 16-byte aligned and rows are whole vectors, so
 /// 16-byte loads of every row stay aligned.
 #[inline(always)]
 fn vectorisable(r: &Row, c: usize) -> bool {
     let add_aligned = r.add.is_none_or(|(a, b)| aligned16(a) && aligned16(b));
-    c % VEC == 0 && aligned16(r.x) && aligned16(r.out) && aligned16(r.weight) && aligned16(r.bias) && add_aligned
+    c % VEC == 0 && aligned16(r.x) && r.out.aligned() && aligned16(r.weight) && aligned16(r.bias) && add_aligned
 }
 
 /// 16-byte vectors of a row that each lane holds in registers on the fast
@@ -52,7 +130,7 @@ const ROW_VECS_PER_LANE: usize = 8;
 /// Every pointer of `r` is valid for `c` floats (weight, bias) or the row's
 /// `c` floats; `x` and `out` do not overlap the inputs.
 #[inline(always)]
-unsafe fn layernorm_row(r: Row, c: usize, round: u32) {
+unsafe fn layernorm_row(r: Row, c: usize) {
     let lane = lane_id() as usize;
     let lanes = WARP_SIZE as usize;
     let inv_c = 1.0 / c as f32;
@@ -102,9 +180,9 @@ unsafe fn layernorm_row(r: Row, c: usize, round: u32) {
                     let (w, b) = (load4(r.weight.add(at(k))), load4(r.bias.add(at(k))));
                     let mut o = [0.0; VEC];
                     for e in 0..VEC {
-                        o[e] = rounded((v[k][e] - mean) * rstd * w[e] + b[e], round);
+                        o[e] = (v[k][e] - mean) * rstd * w[e] + b[e];
                     }
-                    store4(r.out.add(at(k)), o);
+                    r.out.put4(at(k), o);
                 }
             }
         });
@@ -146,9 +224,9 @@ unsafe fn layernorm_row(r: Row, c: usize, round: u32) {
                 let (v, w, b) = (load4(r.x.add(e)), load4(r.weight.add(e)), load4(r.bias.add(e)));
                 let mut o = [0.0; 4];
                 for k in 0..VEC {
-                    o[k] = rounded((v[k] - mean) * rstd * w[k] + b[k], round);
+                    o[k] = (v[k] - mean) * rstd * w[k] + b[k];
                 }
-                store4(r.out.add(e), o);
+                r.out.put4(e, o);
             }
             i += lanes;
         }
@@ -181,7 +259,10 @@ unsafe fn layernorm_row(r: Row, c: usize, round: u32) {
         let mut i = lane;
         while i < c {
             // SAFETY: i < c.
-            unsafe { *r.out.add(i) = rounded((*r.x.add(i) - mean) * rstd * *r.weight.add(i) + *r.bias.add(i), round) };
+            unsafe {
+                r.out
+                    .put(i, (*r.x.add(i) - mean) * rstd * *r.weight.add(i) + *r.bias.add(i))
+            };
             i += lanes;
         }
     }
@@ -209,12 +290,12 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward(p: LayernormParams) {
         Row {
             x: p.inp.add(row * c).cast_mut(),
             add: None,
-            out: p.out.add(row * c),
+            out: Out::new(p.out, p.out_bf16, p.round_tf32, row * c),
             weight: p.weight,
             bias: p.bias,
         }
     };
-    unsafe { layernorm_row(r, c, p.round_tf32) };
+    unsafe { layernorm_row(r, c) };
 }
 
 /// `residual = inp1 + inp2` and `out = layernorm(residual)`, one warp per
@@ -234,12 +315,12 @@ pub unsafe extern "ptx-kernel" fn residual_layernorm_forward(p: ResidualLayernor
         Row {
             x: p.residual.add(at),
             add: Some((p.inp1.add(at), p.inp2.add(at))),
-            out: p.out.add(at),
+            out: Out::new(p.out, p.out_bf16, p.round_tf32, at),
             weight: p.weight,
             bias: p.bias,
         }
     };
-    unsafe { layernorm_row(r, c, p.round_tf32) };
+    unsafe { layernorm_row(r, c) };
 }
 
 /// Baseline: one thread per row, the same two passes.
@@ -254,7 +335,12 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward_naive(p: LayernormParams) {
     }
     let c = p.c as usize;
     // SAFETY: row < n.
-    let (x, y) = unsafe { (p.inp.add(row as usize * c), p.out.add(row as usize * c)) };
+    let (x, y) = unsafe {
+        (
+            p.inp.add(row as usize * c),
+            Out::new(p.out, p.out_bf16, p.round_tf32, row as usize * c),
+        )
+    };
     let mut sum = 0.0;
     for i in 0..c {
         // SAFETY: i < c.
@@ -270,17 +356,6 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward_naive(p: LayernormParams) {
     let rstd = rsqrt_precise(var / p.c as f32 + LAYERNORM_EPS);
     for i in 0..c {
         // SAFETY: i < c.
-        unsafe {
-            *y.add(i) = rounded(
-                (*x.add(i) - mean) * rstd * *p.weight.add(i) + *p.bias.add(i),
-                p.round_tf32,
-            )
-        };
+        unsafe { y.put(i, (*x.add(i) - mean) * rstd * *p.weight.add(i) + *p.bias.add(i)) };
     }
-}
-
-/// `v`, rounded to TF32 when `round` is nonzero (`LayernormParams::round_tf32`).
-#[inline(always)]
-fn rounded(v: f32, round: u32) -> f32 {
-    if round != 0 { f32::from_bits(to_tf32(v)) } else { v }
 }

@@ -31,6 +31,10 @@ pub struct LayernormParams {
     /// Nonzero: round every output to TF32 (it feeds a TF32 matmul that then
     /// need not round it; see `matmul_tf32::MatmulTf32WgmmaParams::round_inp`).
     pub round_tf32: u32,
+    /// Null, or `[n * c]` bf16 bits written instead of `out` (rounded to
+    /// nearest even), for a bf16 matmul that reads them next (`out` is then
+    /// not touched and `round_tf32` not used).
+    pub out_bf16: *mut u16,
 }
 
 crate::kernel_params!(LayernormParams);
@@ -54,6 +58,8 @@ pub struct ResidualLayernormParams {
     pub c: u32,
     /// As [`LayernormParams::round_tf32`] (for `out`; `residual` is exact).
     pub round_tf32: u32,
+    /// As [`LayernormParams::out_bf16`].
+    pub out_bf16: *mut u16,
 }
 
 crate::kernel_params!(ResidualLayernormParams);

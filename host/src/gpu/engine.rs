@@ -18,20 +18,24 @@ use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
 use gpu_kernels::params::sample::SampleRow;
+use half::bf16;
 
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::gpu::Gpu;
 use crate::gpu::ops::argmax::argmax_forward;
 use crate::gpu::ops::args::OpError;
 use crate::gpu::ops::attention::attention_forward;
-use crate::gpu::ops::convert::round_tf32;
 use crate::gpu::ops::convert::{convert_to_bf16, convert_to_f32};
+use crate::gpu::ops::convert::{f32_to_bf16, round_tf32};
 use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16};
 use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use crate::gpu::ops::gelu::gelu_forward;
-use crate::gpu::ops::layernorm::{layernorm_forward, layernorm_forward_tf32, residual_layernorm_forward};
+use crate::gpu::ops::layernorm::{
+    layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
+    residual_layernorm_forward_bf16,
+};
 use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
-use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, matmul_forward_bf16};
+use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma};
 use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32_opts};
 use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
 use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
@@ -180,6 +184,26 @@ struct Activations {
     head_in: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     ids: CudaSlice<u32>,
+    /// A bf16 engine on a Hopper GPU: the matmuls' inputs in bf16.
+    bf16: Option<Bf16Acts>,
+}
+
+/// bf16 copies of the activations the bf16 `wgmma` matmuls read, each
+/// written once by its producer (layernorm, GELU epilogue, attention's
+/// rounding) instead of the f32 ones; the same values the `mma.sync`
+/// kernels get by rounding f32 inputs in every tile.
+struct Bf16Acts {
+    ln: CudaSlice<bf16>,
+    atty: CudaSlice<bf16>,
+    fch_gelu: CudaSlice<bf16>,
+    head_in: CudaSlice<bf16>,
+}
+
+impl Bf16Acts {
+    /// Elements (bf16) for `rows` positions and `max_batch` head rows.
+    fn elements(rows: usize, max_batch: usize, c: usize) -> usize {
+        rows * (c + c + 4 * c) + max_batch * c
+    }
 }
 
 /// What the last successful `forward` produced.
@@ -269,6 +293,14 @@ impl SamplingState {
 
 /// Bytes of one f32.
 const F32_BYTES: usize = 4;
+/// Bytes of one bf16.
+const BF16_BYTES: usize = 2;
+
+/// Whether an engine keeps bf16 copies of its matmul inputs ([`Bf16Acts`]):
+/// bf16 weights on a GPU with the `wgmma` kernels, which read bf16.
+fn bf16_acts(format: WeightFormat, wgmma: bool) -> bool {
+    format == WeightFormat::Bf16 && wgmma
+}
 /// Bytes per mebibyte, for messages.
 const MIB: usize = 1 << 20;
 
@@ -347,6 +379,15 @@ impl GpuEngine {
                 head_in: alloc(max_batch * c)?,
                 logits: alloc(rows * config.padded_vocab_size)?,
                 ids: gpu.alloc::<u32>(max_batch)?,
+                bf16: match bf16_acts(format, gpu.has_wgmma()) {
+                    true => Some(Bf16Acts {
+                        ln: gpu.alloc::<bf16>(rows * c)?,
+                        atty: gpu.alloc::<bf16>(rows * c)?,
+                        fch_gelu: gpu.alloc::<bf16>(rows * 4 * c)?,
+                        head_in: gpu.alloc::<bf16>(max_batch * c)?,
+                    }),
+                    false => None,
+                },
             })
         })()
         .with_context(|| oom("the activations"))?;
@@ -437,7 +478,13 @@ impl GpuEngine {
                 matmul_ws += l * 12 * c * c + vp * c;
             }
         }
+        let acts16 = if bf16_acts(precision.weight_format(), wgmma) {
+            Bf16Acts::elements(rows, max_batch, c) * BF16_BYTES
+        } else {
+            0
+        };
         weight_bytes
+            + acts16
             + (kv + acts + flash + matmul_ws) * F32_BYTES
             + rows * 4
             + max_batch * 4
@@ -627,6 +674,30 @@ fn matmul(
     )
 }
 
+/// A linear layer on bf16 activations ([`Bf16Acts`]): the bf16 `wgmma`
+/// matmul, which needs bf16 weights (an engine with bf16 activations has
+/// them: [`bf16_acts`]).
+#[allow(clippy::too_many_arguments)]
+fn matmul_bf16_acts(
+    gpu: &Gpu,
+    out: Bf16Out<'_>,
+    inp: &CudaSlice<bf16>,
+    weight: WeightRef<'_>,
+    bias: Option<&CudaSlice<f32>>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+) -> Result<(), OpError> {
+    let WeightRef::Bf16(w) = weight else {
+        return Err(OpError::shape(
+            "matmul_forward_bf16_wgmma",
+            "bf16 activations need bf16 weights",
+        ));
+    };
+    matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, n, c, oc, gelu)
+}
+
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
 /// workspace (prefill or flash-decoding, picked by `t` inside), else H4's
 /// unfused kernel. Same contract either way (docs/design.md).
@@ -720,24 +791,37 @@ impl Backend for GpuEngine {
         // Each residual add is fused with the layernorm after it (`ln2` of its
         // layer, then `ln1` of the next, `lnf` after the last); only the
         // first layernorm stands alone.
+        // A bf16 engine on a Hopper GPU: the matmuls read bf16 copies of
+        // their inputs, which the layernorms and the GELU epilogue write
+        // instead of f32 ones ([`Bf16Acts`]).
+        let mut a16 = a.bf16.as_mut();
         let first = p.layers.first().context("the model has no layers")?;
-        layernorm(gpu, round_acts, &mut a.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?;
+        match a16.as_deref_mut() {
+            Some(x) => layernorm_forward_bf16(gpu, &mut x.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?,
+            None => layernorm(gpu, round_acts, &mut a.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?,
+        }
         for (li, (lw, (k_cache, v_cache))) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
             let rounded = |i: usize| tf32.map(|t| &t.layers[li][i]);
             // attention sub-block: x + attproj(attention(qkv(ln1(x)))), ln1(x) already in a.ln
-            matmul(
-                gpu,
-                prec,
-                ws,
-                &mut a.qkv,
-                &a.ln,
-                (lw.qkvw.as_ref(), rounded(0), round_acts),
-                round_acts,
-                Some(&lw.qkvb),
-                n,
-                c,
-                3 * c,
-            )?;
+            match a16.as_deref_mut() {
+                Some(x) => {
+                    let out = Bf16Out::F32(&mut a.qkv);
+                    matmul_bf16_acts(gpu, out, &x.ln, lw.qkvw.as_ref(), Some(&lw.qkvb), n, c, 3 * c, false)?
+                }
+                None => matmul(
+                    gpu,
+                    prec,
+                    ws,
+                    &mut a.qkv,
+                    &a.ln,
+                    (lw.qkvw.as_ref(), rounded(0), round_acts),
+                    round_acts,
+                    Some(&lw.qkvb),
+                    n,
+                    c,
+                    3 * c,
+                )?,
+            }
             attention(
                 gpu,
                 flash.as_deref_mut(),
@@ -754,23 +838,54 @@ impl Backend for GpuEngine {
                 nh,
                 self.window,
             )?;
-            matmul(
-                gpu,
-                prec,
-                ws,
-                &mut a.proj,
-                &a.atty,
-                (lw.attprojw.as_ref(), rounded(1), false),
-                false,
-                Some(&lw.attprojb),
-                n,
-                c,
-                c,
-            )?;
-            let (res, proj, ln) = (&mut a.residual2, &a.proj, &mut a.ln);
-            residual_layernorm_forward(gpu, round_acts, res, ln, &a.residual, proj, &lw.ln2w, &lw.ln2b, n, c)?;
+            match a16.as_deref_mut() {
+                Some(x) => {
+                    f32_to_bf16(gpu, &mut x.atty, &a.atty, n * c)?;
+                    let out = Bf16Out::F32(&mut a.proj);
+                    matmul_bf16_acts(
+                        gpu,
+                        out,
+                        &x.atty,
+                        lw.attprojw.as_ref(),
+                        Some(&lw.attprojb),
+                        n,
+                        c,
+                        c,
+                        false,
+                    )?
+                }
+                None => matmul(
+                    gpu,
+                    prec,
+                    ws,
+                    &mut a.proj,
+                    &a.atty,
+                    (lw.attprojw.as_ref(), rounded(1), false),
+                    false,
+                    Some(&lw.attprojb),
+                    n,
+                    c,
+                    c,
+                )?,
+            }
+            let (res, proj) = (&mut a.residual2, &a.proj);
+            match a16.as_deref_mut() {
+                Some(x) => {
+                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual, proj, &lw.ln2w, &lw.ln2b, n, c)?
+                }
+                None => {
+                    let ln = &mut a.ln;
+                    residual_layernorm_forward(gpu, round_acts, res, ln, &a.residual, proj, &lw.ln2w, &lw.ln2b, n, c)?
+                }
+            }
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x)))), ln2(x) in a.ln
             match (lw.fcw.as_ref(), rounded(2).filter(|_| round_acts)) {
+                // bf16 on Hopper: fc, GELU and the rounding fcproj wants.
+                (fcw @ WeightRef::Bf16(_), _) if a16.is_some() => {
+                    let x = a16.as_deref_mut().expect("checked by the guard");
+                    let out = Bf16Out::Bf16(&mut x.fch_gelu);
+                    matmul_bf16_acts(gpu, out, &x.ln, fcw, Some(&lw.fcb), n, c, 4 * c, true)?
+                }
                 // bf16: fc and GELU in one kernel.
                 (WeightRef::Bf16(fcw), _) => {
                     matmul_forward_bf16(gpu, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c, true)?;
@@ -792,26 +907,72 @@ impl Backend for GpuEngine {
                     gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
                 }
             }
-            matmul(
-                gpu,
-                prec,
-                ws,
-                &mut a.proj,
-                &a.fch_gelu,
-                (lw.fcprojw.as_ref(), rounded(3), round_acts),
-                false,
-                Some(&lw.fcprojb),
-                n,
-                4 * c,
-                c,
-            )?;
+            match a16.as_deref_mut() {
+                Some(x) => {
+                    let out = Bf16Out::F32(&mut a.proj);
+                    matmul_bf16_acts(
+                        gpu,
+                        out,
+                        &x.fch_gelu,
+                        lw.fcprojw.as_ref(),
+                        Some(&lw.fcprojb),
+                        n,
+                        4 * c,
+                        c,
+                        false,
+                    )?
+                }
+                None => matmul(
+                    gpu,
+                    prec,
+                    ws,
+                    &mut a.proj,
+                    &a.fch_gelu,
+                    (lw.fcprojw.as_ref(), rounded(3), round_acts),
+                    false,
+                    Some(&lw.fcprojb),
+                    n,
+                    4 * c,
+                    c,
+                )?,
+            }
             // The residual stream, and the layernorm that reads it next.
             let (next_w, next_b, round_next) = match p.layers.get(li + 1) {
                 Some(next) => (&next.ln1w, &next.ln1b, round_acts),
                 None => (&p.lnfw, &p.lnfb, round_head),
             };
-            let (res, proj, ln) = (&mut a.residual, &a.proj, &mut a.ln);
-            residual_layernorm_forward(gpu, round_next, res, ln, &a.residual2, proj, next_w, next_b, n, c)?;
+            let (res, proj) = (&mut a.residual, &a.proj);
+            match a16.as_deref_mut() {
+                Some(x) => {
+                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual2, proj, next_w, next_b, n, c)?
+                }
+                None => {
+                    let ln = &mut a.ln;
+                    residual_layernorm_forward(gpu, round_next, res, ln, &a.residual2, proj, next_w, next_b, n, c)?
+                }
+            }
+        }
+        if let Some(x) = a16 {
+            // The LM head on bf16 rows (wte in bf16 too).
+            if want == LogitsWanted::Last {
+                for bi in 0..b {
+                    let last = (bi * t + t - 1) * c;
+                    gpu.stream
+                        .memcpy_dtod(
+                            &x.ln.slice(last..last + c),
+                            &mut x.head_in.slice_mut(bi * c..(bi + 1) * c),
+                        )
+                        .ctx("gathering the last positions")?;
+                }
+            }
+            let head_in = match want {
+                LogitsWanted::All => &x.ln,
+                LogitsWanted::Last => &x.head_in,
+            };
+            let out = Bf16Out::F32(&mut a.logits);
+            matmul_bf16_acts(gpu, out, head_in, p.wte.as_ref(), None, rows, c, vp, false)?;
+            self.last = Some(Last { b, rows });
+            return Ok(());
         }
         match want {
             LogitsWanted::All => {}

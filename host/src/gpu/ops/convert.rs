@@ -120,3 +120,35 @@ pub fn round_tf32(gpu: &Gpu, x: &mut impl DevicePtrMut<f32>, n: usize) -> Result
     unsafe { gpu.launch(ROUND_TF32, launch_config(total), params)? };
     Ok(())
 }
+
+/// `out[..n]` = `inp[..n]` rounded to bf16, to nearest even (CPU twin:
+/// `half::bf16::from_f32` of each element): an activation made in f32 for a
+/// bf16 matmul that reads it next (the `convert_to_bf16` kernel, reading
+/// the floats as a plain `n x 1` f32 tensor).
+pub fn f32_to_bf16(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<bf16>,
+    inp: &impl DevicePtr<f32>,
+    n: usize,
+) -> Result<(), OpError> {
+    const OP: &str = "f32_to_bf16";
+    let total = count_u32(OP, "n", &[n])?;
+    check_len(OP, "out", out.len(), n)?;
+    check_len(OP, "inp", inp.len(), n)?;
+    if total == 0 {
+        return Ok(());
+    }
+    let params = ConvertParams {
+        out: out_ptr(gpu, out).cast::<u16>(),
+        inp: in_ptr(gpu, inp).cast::<u8>(),
+        rows: total,
+        cols: 1,
+        dtype: CONVERT_DTYPE_F32,
+        transposed: 0,
+    };
+    // SAFETY: out holds n bf16 (the kernel's u16 bits) and inp n floats
+    // (checked), aligned as their element types; CONVERT_TO_BF16 takes
+    // ConvertParams<u16>.
+    unsafe { gpu.launch(CONVERT_TO_BF16, launch_config(total), params)? };
+    Ok(())
+}

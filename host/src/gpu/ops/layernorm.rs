@@ -9,6 +9,7 @@ use gpu_kernels::params::layernorm::{
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use crate::gpu::Gpu;
+use half::bf16;
 
 const OP: &str = "layernorm_forward";
 /// Threads per warp: the optimised kernel gives each row one warp.
@@ -69,7 +70,46 @@ pub fn layernorm_forward_tf32(
     n: usize,
     c: usize,
 ) -> Result<(), OpError> {
-    launch(gpu, Variant::Best, true, out, inp, weight, bias, n, c)
+    check_len(OP, "out", out.len(), n * c)?;
+    let out = Dst::F32(out_ptr(gpu, out), true);
+    launch(gpu, Variant::Best, out, inp, weight, bias, n, c)
+}
+
+/// [`layernorm_forward`] written as bf16, rounded to nearest even (CPU
+/// twin: `cpu::ops::layernorm_forward`, then `half::bf16::from_f32` of each
+/// output): for a bf16 matmul that reads it, which would round it the same
+/// way.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_forward_bf16(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<bf16>,
+    inp: &impl DevicePtr<f32>,
+    weight: &impl DevicePtr<f32>,
+    bias: &impl DevicePtr<f32>,
+    n: usize,
+    c: usize,
+) -> Result<(), OpError> {
+    check_len(OP, "out", out.len(), n * c)?;
+    let out = Dst::Bf16(out_ptr(gpu, out).cast::<u16>());
+    launch(gpu, Variant::Best, out, inp, weight, bias, n, c)
+}
+
+/// Where a layernorm launch writes (the length checked by the caller).
+#[derive(Clone, Copy)]
+enum Dst {
+    /// f32, rounded to TF32 when the flag is set.
+    F32(*mut f32, bool),
+    Bf16(*mut u16),
+}
+
+impl Dst {
+    /// `(out, round_tf32, out_bf16)` of the kernels' parameters.
+    fn fields(self) -> (*mut f32, u32, *mut u16) {
+        match self {
+            Dst::F32(p, round) => (p, round as u32, std::ptr::null_mut()),
+            Dst::Bf16(p) => (std::ptr::null_mut(), 0, p),
+        }
+    }
 }
 
 /// [`layernorm_forward`] with the kernel chosen by `variant`.
@@ -84,15 +124,17 @@ pub fn layernorm_forward_variant(
     n: usize,
     c: usize,
 ) -> Result<(), OpError> {
-    launch(gpu, variant, false, out, inp, weight, bias, n, c)
+    check_len(OP, "out", out.len(), n * c)?;
+    let out = Dst::F32(out_ptr(gpu, out), false);
+    launch(gpu, variant, out, inp, weight, bias, n, c)
 }
 
+/// `out` holds `n * c` elements (checked by the caller).
 #[allow(clippy::too_many_arguments)]
 fn launch(
     gpu: &Gpu,
     variant: Variant,
-    round_tf32: bool,
-    out: &mut impl DevicePtrMut<f32>,
+    out: Dst,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
@@ -100,24 +142,26 @@ fn launch(
     c: usize,
 ) -> Result<(), OpError> {
     count_u32(OP, "n * c", &[n, c])?;
-    check_len(OP, "out", out.len(), n * c)?;
     check_len(OP, "inp", inp.len(), n * c)?;
     check_len(OP, "weight", weight.len(), c)?;
     check_len(OP, "bias", bias.len(), c)?;
     if n == 0 || c == 0 {
         return Ok(());
     }
+    let (out, round_tf32, out_bf16) = out.fields();
     let params = LayernormParams {
-        out: out_ptr(gpu, out),
+        out,
         inp: in_ptr(gpu, inp),
         weight: in_ptr(gpu, weight),
         bias: in_ptr(gpu, bias),
         n: to_u32(OP, "n", n)?,
         c: to_u32(OP, "c", c)?,
-        round_tf32: round_tf32 as u32,
+        round_tf32,
+        out_bf16,
     };
     let (name, cfg) = launch_config(variant, params.n);
-    // SAFETY: out/inp hold n*c floats, weight/bias c (checked); the kernel
+    // SAFETY: out (f32 or bf16, whichever is set) and inp hold n*c elements,
+    // weight/bias c (checked); the kernel
     // picks 16-byte loads only after checking alignment itself; blocks are
     // whole warps as the warp-per-row kernel assumes.
     unsafe { gpu.launch(name, cfg, params)? };
@@ -143,9 +187,46 @@ pub fn residual_layernorm_forward(
     n: usize,
     c: usize,
 ) -> Result<(), OpError> {
+    check_len(FUSED_OP, "out", out.len(), n * c)?;
+    let out = Dst::F32(out_ptr(gpu, out), round_tf32);
+    residual_launch(gpu, residual, out, inp1, inp2, weight, bias, n, c)
+}
+
+/// [`residual_layernorm_forward`] with `out` in bf16, rounded to nearest
+/// even (as [`layernorm_forward_bf16`]); `residual` stays f32.
+#[allow(clippy::too_many_arguments)]
+pub fn residual_layernorm_forward_bf16(
+    gpu: &Gpu,
+    residual: &mut impl DevicePtrMut<f32>,
+    out: &mut impl DevicePtrMut<bf16>,
+    inp1: &impl DevicePtr<f32>,
+    inp2: &impl DevicePtr<f32>,
+    weight: &impl DevicePtr<f32>,
+    bias: &impl DevicePtr<f32>,
+    n: usize,
+    c: usize,
+) -> Result<(), OpError> {
+    check_len(FUSED_OP, "out", out.len(), n * c)?;
+    let out = Dst::Bf16(out_ptr(gpu, out).cast::<u16>());
+    residual_launch(gpu, residual, out, inp1, inp2, weight, bias, n, c)
+}
+
+/// `out` holds `n * c` elements (checked by the caller) and is not
+/// `residual` (a distinct borrow there).
+#[allow(clippy::too_many_arguments)]
+fn residual_launch(
+    gpu: &Gpu,
+    residual: &mut impl DevicePtrMut<f32>,
+    out: Dst,
+    inp1: &impl DevicePtr<f32>,
+    inp2: &impl DevicePtr<f32>,
+    weight: &impl DevicePtr<f32>,
+    bias: &impl DevicePtr<f32>,
+    n: usize,
+    c: usize,
+) -> Result<(), OpError> {
     count_u32(FUSED_OP, "n * c", &[n, c])?;
     check_len(FUSED_OP, "residual", residual.len(), n * c)?;
-    check_len(FUSED_OP, "out", out.len(), n * c)?;
     check_len(FUSED_OP, "inp1", inp1.len(), n * c)?;
     check_len(FUSED_OP, "inp2", inp2.len(), n * c)?;
     check_len(FUSED_OP, "weight", weight.len(), c)?;
@@ -153,21 +234,23 @@ pub fn residual_layernorm_forward(
     if n == 0 || c == 0 {
         return Ok(());
     }
+    let (out, round_tf32, out_bf16) = out.fields();
     let params = ResidualLayernormParams {
         residual: out_ptr(gpu, residual),
-        out: out_ptr(gpu, out),
+        out,
         inp1: in_ptr(gpu, inp1),
         inp2: in_ptr(gpu, inp2),
         weight: in_ptr(gpu, weight),
         bias: in_ptr(gpu, bias),
         n: to_u32(FUSED_OP, "n", n)?,
         c: to_u32(FUSED_OP, "c", c)?,
-        round_tf32: round_tf32 as u32,
+        round_tf32,
+        out_bf16,
     };
     // The same warp-per-row shape as the unfused kernel.
     let (_, cfg) = launch_config(Variant::Best, params.n);
-    // SAFETY: every [n * c] buffer holds n*c floats, weight/bias c (checked);
-    // `residual` and `out` are distinct `&mut` borrows, so they overlap
+    // SAFETY: every [n * c] buffer holds n*c elements, weight/bias c
+    // (checked); `residual` and `out` are distinct `&mut` borrows, so they overlap
     // neither each other nor the shared inputs; the kernel checks alignment
     // before using 16-byte loads; blocks are whole warps.
     unsafe { gpu.launch(RESIDUAL_LAYERNORM_FORWARD, cfg, params)? };
