@@ -36,15 +36,39 @@ def gemm_table(rust):
     return "\n".join(out)
 
 
+def gemm_bf16_table(rust):
+    rows = {}
+    for r in rust.get("gemm", []):
+        rows.setdefault((r["m"], r["n"], r["k"]), {})[r["variant"]] = r["timing"]["median_us"]
+    out = [
+        "| M | N | K | cuBLAS bf16 µs | ours wgmma auto µs | ours wgmma best (tile) µs | auto / cuBLAS | ours mma.sync µs | mma.sync / cuBLAS |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (m, n, k), v in sorted(rows.items()):
+        cb = v.get("cublas_bf16")
+        if not cb:
+            continue
+        tiles = {name: t for name, t in v.items() if name.startswith("ours_bf16_wgmma_") and "auto" not in name}
+        best = min(tiles.items(), key=lambda x: x[1]) if tiles else ("-", float("nan"))
+        auto, sync = v.get("ours_bf16_wgmma_auto"), v.get("ours_bf16_auto")
+        ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"
+        fmt = lambda x: f"{x:.1f}" if x else "-"
+        out.append(
+            f"| {m} | {n} | {k} | {fmt(cb)} | {fmt(auto)} | {best[1]:.1f} ({best[0].removeprefix('ours_bf16_wgmma_')}) "
+            f"| {ratio(cb, auto)} | {fmt(sync)} | {ratio(cb, sync)} |"
+        )
+    return "\n".join(out)
+
+
 def e2e_table(rust, torch):
     tp, tp_all = {}, {}
     if torch:
-        for prec in ("fp32", "tf32"):
-            for r in torch["prefill"][prec]:
+        for prec in ("fp32", "tf32", "bf16"):
+            for r in torch["prefill"].get(prec, []):
                 tp[("prefill", prec, r["batch"], r["seq"])] = r["median_ms"]
                 if "all_logits_median_ms" in r:
                     tp_all[("prefill", prec, r["batch"], r["seq"])] = r["all_logits_median_ms"]
-            for r in torch["decode"][prec]:
+            for r in torch["decode"].get(prec, []):
                 tp[("decode", prec, r["batch"])] = r["ms_per_step"]
     # PyTorch prefill: last-position logits, as our prefill computes (older
     # JSON without that split: model(ids), every position's logits).
@@ -123,6 +147,7 @@ def main():
     torch = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else None
     print(f"Device: {rust.get('device')}\n")
     print("### GEMM\n\n" + gemm_table(rust) + "\n")
+    print("### GEMM, bf16\n\n" + gemm_bf16_table(rust) + "\n")
     print("### Attention\n\n" + attention_table(rust) + "\n")
     print("### End to end (decode rows: ours ms = ms per step)\n\n" + e2e_table(rust, torch) + "\n")
     if rust.get("gemv"):

@@ -299,14 +299,14 @@ def bench_decode_graph(model, device: str = "cuda", rows=None) -> list:
     return rows
 
 
-def bench_gemm(runs: int) -> list:
+def bench_gemm(runs: int, dtype=torch.float32) -> list:
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     for m in GEMM_M:
         for n, k in GEMM_NK:
-            a = torch.randn(m, k, device="cuda", generator=gen)
+            a = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
             # Stored (out, in) as the checkpoint holds it; a @ w.T like nn.Linear.
-            w = torch.randn(n, k, device="cuda", generator=gen)
+            w = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
             r = time_ms(lambda: torch.matmul(a, w.t()), runs)
             r.update(m=m, n=n, k=k, tflops=2.0 * m * n * k / (r["median_ms"] / 1e3) / 1e12)
             rows.append(r)
@@ -351,6 +351,14 @@ def main() -> int:
             result["decode"][mode] = bench_decode(model, args.runs)
             result["gemm"][mode] = bench_gemm(args.runs)
         set_tf32(False)
+        # bf16: the model's weights cast to bfloat16, activations too (what
+        # `.to(torch.bfloat16)` gives; f32 accumulation inside cuBLAS).
+        model_bf16 = GPT2LMHeadModel(GPT2Config()).to("cuda", dtype=torch.float32).eval()
+        model_bf16.load_state_dict(model.state_dict())
+        model_bf16 = model_bf16.to(torch.bfloat16)
+        result["prefill"]["bf16"] = bench_prefill(model_bf16, args.runs)
+        result["gemm"]["bf16"] = bench_gemm(args.runs, torch.bfloat16)
+        del model_bf16
         graph_error = None
         result["decode_graph"] = []
         try:
@@ -370,6 +378,10 @@ def main() -> int:
         tp = f"{t['median_ms']:.3f} ({t['all_logits_median_ms']:.3f})"
         print(f"{'(%d,%d)' % (f['batch'], f['seq']):<16} {fp:>18} {tp:>18} "
               f"{f['tokens_per_s']:>12.0f} {t['tokens_per_s']:>12.0f}")
+    print(f"\n{'bf16 prefill (B,T)':<20} {'ms':>18} {'tok/s':>12}")
+    for r in result["prefill"]["bf16"]:
+        print(f"{'(%d,%d)' % (r['batch'], r['seq']):<20} {r['median_ms']:>9.3f} ({r['all_logits_median_ms']:.3f}) "
+              f"{r['tokens_per_s']:>12.0f}")
     print(f"\n{'decode batch':<16} {'FP32 ms/step':>13} {'TF32 ms/step':>13} {'FP32 tok/s':>12} {'TF32 tok/s':>12}")
     for f, t in zip(result["decode"]["fp32"], result["decode"]["tf32"]):
         print(f"{f['batch']:<16} {f['ms_per_step']:>13.3f} {t['ms_per_step']:>13.3f} "
@@ -378,6 +390,9 @@ def main() -> int:
     for f, t in zip(result["gemm"]["fp32"], result["gemm"]["tf32"]):
         print(f"{'%dx%dx%d' % (f['m'], f['n'], f['k']):<20} {f['median_ms']:>9.3f} {t['median_ms']:>9.3f} "
               f"{f['tflops']:>13.1f} {t['tflops']:>13.1f}")
+    print(f"\n{'GEMM MxNxK bf16':<20} {'ms':>9} {'TFLOP/s':>13}")
+    for r in result["gemm"]["bf16"]:
+        print(f"{'%dx%dx%d' % (r['m'], r['n'], r['k']):<20} {r['median_ms']:>9.3f} {r['tflops']:>13.1f}")
 
     if result["decode_graph"]:
         print(f"\ndecode_graph: hand-written step, static KV cache (T_MAX {DECODE_PROMPT + DECODE_STEPS}), "
