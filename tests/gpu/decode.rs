@@ -189,6 +189,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             prefetch_ahead_bytes: PREFETCH_AHEAD_TRY_BYTES,
             gemv_blocks_per_sm: 1,
             gemv_block_warps: 2,
+            tensor_cores: true,
             early_trigger: true,
             persistent: false,
             trace: false,
@@ -197,6 +198,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
             gemv_blocks_per_sm: 0,
             gemv_block_warps: 0,
+            tensor_cores: true,
             early_trigger: false,
             persistent: false,
             trace: false,
@@ -210,6 +212,21 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             what("chain")
         );
     }
+    // The GEMVs without tensor cores (bf16 at two rows and more takes them
+    // by default): the same products in another summation order.
+    eng.set_decode_tuning(DecodeTuning {
+        persistent: false,
+        tensor_cores: false,
+        ..DecodeTuning::default()
+    });
+    let simt_logits = forced_path(&mut eng, DecodePath::Graph, &prompt, b, t, &graph_ids);
+    check(
+        &what("chain without tensor cores vs chain"),
+        &simt_logits.concat(),
+        &chain_logits.concat(),
+        paths_tol,
+        0.0,
+    );
     // The persistent step (where it serves this batch: one row on the
     // sm_90a module) against the chain, graph and eager: the same math in
     // other summation orders.
@@ -365,6 +382,9 @@ fn decode_graph_bf16() {
 #[ignore = "needs a GPU"]
 fn decode_graph_124m_bf16() {
     paths_agree_in(&ModelConfig::GPT2_124M, 1, 16, 24, 0, Precision::Bf16);
+    // Eight rows: the tensor-core GEMV on GPT-2's own shapes (c = 768 and
+    // 3072, the 50304-column LM head with its greedy end).
+    paths_agree_in(&ModelConfig::GPT2_124M, 8, 16, 8, 0, Precision::Bf16);
 }
 
 /// An engine built for more rows than the fused kernels serve decodes the

@@ -22,8 +22,9 @@ use super::gelu::gelu;
 use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
+use crate::device::mma::{mma_m16n8k16_bf16, pack_bf16x2};
 use crate::device::shared::dynamic_shared_align16;
-use crate::device::warp::{warp_reduce_sum, warp_reduce_sum_many};
+use crate::device::warp::{shfl_xor_f32, shfl_xor_u32, warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, block_dim_x, block_idx_x, block_idx_y, block_idx_z, grid_dependency_wait,
     grid_dim_x, grid_dim_y, grid_dim_z, lane_id, launch_dependents, prefetch_l2_slice, sync_threads, sync_threads_or,
@@ -576,6 +577,254 @@ decode_gemv_entry!(decode_gemv_bf16_1, u16, 1);
 decode_gemv_entry!(decode_gemv_bf16_2, u16, 2);
 decode_gemv_entry!(decode_gemv_bf16_4, u16, 4);
 decode_gemv_entry!(decode_gemv_bf16, u16, ROWS);
+
+/// The best of a warp's (value, index) candidates under `better`, in
+/// every lane.
+#[inline(always)]
+pub(crate) fn warp_best(mut b: (f32, u32)) -> (f32, u32) {
+    let mut off = WARP_SIZE / 2;
+    while off > 0 {
+        b = better(b, (shfl_xor_f32(b.0, off), shfl_xor_u32(b.1, off)));
+        off /= 2;
+    }
+    b
+}
+
+const MMA_TILE: usize = DECODE_GEMV_MMA_TILE as usize;
+const MMA_STEP: usize = DECODE_GEMV_MMA_STEP as usize;
+const MMA_BATCH: usize = DECODE_GEMV_MMA_BATCH as usize;
+const MMA_OUTPUTS: usize = DECODE_GEMV_MMA_OUTPUTS as usize;
+/// Lanes sharing a fragment row (`t = lane % 4`); the row offset of a
+/// fragment's second half (`g + 8`).
+const MMA_QUAD: usize = 4;
+const MMA_HALF: usize = MMA_TILE / 2;
+/// bf16 a lane loads of one weight row per step (16 bytes).
+const MMA_LANE_K: usize = MMA_STEP / MMA_QUAD;
+/// Accumulators of one m16n8 fragment per lane.
+const MMA_ACC: usize = 4;
+// A lane's 16-byte load is 8 bf16; every output of a tile has a thread.
+const _: () = assert!(MMA_LANE_K * size_of::<u16>() == 16);
+const _: () =
+    assert!(MMA_OUTPUTS == LANES * MMA_ACC && MMA_OUTPUTS <= (DECODE_GEMV_MMA_MIN_WARPS * WARP_SIZE) as usize);
+
+/// One batch of a warp's weight loads: per step, 16 bytes of weight row
+/// `col0 + g` and of row `col0 + g + 8` (zeros past `oc` or `k_hi`).
+type MmaBatch = [[[u32; 4]; 2]; MMA_BATCH];
+
+/// Load the batch of steps from `k` (below `k_hi`) of the tile at `col0`.
+///
+/// # Safety
+/// `w` holds `oc` rows of `c` bf16, 16-byte aligned, `c % 32 == 0`;
+/// `k_hi <= c`.
+#[inline(always)]
+unsafe fn mma_load_batch(
+    w: *const u16,
+    col0: usize,
+    oc: usize,
+    c: usize,
+    k: usize,
+    k_hi: usize,
+    lane: usize,
+) -> MmaBatch {
+    let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
+    let mut b = [[[0u32; 4]; 2]; MMA_BATCH];
+    unroll_below!(s < MMA_BATCH => {
+        let kk = k + s * MMA_STEP + t * MMA_LANE_K;
+        if k + s * MMA_STEP < k_hi {
+            unroll_below!(h < 2 => {
+                let col = col0 + g + h * MMA_HALF;
+                if col < oc {
+                    // SAFETY: col < oc, kk + 8 <= c, aligned (c % 32 == 0).
+                    b[s][h] = unsafe { <u16 as Weight>::load_raw(w.add(col * c), kk) };
+                }
+            });
+        }
+    });
+    b
+}
+
+/// `acc += W_tile · x` over one batch: per step two m16n8k16, the k slots
+/// of both operands permuted alike (lane `t` holds k `8t..8t+8` of its
+/// rows, which the mma sees as slots `2t, 2t+1, 2t+8, 2t+9` of the first
+/// instruction and the same of the second: a sum does not depend on the
+/// order of its terms). The B operand is row `g` of the staged rows
+/// (zeros for `g >= n`), values already bf16, so packing them is exact.
+///
+/// # Safety
+/// `xs` holds `n` rows of `c` floats (16-byte aligned); `k_hi <= c`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn mma_batch(
+    acc: &mut [f32; MMA_ACC],
+    w: &MmaBatch,
+    xs: *const f32,
+    c: usize,
+    k: usize,
+    k_hi: usize,
+    n: usize,
+    lane: usize,
+) {
+    let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
+    unroll_below!(s < MMA_BATCH => {
+        if k + s * MMA_STEP < k_hi {
+            let kk = k + s * MMA_STEP + t * MMA_LANE_K;
+            let mut x = [0u32; 4];
+            if g < n {
+                // SAFETY: row g < n, kk + 8 <= c.
+                let (lo, hi) = unsafe { (load4(xs.add(g * c + kk)), load4(xs.add(g * c + kk + VEC))) };
+                x = [pack_bf16x2(lo[0], lo[1]), pack_bf16x2(lo[2], lo[3]), pack_bf16x2(hi[0], hi[1]), pack_bf16x2(hi[2], hi[3])];
+            }
+            let (a, b) = (&w[s][0], &w[s][1]);
+            *acc = mma_m16n8k16_bf16([a[0], b[0], a[1], b[1]], [x[0], x[1]], *acc);
+            *acc = mma_m16n8k16_bf16([a[2], b[2], a[3], b[3]], [x[2], x[3]], *acc);
+        }
+    });
+}
+
+/// The bf16 GEMV on tensor cores ([`DECODE_GEMV_BF16_MMA`]; the prologue,
+/// epilogues and greedy end of [`decode_gemv_rows`]). A block's `k_warps`
+/// warps take one 16-column tile at a time, warp `j` its `j`-th slice of
+/// `c`; their partial fragments meet in shared memory, where thread `o <
+/// 128` sums output `o` of the tile (lane `o / 4`'s accumulator `o % 4`:
+/// column `g + 8 * (j / 2)`, row `2t + j % 2`) and runs its epilogue. So
+/// each epilogue thread always serves the same row, and keeps that row's
+/// best for the greedy end.
+///
+/// # Safety
+/// `DecodeGemvParams`' contract for this kernel, with the launch it describes.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn decode_gemv_bf16_mma(p: DecodeGemvParams<u16>) {
+    if p.early_trigger != 0 {
+        launch_dependents();
+    }
+    let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
+    let (tid, lane, warp) = (thread_idx_x() as usize, lane_id() as usize, warp_id() as usize);
+    let warps = p.k_warps as usize;
+    let slice = c.div_ceil(warps).next_multiple_of(MMA_STEP);
+    let (k_lo, k_hi) = ((warp * slice).min(c), ((warp + 1) * slice).min(c));
+    let tiles = oc.div_ceil(MMA_TILE);
+    let mut tile = block_idx_x() as usize;
+
+    // Weights only, before the PDL wait: the first batch of the first tile.
+    let mut first = [[[0u32; 4]; 2]; MMA_BATCH];
+    if tile < tiles {
+        // SAFETY: the params' contract.
+        first = unsafe { mma_load_batch(p.weight, tile * MMA_TILE, oc, c, k_lo, k_hi, lane) };
+    }
+    // SAFETY: the launch provides decode_gemv_mma_shared_bytes: the staged
+    // rows, the partial fragments, the argmax scratch, the layernorm's
+    // parameters; each part a multiple of 16 bytes.
+    let xs = unsafe { dynamic_shared_align16::<f32>() };
+    let red = unsafe { xs.add(n * c) };
+    let scratch = unsafe { red.add(warps * MMA_OUTPUTS) } as *mut u32;
+    let lnp = unsafe { scratch.add(warps * ROWS * 2) } as *mut f32;
+    let ln = !p.ln_weight.is_null();
+    if ln {
+        unsafe { stage_ln_params(&p, lnp, c) };
+    }
+    let (block, blocks) = (block_idx_x() as usize, grid_dim_x() as usize);
+    if p.prefetch_late == 0 {
+        // SAFETY: the params' contract (later kernels' weights).
+        unsafe { prefetch_ranges(&p.prefetch, block, blocks) };
+    }
+    grid_dependency_wait();
+    if p.early_trigger == 0 {
+        launch_dependents();
+    }
+    unsafe { stage_rows(&p, xs, n, c) };
+    sync_threads();
+    if ln {
+        unsafe { layernorm_rows::<u16>(xs, lnp, lnp.add(2 * c), n, c) };
+        sync_threads();
+    }
+
+    // This thread's output of every tile (threads below 128).
+    let (o_lane, o_j) = (tid / MMA_ACC, tid % MMA_ACC);
+    let o_row = (o_lane % MMA_QUAD) * 2 + o_j % 2;
+    let o_col = o_lane / MMA_QUAD + MMA_HALF * (o_j / 2);
+    let greedy = !p.ids.is_null();
+    let mut best = (f32::NEG_INFINITY, u32::MAX);
+    // `tile` is uniform across the block: every barrier is reached by all.
+    while tile < tiles {
+        let col0 = tile * MMA_TILE;
+        let mut acc = [0f32; MMA_ACC];
+        let mut k = k_lo;
+        let mut w = first;
+        while k < k_hi {
+            // SAFETY: the params' contract; k < k_hi <= c.
+            unsafe { mma_batch(&mut acc, &w, xs, c, k, k_hi, n, lane) };
+            k += MMA_BATCH * MMA_STEP;
+            if k < k_hi {
+                w = unsafe { mma_load_batch(p.weight, col0, oc, c, k, k_hi, lane) };
+            }
+        }
+        // The next tile's first loads go out before this one's sums.
+        let next = tile + blocks;
+        if next < tiles {
+            // SAFETY: as above.
+            first = unsafe { mma_load_batch(p.weight, next * MMA_TILE, oc, c, k_lo, k_hi, lane) };
+        }
+        unroll_below!(j < MMA_ACC => {
+            // SAFETY: warp < warps fragments of 128 floats.
+            unsafe { *red.add(warp * MMA_OUTPUTS + lane * MMA_ACC + j) = acc[j] };
+        });
+        sync_threads();
+        if tid < MMA_OUTPUTS {
+            let col = col0 + o_col;
+            if o_row < n && col < oc {
+                let mut v = 0f32;
+                for wi in 0..warps {
+                    // SAFETY: written before the barrier.
+                    v += unsafe { *red.add(wi * MMA_OUTPUTS + tid) };
+                }
+                if !p.bias.is_null() {
+                    // SAFETY: col < oc.
+                    v += unsafe { *p.bias.add(col) };
+                }
+                if p.gelu != 0 {
+                    v = gelu(v);
+                }
+                // SAFETY: o_row < n, col < oc.
+                unsafe { store_out(&p, o_row, col, v) };
+                if greedy && col < p.v as usize {
+                    best = better(best, (v, col as u32));
+                }
+            }
+        }
+        // `red` is rewritten next tile.
+        sync_threads();
+        tile = next;
+    }
+    if p.prefetch_late != 0 {
+        // SAFETY: as above.
+        unsafe { prefetch_ranges(&p.prefetch, block, blocks) };
+    }
+    if greedy {
+        // Lane r of each warp: row r's best over the warp's candidates.
+        let mut mine = (f32::NEG_INFINITY, u32::MAX);
+        for r in 0..ROWS {
+            let cand = if tid < MMA_OUTPUTS && o_row == r {
+                best
+            } else {
+                (f32::NEG_INFINITY, u32::MAX)
+            };
+            let b = warp_best(cand);
+            if lane == r {
+                mine = b;
+            }
+        }
+        let out = ArgmaxOut {
+            part_val: p.part_val,
+            part_idx: p.part_idx,
+            counter: p.counter,
+            ids: p.ids,
+            tokens_next: p.tokens_next,
+            pos_next: p.pos_next,
+        };
+        // SAFETY: the scratch holds a pair per (warp, row).
+        unsafe { argmax_finish(&out, mine, scratch, n) };
+    }
+}
 
 pub(crate) const HS: usize = DECODE_HEAD_SIZE as usize;
 pub(crate) const ATT_LANES: usize = 8;

@@ -25,6 +25,7 @@
 
 use super::decode::{
     ATT_LANES, ArgmaxOut, HS, argmax_finish, attend_keys, better, combine_parts, merge_parts_dim, stage_vectors,
+    warp_best,
 };
 use super::gelu::gelu;
 use super::vec4::{VEC, load4, load4_cg, store4};
@@ -36,7 +37,7 @@ use crate::device::tma::{
     bulk_copy_to_shared, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx, mbarrier_init,
     mbarrier_wait_parity,
 };
-use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, shfl_xor_f32, shfl_xor_u32, warp_reduce_sum_many};
+use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, atomic_add_shared_u32, block_idx_x, clock64, global_timer_ns, grid_arrive,
     grid_dependency_wait, grid_dim_x, grid_wait, lane_id, launch_dependents, sync_threads, sync_threads_or,
@@ -956,18 +957,6 @@ unsafe fn between_phases<W: Weight, const T: bool>(
     }
     sync_threads();
     tr.mark(phase + 1, DecodeStepMark::Start);
-}
-
-/// The best of a warp's (value, index) candidates under `better`, in
-/// every lane.
-#[inline(always)]
-fn warp_best(mut b: (f32, u32)) -> (f32, u32) {
-    let mut off = WARP_SIZE / 2;
-    while off > 0 {
-        b = better(b, (shfl_xor_f32(b.0, off), shfl_xor_u32(b.1, off)));
-        off /= 2;
-    }
-    b
 }
 
 /// The LM head's end: each row's best over the block (lane `r` of every

@@ -39,6 +39,27 @@ pub const DECODE_GEMV_BF16_VARIANTS: [&str; 4] = [
     DECODE_GEMV_BF16,
 ];
 pub const DECODE_ATTENTION: &str = "decode_attention";
+/// The bf16 GEMV on tensor cores (`DecodeGemvParams<u16>`, up to
+/// [`DECODE_MAX_ROWS`] rows): a warp multiplies a 16-column tile of the
+/// weight by the rows with `mma.sync` m16n8k16 (columns as M, rows as N),
+/// so the staged rows are read once per 16 columns instead of once per
+/// column; the engine takes it for 2 rows and more.
+pub const DECODE_GEMV_BF16_MMA: &str = "decode_gemv_bf16_mma";
+/// Columns of one tile of [`DECODE_GEMV_BF16_MMA`] (the mma's M).
+pub const DECODE_GEMV_MMA_TILE: u32 = 16;
+/// k of one step of a warp (two m16n8k16: a lane loads 16 bytes of each of
+/// its two weight rows).
+pub const DECODE_GEMV_MMA_STEP: u32 = 32;
+/// Steps whose loads a warp issues before the first is used.
+pub const DECODE_GEMV_MMA_BATCH: u32 = 2;
+/// Warps of a [`DECODE_GEMV_BF16_MMA`] block, all on one tile at a time,
+/// each a slice of `c` (`k_warps`: `ceil(c / 128)` within these bounds):
+/// at least 4, the threads of the epilogue's 128 outputs (16 columns x 8
+/// rows); at most 16 (512 threads of ~116 registers: one block fits an SM).
+pub const DECODE_GEMV_MMA_MIN_WARPS: u32 = 4;
+pub const DECODE_GEMV_MMA_MAX_WARPS: u32 = 16;
+/// Outputs of one tile (16 columns x 8 rows), one per epilogue thread.
+pub const DECODE_GEMV_MMA_OUTPUTS: u32 = DECODE_GEMV_MMA_TILE * DECODE_MAX_ROWS;
 
 /// Most rows (batch entries) one decode launch serves: each lane keeps one
 /// accumulator per row in registers.
@@ -78,6 +99,18 @@ pub const fn decode_gemv_shared_bytes(n: u32, c: u32, ln: bool) -> u32 {
         0
     };
     n * c * 4 + DECODE_GEMV_RED_SMEM_BYTES + DECODE_GEMV_ARGMAX_SMEM_BYTES + ln_bytes
+}
+
+/// Dynamic shared memory of a [`DECODE_GEMV_BF16_MMA`] launch of `warps`
+/// warps: the staged rows, each warp's 128 partial sums, the argmax scratch
+/// (a pair per warp and row), the layernorm's parameters and statistics.
+pub const fn decode_gemv_mma_shared_bytes(n: u32, c: u32, ln: bool, warps: u32) -> u32 {
+    let ln_bytes = if ln {
+        (2 * c + (2 * n).next_multiple_of(4)) * 4
+    } else {
+        0
+    };
+    n * c * 4 + warps * DECODE_GEMV_MMA_OUTPUTS * 4 + warps * DECODE_MAX_ROWS * 8 + ln_bytes
 }
 
 /// Attention: keys per chunk (one block each).
@@ -122,6 +155,11 @@ impl PrefetchRange {
 /// block's `warps / k_warps` groups stride over the columns together.
 /// Dynamic shared memory: [`decode_gemv_shared_bytes`]. `c % 4 == 0`, `c <=` [`DECODE_GEMV_MAX_C`], `n <=`
 /// [`DECODE_MAX_ROWS`], every pointer 16-byte aligned.
+///
+/// [`DECODE_GEMV_BF16_MMA`] instead: blocks of `k_warps` warps
+/// ([`DECODE_GEMV_MMA_MIN_WARPS`]..=[`DECODE_GEMV_MMA_MAX_WARPS`]) striding
+/// over 16-column tiles, [`decode_gemv_mma_shared_bytes`] of dynamic shared
+/// memory, `c % 32 == 0`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeGemvParams<W = f32> {
@@ -182,7 +220,9 @@ pub struct DecodeGemvParams<W = f32> {
     /// Nonzero: GELU after the bias.
     pub gelu: u32,
     /// Warps sharing one column: `ceil(c / DECODE_GEMV_CHUNK)` (bf16:
-    /// [`DECODE_GEMV_CHUNK_BF16`]).
+    /// [`DECODE_GEMV_CHUNK_BF16`]). [`DECODE_GEMV_BF16_MMA`]: the block's
+    /// warps, all on one 16-column tile, each `ceil(c / k_warps)` of `c`
+    /// rounded up to [`DECODE_GEMV_MMA_STEP`].
     pub k_warps: u32,
     /// Nonzero: prefetch `prefetch` after the main loop instead of before
     /// the PDL wait (for a kernel that streams more than L2 holds, whose own

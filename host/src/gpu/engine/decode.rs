@@ -106,6 +106,9 @@ pub struct DecodeTuning {
     /// Under PDL, let the next kernel launch as soon as this one's blocks
     /// all started (before they wait), not after the wait.
     pub early_trigger: bool,
+    /// bf16 GEMVs of two rows or more on tensor cores
+    /// (`gpu::ops::decode::MMA_MIN_ROWS`; `DecodeLaunch::tensor_cores`).
+    pub tensor_cores: bool,
     /// Run the step as one persistent kernel (`gpu::ops::decode_step`)
     /// where it serves the batch (one row, the sm_90a module), instead of
     /// the chain of fused kernels. The knobs above tune the chain only.
@@ -127,6 +130,7 @@ impl Default for DecodeTuning {
             gemv_block_warps: 0,
             // Measured 0.4-1 % faster on an H200, at 1 and 8 rows, in two runs.
             early_trigger: true,
+            tensor_cores: true,
             // On where it serves the batch (one row, sm_90a): 0.325 against
             // the chain's 0.351 ms a step in FP32, 0.307 against 0.332 in
             // bf16, on an H200 (`bench step`; docs/performance.md, decode
@@ -580,6 +584,7 @@ impl Step<'_> {
                 blocks_per_sm: tuning.gemv_blocks_per_sm,
                 block_warps: tuning.gemv_block_warps,
                 early_trigger: tuning.early_trigger,
+                tensor_cores: tuning.tensor_cores,
             })
         };
 

@@ -39,6 +39,10 @@ pub struct DecodeLaunch<'a> {
     pub block_warps: usize,
     /// Under PDL, trigger the next kernel's launch before the wait.
     pub early_trigger: bool,
+    /// bf16 GEMVs of [`MMA_MIN_ROWS`] rows or more (and `c % 32 == 0`) run
+    /// on tensor cores (`DECODE_GEMV_BF16_MMA`); off: the one-column-a-warp
+    /// kernels, as f32 weights always do.
+    pub tensor_cores: bool,
 }
 
 impl DecodeLaunch<'_> {
@@ -51,6 +55,7 @@ impl DecodeLaunch<'_> {
             blocks_per_sm: 0,
             block_warps: 0,
             early_trigger: false,
+            tensor_cores: true,
         }
     }
 }
@@ -363,6 +368,55 @@ fn gemv_config(
     Ok((cfg, k_warps as u32))
 }
 
+/// Fewest rows the bf16 GEMV takes to the tensor cores: one row reads each
+/// staged value once per column either way (a broadcast), and its kernel
+/// keeps fewer registers.
+pub const MMA_MIN_ROWS: usize = 2;
+
+/// The launch of the tensor-core bf16 GEMV (`DECODE_GEMV_BF16_MMA`) of `n`
+/// rows, inner size `c`, `oc` columns: `k_warps` warps a block
+/// (`ceil(c / 128)`, within the kernel's bounds), blocks striding over the
+/// 16-column tiles (as many as are resident, at most one per tile); `None`
+/// where not one block fits an SM (the caller takes the other kernel).
+#[allow(clippy::too_many_arguments)]
+fn mma_config(
+    gpu: &Gpu,
+    ws: &mut DecodeWorkspace,
+    n: usize,
+    c: usize,
+    oc: usize,
+    ln: bool,
+    blocks_per_sm: usize,
+) -> Result<Option<(LaunchConfig, u32)>, OpError> {
+    let per_warp = (DECODE_GEMV_MMA_STEP * DECODE_GEMV_MMA_BATCH) as usize;
+    let warps = c
+        .div_ceil(per_warp)
+        .clamp(DECODE_GEMV_MMA_MIN_WARPS as usize, DECODE_GEMV_MMA_MAX_WARPS as usize);
+    let threads = (warps * 32) as u32;
+    let shared = decode_gemv_mma_shared_bytes(n as u32, c as u32, ln, warps as u32);
+    if shared > DEFAULT_SHARED_LIMIT {
+        gpu.set_max_dynamic_shared(DECODE_GEMV_BF16_MMA, shared)?;
+    }
+    let mut per_sm = (ws.resident(gpu, DECODE_GEMV_BF16_MMA, threads, shared)? as usize).min(MAX_BLOCKS_PER_SM);
+    if per_sm == 0 {
+        return Ok(None);
+    }
+    if blocks_per_sm > 0 {
+        per_sm = per_sm.min(blocks_per_sm);
+    }
+    let blocks = oc
+        .div_ceil(DECODE_GEMV_MMA_TILE as usize)
+        .min(gpu.sm_count() * per_sm)
+        .min(ws.max_blocks)
+        .max(1);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    Ok(Some((cfg, warps as u32)))
+}
+
 /// Bytes of one weight load of the GEMV: `c` is a multiple of the values it holds.
 const LOAD_BYTES: usize = 16;
 
@@ -374,6 +428,8 @@ struct GemvKernels {
     chunk: u32,
     /// Elements the inner size must be a multiple of (one 16-byte load).
     c_multiple: usize,
+    /// The tensor-core kernel for 2+ rows, where the format has one.
+    mma: Option<&'static str>,
 }
 
 /// Where a weight format's GEMV kernels come from.
@@ -389,6 +445,7 @@ impl GemvWeight for f32 {
         names: DECODE_GEMV_VARIANTS,
         chunk: DECODE_GEMV_CHUNK,
         c_multiple: LOAD_BYTES / size_of::<f32>(),
+        mma: None,
     };
 }
 
@@ -397,6 +454,7 @@ impl GemvWeight for u16 {
         names: DECODE_GEMV_BF16_VARIANTS,
         chunk: DECODE_GEMV_CHUNK_BF16,
         c_multiple: LOAD_BYTES / size_of::<u16>(),
+        mma: Some(DECODE_GEMV_BF16_MMA),
     };
 }
 
@@ -613,26 +671,41 @@ where
     if !aligned16(&addrs) {
         return Err(OpError::shape(OP_GEMV, "buffers must be 16-byte aligned"));
     }
-    let (cfg, k_warps) = gemv_config(
-        gpu,
-        ws,
-        kernels,
-        n,
-        c,
-        oc,
-        ln.is_some(),
-        launch.blocks_per_sm,
-        launch.block_warps,
-    )?;
+    let mma = kernels
+        .mma
+        .filter(|_| launch.tensor_cores && n >= MMA_MIN_ROWS && c.is_multiple_of(DECODE_GEMV_MMA_STEP as usize));
+    let mma = match mma {
+        Some(kernel) => mma_config(gpu, ws, n, c, oc, ln.is_some(), launch.blocks_per_sm)?.map(|l| (kernel, l)),
+        None => None,
+    };
+    let (kernel, (cfg, k_warps)) = match mma {
+        Some(k) => k,
+        None => (
+            kernels.for_rows(n),
+            gemv_config(
+                gpu,
+                ws,
+                kernels,
+                n,
+                c,
+                oc,
+                ln.is_some(),
+                launch.blocks_per_sm,
+                launch.block_warps,
+            )?,
+        ),
+    };
     p.k_warps = k_warps;
     // SAFETY: every buffer the params name was checked above to hold what
     // the kernel reads or writes for n rows, c, oc (and the greedy
     // partials hold max_blocks >= grid rows); 16-byte aligned; c a
-    // multiple of the format's 16-byte load (4 f32, 8 bf16), c <= MAX_C,
-    // n <= MAX_ROWS; the kernel's element type is W, as weight and wte hold; the launch gives n*c floats of shared
-    // memory (+ the greedy scratch); the kernel keeps the PDL contract; the
-    // prefetch ranges lie inside buffers `launch` borrows (L2Prefetch::push).
-    unsafe { gpu.launch_pdl(kernels.for_rows(n), cfg, p, launch.pdl && gpu.has_wgmma())? };
+    // multiple of the format's 16-byte load (4 f32, 8 bf16; the tensor-core
+    // kernel: of 32), c <= MAX_C, n <= MAX_ROWS; the kernel's element type
+    // is W, as weight and wte hold; the launch (`gemv_config`/`mma_config`)
+    // gives the shared memory its kernel lays out, and k_warps as that
+    // kernel reads it; the kernel keeps the PDL contract; the prefetch
+    // ranges lie inside buffers `launch` borrows (L2Prefetch::push).
+    unsafe { gpu.launch_pdl(kernel, cfg, p, launch.pdl && gpu.has_wgmma())? };
     Ok(())
 }
 
