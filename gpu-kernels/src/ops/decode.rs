@@ -22,7 +22,7 @@ use super::gelu::gelu;
 use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
-use crate::device::mma::{mma_m16n8k16_bf16, pack_bf16x2};
+use crate::device::mma::{mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::{shfl_xor_f32, shfl_xor_u32, warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
@@ -591,21 +591,87 @@ pub(crate) fn warp_best(mut b: (f32, u32)) -> (f32, u32) {
 }
 
 const MMA_TILE: usize = DECODE_GEMV_MMA_TILE as usize;
-const MMA_STEP: usize = DECODE_GEMV_MMA_STEP as usize;
 const MMA_BATCH: usize = DECODE_GEMV_MMA_BATCH as usize;
 const MMA_OUTPUTS: usize = DECODE_GEMV_MMA_OUTPUTS as usize;
 /// Lanes sharing a fragment row (`t = lane % 4`); the row offset of a
 /// fragment's second half (`g + 8`).
 const MMA_QUAD: usize = 4;
 const MMA_HALF: usize = MMA_TILE / 2;
-/// bf16 a lane loads of one weight row per step (16 bytes).
-const MMA_LANE_K: usize = MMA_STEP / MMA_QUAD;
 /// Accumulators of one m16n8 fragment per lane.
 const MMA_ACC: usize = 4;
-// A lane's 16-byte load is 8 bf16; every output of a tile has a thread.
-const _: () = assert!(MMA_LANE_K * size_of::<u16>() == 16);
+/// Bytes of a lane's load of one weight row per step.
+const MMA_LOAD_BYTES: usize = 16;
+/// Most staged floats a lane reads per step (bf16: 8).
+const MMA_MAX_LANE_K: usize = 8;
+// Every output of a tile has an epilogue thread; a step is 4 lanes' loads.
+const _: () = assert!(MMA_QUAD * MMA_LOAD_BYTES == DECODE_GEMV_MMA_STEP_BYTES as usize);
 const _: () =
     assert!(MMA_OUTPUTS == LANES * MMA_ACC && MMA_OUTPUTS <= (DECODE_GEMV_MMA_MIN_WARPS * WARP_SIZE) as usize);
+
+/// A weight format of the tensor-core GEMV: a step is one 16-byte load per
+/// lane of each of its two weight rows (`g`, `g + 8`), `LANE_K` values of
+/// k, so `4 * LANE_K` per warp (`DECODE_GEMV_MMA_STEP_BYTES`).
+pub(crate) trait MmaWeight: Weight {
+    const LANE_K: usize = MMA_LOAD_BYTES / size_of::<Self>();
+    /// `acc += W_tile · x` over one step: `lo`/`hi` the lane's loads of rows
+    /// `g` and `g + 8`, `x` the staged row `g` at the same k (first
+    /// `LANE_K` entries; zeros for rows past `n`). The lane's k values feed
+    /// the mma's k slots in a fixed permutation shared by both operands (a
+    /// sum does not depend on the order of its terms).
+    fn mma_step(acc: [f32; MMA_ACC], lo: &[u32; 4], hi: &[u32; 4], x: &[f32; MMA_MAX_LANE_K]) -> [f32; MMA_ACC];
+}
+
+impl MmaWeight for u16 {
+    /// Two m16n8k16: lane `t` holds k `8t..8t+8`, slots `2t, 2t+1, 2t+8,
+    /// 2t+9` of each instruction; the staged values are bf16 already, so
+    /// packing them is exact.
+    #[inline(always)]
+    fn mma_step(acc: [f32; MMA_ACC], lo: &[u32; 4], hi: &[u32; 4], x: &[f32; MMA_MAX_LANE_K]) -> [f32; MMA_ACC] {
+        let b = [
+            pack_bf16x2(x[0], x[1]),
+            pack_bf16x2(x[2], x[3]),
+            pack_bf16x2(x[4], x[5]),
+            pack_bf16x2(x[6], x[7]),
+        ];
+        let acc = mma_m16n8k16_bf16([lo[0], hi[0], lo[1], hi[1]], [b[0], b[1]], acc);
+        mma_m16n8k16_bf16([lo[2], hi[2], lo[3], hi[3]], [b[2], b[3]], acc)
+    }
+}
+
+/// `v` as a sum of two TF32 values (big, small): the small one carries the
+/// 13 bits TF32 drops, rounded to 11.
+#[inline(always)]
+fn split_tf32(v: f32) -> (u32, u32) {
+    let big = to_tf32(v);
+    (big, to_tf32(v - f32::from_bits(big)))
+}
+
+impl MmaWeight for f32 {
+    /// Two m16n8k8 slices (lane `t` holds k `4t..4t+4`, slots `t, t+4` of
+    /// each), each as three TF32 products (3xTF32): both operands split into
+    /// big + small, and small·big + big·small + big·big summed (small·small,
+    /// ~2^-22 of the product, dropped), which keeps FP32's accuracy where
+    /// one TF32 product would lose 13 bits.
+    #[inline(always)]
+    fn mma_step(acc: [f32; MMA_ACC], lo: &[u32; 4], hi: &[u32; 4], x: &[f32; MMA_MAX_LANE_K]) -> [f32; MMA_ACC] {
+        let mut acc = acc;
+        unroll_below!(h < 2 => {
+            let (a0, a1, a2, a3) = (
+                split_tf32(f32::from_bits(lo[2 * h])),
+                split_tf32(f32::from_bits(hi[2 * h])),
+                split_tf32(f32::from_bits(lo[2 * h + 1])),
+                split_tf32(f32::from_bits(hi[2 * h + 1])),
+            );
+            let (b0, b1) = (split_tf32(x[2 * h]), split_tf32(x[2 * h + 1]));
+            let a_big = [a0.0, a1.0, a2.0, a3.0];
+            let a_small = [a0.1, a1.1, a2.1, a3.1];
+            acc = mma_m16n8k8_tf32(a_small, [b0.0, b1.0], acc);
+            acc = mma_m16n8k8_tf32(a_big, [b0.1, b1.1], acc);
+            acc = mma_m16n8k8_tf32(a_big, [b0.0, b1.0], acc);
+        });
+        acc
+    }
+}
 
 /// One batch of a warp's weight loads: per step, 16 bytes of weight row
 /// `col0 + g` and of row `col0 + g + 8` (zeros past `oc` or `k_hi`).
@@ -614,11 +680,11 @@ type MmaBatch = [[[u32; 4]; 2]; MMA_BATCH];
 /// Load the batch of steps from `k` (below `k_hi`) of the tile at `col0`.
 ///
 /// # Safety
-/// `w` holds `oc` rows of `c` bf16, 16-byte aligned, `c % 32 == 0`;
-/// `k_hi <= c`.
+/// `w` holds `oc` rows of `c` values, 16-byte aligned, `c` a multiple of
+/// the step; `k_hi <= c`.
 #[inline(always)]
-unsafe fn mma_load_batch(
-    w: *const u16,
+unsafe fn mma_load_batch<W: MmaWeight>(
+    w: *const W,
     col0: usize,
     oc: usize,
     c: usize,
@@ -627,15 +693,16 @@ unsafe fn mma_load_batch(
     lane: usize,
 ) -> MmaBatch {
     let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
+    let step = MMA_QUAD * W::LANE_K;
     let mut b = [[[0u32; 4]; 2]; MMA_BATCH];
     unroll_below!(s < MMA_BATCH => {
-        let kk = k + s * MMA_STEP + t * MMA_LANE_K;
-        if k + s * MMA_STEP < k_hi {
+        let kk = k + s * step + t * W::LANE_K;
+        if k + s * step < k_hi {
             unroll_below!(h < 2 => {
                 let col = col0 + g + h * MMA_HALF;
                 if col < oc {
-                    // SAFETY: col < oc, kk + 8 <= c, aligned (c % 32 == 0).
-                    b[s][h] = unsafe { <u16 as Weight>::load_raw(w.add(col * c), kk) };
+                    // SAFETY: col < oc, kk + LANE_K <= c, aligned.
+                    b[s][h] = unsafe { W::load_raw(w.add(col * c), kk) };
                 }
             });
         }
@@ -643,18 +710,14 @@ unsafe fn mma_load_batch(
     b
 }
 
-/// `acc += W_tile · x` over one batch: per step two m16n8k16, the k slots
-/// of both operands permuted alike (lane `t` holds k `8t..8t+8` of its
-/// rows, which the mma sees as slots `2t, 2t+1, 2t+8, 2t+9` of the first
-/// instruction and the same of the second: a sum does not depend on the
-/// order of its terms). The B operand is row `g` of the staged rows
-/// (zeros for `g >= n`), values already bf16, so packing them is exact.
+/// `acc += W_tile · x` over one batch of steps ([`MmaWeight::mma_step`]);
+/// `x` is row `g` of the staged rows (zeros for `g >= n`).
 ///
 /// # Safety
 /// `xs` holds `n` rows of `c` floats (16-byte aligned); `k_hi <= c`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn mma_batch(
+unsafe fn mma_batch<W: MmaWeight>(
     acc: &mut [f32; MMA_ACC],
     w: &MmaBatch,
     xs: *const f32,
@@ -665,42 +728,46 @@ unsafe fn mma_batch(
     lane: usize,
 ) {
     let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
+    let step = MMA_QUAD * W::LANE_K;
     unroll_below!(s < MMA_BATCH => {
-        if k + s * MMA_STEP < k_hi {
-            let kk = k + s * MMA_STEP + t * MMA_LANE_K;
-            let mut x = [0u32; 4];
+        if k + s * step < k_hi {
+            let kk = k + s * step + t * W::LANE_K;
+            let mut x = [0f32; MMA_MAX_LANE_K];
             if g < n {
-                // SAFETY: row g < n, kk + 8 <= c.
-                let (lo, hi) = unsafe { (load4(xs.add(g * c + kk)), load4(xs.add(g * c + kk + VEC))) };
-                x = [pack_bf16x2(lo[0], lo[1]), pack_bf16x2(lo[2], lo[3]), pack_bf16x2(hi[0], hi[1]), pack_bf16x2(hi[2], hi[3])];
+                unroll_below!(q < MMA_MAX_LANE_K / VEC => {
+                    if q * VEC < W::LANE_K {
+                        // SAFETY: row g < n, kk + LANE_K <= c.
+                        let v = unsafe { load4(xs.add(g * c + kk + q * VEC)) };
+                        x[q * VEC..q * VEC + VEC].copy_from_slice(&v);
+                    }
+                });
             }
-            let (a, b) = (&w[s][0], &w[s][1]);
-            *acc = mma_m16n8k16_bf16([a[0], b[0], a[1], b[1]], [x[0], x[1]], *acc);
-            *acc = mma_m16n8k16_bf16([a[2], b[2], a[3], b[3]], [x[2], x[3]], *acc);
+            *acc = W::mma_step(*acc, &w[s][0], &w[s][1], &x);
         }
     });
 }
 
-/// The bf16 GEMV on tensor cores ([`DECODE_GEMV_BF16_MMA`]; the prologue,
-/// epilogues and greedy end of [`decode_gemv_rows`]). A block's `k_warps`
-/// warps take one 16-column tile at a time, warp `j` its `j`-th slice of
-/// `c`; their partial fragments meet in shared memory, where thread `o <
-/// 128` sums output `o` of the tile (lane `o / 4`'s accumulator `o % 4`:
-/// column `g + 8 * (j / 2)`, row `2t + j % 2`) and runs its epilogue. So
-/// each epilogue thread always serves the same row, and keeps that row's
-/// best for the greedy end.
+/// The GEMV on tensor cores ([`DECODE_GEMV_BF16_MMA`], [`DECODE_GEMV_MMA`];
+/// the prologue, epilogues and greedy end of [`decode_gemv_rows`]). A
+/// block's `k_warps` warps take one 16-column tile at a time, warp `j` its
+/// `j`-th slice of `c`; their partial fragments meet in shared memory,
+/// where thread `o < 128` sums output `o` of the tile (lane `o / 4`'s
+/// accumulator `o % 4`: column `g + 8 * (j / 2)`, row `2t + j % 2`) and runs
+/// its epilogue. So each epilogue thread always serves the same row, and
+/// keeps that row's best for the greedy end.
 ///
 /// # Safety
-/// `DecodeGemvParams`' contract for this kernel, with the launch it describes.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn decode_gemv_bf16_mma(p: DecodeGemvParams<u16>) {
+/// `DecodeGemvParams`' contract for these kernels, with the launch it describes.
+#[inline(always)]
+unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
     if p.early_trigger != 0 {
         launch_dependents();
     }
     let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
     let (tid, lane, warp) = (thread_idx_x() as usize, lane_id() as usize, warp_id() as usize);
     let warps = p.k_warps as usize;
-    let slice = c.div_ceil(warps).next_multiple_of(MMA_STEP);
+    let step = MMA_QUAD * W::LANE_K;
+    let slice = c.div_ceil(warps).next_multiple_of(step);
     let (k_lo, k_hi) = ((warp * slice).min(c), ((warp + 1) * slice).min(c));
     let tiles = oc.div_ceil(MMA_TILE);
     let mut tile = block_idx_x() as usize;
@@ -734,7 +801,7 @@ pub unsafe extern "ptx-kernel" fn decode_gemv_bf16_mma(p: DecodeGemvParams<u16>)
     unsafe { stage_rows(&p, xs, n, c) };
     sync_threads();
     if ln {
-        unsafe { layernorm_rows::<u16>(xs, lnp, lnp.add(2 * c), n, c) };
+        unsafe { layernorm_rows::<W>(xs, lnp, lnp.add(2 * c), n, c) };
         sync_threads();
     }
 
@@ -752,8 +819,8 @@ pub unsafe extern "ptx-kernel" fn decode_gemv_bf16_mma(p: DecodeGemvParams<u16>)
         let mut w = first;
         while k < k_hi {
             // SAFETY: the params' contract; k < k_hi <= c.
-            unsafe { mma_batch(&mut acc, &w, xs, c, k, k_hi, n, lane) };
-            k += MMA_BATCH * MMA_STEP;
+            unsafe { mma_batch::<W>(&mut acc, &w, xs, c, k, k_hi, n, lane) };
+            k += MMA_BATCH * step;
             if k < k_hi {
                 w = unsafe { mma_load_batch(p.weight, col0, oc, c, k, k_hi, lane) };
             }
@@ -824,6 +891,26 @@ pub unsafe extern "ptx-kernel" fn decode_gemv_bf16_mma(p: DecodeGemvParams<u16>)
         // SAFETY: the scratch holds a pair per (warp, row).
         unsafe { argmax_finish(&out, mine, scratch, n) };
     }
+}
+
+/// [`decode_gemv_mma_rows`] over bf16 weights.
+///
+/// # Safety
+/// `DecodeGemvParams`' contract for this kernel, with the launch it describes.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn decode_gemv_bf16_mma(p: DecodeGemvParams<u16>) {
+    // SAFETY: forwarded.
+    unsafe { decode_gemv_mma_rows(p) }
+}
+
+/// [`decode_gemv_mma_rows`] over f32 weights (3xTF32).
+///
+/// # Safety
+/// `DecodeGemvParams`' contract for this kernel, with the launch it describes.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn decode_gemv_mma(p: DecodeGemvParams<f32>) {
+    // SAFETY: forwarded.
+    unsafe { decode_gemv_mma_rows(p) }
 }
 
 pub(crate) const HS: usize = DECODE_HEAD_SIZE as usize;

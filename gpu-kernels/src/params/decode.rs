@@ -39,21 +39,25 @@ pub const DECODE_GEMV_BF16_VARIANTS: [&str; 4] = [
     DECODE_GEMV_BF16,
 ];
 pub const DECODE_ATTENTION: &str = "decode_attention";
-/// The bf16 GEMV on tensor cores (`DecodeGemvParams<u16>`, up to
-/// [`DECODE_MAX_ROWS`] rows): a warp multiplies a 16-column tile of the
-/// weight by the rows with `mma.sync` m16n8k16 (columns as M, rows as N),
-/// so the staged rows are read once per 16 columns instead of once per
-/// column; the engine takes it for 2 rows and more.
+/// The GEMV on tensor cores (up to [`DECODE_MAX_ROWS`] rows): a warp
+/// multiplies a 16-column tile of the weight by the rows with `mma.sync`
+/// (columns as M, rows as N), so the staged rows are read once per 16
+/// columns instead of once per column; the engine takes it for 2 rows and
+/// more. bf16 weights (`DecodeGemvParams<u16>`): m16n8k16.
 pub const DECODE_GEMV_BF16_MMA: &str = "decode_gemv_bf16_mma";
-/// Columns of one tile of [`DECODE_GEMV_BF16_MMA`] (the mma's M).
+/// The same over f32 weights (`DecodeGemvParams<f32>`): m16n8k8 TF32, each
+/// product as three (3xTF32: both operands split into a TF32 value and a
+/// TF32 remainder), FP32's accuracy.
+pub const DECODE_GEMV_MMA: &str = "decode_gemv_mma";
+/// Columns of one tile of the tensor-core GEMVs (the mma's M).
 pub const DECODE_GEMV_MMA_TILE: u32 = 16;
-/// k of one step of a warp (two m16n8k16: a lane loads 16 bytes of each of
-/// its two weight rows).
-pub const DECODE_GEMV_MMA_STEP: u32 = 32;
+/// Bytes of a weight row one step of a warp covers: 4 lanes, 16 bytes each
+/// (32 bf16 or 16 f32 of k); `c` must be a multiple of it in elements.
+pub const DECODE_GEMV_MMA_STEP_BYTES: u32 = 64;
 /// Steps whose loads a warp issues before the first is used.
 pub const DECODE_GEMV_MMA_BATCH: u32 = 2;
-/// Warps of a [`DECODE_GEMV_BF16_MMA`] block, all on one tile at a time,
-/// each a slice of `c` (`k_warps`: `ceil(c / 128)` within these bounds):
+/// Warps of a tensor-core GEMV block, all on one tile at a time, each a
+/// slice of `c` (`k_warps`: `ceil(c / (2 steps))` within these bounds):
 /// at least 4, the threads of the epilogue's 128 outputs (16 columns x 8
 /// rows); at most 16 (512 threads of ~116 registers: one block fits an SM).
 pub const DECODE_GEMV_MMA_MIN_WARPS: u32 = 4;
@@ -101,7 +105,7 @@ pub const fn decode_gemv_shared_bytes(n: u32, c: u32, ln: bool) -> u32 {
     n * c * 4 + DECODE_GEMV_RED_SMEM_BYTES + DECODE_GEMV_ARGMAX_SMEM_BYTES + ln_bytes
 }
 
-/// Dynamic shared memory of a [`DECODE_GEMV_BF16_MMA`] launch of `warps`
+/// Dynamic shared memory of a tensor-core GEMV launch of `warps`
 /// warps: the staged rows, each warp's 128 partial sums, the argmax scratch
 /// (a pair per warp and row), the layernorm's parameters and statistics.
 pub const fn decode_gemv_mma_shared_bytes(n: u32, c: u32, ln: bool, warps: u32) -> u32 {
@@ -156,10 +160,10 @@ impl PrefetchRange {
 /// Dynamic shared memory: [`decode_gemv_shared_bytes`]. `c % 4 == 0`, `c <=` [`DECODE_GEMV_MAX_C`], `n <=`
 /// [`DECODE_MAX_ROWS`], every pointer 16-byte aligned.
 ///
-/// [`DECODE_GEMV_BF16_MMA`] instead: blocks of `k_warps` warps
-/// ([`DECODE_GEMV_MMA_MIN_WARPS`]..=[`DECODE_GEMV_MMA_MAX_WARPS`]) striding
-/// over 16-column tiles, [`decode_gemv_mma_shared_bytes`] of dynamic shared
-/// memory, `c % 32 == 0`.
+/// [`DECODE_GEMV_BF16_MMA`] and [`DECODE_GEMV_MMA`] instead: blocks of
+/// `k_warps` warps ([`DECODE_GEMV_MMA_MIN_WARPS`]..=[`DECODE_GEMV_MMA_MAX_WARPS`])
+/// striding over 16-column tiles, [`decode_gemv_mma_shared_bytes`] of
+/// dynamic shared memory, `c` a multiple of a step (32 bf16, 16 f32).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeGemvParams<W = f32> {
@@ -220,9 +224,9 @@ pub struct DecodeGemvParams<W = f32> {
     /// Nonzero: GELU after the bias.
     pub gelu: u32,
     /// Warps sharing one column: `ceil(c / DECODE_GEMV_CHUNK)` (bf16:
-    /// [`DECODE_GEMV_CHUNK_BF16`]). [`DECODE_GEMV_BF16_MMA`]: the block's
+    /// [`DECODE_GEMV_CHUNK_BF16`]). The tensor-core kernels: the block's
     /// warps, all on one 16-column tile, each `ceil(c / k_warps)` of `c`
-    /// rounded up to [`DECODE_GEMV_MMA_STEP`].
+    /// rounded up to a step ([`DECODE_GEMV_MMA_STEP_BYTES`]).
     pub k_warps: u32,
     /// Nonzero: prefetch `prefetch` after the main loop instead of before
     /// the PDL wait (for a kernel that streams more than L2 holds, whose own

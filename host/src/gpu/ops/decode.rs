@@ -39,9 +39,9 @@ pub struct DecodeLaunch<'a> {
     pub block_warps: usize,
     /// Under PDL, trigger the next kernel's launch before the wait.
     pub early_trigger: bool,
-    /// bf16 GEMVs of [`MMA_MIN_ROWS`] rows or more (and `c % 32 == 0`) run
-    /// on tensor cores (`DECODE_GEMV_BF16_MMA`); off: the one-column-a-warp
-    /// kernels, as f32 weights always do.
+    /// GEMVs of [`MMA_MIN_ROWS`] rows or more (and `c` a multiple of a
+    /// step: 32 bf16, 16 f32) run on tensor cores (`DECODE_GEMV_BF16_MMA`;
+    /// f32 as 3xTF32, `DECODE_GEMV_MMA`); off: the one-column-a-warp kernels.
     pub tensor_cores: bool,
 }
 
@@ -368,36 +368,38 @@ fn gemv_config(
     Ok((cfg, k_warps as u32))
 }
 
-/// Fewest rows the bf16 GEMV takes to the tensor cores: one row reads each
+/// Fewest rows the GEMV takes to the tensor cores: one row reads each
 /// staged value once per column either way (a broadcast), and its kernel
 /// keeps fewer registers.
 pub const MMA_MIN_ROWS: usize = 2;
 
-/// The launch of the tensor-core bf16 GEMV (`DECODE_GEMV_BF16_MMA`) of `n`
-/// rows, inner size `c`, `oc` columns: `k_warps` warps a block
-/// (`ceil(c / 128)`, within the kernel's bounds), blocks striding over the
+/// The launch of the tensor-core GEMV `kernel` of `n` rows, inner size `c`
+/// (`step` elements a warp step), `oc` columns: `k_warps` warps a block
+/// (two steps each, within the kernel's bounds), blocks striding over the
 /// 16-column tiles (as many as are resident, at most one per tile); `None`
 /// where not one block fits an SM (the caller takes the other kernel).
 #[allow(clippy::too_many_arguments)]
 fn mma_config(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
+    kernel: &'static str,
+    step: usize,
     n: usize,
     c: usize,
     oc: usize,
     ln: bool,
     blocks_per_sm: usize,
 ) -> Result<Option<(LaunchConfig, u32)>, OpError> {
-    let per_warp = (DECODE_GEMV_MMA_STEP * DECODE_GEMV_MMA_BATCH) as usize;
+    let per_warp = step * DECODE_GEMV_MMA_BATCH as usize;
     let warps = c
         .div_ceil(per_warp)
         .clamp(DECODE_GEMV_MMA_MIN_WARPS as usize, DECODE_GEMV_MMA_MAX_WARPS as usize);
     let threads = (warps * 32) as u32;
     let shared = decode_gemv_mma_shared_bytes(n as u32, c as u32, ln, warps as u32);
     if shared > DEFAULT_SHARED_LIMIT {
-        gpu.set_max_dynamic_shared(DECODE_GEMV_BF16_MMA, shared)?;
+        gpu.set_max_dynamic_shared(kernel, shared)?;
     }
-    let mut per_sm = (ws.resident(gpu, DECODE_GEMV_BF16_MMA, threads, shared)? as usize).min(MAX_BLOCKS_PER_SM);
+    let mut per_sm = (ws.resident(gpu, kernel, threads, shared)? as usize).min(MAX_BLOCKS_PER_SM);
     if per_sm == 0 {
         return Ok(None);
     }
@@ -428,8 +430,8 @@ struct GemvKernels {
     chunk: u32,
     /// Elements the inner size must be a multiple of (one 16-byte load).
     c_multiple: usize,
-    /// The tensor-core kernel for 2+ rows, where the format has one.
-    mma: Option<&'static str>,
+    /// The tensor-core kernel for 2+ rows.
+    mma: &'static str,
 }
 
 /// Where a weight format's GEMV kernels come from.
@@ -445,7 +447,7 @@ impl GemvWeight for f32 {
         names: DECODE_GEMV_VARIANTS,
         chunk: DECODE_GEMV_CHUNK,
         c_multiple: LOAD_BYTES / size_of::<f32>(),
-        mma: None,
+        mma: DECODE_GEMV_MMA,
     };
 }
 
@@ -454,7 +456,7 @@ impl GemvWeight for u16 {
         names: DECODE_GEMV_BF16_VARIANTS,
         chunk: DECODE_GEMV_CHUNK_BF16,
         c_multiple: LOAD_BYTES / size_of::<u16>(),
-        mma: Some(DECODE_GEMV_BF16_MMA),
+        mma: DECODE_GEMV_BF16_MMA,
     };
 }
 
@@ -671,12 +673,12 @@ where
     if !aligned16(&addrs) {
         return Err(OpError::shape(OP_GEMV, "buffers must be 16-byte aligned"));
     }
-    let mma = kernels
-        .mma
-        .filter(|_| launch.tensor_cores && n >= MMA_MIN_ROWS && c.is_multiple_of(DECODE_GEMV_MMA_STEP as usize));
-    let mma = match mma {
-        Some(kernel) => mma_config(gpu, ws, n, c, oc, ln.is_some(), launch.blocks_per_sm)?.map(|l| (kernel, l)),
-        None => None,
+    let step = DECODE_GEMV_MMA_STEP_BYTES as usize / size_of::<W>();
+    let mma = if launch.tensor_cores && n >= MMA_MIN_ROWS && c.is_multiple_of(step) {
+        let (kernel, blocks_per_sm) = (kernels.mma, launch.blocks_per_sm);
+        mma_config(gpu, ws, kernel, step, n, c, oc, ln.is_some(), blocks_per_sm)?.map(|l| (kernel, l))
+    } else {
+        None
     };
     let (kernel, (cfg, k_warps)) = match mma {
         Some(k) => k,
@@ -700,7 +702,7 @@ where
     // the kernel reads or writes for n rows, c, oc (and the greedy
     // partials hold max_blocks >= grid rows); 16-byte aligned; c a
     // multiple of the format's 16-byte load (4 f32, 8 bf16; the tensor-core
-    // kernel: of 32), c <= MAX_C, n <= MAX_ROWS; the kernel's element type
+    // kernels: of a step, 16 f32 or 32 bf16), c <= MAX_C, n <= MAX_ROWS; the kernel's element type
     // is W, as weight and wte hold; the launch (`gemv_config`/`mma_config`)
     // gives the shared memory its kernel lays out, and k_warps as that
     // kernel reads it; the kernel keeps the PDL contract; the prefetch
