@@ -218,7 +218,7 @@ MEMCHECK_FILTERS="${MEMCHECK_FILTERS-}"
 # The persistent decode step at its smallest (decode_persistent_small):
 # racecheck did not finish decode_persistent_one_row (grid barriers spinning
 # under the tool) in 150 s.
-RACECHECK_FILTERS="${RACECHECK_FILTERS-flash_attention::flash_prefill_tf32 flash_attention::flash_decode device:: matmul_tf32::matmul_tf32_awkward kernels::layernorm kernels::softmax kernels::attention_windowed kernels::argmax kernels::matmul_tiled_unaligned matmul_tf32::matmul_tf32_split_k kernels::matmul_split_k_explicit matmul_small::matmul_small_is_deterministic matmul_small::matmul_small_unaligned_operands decode::decode_attention_rows_at_different_positions decode::decode_graph_windowed decode::decode_persistent_small}"
+RACECHECK_FILTERS="${RACECHECK_FILTERS-flash_attention::flash_prefill_tf32 flash_attention::flash_decode device:: matmul_tf32::matmul_tf32_awkward kernels::layernorm kernels::softmax kernels::attention_windowed kernels::argmax kernels::matmul_tiled_unaligned matmul_tf32::matmul_tf32_split_k kernels::matmul_split_k_explicit matmul_small::matmul_small_is_deterministic matmul_small::matmul_small_unaligned_operands decode::decode_attention_rows_at_different_positions decode::decode_graph_windowed decode::decode_persistent_small decode::decode_mma_small}"
 # synccheck: the decode kernels' barriers (sync_threads_or after early exits).
 SYNCCHECK_FILTERS="${SYNCCHECK_FILTERS-decode::}"
 # initcheck: reads of device memory that nothing wrote. cudarc's alloc leaves

@@ -364,6 +364,15 @@ fn decode_persistent_small() {
     paths_agree(&head64_config(), 1, 3, 2, 0);
 }
 
+/// The tensor-core GEMVs (two rows and more) at their smallest, FP32
+/// (3xTF32) and bf16: the size compute-sanitizer's racecheck can finish.
+#[test]
+#[ignore = "needs a GPU"]
+fn decode_mma_small() {
+    paths_agree(&head64_config(), 3, 3, 2, 0);
+    paths_agree_in(&head64_config(), 3, 3, 2, 0, Precision::Bf16);
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn decode_graph_124m() {
