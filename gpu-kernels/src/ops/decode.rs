@@ -428,6 +428,73 @@ pub(crate) fn better(a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
     }
 }
 
+/// What both GEMV kernels do between their first weight loads and their
+/// tiles: stage the layernorm's parameters, prefetch later weights (unless
+/// late), wait for the previous kernel under PDL (and trigger the next),
+/// stage the input rows in `xs`, layernorm them. Ends with a block barrier.
+///
+/// # Safety
+/// The params' contract; `xs` holds `n * c` floats and `lnp` (with a
+/// layernorm) `2c + 2n` of shared memory; every thread of the block calls it.
+#[inline(always)]
+unsafe fn gemv_prologue<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, lnp: *mut f32, n: usize, c: usize) {
+    let ln = !p.ln_weight.is_null();
+    if ln {
+        unsafe { stage_ln_params(p, lnp, c) };
+    }
+    if p.prefetch_late == 0 {
+        // SAFETY: the params' contract (later kernels' weights).
+        unsafe { prefetch_ranges(&p.prefetch, block_idx_x() as usize, grid_dim_x() as usize) };
+    }
+    grid_dependency_wait();
+    if p.early_trigger == 0 {
+        launch_dependents();
+    }
+    unsafe { stage_rows(p, xs, n, c) };
+    sync_threads();
+    if ln {
+        unsafe { layernorm_rows::<W>(xs, lnp, lnp.add(2 * c), n, c) };
+        sync_threads();
+    }
+}
+
+/// Column `col` of row `r` is `sum`: the bias, GELU and the output's
+/// epilogue ([`store_out`]); a greedy launch's `best` of row `r` follows it
+/// over the vocabulary's columns.
+///
+/// # Safety
+/// The params' contract; `r < n`, `col < oc`.
+#[inline(always)]
+unsafe fn finish_column<W>(p: &DecodeGemvParams<W>, r: usize, col: usize, sum: f32, best: &mut (f32, u32)) {
+    let mut v = sum;
+    if !p.bias.is_null() {
+        // SAFETY: col < oc.
+        v += unsafe { *p.bias.add(col) };
+    }
+    if p.gelu != 0 {
+        v = gelu(v);
+    }
+    // SAFETY: r < n, col < oc.
+    unsafe { store_out(p, r, col, v) };
+    if !p.ids.is_null() && col < p.v as usize {
+        *best = better(*best, (v, col as u32));
+    }
+}
+
+impl ArgmaxOut {
+    /// The greedy end's buffers of a GEMV launch.
+    fn of<W>(p: &DecodeGemvParams<W>) -> ArgmaxOut {
+        ArgmaxOut {
+            part_val: p.part_val,
+            part_idx: p.part_idx,
+            counter: p.counter,
+            ids: p.ids,
+            tokens_next: p.tokens_next,
+            pos_next: p.pos_next,
+        }
+    }
+}
+
 /// The decode GEMV for up to `R` rows (see the module docs and
 /// `DecodeGemvParams`): one accumulator per row in registers, so the
 /// batch-1 kernel holds few registers and many warps fit on an SM.
@@ -462,26 +529,9 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
     let xs = unsafe { dynamic_shared_align16::<f32>() };
     let red = unsafe { xs.add(n * c) };
     let lnp = unsafe { red.add((DECODE_GEMV_RED_SMEM_BYTES + DECODE_GEMV_ARGMAX_SMEM_BYTES) as usize / 4) };
-    let ln = !p.ln_weight.is_null();
-    if ln {
-        unsafe { stage_ln_params(&p, lnp, c) };
-    }
     let (block, blocks) = (block_idx_x() as usize, grid_dim_x() as usize);
-    if p.prefetch_late == 0 {
-        // SAFETY: the params' contract (later kernels' weights).
-        unsafe { prefetch_ranges(&p.prefetch, block, blocks) };
-    }
-    grid_dependency_wait();
-    if p.early_trigger == 0 {
-        launch_dependents();
-    }
-
-    unsafe { stage_rows(&p, xs, n, c) };
-    sync_threads();
-    if ln {
-        unsafe { layernorm_rows::<W>(xs, lnp, lnp.add(2 * c), n, c) };
-        sync_threads();
-    }
+    // SAFETY: the launch's layout (above); every thread calls it.
+    unsafe { gemv_prologue(&p, xs, lnp, n, c) };
 
     let greedy = !p.ids.is_null();
     let mut best = (f32::NEG_INFINITY, u32::MAX);
@@ -516,19 +566,8 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
             }
         }
         if warp % kw == 0 && col < oc && lane < n {
-            let mut v = mine;
-            if !p.bias.is_null() {
-                // SAFETY: col < oc.
-                v += unsafe { *p.bias.add(col) };
-            }
-            if p.gelu != 0 {
-                v = gelu(v);
-            }
             // SAFETY: lane < n, col < oc.
-            unsafe { store_out(&p, lane, col, v) };
-            if greedy && col < p.v as usize {
-                best = better(best, (v, col as u32));
-            }
+            unsafe { finish_column(&p, lane, col, mine, &mut best) };
         }
         if kw > 1 {
             // `red` is rewritten next round.
@@ -543,14 +582,7 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
     if greedy {
         // SAFETY: the launch adds the argmax scratch after the split sums.
         let scratch = unsafe { red.add(DECODE_GEMV_RED_SMEM_BYTES as usize / 4) } as *mut u32;
-        let out = ArgmaxOut {
-            part_val: p.part_val,
-            part_idx: p.part_idx,
-            counter: p.counter,
-            ids: p.ids,
-            tokens_next: p.tokens_next,
-            pos_next: p.pos_next,
-        };
+        let out = ArgmaxOut::of(&p);
         unsafe { argmax_finish(&out, best, scratch, n) };
     }
 }
@@ -785,25 +817,9 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
     let red = unsafe { xs.add(n * c) };
     let scratch = unsafe { red.add(warps * MMA_OUTPUTS) } as *mut u32;
     let lnp = unsafe { scratch.add(warps * ROWS * 2) } as *mut f32;
-    let ln = !p.ln_weight.is_null();
-    if ln {
-        unsafe { stage_ln_params(&p, lnp, c) };
-    }
     let (block, blocks) = (block_idx_x() as usize, grid_dim_x() as usize);
-    if p.prefetch_late == 0 {
-        // SAFETY: the params' contract (later kernels' weights).
-        unsafe { prefetch_ranges(&p.prefetch, block, blocks) };
-    }
-    grid_dependency_wait();
-    if p.early_trigger == 0 {
-        launch_dependents();
-    }
-    unsafe { stage_rows(&p, xs, n, c) };
-    sync_threads();
-    if ln {
-        unsafe { layernorm_rows::<W>(xs, lnp, lnp.add(2 * c), n, c) };
-        sync_threads();
-    }
+    // SAFETY: the launch's layout (above); every thread calls it.
+    unsafe { gemv_prologue(&p, xs, lnp, n, c) };
 
     // This thread's output of every tile (threads below 128).
     let (o_lane, o_j) = (tid / MMA_ACC, tid % MMA_ACC);
@@ -844,18 +860,8 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
                     // SAFETY: written before the barrier.
                     v += unsafe { *red.add(wi * MMA_OUTPUTS + tid) };
                 }
-                if !p.bias.is_null() {
-                    // SAFETY: col < oc.
-                    v += unsafe { *p.bias.add(col) };
-                }
-                if p.gelu != 0 {
-                    v = gelu(v);
-                }
                 // SAFETY: o_row < n, col < oc.
-                unsafe { store_out(&p, o_row, col, v) };
-                if greedy && col < p.v as usize {
-                    best = better(best, (v, col as u32));
-                }
+                unsafe { finish_column(&p, o_row, col, v, &mut best) };
             }
         }
         // `red` is rewritten next tile.
@@ -880,14 +886,7 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
                 mine = b;
             }
         }
-        let out = ArgmaxOut {
-            part_val: p.part_val,
-            part_idx: p.part_idx,
-            counter: p.counter,
-            ids: p.ids,
-            tokens_next: p.tokens_next,
-            pos_next: p.pos_next,
-        };
+        let out = ArgmaxOut::of(&p);
         // SAFETY: the scratch holds a pair per (warp, row).
         unsafe { argmax_finish(&out, mine, scratch, n) };
     }

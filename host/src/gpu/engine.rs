@@ -674,6 +674,30 @@ fn matmul(
     )
 }
 
+/// The LM head's input rows: all of `ln` (`b * t` rows of `c`), or the last
+/// position of each of the `b` sequences, gathered into `head_in`.
+#[allow(clippy::too_many_arguments)]
+fn head_rows<'a, T: DeviceRepr>(
+    gpu: &Gpu,
+    want: LogitsWanted,
+    ln: &'a CudaSlice<T>,
+    head_in: &'a mut CudaSlice<T>,
+    b: usize,
+    t: usize,
+    c: usize,
+) -> Result<&'a CudaSlice<T>> {
+    if want == LogitsWanted::All {
+        return Ok(ln);
+    }
+    for bi in 0..b {
+        let last = (bi * t + t - 1) * c;
+        gpu.stream
+            .memcpy_dtod(&ln.slice(last..last + c), &mut head_in.slice_mut(bi * c..(bi + 1) * c))
+            .ctx("gathering the last positions")?;
+    }
+    Ok(head_in)
+}
+
 /// A linear layer on bf16 activations ([`Bf16Acts`]): the bf16 `wgmma`
 /// matmul, which needs bf16 weights (an engine with bf16 activations has
 /// them: [`bf16_acts`]).
@@ -952,48 +976,19 @@ impl Backend for GpuEngine {
                 }
             }
         }
-        if let Some(x) = a16 {
-            // The LM head on bf16 rows (wte in bf16 too).
-            if want == LogitsWanted::Last {
-                for bi in 0..b {
-                    let last = (bi * t + t - 1) * c;
-                    gpu.stream
-                        .memcpy_dtod(
-                            &x.ln.slice(last..last + c),
-                            &mut x.head_in.slice_mut(bi * c..(bi + 1) * c),
-                        )
-                        .ctx("gathering the last positions")?;
-                }
+        match a16 {
+            // bf16 rows (wte in bf16 too).
+            Some(x) => {
+                let head_in = head_rows(gpu, want, &x.ln, &mut x.head_in, b, t, c)?;
+                let out = Bf16Out::F32(&mut a.logits);
+                matmul_bf16_acts(gpu, out, head_in, p.wte.as_ref(), None, rows, c, vp, false)?;
             }
-            let head_in = match want {
-                LogitsWanted::All => &x.ln,
-                LogitsWanted::Last => &x.head_in,
-            };
-            let out = Bf16Out::F32(&mut a.logits);
-            matmul_bf16_acts(gpu, out, head_in, p.wte.as_ref(), None, rows, c, vp, false)?;
-            self.last = Some(Last { b, rows });
-            return Ok(());
-        }
-        match want {
-            LogitsWanted::All => {}
-            LogitsWanted::Last => {
-                for bi in 0..b {
-                    let last = (bi * t + t - 1) * c;
-                    gpu.stream
-                        .memcpy_dtod(
-                            &a.ln.slice(last..last + c),
-                            &mut a.head_in.slice_mut(bi * c..(bi + 1) * c),
-                        )
-                        .ctx("gathering the last positions")?;
-                }
+            None => {
+                let head_in = head_rows(gpu, want, &a.ln, &mut a.head_in, b, t, c)?;
+                let head_w = (p.wte.as_ref(), tf32.map(|t| &t.wte), round_head);
+                matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, rows, c, vp)?;
             }
         }
-        let head_in = match want {
-            LogitsWanted::All => &a.ln,
-            LogitsWanted::Last => &a.head_in,
-        };
-        let head_w = (p.wte.as_ref(), tf32.map(|t| &t.wte), round_head);
-        matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, rows, c, vp)?;
         self.last = Some(Last { b, rows });
         Ok(())
     }

@@ -348,24 +348,45 @@ fn gemv_config(
     let threads = (groups * k_warps * 32) as u32;
     let kernel = kernels.for_rows(n);
     let shared = decode_gemv_shared_bytes(n as u32, c as u32, ln);
+    let cfg =
+        resident_grid(gpu, ws, kernel, threads, shared, oc.div_ceil(groups), blocks_per_sm)?.ok_or_else(|| {
+            OpError::shape(
+                OP_GEMV,
+                format!("a block of {kernel} ({threads} threads) does not fit an SM"),
+            )
+        })?;
+    Ok((cfg, k_warps as u32))
+}
+
+/// A grid of `kernel` blocks of `threads` and `shared` bytes, all resident
+/// at once (at most `blocks_per_sm` a SM where nonzero, and the greedy
+/// partials' `max_blocks`) and at most one per work unit (`units`: they
+/// stride over the rest); `None` where not one block fits an SM.
+fn resident_grid(
+    gpu: &Gpu,
+    ws: &mut DecodeWorkspace,
+    kernel: &'static str,
+    threads: u32,
+    shared: u32,
+    units: usize,
+    blocks_per_sm: usize,
+) -> Result<Option<LaunchConfig>, OpError> {
     if shared > DEFAULT_SHARED_LIMIT {
         gpu.set_max_dynamic_shared(kernel, shared)?;
     }
     let mut per_sm = (ws.resident(gpu, kernel, threads, shared)? as usize).min(MAX_BLOCKS_PER_SM);
+    if per_sm == 0 {
+        return Ok(None);
+    }
     if blocks_per_sm > 0 {
         per_sm = per_sm.min(blocks_per_sm);
     }
-    let blocks = oc
-        .div_ceil(groups)
-        .min(gpu.sm_count() * per_sm)
-        .min(ws.max_blocks)
-        .max(1);
-    let cfg = LaunchConfig {
+    let blocks = units.min(gpu.sm_count() * per_sm).min(ws.max_blocks).max(1);
+    Ok(Some(LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: shared,
-    };
-    Ok((cfg, k_warps as u32))
+    }))
 }
 
 /// Fewest rows the GEMV takes to the tensor cores: one row reads each
@@ -396,27 +417,9 @@ fn mma_config(
         .clamp(DECODE_GEMV_MMA_MIN_WARPS as usize, DECODE_GEMV_MMA_MAX_WARPS as usize);
     let threads = (warps * 32) as u32;
     let shared = decode_gemv_mma_shared_bytes(n as u32, c as u32, ln, warps as u32);
-    if shared > DEFAULT_SHARED_LIMIT {
-        gpu.set_max_dynamic_shared(kernel, shared)?;
-    }
-    let mut per_sm = (ws.resident(gpu, kernel, threads, shared)? as usize).min(MAX_BLOCKS_PER_SM);
-    if per_sm == 0 {
-        return Ok(None);
-    }
-    if blocks_per_sm > 0 {
-        per_sm = per_sm.min(blocks_per_sm);
-    }
-    let blocks = oc
-        .div_ceil(DECODE_GEMV_MMA_TILE as usize)
-        .min(gpu.sm_count() * per_sm)
-        .min(ws.max_blocks)
-        .max(1);
-    let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: shared,
-    };
-    Ok(Some((cfg, warps as u32)))
+    let tiles = oc.div_ceil(DECODE_GEMV_MMA_TILE as usize);
+    let cfg = resident_grid(gpu, ws, kernel, threads, shared, tiles, blocks_per_sm)?;
+    Ok(cfg.map(|cfg| (cfg, warps as u32)))
 }
 
 /// Bytes of one weight load of the GEMV: `c` is a multiple of the values it holds.

@@ -55,6 +55,35 @@ pub fn launch_config(shape: &Bf16TileShape, n: usize, oc: usize) -> Result<Launc
     })
 }
 
+/// The checks both kernel families share: `c` a multiple of 8 (weight rows
+/// move in 16-byte chunks), 32-bit element counts, `inp` (`inp_len`),
+/// `weight` and `bias` long enough.
+fn check_shape(
+    op: &'static str,
+    inp_len: usize,
+    weight_len: usize,
+    bias: Option<&CudaSlice<f32>>,
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<(), OpError> {
+    if !c.is_multiple_of(BF16_C_MULTIPLE) {
+        return Err(OpError::shape(
+            op,
+            format!("c = {c} is not a multiple of {BF16_C_MULTIPLE} (weight rows move in 16-byte chunks)"),
+        ));
+    }
+    count_u32(op, "n * c", &[n, c])?;
+    count_u32(op, "oc * c", &[oc, c])?;
+    count_u32(op, "n * oc", &[n, oc])?;
+    check_len(op, "inp", inp_len, n * c)?;
+    check_len(op, "weight", weight_len, oc * c)?;
+    if let Some(b) = bias {
+        check_len(op, "bias", b.len(), oc)?;
+    }
+    Ok(())
+}
+
 /// `out[n, oc] = round_bf16(inp[n, c]) · weight[oc, c]ᵀ (+ bias[oc])`, then
 /// GELU if `gelu`, f32 accumulation; the tile shape is chosen for the
 /// GEMM's size ([`choose_tile`]). `c` must be a multiple of 8.
@@ -89,21 +118,8 @@ pub fn matmul_forward_bf16_with(
     oc: usize,
     gelu: bool,
 ) -> Result<(), OpError> {
-    if !c.is_multiple_of(BF16_C_MULTIPLE) {
-        return Err(OpError::shape(
-            OP,
-            format!("c = {c} is not a multiple of {BF16_C_MULTIPLE} (weight rows are copied in 16-byte chunks)"),
-        ));
-    }
-    count_u32(OP, "n * c", &[n, c])?;
-    count_u32(OP, "oc * c", &[oc, c])?;
-    count_u32(OP, "n * oc", &[n, oc])?;
     check_len(OP, "out", out.len(), n * oc)?;
-    check_len(OP, "inp", inp.len(), n * c)?;
-    check_len(OP, "weight", weight.len(), oc * c)?;
-    if let Some(b) = bias {
-        check_len(OP, "bias", b.len(), oc)?;
-    }
+    check_shape(OP, inp.len(), weight.len(), bias, n, c, oc)?;
     if n == 0 || oc == 0 {
         return Ok(());
     }
@@ -215,20 +231,7 @@ pub fn matmul_forward_bf16_wgmma_with(
             format!("{} is not a bf16 wgmma tile", shape.name),
         ));
     }
-    if !c.is_multiple_of(BF16_C_MULTIPLE) {
-        return Err(OpError::shape(
-            OP_WGMMA,
-            format!("c = {c} is not a multiple of {BF16_C_MULTIPLE} (tensor-map rows are 16-byte multiples)"),
-        ));
-    }
-    count_u32(OP_WGMMA, "n * c", &[n, c])?;
-    count_u32(OP_WGMMA, "oc * c", &[oc, c])?;
-    count_u32(OP_WGMMA, "n * oc", &[n, oc])?;
-    check_len(OP_WGMMA, "inp", inp.len(), n * c)?;
-    check_len(OP_WGMMA, "weight", weight.len(), oc * c)?;
-    if let Some(b) = bias {
-        check_len(OP_WGMMA, "bias", b.len(), oc)?;
-    }
+    check_shape(OP_WGMMA, inp.len(), weight.len(), bias, n, c, oc)?;
     let (out_f32, out_bf16) = match out {
         Bf16Out::F32(o) => {
             check_len(OP_WGMMA, "out", o.len(), n * oc)?;
