@@ -7,6 +7,7 @@
 //! against a plain CPU attention; the step that ends by sampling against
 //! the sampler's CPU twin; pipelined generation against unpipelined.
 
+use gpu_kernels::params::decode_step::DECODE_STEP_MAX_ROWS;
 use gpu_kernels::params::sample::SampleRow;
 use host::bench::step_trace::phase_times;
 use host::cpu::CpuModel;
@@ -120,6 +121,16 @@ fn forced_path(
     logits
 }
 
+/// `tuning` with the persistent step wherever it serves the batch (the
+/// default takes it at one row only).
+fn persistent_everywhere(tuning: DecodeTuning) -> DecodeTuning {
+    DecodeTuning {
+        persistent: true,
+        persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
+        ..tuning
+    }
+}
+
 /// Whether two runs' per-step logits are equal bit for bit.
 fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
     let (a, b) = (a.concat(), b.concat());
@@ -193,6 +204,8 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             early_trigger: true,
             persistent: false,
             trace: false,
+            step_ring_slots: 0,
+            persistent_max_rows: 1,
         },
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
@@ -202,6 +215,8 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             early_trigger: false,
             persistent: false,
             trace: false,
+            step_ring_slots: 0,
+            persistent_max_rows: 1,
         },
     ] {
         eng.set_decode_tuning(tuning);
@@ -227,18 +242,15 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
         paths_tol,
         0.0,
     );
-    // The persistent step (where it serves this batch: one row on the
-    // sm_90a module) against the chain, graph and eager: the same math in
-    // other summation orders.
-    eng.set_decode_tuning(DecodeTuning {
-        persistent: true,
-        ..DecodeTuning::default()
-    });
+    // The persistent step (where it serves this batch: up to 8 rows on the
+    // sm_90a module, two and more on tensor cores) against the chain, graph
+    // and eager: the same math in other summation orders.
+    eng.set_decode_tuning(persistent_everywhere(DecodeTuning::default()));
     let persistent = eng.decode_step_is_persistent(b);
     assert_eq!(
         persistent,
-        eng.gpu().has_wgmma() && b == 1,
-        "the persistent step serves one row on the sm_90a module"
+        eng.gpu().has_wgmma() && b <= DECODE_STEP_MAX_ROWS as usize,
+        "the persistent step serves up to {DECODE_STEP_MAX_ROWS} rows on the sm_90a module"
     );
     let mut persistent_logits = None;
     if persistent {
@@ -258,27 +270,48 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             paths_tol,
             0.0,
         );
-        // The traced kernel (a diagnostic) computes the same bits, and its
-        // trace reads as a whole step.
-        eng.set_decode_tuning(DecodeTuning {
-            persistent: true,
+        // Another ring: other tile boundaries, so other summation orders.
+        for slots in [3, 4] {
+            eng.set_decode_tuning(persistent_everywhere(DecodeTuning {
+                step_ring_slots: slots,
+                ..DecodeTuning::default()
+            }));
+            if eng.decode_step_is_persistent(b) {
+                let ring = forced_path(&mut eng, DecodePath::Graph, &prompt, b, t, &graph_ids);
+                check(
+                    &what(&format!("persistent step, {slots} ring slots, vs the default ring")),
+                    &ring.concat(),
+                    &logits.concat(),
+                    paths_tol,
+                    0.0,
+                );
+            }
+        }
+        eng.set_decode_tuning(DecodeTuning::default());
+        persistent_logits = Some(logits);
+    }
+    // The traced kernel (a diagnostic) computes the same bits, and its
+    // trace reads as a whole step.
+    if persistent {
+        eng.set_decode_tuning(persistent_everywhere(DecodeTuning {
             trace: true,
             ..DecodeTuning::default()
-        });
+        }));
         let traced = forced_path(&mut eng, DecodePath::Eager, &prompt, b, t, &graph_ids);
+        let words = eng.decode_step_trace().unwrap().expect("a traced step ran");
+        eng.set_decode_tuning(persistent_everywhere(DecodeTuning::default()));
+        let eager = forced_path(&mut eng, DecodePath::Eager, &prompt, b, t, &graph_ids);
         assert!(
             same_bits(&traced, &eager),
             "{}: the traced step changed the logits",
             what("persistent")
         );
-        let words = eng.decode_step_trace().unwrap().expect("a traced step ran");
         let phases = phase_times(&words, eng.gpu().sm_count(), cfg.num_layers).expect("a whole trace");
         assert!(
             phases.iter().all(|p| p.period > 0.0 && p.work_max >= p.work_med),
             "{}: {phases:?}",
             what("trace")
         );
-        persistent_logits = Some(logits);
     }
     eng.set_decode_tuning(DecodeTuning::default());
     // The per-op kernels, fed the graph's tokens.
@@ -377,6 +410,9 @@ fn decode_mma_small() {
 #[ignore = "needs a GPU"]
 fn decode_graph_124m() {
     paths_agree(&ModelConfig::GPT2_124M, 1, 16, 24, 0);
+    // Eight rows: the persistent step on tensor cores (3xTF32) on GPT-2's
+    // own shapes, against the chain and the CPU.
+    paths_agree(&ModelConfig::GPT2_124M, 8, 16, 8, 0);
 }
 
 #[test]

@@ -60,6 +60,10 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
         gpu_kernels::params::decode_step::DECODE_STEP_BF16,
         gpu_kernels::params::decode_step::DECODE_STEP_TRACED,
         gpu_kernels::params::decode_step::DECODE_STEP_BF16_TRACED,
+        gpu_kernels::params::decode_step::DECODE_STEP_ROWS,
+        gpu_kernels::params::decode_step::DECODE_STEP_ROWS_BF16,
+        gpu_kernels::params::decode_step::DECODE_STEP_ROWS_TRACED,
+        gpu_kernels::params::decode_step::DECODE_STEP_ROWS_BF16_TRACED,
     ] {
         assert!(names.remove(k), "{k} was not found in {}", dir.display());
         wgmma.insert(k.to_string());

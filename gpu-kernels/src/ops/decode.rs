@@ -622,19 +622,19 @@ pub(crate) fn warp_best(mut b: (f32, u32)) -> (f32, u32) {
     b
 }
 
-const MMA_TILE: usize = DECODE_GEMV_MMA_TILE as usize;
+pub(crate) const MMA_TILE: usize = DECODE_GEMV_MMA_TILE as usize;
 const MMA_BATCH: usize = DECODE_GEMV_MMA_BATCH as usize;
-const MMA_OUTPUTS: usize = DECODE_GEMV_MMA_OUTPUTS as usize;
+pub(crate) const MMA_OUTPUTS: usize = DECODE_GEMV_MMA_OUTPUTS as usize;
 /// Lanes sharing a fragment row (`t = lane % 4`); the row offset of a
 /// fragment's second half (`g + 8`).
-const MMA_QUAD: usize = 4;
-const MMA_HALF: usize = MMA_TILE / 2;
+pub(crate) const MMA_QUAD: usize = 4;
+pub(crate) const MMA_HALF: usize = MMA_TILE / 2;
 /// Accumulators of one m16n8 fragment per lane.
-const MMA_ACC: usize = 4;
+pub(crate) const MMA_ACC: usize = 4;
 /// Bytes of a lane's load of one weight row per step.
 const MMA_LOAD_BYTES: usize = 16;
 /// Most staged floats a lane reads per step (bf16: 8).
-const MMA_MAX_LANE_K: usize = 8;
+pub(crate) const MMA_MAX_LANE_K: usize = 8;
 // Every output of a tile has an epilogue thread; a step is 4 lanes' loads.
 const _: () = assert!(MMA_QUAD * MMA_LOAD_BYTES == DECODE_GEMV_MMA_STEP_BYTES as usize);
 const _: () =

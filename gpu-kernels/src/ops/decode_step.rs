@@ -24,8 +24,8 @@
 //! each phase's code: the step is larger than the instruction caches.
 
 use super::decode::{
-    ATT_LANES, ArgmaxOut, HS, argmax_finish, attend_keys, better, combine_parts, merge_parts_dim, stage_vectors,
-    warp_best,
+    ATT_LANES, ArgmaxOut, HS, MMA_ACC, MMA_HALF, MMA_MAX_LANE_K, MMA_OUTPUTS, MMA_QUAD, MMA_TILE, MmaWeight,
+    argmax_finish, attend_keys, better, combine_parts, layernorm_rows, merge_parts_dim, stage_vectors, warp_best,
 };
 use super::gelu::gelu;
 use super::vec4::{VEC, load4, load4_cg, store4};
@@ -102,7 +102,7 @@ impl<W, const ON: bool> Clone for Trace<'_, W, ON> {
 impl<W, const ON: bool> Copy for Trace<'_, W, ON> {}
 
 /// Where the block's trace pointer lies in shared memory (a fixed offset).
-const TRACE_SLOT: usize = decode_step_smem(0, 0, 0, 0, 0).trace as usize;
+const TRACE_SLOT: usize = decode_step_smem(0, 0, 0, 1, 0, 0).trace as usize;
 
 impl<W, const ON: bool> Trace<'_, W, ON> {
     /// Whether the launch traces: the same answer in every thread.
@@ -483,18 +483,41 @@ unsafe fn layernorm_block<W: Weight>(xs: *mut f32, lnp: *const f32, red: *mut f3
     }
 }
 
+/// Start copying the phase's `n * c_in` input floats as they are into
+/// `xs` (`cp.async`, no registers held: 8 rows of fcproj's 3072 floats
+/// are 12 vectors a thread, three round trips through registers); waited
+/// for with the bias. Tensor-core tiles only: they round the rows to bf16
+/// as they pack them (`pack_bf16x2`, to nearest even like
+/// `Weight::round_input`).
+///
+/// # Safety
+/// `inp` holds `len` floats (a multiple of 4, 16-byte aligned), `xs` too;
+/// no thread reads `xs` until a `cp_async_wait_group` and a block barrier.
+#[inline(always)]
+unsafe fn stage_copy(inp: *const f32, xs: *mut f32, len: usize) {
+    let mut i = thread_idx_x() as usize * VEC;
+    while i < len {
+        // SAFETY: i + 4 <= len.
+        unsafe { cp_async_16(xs.add(i), inp.add(i)) };
+        i += DECODE_STEP_THREADS as usize * VEC;
+    }
+    cp_async_commit();
+}
+
 /// Fill `xs[r][0..c_in]` for `r < n` (see `stage_vectors`): the phase's
 /// input rows, or the embedding (block 0 also writes it to `x`, the
 /// residual stream). Rows without a layernorm are rounded as the weights
 /// multiply them. The qkv and fc phases' rows (the residual stream) also go
-/// to `xraw` as read.
+/// to `xraw` as read, the block's residual columns `res` of them.
 ///
 /// # Safety
-/// The params' contract; `sm` as `decode_step_smem` lays it out.
+/// The params' contract; `sm` as `decode_step_smem` lays it out; `res` the
+/// block's share of the residual phases (attproj, fcproj).
 #[inline(always)]
-unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem, n: usize) {
+unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem, n: usize, res: Share) {
     // The residual stream's rows, kept raw for the residual epilogues.
     let keep = matches!(ph.epi, Epilogue::Qkv | Epilogue::Gelu);
+    let (res_lo, res_hi) = (res.lo as usize, res.hi as usize);
     let c_in = ph.c_in;
     let round = ph.ln_w.is_null();
     let embed = ph.inp.is_null();
@@ -502,8 +525,8 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
         n,
         c_in,
         // SAFETY (both): r < n, k + 4 <= c_in; token and position clamped
-        // into the tables; x, xraw and xs hold n * c_in floats (c_in == c
-        // when embedding or keeping).
+        // into the tables; x and xs hold n * c_in floats (c_in == c when
+        // embedding or keeping), xraw n rows of xw >= res_hi - res_lo.
         |r, k| unsafe {
             if embed {
                 let tok = (*p.tokens.add(r)).min(p.v - 1) as usize;
@@ -518,8 +541,12 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
             if embed && block_idx_x() == 0 {
                 store4(p.x.add(r * c_in + k), v);
             }
-            if keep {
-                store4(sm.xraw.add(r * c_in + k), v);
+            if keep && k + VEC > res_lo && k < res_hi {
+                for (i, &e) in v.iter().enumerate() {
+                    if (res_lo..res_hi).contains(&(k + i)) {
+                        *sm.xraw.add(r * sm.xw + k + i - res_lo) = e;
+                    }
+                }
             }
             store4(sm.xs.add(r * c_in + k), if round { v.map(W::round_input) } else { v });
         },
@@ -527,14 +554,15 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
 }
 
 /// The epilogue of column `col`, row `r`, whose dot product is `sum`; the
-/// block's columns start at `lo`.
+/// block's columns start at `lo`. `best` is the thread's best logit so
+/// far: a thread always serves the same row (`out_row`).
 ///
 /// # Safety
 /// The params' contract; `r < n`, `lo <= col < ph.oc`; `sm` holds the
 /// phase's bias slice and the residual rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn epilogue<W: Weight, const R: usize>(
+unsafe fn epilogue<W: Weight>(
     p: &DecodeStepParams<W>,
     ph: &Gemv<W>,
     sm: &Smem,
@@ -542,7 +570,7 @@ unsafe fn epilogue<W: Weight, const R: usize>(
     r: usize,
     col: usize,
     sum: f32,
-    best: &mut [(f32, u32); R],
+    best: &mut (f32, u32),
 ) {
     let c = p.c as usize;
     let mut v = sum;
@@ -571,16 +599,13 @@ unsafe fn epilogue<W: Weight, const R: usize>(
                 let (h, d) = (cc / HS, cc % HS);
                 *cache.add(((r * nh + h) * p.max_t as usize + pos as usize) * HS + d) = v;
             }
-            Epilogue::Residual => *p.x.add(r * c + col) = *sm.xraw.add(r * c + col) + v,
+            // The residual phases' share is the one `xraw` keeps: lo is its start.
+            Epilogue::Residual => *p.x.add(r * c + col) = *sm.xraw.add(r * sm.xw + col - lo) + v,
             Epilogue::Gelu => *p.h.add(r * 4 * c + col) = gelu(v),
             Epilogue::Logits => {
                 *p.logits.add(r * p.vp as usize + col) = v;
                 if col < p.v as usize {
-                    unroll_below!(i < R => {
-                        if i == r {
-                            best[i] = better(best[i], (v, col as u32));
-                        }
-                    });
+                    *best = better(*best, (v, col as u32));
                 }
             }
         }
@@ -588,7 +613,8 @@ unsafe fn epilogue<W: Weight, const R: usize>(
 }
 
 /// Multiply one tile (`cols` columns from `c0`, weights at `wt` in shared
-/// memory) by the staged rows `xs` and run each sum's epilogue.
+/// memory) by the staged rows `xs` and run each sum's epilogue, one
+/// column a warp on the FMA units (one row: each thread serves row 0).
 ///
 /// # Safety
 /// The params' contract; the tile's bytes have arrived; `red` holds
@@ -604,8 +630,10 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
     c0: usize,
     cols: usize,
     n: usize,
-    best: &mut [(f32, u32); R],
+    best: &mut (f32, u32),
 ) {
+    // Each thread's rows vary with its lane beyond one row: `best` serves one.
+    const { assert!(R == 1) };
     let (c_in, lane, warp) = (ph.c_in, lane_id() as usize, warp_id() as usize);
     let (xs, red) = (sm.xs as *const f32, sm.red);
     // Split each column over `ks` warps when the tile has fewer columns
@@ -671,6 +699,135 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
     }
 }
 
+/// Output `o < MMA_OUTPUTS` of a 16-column fragment: lane `o / 4`'s
+/// accumulator `o % 4`, (row, column of the tile) `(2t + j % 2, g + 8 *
+/// (j / 2))` for `g, t` of that lane.
+#[inline(always)]
+fn mma_out(o: usize) -> (usize, usize) {
+    let (ol, oj) = (o / MMA_ACC, o % MMA_ACC);
+    ((ol % MMA_QUAD) * 2 + oj % 2, ol / MMA_QUAD + MMA_HALF * (oj / 2))
+}
+
+/// The row whose epilogues thread `tid` runs in [`tile_gemv_mma`] (the
+/// same in every tile: the block's threads are a multiple of
+/// `MMA_OUTPUTS`).
+#[inline(always)]
+fn mma_row(tid: usize) -> usize {
+    mma_out(tid % MMA_OUTPUTS).0
+}
+const _: () = assert!(DECODE_STEP_THREADS as usize % MMA_OUTPUTS == 0);
+
+/// Steps of k a warp loads before it multiplies (their loads in flight
+/// together). One accumulator chain: a second one a step (tried on an
+/// H100) changed nothing, and four steps made ptxas spill.
+const MMA_STEPS_IN_FLIGHT: usize = 2;
+
+/// [`tile_gemv`] for two rows and more, on tensor cores: the tile's
+/// columns in 16-column fragments (M) times the staged rows (N = 8),
+/// `mma.sync` as the chain's `decode_gemv_mma` (`MmaWeight::mma_step`,
+/// f32 weights as 3xTF32). With fewer fragments than warps, each
+/// fragment's k is split over `ks` warps; the warps' partial fragments
+/// meet in `red`, where thread `o` sums output `o % 128` of a fragment
+/// and runs its epilogue (so each thread keeps serving one row, its
+/// `best`'s).
+///
+/// # Safety
+/// The params' contract; the tile's bytes have arrived; `red` holds
+/// `WARPS * MMA_OUTPUTS` floats; `c_in` a multiple of the step (4 lanes'
+/// loads); every thread of the block calls it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_gemv_mma<W: MmaWeight>(
+    p: &DecodeStepParams<W>,
+    ph: &Gemv<W>,
+    wt: *const W,
+    sm: &Smem,
+    lo: usize,
+    c0: usize,
+    cols: usize,
+    n: usize,
+    best: &mut (f32, u32),
+) {
+    let (c_in, tid, lane, warp) = (ph.c_in, thread_idx_x() as usize, lane_id() as usize, warp_id() as usize);
+    let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
+    let (xs, red) = (sm.xs as *const f32, sm.red);
+    let step = MMA_QUAD * W::LANE_K;
+    let frags = cols.div_ceil(MMA_TILE);
+    // Warps per fragment (a power of two), fragments per round.
+    let ks = WARPS / frags.next_power_of_two().min(WARPS);
+    let group = WARPS / ks;
+    let span = c_in.div_ceil(ks).next_multiple_of(step);
+    let part = warp & (ks - 1);
+    let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
+    let mut f0 = 0;
+    while f0 < frags {
+        let f = f0 + warp / ks;
+        let mut acc = [0f32; MMA_ACC];
+        if f < frags {
+            let (col_g, col_h) = (f * MMA_TILE + g, f * MMA_TILE + g + MMA_HALF);
+            let mut k = k_lo;
+            while k < k_hi {
+                let mut w = [[[0u32; 4]; 2]; MMA_STEPS_IN_FLIGHT];
+                let mut x = [[0f32; MMA_MAX_LANE_K]; MMA_STEPS_IN_FLIGHT];
+                unroll_below!(s < MMA_STEPS_IN_FLIGHT => {
+                    let kk = k + s * step + t * W::LANE_K;
+                    if k + s * step < k_hi {
+                        // SAFETY (all): columns below `cols` of the tile,
+                        // rows below n of xs; kk + LANE_K <= c_in.
+                        if col_g < cols {
+                            w[s][0] = unsafe { W::load_raw(wt.add(col_g * c_in), kk) };
+                        }
+                        if col_h < cols {
+                            w[s][1] = unsafe { W::load_raw(wt.add(col_h * c_in), kk) };
+                        }
+                        if g < n {
+                            unroll_below!(q < MMA_MAX_LANE_K / VEC => {
+                                if q * VEC < W::LANE_K {
+                                    let v = unsafe { load4(xs.add(g * c_in + kk + q * VEC)) };
+                                    x[s][q * VEC..q * VEC + VEC].copy_from_slice(&v);
+                                }
+                            });
+                        }
+                    }
+                });
+                unroll_below!(s < MMA_STEPS_IN_FLIGHT => {
+                    if k + s * step < k_hi {
+                        acc = W::mma_step(acc, &w[s][0], &w[s][1], &x[s]);
+                    }
+                });
+                k += MMA_STEPS_IN_FLIGHT * step;
+            }
+        }
+        unroll_below!(j < MMA_ACC => {
+            // SAFETY: warp < WARPS fragments of MMA_OUTPUTS floats.
+            unsafe { *red.add(warp * MMA_OUTPUTS + lane * MMA_ACC + j) = acc[j] };
+        });
+        sync_threads();
+        let outs = group.min(frags - f0) * MMA_OUTPUTS;
+        let mut o = tid;
+        while o < outs {
+            let (gf, oo) = (o / MMA_OUTPUTS, o % MMA_OUTPUTS);
+            let (r, cf) = mma_out(oo);
+            let col = (f0 + gf) * MMA_TILE + cf;
+            if r < n && col < cols {
+                let mut v = 0f32;
+                for part in 0..ks {
+                    // SAFETY: written above, before the barrier.
+                    v += unsafe { *red.add((gf * ks + part) * MMA_OUTPUTS + oo) };
+                }
+                // SAFETY: r < n, c0 + col < oc; r is this thread's row.
+                unsafe { epilogue(p, ph, sm, lo, r, c0 + col, v, best) };
+            }
+            o += DECODE_STEP_THREADS as usize;
+        }
+        f0 += group;
+        if f0 < frags {
+            // `red` is rewritten by the next round.
+            sync_threads();
+        }
+    }
+}
+
 /// Shared memory of the step, as pointers.
 #[derive(Clone, Copy)]
 struct Smem {
@@ -681,6 +838,8 @@ struct Smem {
     best: *mut u32,
     lnp: *mut f32,
     xs: *mut f32,
+    /// Floats of each row of `xraw` (`decode_step_xraw_width`).
+    xw: usize,
 }
 
 /// One GEMV phase: stage (and layernorm) the input rows, refill the slot
@@ -695,14 +854,14 @@ struct Smem {
 /// that published the phase's inputs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_gemv<W: Weight, const R: usize, const T: bool>(
+unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     p: &DecodeStepParams<W>,
     g: usize,
     sm: &Smem,
     ring: &Ring,
     prod: &mut Producer,
     consumed: &mut usize,
-    best: &mut [(f32, u32); R],
+    best: &mut (f32, u32),
     tr: Trace<'_, W, T>,
 ) {
     let n = p.n as usize;
@@ -711,15 +870,33 @@ unsafe fn run_gemv<W: Weight, const R: usize, const T: bool>(
     // SAFETY: KINDS entries.
     let sh = unsafe { *ring.shares.add(kind_of(g, p.n_layer as usize)) };
     let (lo, hi, tc) = (sh.lo as usize, sh.hi as usize, sh.tc as usize);
-    unsafe { stage_rows(p, &ph, sm, n) };
+    // SAFETY: KINDS entries; kind 1 is attproj's share, fcproj's too (both
+    // have c columns).
+    let res = unsafe { *ring.shares.add(1) };
+    if R > 1 && matches!(ph.epi, Epilogue::Residual) {
+        // SAFETY: attproj's and fcproj's inputs (att, h) hold n rows of c_in.
+        unsafe { stage_copy(ph.inp, sm.xs, n * ph.c_in) };
+    } else {
+        unsafe { stage_rows(p, &ph, sm, n, res) };
+    }
     tr.mark(traced_phase(g), DecodeStepMark::Loaded);
     // The bias and the layernorm's parameters (`stage_ln`) have landed.
     cp_async_wait_group::<0>();
     sync_threads();
     if !ph.ln_w.is_null() {
-        // SAFETY: xs holds n rows of c_in, lnp the parameters, red at least
-        // BLOCK_REDUCE_SCRATCH floats (unused until the tiles).
-        unsafe { layernorm_block::<W>(sm.xs, sm.lnp, sm.red, n, ph.c_in) };
+        if R == 1 {
+            // SAFETY: xs holds n rows of c_in, lnp the parameters, red at
+            // least BLOCK_REDUCE_SCRATCH floats (unused until the tiles).
+            unsafe { layernorm_block::<W>(sm.xs, sm.lnp, sm.red, n, ph.c_in) };
+        } else {
+            // A warp a row: the rows' chains run side by side (measured
+            // on an H100 at 8 rows: 2.4 µs, against 3.5 for one block
+            // reduction of all rows' sums at a time).
+            // SAFETY: as above; red holds 2n floats of statistics.
+            unsafe { layernorm_rows::<W>(sm.xs, sm.lnp, sm.red, n, ph.c_in) };
+            // The normalised rows are read by other threads next.
+            sync_threads();
+        }
     }
     tr.mark(traced_phase(g), DecodeStepMark::Staged);
     // The slot the last phase freed gets its next tile now, not at the
@@ -740,7 +917,11 @@ unsafe fn run_gemv<W: Weight, const R: usize, const T: bool>(
             tr.mark(traced_phase(g), DecodeStepMark::Ready);
         }
         let wt = unsafe { ring.ptr.add(slot * ring.slot_bytes) } as *const W;
-        unsafe { tile_gemv::<W, R>(p, &ph, wt, sm, lo, c0, cols, n, best) };
+        if R == 1 {
+            unsafe { tile_gemv::<W, 1>(p, &ph, wt, sm, lo, c0, cols, n, best) };
+        } else {
+            unsafe { tile_gemv_mma::<W>(p, &ph, wt, sm, lo, c0, cols, n, best) };
+        }
         if c0 + cols >= hi {
             tr.mark_last_warp(traced_phase(g), DecodeStepMark::Computed);
         }
@@ -959,8 +1140,9 @@ unsafe fn between_phases<W: Weight, const T: bool>(
     tr.mark(phase + 1, DecodeStepMark::Start);
 }
 
-/// The LM head's end: each row's best over the block (lane `r` of every
-/// warp holds row `r`'s best over the warp's candidates) to
+/// The LM head's end: each row's best over the block (`best` is the
+/// thread's best of row `row`; lane `r` of every warp gets row `r`'s best
+/// over the warp's candidates) to
 /// [`argmax_finish`], whose last block picks the argmax, writes the ids and
 /// the next step's tokens and advances the positions; that block also
 /// resets the grid barrier's counter.
@@ -969,12 +1151,13 @@ unsafe fn between_phases<W: Weight, const T: bool>(
 /// The params' contract; after the LM head's last tile; every thread of
 /// the block calls it.
 #[inline(always)]
-unsafe fn lm_head_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: &[(f32, u32); R], sm: &Smem) {
+unsafe fn lm_head_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: (f32, u32), row: usize, sm: &Smem) {
     let (n, lane) = (p.n as usize, lane_id() as usize);
-    let mut mine = (f32::NEG_INFINITY, u32::MAX);
+    let none = (f32::NEG_INFINITY, u32::MAX);
+    let mut mine = none;
     unroll_below!(r < R => {
         if r < n {
-            let b = warp_best(best[r]);
+            let b = warp_best(if row == r { best } else { none });
             if lane == r {
                 mine = b;
             }
@@ -1002,9 +1185,9 @@ unsafe fn lm_head_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: &[(f3
 /// # Safety
 /// `DecodeStepParams`' contract, with the launch it describes; `n <= R`.
 #[inline(always)]
-unsafe fn decode_step_rows<W: Weight, const R: usize, const T: bool>(p: DecodeStepParams<W>) {
+unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: DecodeStepParams<W>) {
     let (c, nl) = (p.c as usize, p.n_layer as usize);
-    let lay = decode_step_smem(p.n, p.c, p.n_layer, p.slots, p.slot_bytes);
+    let lay = decode_step_smem(p.n, p.c, p.n_layer, grid_dim_x(), p.slots, p.slot_bytes);
     // SAFETY: the launch provides `lay.total` bytes, 16-byte aligned.
     let base = unsafe { dynamic_shared_align16::<u8>() };
     let at = |off: u32| unsafe { base.add(off as usize) };
@@ -1016,6 +1199,7 @@ unsafe fn decode_step_rows<W: Weight, const R: usize, const T: bool>(p: DecodeSt
         best: at(lay.best) as *mut u32,
         lnp: at(lay.lnp) as *mut f32,
         xs: at(lay.xs) as *mut f32,
+        xw: decode_step_xraw_width(p.c, grid_dim_x()) as usize,
     };
     // SAFETY: both point into shared memory.
     let ring = unsafe {
@@ -1094,9 +1278,11 @@ unsafe fn decode_step_rows<W: Weight, const R: usize, const T: bool>(p: DecodeSt
     // phase (the layer's order written out) had every phase fetching its
     // own instructions again (ncu: a fifth of the warps' stalls).
     let last = GEMVS * nl;
+    // The row this thread's epilogues serve (every row's, one by one, with
+    // one row), and its best logit (the LM head's epilogue tracks it).
+    let row = if R == 1 { 0 } else { mma_row(tid as usize) };
     for g in 0..=last {
-        // Each row's best logit, tracked by the LM head's epilogue only.
-        let mut best = [(f32::NEG_INFINITY, u32::MAX); R];
+        let mut best = (f32::NEG_INFINITY, u32::MAX);
         // SAFETY (phases): the params' contract; each phase after the
         // barrier that published its inputs; g <= last; layer < n_layer.
         unsafe {
@@ -1105,7 +1291,7 @@ unsafe fn decode_step_rows<W: Weight, const R: usize, const T: bool>(p: DecodeSt
             run_gemv::<W, R, T>(&p, g, &sm, &ring, &mut prod, &mut consumed, &mut best, tr);
             if g == last {
                 tr.mark(traced_phase(g), DecodeStepMark::End);
-                lm_head_finish(&p, &best, &sm);
+                lm_head_finish::<W, R>(&p, best, row, &sm);
                 break;
             }
             let layer = g / GEMVS;
@@ -1137,7 +1323,7 @@ unsafe fn decode_step_rows<W: Weight, const R: usize, const T: bool>(p: DecodeSt
 
 macro_rules! decode_step_entry {
     ($name:ident, $w:ty, $rows:expr, $trace:expr) => {
-        /// [`decode_step_rows`] for up to this many rows, weights of this
+        /// [`decode_step_body`] for up to this many rows, weights of this
         /// type; the `_traced` entries also write `DecodeStepParams::trace`.
         ///
         /// # Safety
@@ -1145,11 +1331,15 @@ macro_rules! decode_step_entry {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeStepParams<$w>) {
             // SAFETY: forwarded; the host picks the entry with n <= rows.
-            unsafe { decode_step_rows::<$w, { $rows }, { $trace }>(p) }
+            unsafe { decode_step_body::<$w, { $rows }, { $trace }>(p) }
         }
     };
 }
-decode_step_entry!(decode_step, f32, DECODE_STEP_MAX_ROWS as usize, false);
-decode_step_entry!(decode_step_bf16, u16, DECODE_STEP_MAX_ROWS as usize, false);
-decode_step_entry!(decode_step_traced, f32, DECODE_STEP_MAX_ROWS as usize, true);
-decode_step_entry!(decode_step_bf16_traced, u16, DECODE_STEP_MAX_ROWS as usize, true);
+decode_step_entry!(decode_step, f32, 1, false);
+decode_step_entry!(decode_step_bf16, u16, 1, false);
+decode_step_entry!(decode_step_traced, f32, 1, true);
+decode_step_entry!(decode_step_bf16_traced, u16, 1, true);
+decode_step_entry!(decode_step_rows, f32, DECODE_STEP_MAX_ROWS as usize, false);
+decode_step_entry!(decode_step_rows_bf16, u16, DECODE_STEP_MAX_ROWS as usize, false);
+decode_step_entry!(decode_step_rows_traced, f32, DECODE_STEP_MAX_ROWS as usize, true);
+decode_step_entry!(decode_step_rows_bf16_traced, u16, DECODE_STEP_MAX_ROWS as usize, true);

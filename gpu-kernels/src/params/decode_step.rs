@@ -15,19 +15,45 @@
 //! attention), in other summation orders; its CPU twin is the CPU forward at
 //! `t = 1` (`cpu::forward`).
 
-use super::decode::{DECODE_HEAD_SIZE, DECODE_MAX_ROWS};
+use super::decode::{DECODE_GEMV_MMA_OUTPUTS, DECODE_HEAD_SIZE, DECODE_MAX_ROWS};
 
-/// Kernels by weight format (`DecodeStepParams<f32>` / `<u16>`).
+/// Kernels by weight format (`DecodeStepParams<f32>` / `<u16>`), one row:
+/// each warp takes whole columns on the FMA units (one row reads each
+/// staged value once per column anyway, as a broadcast).
 pub const DECODE_STEP: &str = "decode_step";
 pub const DECODE_STEP_BF16: &str = "decode_step_bf16";
 /// The same, writing the trace (`DecodeStepParams::trace`): diagnostics.
 pub const DECODE_STEP_TRACED: &str = "decode_step_traced";
 pub const DECODE_STEP_BF16_TRACED: &str = "decode_step_bf16_traced";
-/// Most rows a launch serves. The code is generic over the row count (one
-/// accumulator per row in registers), but at 512 threads a block gets 128
-/// registers a thread, and ptxas spills from 4 rows up (measured with the
-/// sm_90a build): larger batches take the fused chain.
-pub const DECODE_STEP_MAX_ROWS: u32 = 1;
+/// Two rows and more, up to [`DECODE_STEP_MAX_ROWS`]: the weight tiles are
+/// multiplied on tensor cores (`mma.sync`, 16 columns as M, the rows as N;
+/// f32 weights as 3xTF32, FP32's accuracy), as the chain's
+/// `decode_gemv_mma`. One accumulator per row on the FMA units would need
+/// more than the 128 registers a thread of a 512-thread block gets (ptxas
+/// spilled from 4 rows up).
+pub const DECODE_STEP_ROWS: &str = "decode_step_rows";
+pub const DECODE_STEP_ROWS_BF16: &str = "decode_step_rows_bf16";
+/// The same, writing the trace: diagnostics.
+pub const DECODE_STEP_ROWS_TRACED: &str = "decode_step_rows_traced";
+pub const DECODE_STEP_ROWS_BF16_TRACED: &str = "decode_step_rows_bf16_traced";
+/// Most rows a launch serves: the chain's batch limit.
+pub const DECODE_STEP_MAX_ROWS: u32 = DECODE_MAX_ROWS;
+
+/// The kernel of a step of `n` rows over weights of `elem` bytes (4: f32,
+/// 2: bf16), traced or not; `None` where none serves it.
+pub const fn decode_step_kernel(n: u32, elem: usize, traced: bool) -> Option<&'static str> {
+    match (n, elem, traced) {
+        (1, 4, false) => Some(DECODE_STEP),
+        (1, 2, false) => Some(DECODE_STEP_BF16),
+        (1, 4, true) => Some(DECODE_STEP_TRACED),
+        (1, 2, true) => Some(DECODE_STEP_BF16_TRACED),
+        (2..=DECODE_STEP_MAX_ROWS, 4, false) => Some(DECODE_STEP_ROWS),
+        (2..=DECODE_STEP_MAX_ROWS, 2, false) => Some(DECODE_STEP_ROWS_BF16),
+        (2..=DECODE_STEP_MAX_ROWS, 4, true) => Some(DECODE_STEP_ROWS_TRACED),
+        (2..=DECODE_STEP_MAX_ROWS, 2, true) => Some(DECODE_STEP_ROWS_BF16_TRACED),
+        _ => None,
+    }
+}
 
 /// Threads per block (16 warps): one block per SM.
 pub const DECODE_STEP_THREADS: u32 = 512;
@@ -137,17 +163,21 @@ pub struct DecodeStepSmem {
     pub shares: u32,
     /// Each row's position (`u32`), read once per launch.
     pub pos: u32,
-    /// Split-column partial sums: `2 * WARPS * MAX_ROWS` floats; the
-    /// layernorm's block reductions use them as scratch.
+    /// Split-column partial sums: `2 * WARPS * MAX_ROWS` floats for one
+    /// row, each warp's 16x8 fragment (`WARPS * 128` floats) for more; the
+    /// layernorm's reductions use them as scratch.
     pub red: u32,
     /// The LM head's per-warp bests: `WARPS * MAX_ROWS` (value, index) pairs.
     pub best: u32,
     /// A layernorm's weight and bias, `2 * c` floats.
     pub lnp: u32,
-    /// The phase's bias for this block's columns: up to `4c` floats.
+    /// The phase's bias for this block's columns: up to `ceil(4c / blocks)`
+    /// floats.
     pub bias: u32,
-    /// The residual stream's rows as the last layernorm phase staged them,
-    /// `n * c` floats: the residual epilogues add to them.
+    /// The block's columns of the residual stream's rows (the attproj and
+    /// fcproj share, `[c*b/B, c*(b+1)/B)`) as the last layernorm phase
+    /// staged them, `n` rows of [`decode_step_xraw_width`] floats: the
+    /// residual epilogues add to them.
     pub xraw: u32,
     /// The layer table, copied once per launch: `n_layer` entries.
     pub table: u32,
@@ -163,20 +193,41 @@ pub struct DecodeStepSmem {
 /// its own shared-memory lines).
 pub const DECODE_STEP_SLOT_ALIGN: u32 = 128;
 
+/// Floats a block keeps of each residual row ([`DecodeStepSmem::xraw`]):
+/// the most columns of width `c` one of `blocks` blocks owns, rounded up
+/// to 16 bytes.
+pub const fn decode_step_xraw_width(c: u32, blocks: u32) -> u32 {
+    let blocks = if blocks == 0 { 1 } else { blocks };
+    c.div_ceil(blocks).next_multiple_of(4)
+}
+
 /// The shared-memory layout of a launch of `n` rows, width `c`, `n_layer`
-/// layers, `slots` slots of `slot_bytes` (a multiple of
+/// layers, `blocks` blocks, `slots` slots of `slot_bytes` (a multiple of
 /// [`DECODE_STEP_SLOT_ALIGN`]).
-pub const fn decode_step_smem(n: u32, c: u32, n_layer: u32, slots: u32, slot_bytes: u32) -> DecodeStepSmem {
+pub const fn decode_step_smem(
+    n: u32,
+    c: u32,
+    n_layer: u32,
+    blocks: u32,
+    slots: u32,
+    slot_bytes: u32,
+) -> DecodeStepSmem {
     let bars = 0;
     let trace = bars + DECODE_STEP_MAX_SLOTS * 8;
     let shares = trace + 16;
     let pos = shares + DECODE_STEP_GEMV_KINDS * 16;
     let red = (pos + DECODE_MAX_ROWS * 4).next_multiple_of(16);
-    let best = red + 2 * DECODE_STEP_WARPS * DECODE_MAX_ROWS * 4;
+    let red_floats = if n > 1 {
+        DECODE_STEP_WARPS * DECODE_GEMV_MMA_OUTPUTS
+    } else {
+        2 * DECODE_STEP_WARPS * DECODE_MAX_ROWS
+    };
+    let best = red + red_floats * 4;
     let lnp = best + DECODE_STEP_WARPS * DECODE_MAX_ROWS * 8;
     let bias = lnp + 2 * c * 4;
-    let xraw = bias + 4 * c * 4;
-    let table = xraw + n * c * 4;
+    // A phase's bias for the block's columns: at most 4c / blocks of them.
+    let xraw = bias + decode_step_xraw_width(4 * c, blocks) * 4;
+    let table = xraw + n * decode_step_xraw_width(c, blocks) * 4;
     let xs = table + n_layer * size_of::<DecodeStepLayer<f32>>() as u32;
     let rows = n * 4 * c;
     let parts = DECODE_STEP_WARPS * (DECODE_HEAD_SIZE + 2);
@@ -203,7 +254,7 @@ pub const fn decode_step_smem(n: u32, c: u32, n_layer: u32, slots: u32, slot_byt
 ///
 /// Launch: one block of [`DECODE_STEP_THREADS`] per SM (`gridDim.x` blocks,
 /// all resident at once: the grid barriers wait for every block),
-/// [`decode_step_smem`]`(n, c, n_layer, slots, slot_bytes).total` bytes of dynamic
+/// [`decode_step_smem`]`(n, c, n_layer, gridDim.x, slots, slot_bytes).total` bytes of dynamic
 /// shared memory. `slot_bytes` holds at least one weight row of the widest
 /// input (`4c` elements). `c = 64 * nh`, `c % 8 == 0`, `n <=`
 /// [`DECODE_STEP_MAX_ROWS`], every buffer 16-byte aligned, `sync` and the

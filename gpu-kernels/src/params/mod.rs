@@ -30,6 +30,13 @@ pub const SM90A_MAX_THREADS: &[(&str, u32)] = &[
     (decode_step::DECODE_STEP_BF16, decode_step::DECODE_STEP_THREADS),
     (decode_step::DECODE_STEP_TRACED, decode_step::DECODE_STEP_THREADS),
     (decode_step::DECODE_STEP_BF16_TRACED, decode_step::DECODE_STEP_THREADS),
+    (decode_step::DECODE_STEP_ROWS, decode_step::DECODE_STEP_THREADS),
+    (decode_step::DECODE_STEP_ROWS_BF16, decode_step::DECODE_STEP_THREADS),
+    (decode_step::DECODE_STEP_ROWS_TRACED, decode_step::DECODE_STEP_THREADS),
+    (
+        decode_step::DECODE_STEP_ROWS_BF16_TRACED,
+        decode_step::DECODE_STEP_THREADS,
+    ),
 ];
 pub use saxpy::SaxpyParams;
 

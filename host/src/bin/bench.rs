@@ -13,6 +13,7 @@ use cudarc::cublas::{Gemv, GemvConfig, sys as blas_sys};
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
+use gpu_kernels::params::decode_step::DECODE_STEP_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
 use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
 use host::bench::step_trace::{PHASE_KINDS, PhaseTimes, by_kind, phase_times};
@@ -1122,6 +1123,20 @@ fn bench_decode_paths(
         prefetch_ahead_bytes: PREFETCH_AHEAD_TRY_BYTES,
         ..chain
     };
+    // The persistent step at every batch it serves (the default takes it
+    // at one row), and with a weight ring of 3 and 4 smaller slots.
+    let persistent = DecodeTuning {
+        persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
+        ..base
+    };
+    let ring3 = DecodeTuning {
+        step_ring_slots: 3,
+        ..persistent
+    };
+    let ring4 = DecodeTuning {
+        step_ring_slots: 4,
+        ..persistent
+    };
     // (path, PDL, launch knobs, sampled): sampled steps use the CLI's
     // default settings (temperature 0.8, top-k 40, top-p 0.95).
     let paths = [
@@ -1130,6 +1145,10 @@ fn bench_decode_paths(
         (DecodePath::Graph, true, chain, false),
         (DecodePath::Graph, true, chain, true),
         (DecodePath::Graph, true, prefetch, false),
+        (DecodePath::Graph, true, persistent, false),
+        (DecodePath::Graph, true, persistent, true),
+        (DecodePath::Graph, true, ring3, false),
+        (DecodePath::Graph, true, ring4, false),
         (DecodePath::Graph, false, base, false),
         (DecodePath::Graph, false, chain, false),
         (DecodePath::Eager, true, base, false),
@@ -1171,17 +1190,18 @@ fn bench_decode_paths(
             let shown = device_ms.map_or("-".to_string(), |m| format!("{m:.4}"));
             let persistent = engine.decode_step_is_persistent(b);
             println!(
-                "{prec:>6} decode {b:>2} rows after {E2E_DECODE_PROMPT}: {:>8} {:>10} pdl={pdl:<5} prefetch={:>2} MiB blocks/SM={} warps={} early={:<5} {} host {host_ms:.4} ms/step, device {shown} ms/step ({:.0} tok/s)",
+                "{prec:>6} decode {b:>2} rows after {E2E_DECODE_PROMPT}: {:>8} {:>10} pdl={pdl:<5} prefetch={:>2} MiB blocks/SM={} warps={} early={:<5} ring={} {} host {host_ms:.4} ms/step, device {shown} ms/step ({:.0} tok/s)",
                 format!("{path:?}"),
                 if persistent { "persistent" } else { "chain" },
                 tuning.prefetch_ahead_bytes >> 20,
                 tuning.gemv_blocks_per_sm,
                 tuning.gemv_block_warps,
                 tuning.early_trigger,
+                tuning.step_ring_slots,
                 if sampled { "sampled" } else { "greedy " },
                 b as f64 / (device_ms.unwrap_or(host_ms) * 1e-3)
             );
-            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_path", "path": format!("{path:?}"), "persistent": persistent, "pdl": pdl, "prefetch_bytes": tuning.prefetch_ahead_bytes, "gemv_blocks_per_sm": tuning.gemv_blocks_per_sm, "gemv_block_warps": tuning.gemv_block_warps, "early_trigger": tuning.early_trigger, "sampled": sampled, "b": b, "pos0": E2E_DECODE_PROMPT, "host_ms_per_step": host_ms, "device_ms_per_step": device_ms, "samples": n}));
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_path", "path": format!("{path:?}"), "persistent": persistent, "pdl": pdl, "prefetch_bytes": tuning.prefetch_ahead_bytes, "gemv_blocks_per_sm": tuning.gemv_blocks_per_sm, "gemv_block_warps": tuning.gemv_block_warps, "early_trigger": tuning.early_trigger, "step_ring_slots": tuning.step_ring_slots, "sampled": sampled, "b": b, "pos0": E2E_DECODE_PROMPT, "host_ms_per_step": host_ms, "device_ms_per_step": device_ms, "samples": n}));
         }
     }
     engine.set_decode_path(DecodePath::default(), true);
@@ -1208,7 +1228,7 @@ fn device_fed_ms(engine: &mut GpuEngine, args: &Args, step: &[u32]) -> anyhow::R
     Ok(median(&mut samples))
 }
 
-/// `step` section: the one-row decode step of GPT-2 124M (random weights,
+/// `step` section: the decode step of one and of eight rows of GPT-2 124M (random weights,
 /// FP32 and bf16) as the chain of fused kernels and as the persistent
 /// kernel, device-fed as in `e2e`; then the persistent step traced
 /// (`DecodeTuning::trace`, eager launches, one step at a time): per kind of
@@ -1217,23 +1237,27 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let config = ModelConfig::GPT2_124M;
     let bytes = llmc_bytes(&config, E2E_SEED, DType::F32)?;
     let weights = host::model::llmc::parse(&bytes)?;
-    println!(
-        "\n== decode step, one row after {E2E_DECODE_PROMPT} tokens, GPT-2 124M random weights, median of {} samples",
-        args.samples
-    );
-    for precision in [Precision::Fp32, Precision::Bf16] {
+    for (b, precision) in E2E_DECODE_BATCH
+        .into_iter()
+        .flat_map(|b| [(b, Precision::Fp32), (b, Precision::Bf16)])
+    {
+        println!(
+            "\n== decode step, {b} row(s) after {E2E_DECODE_PROMPT} tokens, {precision:?}, GPT-2 124M random weights, median of {} samples",
+            args.samples
+        );
         let gpu = Gpu::new(args.device)?;
         let blocks = gpu.sm_count();
-        let mut engine = GpuEngine::new(gpu, &weights, 1, config.max_seq_len, precision)?;
+        let mut engine = GpuEngine::new(gpu, &weights, b, config.max_seq_len, precision)?;
         let mut rng = rand::rng();
         let mut tokens =
             |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..config.vocab_size as u32)).collect() };
         let prec = format!("{precision:?}");
-        let prompt = tokens(E2E_DECODE_PROMPT);
-        let step = tokens(1);
+        let prompt = tokens(b * E2E_DECODE_PROMPT);
+        let step = tokens(b);
         let base = DecodeTuning::default();
         let persistent = DecodeTuning {
             persistent: true,
+            persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
             ..base
         };
         let chain = DecodeTuning {
@@ -1243,15 +1267,15 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         engine.set_decode_path(DecodePath::Graph, true);
         for (name, tuning) in [("chain", chain), ("persistent", persistent)] {
             engine.set_decode_tuning(tuning);
-            engine.forward(&prompt, 1, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
+            engine.forward(&prompt, b, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
             let ms = device_fed_ms(&mut engine, args, &step)?;
-            let ran = if engine.decode_step_is_persistent(1) {
+            let ran = if engine.decode_step_is_persistent(b) {
                 "persistent"
             } else {
                 "chain"
             };
             println!("{prec:>6} {name:>10} (ran: {ran}): {ms:.4} ms/step, device-fed");
-            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step", "asked": name, "ran": ran, "b": 1, "pos0": E2E_DECODE_PROMPT, "device_ms_per_step": ms, "samples": args.samples}));
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step", "asked": name, "ran": ran, "b": b, "pos0": E2E_DECODE_PROMPT, "device_ms_per_step": ms, "samples": args.samples}));
         }
         // The trace: eager launches (the graph would bake in a buffer the
         // first traced step allocates).
@@ -1260,15 +1284,15 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             trace: true,
             ..persistent
         });
-        if !engine.decode_step_is_persistent(1) {
+        if !engine.decode_step_is_persistent(b) {
             println!("{prec:>6} no persistent step on this GPU: no trace");
             continue;
         }
-        engine.forward(&prompt, 1, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
+        engine.forward(&prompt, b, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
         let mut per_sample: Vec<Vec<PhaseTimes>> = Vec::new();
         let mut traced_ms = Vec::new();
         for i in 0..args.warmup + args.samples {
-            engine.forward(&step, 1, 1, E2E_DECODE_PROMPT + 1 + (i % 8), LogitsWanted::Last)?;
+            engine.forward(&step, b, 1, E2E_DECODE_PROMPT + 1 + (i % 8), LogitsWanted::Last)?;
             let stream = engine.gpu().stream.clone();
             let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
             engine.decode_on_device(1)?;
@@ -1321,7 +1345,7 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             println!("{kind:>10}{}", row.map(|v| format!("{v:>9.2}")).join(""));
             let us: serde_json::Map<String, serde_json::Value> =
                 heads.iter().zip(row).map(|(h, v)| (h.to_string(), v.into())).collect();
-            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step_trace", "phase": kind, "us": us, "samples": per_sample.len()}));
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step_trace", "b": b, "phase": kind, "us": us, "samples": per_sample.len()}));
         }
         println!("{prec:>6} phases add up to {:.1} µs", steps_us);
     }

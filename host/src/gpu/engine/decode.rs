@@ -110,9 +110,16 @@ pub struct DecodeTuning {
     /// (`gpu::ops::decode::MMA_MIN_ROWS`; `DecodeLaunch::tensor_cores`).
     pub tensor_cores: bool,
     /// Run the step as one persistent kernel (`gpu::ops::decode_step`)
-    /// where it serves the batch (one row, the sm_90a module), instead of
-    /// the chain of fused kernels. The knobs above tune the chain only.
+    /// where it serves the batch (the sm_90a module, up to
+    /// `persistent_max_rows` rows), instead of the chain of fused kernels.
+    /// The knobs above tune the chain only.
     pub persistent: bool,
+    /// Most rows a step runs as the persistent kernel (it serves up to 8;
+    /// from two rows on its tiles run on tensor cores). Default 1: at 8
+    /// rows it measured no faster than the chain on an H100 (FP32 0.654
+    /// against 0.636 ms a step, bf16 0.460 against 0.473;
+    /// docs/performance.md, decode step 6).
+    pub persistent_max_rows: usize,
     /// The persistent step records when each block's phases start, get
     /// their inputs and end (`GpuEngine::decode_step_trace`): a diagnostic
     /// for the bench, one block barrier per phase dearer. Use it with
@@ -120,6 +127,9 @@ pub struct DecodeTuning {
     /// buffer, which a graph capture cannot (the engine would fall back to
     /// eager launches for good).
     pub trace: bool,
+    /// Slots of the persistent step's weight ring (2 to 4, each as large as
+    /// fits; 0: the most slots of a block's widest share that fit, else two).
+    pub step_ring_slots: usize,
 }
 
 impl Default for DecodeTuning {
@@ -136,7 +146,9 @@ impl Default for DecodeTuning {
             // bf16, on an H200 (`bench step`; docs/performance.md, decode
             // step 4).
             persistent: true,
+            persistent_max_rows: 1,
             trace: false,
+            step_ring_slots: 0,
         }
     }
 }
@@ -492,6 +504,7 @@ impl Step<'_> {
             .as_mut()
             .context("the persistent step's table is missing")?;
         table.set_trace(gpu, d.tuning.trace)?;
+        table.set_ring_slots(d.tuning.step_ring_slots);
         let model = StepModel {
             wte: p.wte.as_ref(),
             wpe: &p.wpe,
@@ -739,6 +752,7 @@ impl Step<'_> {
 /// persistent kernel.
 fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &DecodeTuning, b: usize) -> bool {
     tuning.persistent
+        && b <= tuning.persistent_max_rows
         && decode_step_supported(
             gpu,
             b,
@@ -746,6 +760,7 @@ fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &Deco
             cfg.num_heads,
             p.layers.len(),
             p.wte.as_ref().elem_bytes(),
+            tuning.step_ring_slots,
         )
 }
 

@@ -1,5 +1,5 @@
 //! Launch wrapper of the persistent decode step (`gpu_kernels::ops::decode_step`,
-//! sm_90a module only): the whole step of one row in one launch. Its CPU
+//! sm_90a module only): the whole step of up to eight rows in one launch. Its CPU
 //! twin is the CPU forward at `t = 1` (`cpu::forward`), as for the fused
 //! chain of `gpu::ops::decode`.
 
@@ -74,6 +74,8 @@ pub struct DecodeStepTable {
     /// Where the kernel records its trace, when on (see
     /// `DecodeStepParams::trace`).
     trace: Option<CudaSlice<u64>>,
+    /// Slots of the weight ring (`decode_step_config`'s `ring_slots`).
+    ring_slots: usize,
 }
 
 impl DecodeStepTable {
@@ -86,7 +88,14 @@ impl DecodeStepTable {
             staging: Vec::with_capacity(bytes),
             sync: gpu.alloc(DECODE_STEP_SYNC_WORDS)?,
             trace: None,
+            ring_slots: 0,
         })
+    }
+
+    /// Ask for `slots` slots in the weight ring (0: the launch chooses);
+    /// see [`decode_step_config`].
+    pub fn set_ring_slots(&mut self, slots: usize) {
+        self.ring_slots = slots;
     }
 
     /// Turn the kernel's trace on (room for one block per SM) or off.
@@ -113,7 +122,9 @@ impl DecodeStepTable {
 /// ring's slots and slot size, the largest that fit beside the fixed parts
 /// of shared memory; or `None` where the step does not serve this (not the
 /// sm_90a module, other head sizes, too many rows, or no slot that holds
-/// the widest weight row).
+/// the widest weight row). `ring_slots` (2 to `DECODE_STEP_MAX_SLOTS`)
+/// asks for that many slots, each the largest that fits (up to a block's
+/// widest share); 0 chooses.
 pub fn decode_step_config(
     gpu: &Gpu,
     n: usize,
@@ -121,8 +132,11 @@ pub fn decode_step_config(
     nh: usize,
     n_layer: usize,
     elem: usize,
+    ring_slots: usize,
 ) -> Option<(LaunchConfig, u32, u32)> {
     let blocks = gpu.sm_count();
+    // The tensor-core tiles (two rows and more) take k in steps of 4
+    // lanes' 16-byte loads: c = 64 * nh is a multiple of every step.
     let shape_ok = nh > 0 && c == nh * DECODE_HEAD_SIZE as usize && c.is_multiple_of(8) && n_layer > 0;
     if !gpu.has_wgmma() || !shape_ok || n == 0 || n > DECODE_STEP_MAX_ROWS as usize || blocks == 0 {
         return None;
@@ -136,11 +150,20 @@ pub fn decode_step_config(
         .max()?
         .max(widest_row);
     let align = DECODE_STEP_SLOT_ALIGN as usize;
-    let fixed = decode_step_smem(n as u32, c as u32, n_layer as u32, 0, 0).total as usize;
+    let fixed = decode_step_smem(n as u32, c as u32, n_layer as u32, blocks as u32, 0, 0).total as usize;
     let avail = gpu.max_shared_per_block().checked_sub(fixed)?;
     let mut slot = slice.next_multiple_of(align);
     let mut slots = (avail / slot).min(DECODE_STEP_MAX_SLOTS as usize);
-    if slots < 2 {
+    if ring_slots != 0 {
+        if !(2..=DECODE_STEP_MAX_SLOTS as usize).contains(&ring_slots) {
+            return None;
+        }
+        slots = ring_slots;
+        slot = slot.min(avail / slots / align * align);
+        if slot < widest_row {
+            return None;
+        }
+    } else if slots < 2 {
         // Two smaller slots: a phase then takes several tiles.
         slots = 2;
         slot = avail / 2 / align * align;
@@ -148,7 +171,15 @@ pub fn decode_step_config(
             return None;
         }
     }
-    let total = decode_step_smem(n as u32, c as u32, n_layer as u32, slots as u32, slot as u32).total;
+    let total = decode_step_smem(
+        n as u32,
+        c as u32,
+        n_layer as u32,
+        blocks as u32,
+        slots as u32,
+        slot as u32,
+    )
+    .total;
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
         block_dim: (DECODE_STEP_THREADS, 1, 1),
@@ -159,8 +190,16 @@ pub fn decode_step_config(
 
 /// Whether [`decode_step`] serves `n` rows of this model on this GPU
 /// ([`decode_step_config`] says when).
-pub fn decode_step_supported(gpu: &Gpu, n: usize, c: usize, nh: usize, n_layer: usize, elem: usize) -> bool {
-    decode_step_config(gpu, n, c, nh, n_layer, elem).is_some()
+pub fn decode_step_supported(
+    gpu: &Gpu,
+    n: usize,
+    c: usize,
+    nh: usize,
+    n_layer: usize,
+    elem: usize,
+    ring_slots: usize,
+) -> bool {
+    decode_step_config(gpu, n, c, nh, n_layer, elem, ring_slots).is_some()
 }
 
 /// The whole decode step of `bufs.rows` rows in one launch (see
@@ -177,19 +216,23 @@ pub fn decode_step<'a>(
     bufs: StepBuffers<'_>,
 ) -> Result<(), OpError> {
     let traced = table.trace.is_some();
+    let elem = match model.wte {
+        WeightRef::F32(_) => size_of::<f32>(),
+        WeightRef::Bf16(_) => size_of::<u16>(),
+    };
+    let rows = bufs.rows;
+    let kernel = to_u32(OP, "rows", rows)
+        .ok()
+        .and_then(|n| decode_step_kernel(n, elem, traced))
+        .ok_or_else(|| {
+            OpError::shape(
+                OP,
+                format!("{rows} rows: the persistent step serves 1 to {DECODE_STEP_MAX_ROWS} rows"),
+            )
+        })?;
     match model.wte {
-        WeightRef::F32(_) => {
-            let kernel = if traced { DECODE_STEP_TRACED } else { DECODE_STEP };
-            step_typed::<f32>(gpu, ws, table, pdl, model, layers, bufs, kernel)
-        }
-        WeightRef::Bf16(_) => {
-            let kernel = if traced {
-                DECODE_STEP_BF16_TRACED
-            } else {
-                DECODE_STEP_BF16
-            };
-            step_typed::<u16>(gpu, ws, table, pdl, model, layers, bufs, kernel)
-        }
+        WeightRef::F32(_) => step_typed::<f32>(gpu, ws, table, pdl, model, layers, bufs, kernel),
+        WeightRef::Bf16(_) => step_typed::<u16>(gpu, ws, table, pdl, model, layers, bufs, kernel),
     }
 }
 
@@ -212,7 +255,7 @@ where
     let (c, nh, v, vp, max_t) = (model.c, model.nh, model.v, model.vp, model.max_t);
     let elem = size_of::<W>();
     let n_layer = layers.len();
-    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, nh, n_layer, elem) else {
+    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, nh, n_layer, elem, table.ring_slots) else {
         return Err(OpError::shape(
             OP,
             format!(
