@@ -623,18 +623,18 @@ pub(crate) fn warp_best(mut b: (f32, u32)) -> (f32, u32) {
 }
 
 pub(crate) const MMA_TILE: usize = DECODE_GEMV_MMA_TILE as usize;
-const MMA_BATCH: usize = DECODE_GEMV_MMA_BATCH as usize;
+pub(crate) const MMA_BATCH: usize = DECODE_GEMV_MMA_BATCH as usize;
 pub(crate) const MMA_OUTPUTS: usize = DECODE_GEMV_MMA_OUTPUTS as usize;
 /// Lanes sharing a fragment row (`t = lane % 4`); the row offset of a
 /// fragment's second half (`g + 8`).
 pub(crate) const MMA_QUAD: usize = 4;
-pub(crate) const MMA_HALF: usize = MMA_TILE / 2;
+const MMA_HALF: usize = MMA_TILE / 2;
 /// Accumulators of one m16n8 fragment per lane.
 pub(crate) const MMA_ACC: usize = 4;
 /// Bytes of a lane's load of one weight row per step.
 const MMA_LOAD_BYTES: usize = 16;
 /// Most staged floats a lane reads per step (bf16: 8).
-pub(crate) const MMA_MAX_LANE_K: usize = 8;
+const MMA_MAX_LANE_K: usize = 8;
 // Every output of a tile has an epilogue thread; a step is 4 lanes' loads.
 const _: () = assert!(MMA_QUAD * MMA_LOAD_BYTES == DECODE_GEMV_MMA_STEP_BYTES as usize);
 const _: () =
@@ -705,6 +705,15 @@ impl MmaWeight for f32 {
     }
 }
 
+/// Output `o < MMA_OUTPUTS` of a 16-column fragment, as (row, column of
+/// the tile): lane `o / 4`'s accumulator `j = o % 4`, `(2t + j % 2, g + 8 *
+/// (j / 2))` for `g, t` of that lane.
+#[inline(always)]
+pub(crate) fn mma_out(o: usize) -> (usize, usize) {
+    let (ol, oj) = (o / MMA_ACC, o % MMA_ACC);
+    ((ol % MMA_QUAD) * 2 + oj % 2, ol / MMA_QUAD + MMA_HALF * (oj / 2))
+}
+
 /// One batch of a warp's weight loads: per step, 16 bytes of weight row
 /// `col0 + g` and of row `col0 + g + 8` (zeros past `oc` or `k_hi`).
 type MmaBatch = [[[u32; 4]; 2]; MMA_BATCH];
@@ -715,7 +724,7 @@ type MmaBatch = [[[u32; 4]; 2]; MMA_BATCH];
 /// `w` holds `oc` rows of `c` values, 16-byte aligned, `c` a multiple of
 /// the step; `k_hi <= c`.
 #[inline(always)]
-unsafe fn mma_load_batch<W: MmaWeight>(
+pub(crate) unsafe fn mma_load_batch<W: MmaWeight>(
     w: *const W,
     col0: usize,
     oc: usize,
@@ -742,8 +751,40 @@ unsafe fn mma_load_batch<W: MmaWeight>(
     b
 }
 
+/// A lane's staged values of one step: row `g` of the staged rows at the
+/// step's k (zeros for `g >= n`).
+pub(crate) type MmaStaged = [f32; MMA_MAX_LANE_K];
+
+/// Load the staged values of the step at `k0` (`k0 < k_hi`).
+///
+/// # Safety
+/// `xs` holds `n` rows of `c` floats (16-byte aligned); `k_hi <= c`.
+#[inline(always)]
+pub(crate) unsafe fn mma_stage_step<W: MmaWeight>(
+    xs: *const f32,
+    c: usize,
+    k0: usize,
+    n: usize,
+    lane: usize,
+) -> MmaStaged {
+    let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
+    let kk = k0 + t * W::LANE_K;
+    let mut x = [0f32; MMA_MAX_LANE_K];
+    if g < n {
+        unroll_below!(q < MMA_MAX_LANE_K / VEC => {
+            if q * VEC < W::LANE_K {
+                // SAFETY: row g < n, kk + LANE_K <= c.
+                let v = unsafe { load4(xs.add(g * c + kk + q * VEC)) };
+                x[q * VEC..q * VEC + VEC].copy_from_slice(&v);
+            }
+        });
+    }
+    x
+}
+
 /// `acc += W_tile · x` over one batch of steps ([`MmaWeight::mma_step`]);
-/// `x` is row `g` of the staged rows (zeros for `g >= n`).
+/// each step's staged values loaded just before its product
+/// ([`mma_stage_step`]).
 ///
 /// # Safety
 /// `xs` holds `n` rows of `c` floats (16-byte aligned); `k_hi <= c`.
@@ -759,21 +800,11 @@ unsafe fn mma_batch<W: MmaWeight>(
     n: usize,
     lane: usize,
 ) {
-    let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
     let step = MMA_QUAD * W::LANE_K;
     unroll_below!(s < MMA_BATCH => {
         if k + s * step < k_hi {
-            let kk = k + s * step + t * W::LANE_K;
-            let mut x = [0f32; MMA_MAX_LANE_K];
-            if g < n {
-                unroll_below!(q < MMA_MAX_LANE_K / VEC => {
-                    if q * VEC < W::LANE_K {
-                        // SAFETY: row g < n, kk + LANE_K <= c.
-                        let v = unsafe { load4(xs.add(g * c + kk + q * VEC)) };
-                        x[q * VEC..q * VEC + VEC].copy_from_slice(&v);
-                    }
-                });
-            }
+            // SAFETY: the caller's contract; k + s * step < k_hi.
+            let x = unsafe { mma_stage_step::<W>(xs, c, k + s * step, n, lane) };
             *acc = W::mma_step(*acc, &w[s][0], &w[s][1], &x);
         }
     });
@@ -822,9 +853,7 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
     unsafe { gemv_prologue(&p, xs, lnp, n, c) };
 
     // This thread's output of every tile (threads below 128).
-    let (o_lane, o_j) = (tid / MMA_ACC, tid % MMA_ACC);
-    let o_row = (o_lane % MMA_QUAD) * 2 + o_j % 2;
-    let o_col = o_lane / MMA_QUAD + MMA_HALF * (o_j / 2);
+    let (o_row, o_col) = mma_out(tid);
     let greedy = !p.ids.is_null();
     let mut best = (f32::NEG_INFINITY, u32::MAX);
     // `tile` is uniform across the block: every barrier is reached by all.

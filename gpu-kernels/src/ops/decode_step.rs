@@ -24,8 +24,9 @@
 //! each phase's code: the step is larger than the instruction caches.
 
 use super::decode::{
-    ATT_LANES, ArgmaxOut, HS, MMA_ACC, MMA_HALF, MMA_MAX_LANE_K, MMA_OUTPUTS, MMA_QUAD, MMA_TILE, MmaWeight,
-    argmax_finish, attend_keys, better, combine_parts, layernorm_rows, merge_parts_dim, stage_vectors, warp_best,
+    ATT_LANES, ArgmaxOut, HS, MMA_ACC, MMA_BATCH, MMA_OUTPUTS, MMA_QUAD, MMA_TILE, MmaStaged, MmaWeight, argmax_finish,
+    attend_keys, better, combine_parts, layernorm_rows, merge_parts_dim, mma_load_batch, mma_out, mma_stage_step,
+    stage_vectors, warp_best,
 };
 use super::gelu::gelu;
 use super::vec4::{VEC, load4, load4_cg, store4};
@@ -555,7 +556,7 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
 
 /// The epilogue of column `col`, row `r`, whose dot product is `sum`; the
 /// block's columns start at `lo`. `best` is the thread's best logit so
-/// far: a thread always serves the same row (`out_row`).
+/// far: a thread always serves the same row (`mma_row`).
 ///
 /// # Safety
 /// The params' contract; `r < n`, `lo <= col < ph.oc`; `sm` holds the
@@ -612,28 +613,34 @@ unsafe fn epilogue<W: Weight>(
     }
 }
 
-/// Multiply one tile (`cols` columns from `c0`, weights at `wt` in shared
-/// memory) by the staged rows `xs` and run each sum's epilogue, one
-/// column a warp on the FMA units (one row: each thread serves row 0).
+/// One tile of a phase's weights in the ring: `cols` columns from `c0` at
+/// `wt` in shared memory, rows of `c_in`; the block's columns start at `lo`.
+#[derive(Clone, Copy)]
+struct Tile<W> {
+    wt: *const W,
+    lo: usize,
+    c0: usize,
+    cols: usize,
+}
+
+/// Multiply one tile by the staged rows `xs` and run each sum's epilogue,
+/// one column a warp on the FMA units (one row: each thread serves row 0).
 ///
 /// # Safety
 /// The params' contract; the tile's bytes have arrived; `red` holds
 /// `2 * WARPS * ROWS` floats; every thread of the block calls it.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn tile_gemv<W: Weight, const R: usize>(
     p: &DecodeStepParams<W>,
     ph: &Gemv<W>,
-    wt: *const W,
     sm: &Smem,
-    lo: usize,
-    c0: usize,
-    cols: usize,
+    tile: Tile<W>,
     n: usize,
     best: &mut (f32, u32),
 ) {
     // Each thread's rows vary with its lane beyond one row: `best` serves one.
     const { assert!(R == 1) };
+    let Tile { wt, lo, c0, cols } = tile;
     let (c_in, lane, warp) = (ph.c_in, lane_id() as usize, warp_id() as usize);
     let (xs, red) = (sm.xs as *const f32, sm.red);
     // Split each column over `ks` warps when the tile has fewer columns
@@ -699,15 +706,6 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
     }
 }
 
-/// Output `o < MMA_OUTPUTS` of a 16-column fragment: lane `o / 4`'s
-/// accumulator `o % 4`, (row, column of the tile) `(2t + j % 2, g + 8 *
-/// (j / 2))` for `g, t` of that lane.
-#[inline(always)]
-fn mma_out(o: usize) -> (usize, usize) {
-    let (ol, oj) = (o / MMA_ACC, o % MMA_ACC);
-    ((ol % MMA_QUAD) * 2 + oj % 2, ol / MMA_QUAD + MMA_HALF * (oj / 2))
-}
-
 /// The row whose epilogues thread `tid` runs in [`tile_gemv_mma`] (the
 /// same in every tile: the block's threads are a multiple of
 /// `MMA_OUTPUTS`).
@@ -716,11 +714,6 @@ fn mma_row(tid: usize) -> usize {
     mma_out(tid % MMA_OUTPUTS).0
 }
 const _: () = assert!(DECODE_STEP_THREADS as usize % MMA_OUTPUTS == 0);
-
-/// Steps of k a warp loads before it multiplies (their loads in flight
-/// together). One accumulator chain: a second one a step (tried on an
-/// H100) changed nothing, and four steps made ptxas spill.
-const MMA_STEPS_IN_FLIGHT: usize = 2;
 
 /// [`tile_gemv`] for two rows and more, on tensor cores: the tile's
 /// columns in 16-column fragments (M) times the staged rows (N = 8),
@@ -736,23 +729,18 @@ const MMA_STEPS_IN_FLIGHT: usize = 2;
 /// `WARPS * MMA_OUTPUTS` floats; `c_in` a multiple of the step (4 lanes'
 /// loads); every thread of the block calls it.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn tile_gemv_mma<W: MmaWeight>(
     p: &DecodeStepParams<W>,
     ph: &Gemv<W>,
-    wt: *const W,
     sm: &Smem,
-    lo: usize,
-    c0: usize,
-    cols: usize,
+    tile: Tile<W>,
     n: usize,
     best: &mut (f32, u32),
 ) {
     let (c_in, tid, lane, warp) = (ph.c_in, thread_idx_x() as usize, lane_id() as usize, warp_id() as usize);
-    let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
     let (xs, red) = (sm.xs as *const f32, sm.red);
     let step = MMA_QUAD * W::LANE_K;
-    let frags = cols.div_ceil(MMA_TILE);
+    let frags = tile.cols.div_ceil(MMA_TILE);
     // Warps per fragment (a power of two), fragments per round.
     let ks = WARPS / frags.next_power_of_two().min(WARPS);
     let group = WARPS / ks;
@@ -764,38 +752,25 @@ unsafe fn tile_gemv_mma<W: MmaWeight>(
         let f = f0 + warp / ks;
         let mut acc = [0f32; MMA_ACC];
         if f < frags {
-            let (col_g, col_h) = (f * MMA_TILE + g, f * MMA_TILE + g + MMA_HALF);
             let mut k = k_lo;
             while k < k_hi {
-                let mut w = [[[0u32; 4]; 2]; MMA_STEPS_IN_FLIGHT];
-                let mut x = [[0f32; MMA_MAX_LANE_K]; MMA_STEPS_IN_FLIGHT];
-                unroll_below!(s < MMA_STEPS_IN_FLIGHT => {
-                    let kk = k + s * step + t * W::LANE_K;
+                // SAFETY: the tile holds `cols` rows of c_in values (16-byte
+                // aligned rows: c_in % 8 == 0), xs n rows of c_in; k < k_hi <= c_in.
+                let w = unsafe { mma_load_batch(tile.wt, f * MMA_TILE, tile.cols, c_in, k, k_hi, lane) };
+                // Both steps' staged values before the products (ptxas
+                // spilled when each was loaded after the product before).
+                let mut x: [MmaStaged; MMA_BATCH] = Default::default();
+                unroll_below!(s < MMA_BATCH => {
                     if k + s * step < k_hi {
-                        // SAFETY (all): columns below `cols` of the tile,
-                        // rows below n of xs; kk + LANE_K <= c_in.
-                        if col_g < cols {
-                            w[s][0] = unsafe { W::load_raw(wt.add(col_g * c_in), kk) };
-                        }
-                        if col_h < cols {
-                            w[s][1] = unsafe { W::load_raw(wt.add(col_h * c_in), kk) };
-                        }
-                        if g < n {
-                            unroll_below!(q < MMA_MAX_LANE_K / VEC => {
-                                if q * VEC < W::LANE_K {
-                                    let v = unsafe { load4(xs.add(g * c_in + kk + q * VEC)) };
-                                    x[s][q * VEC..q * VEC + VEC].copy_from_slice(&v);
-                                }
-                            });
-                        }
+                        x[s] = unsafe { mma_stage_step::<W>(xs, c_in, k + s * step, n, lane) };
                     }
                 });
-                unroll_below!(s < MMA_STEPS_IN_FLIGHT => {
+                unroll_below!(s < MMA_BATCH => {
                     if k + s * step < k_hi {
                         acc = W::mma_step(acc, &w[s][0], &w[s][1], &x[s]);
                     }
                 });
-                k += MMA_STEPS_IN_FLIGHT * step;
+                k += MMA_BATCH * step;
             }
         }
         unroll_below!(j < MMA_ACC => {
@@ -809,14 +784,14 @@ unsafe fn tile_gemv_mma<W: MmaWeight>(
             let (gf, oo) = (o / MMA_OUTPUTS, o % MMA_OUTPUTS);
             let (r, cf) = mma_out(oo);
             let col = (f0 + gf) * MMA_TILE + cf;
-            if r < n && col < cols {
+            if r < n && col < tile.cols {
                 let mut v = 0f32;
                 for part in 0..ks {
                     // SAFETY: written above, before the barrier.
                     v += unsafe { *red.add((gf * ks + part) * MMA_OUTPUTS + oo) };
                 }
                 // SAFETY: r < n, c0 + col < oc; r is this thread's row.
-                unsafe { epilogue(p, ph, sm, lo, r, c0 + col, v, best) };
+                unsafe { epilogue(p, ph, sm, tile.lo, r, tile.c0 + col, v, best) };
             }
             o += DECODE_STEP_THREADS as usize;
         }
@@ -838,7 +813,7 @@ struct Smem {
     best: *mut u32,
     lnp: *mut f32,
     xs: *mut f32,
-    /// Floats of each row of `xraw` (`decode_step_xraw_width`).
+    /// Floats of each row of `xraw` (`decode_step_share_width`).
     xw: usize,
 }
 
@@ -916,11 +891,16 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         if c0 == lo {
             tr.mark(traced_phase(g), DecodeStepMark::Ready);
         }
-        let wt = unsafe { ring.ptr.add(slot * ring.slot_bytes) } as *const W;
+        let tile = Tile {
+            wt: unsafe { ring.ptr.add(slot * ring.slot_bytes) } as *const W,
+            lo,
+            c0,
+            cols,
+        };
         if R == 1 {
-            unsafe { tile_gemv::<W, 1>(p, &ph, wt, sm, lo, c0, cols, n, best) };
+            unsafe { tile_gemv::<W, 1>(p, &ph, sm, tile, n, best) };
         } else {
-            unsafe { tile_gemv_mma::<W>(p, &ph, wt, sm, lo, c0, cols, n, best) };
+            unsafe { tile_gemv_mma::<W>(p, &ph, sm, tile, n, best) };
         }
         if c0 + cols >= hi {
             tr.mark_last_warp(traced_phase(g), DecodeStepMark::Computed);
@@ -1199,7 +1179,7 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
         best: at(lay.best) as *mut u32,
         lnp: at(lay.lnp) as *mut f32,
         xs: at(lay.xs) as *mut f32,
-        xw: decode_step_xraw_width(p.c, grid_dim_x()) as usize,
+        xw: decode_step_share_width(p.c, grid_dim_x()) as usize,
     };
     // SAFETY: both point into shared memory.
     let ring = unsafe {

@@ -176,7 +176,7 @@ pub struct DecodeStepSmem {
     pub bias: u32,
     /// The block's columns of the residual stream's rows (the attproj and
     /// fcproj share, `[c*b/B, c*(b+1)/B)`) as the last layernorm phase
-    /// staged them, `n` rows of [`decode_step_xraw_width`] floats: the
+    /// staged them, `n` rows of [`decode_step_share_width`]`(c)` floats: the
     /// residual epilogues add to them.
     pub xraw: u32,
     /// The layer table, copied once per launch: `n_layer` entries.
@@ -193,12 +193,13 @@ pub struct DecodeStepSmem {
 /// its own shared-memory lines).
 pub const DECODE_STEP_SLOT_ALIGN: u32 = 128;
 
-/// Floats a block keeps of each residual row ([`DecodeStepSmem::xraw`]):
-/// the most columns of width `c` one of `blocks` blocks owns, rounded up
-/// to 16 bytes.
-pub const fn decode_step_xraw_width(c: u32, blocks: u32) -> u32 {
+/// The most of `oc` columns one of `blocks` blocks owns (block `b` owns
+/// `[oc*b/B, oc*(b+1)/B)`), rounded up to 16 bytes of floats: the room a
+/// block keeps for a phase's bias and for its residual columns of a row
+/// ([`DecodeStepSmem::bias`], [`DecodeStepSmem::xraw`]).
+pub const fn decode_step_share_width(oc: u32, blocks: u32) -> u32 {
     let blocks = if blocks == 0 { 1 } else { blocks };
-    c.div_ceil(blocks).next_multiple_of(4)
+    oc.div_ceil(blocks).next_multiple_of(4)
 }
 
 /// The shared-memory layout of a launch of `n` rows, width `c`, `n_layer`
@@ -225,9 +226,9 @@ pub const fn decode_step_smem(
     let best = red + red_floats * 4;
     let lnp = best + DECODE_STEP_WARPS * DECODE_MAX_ROWS * 8;
     let bias = lnp + 2 * c * 4;
-    // A phase's bias for the block's columns: at most 4c / blocks of them.
-    let xraw = bias + decode_step_xraw_width(4 * c, blocks) * 4;
-    let table = xraw + n * decode_step_xraw_width(c, blocks) * 4;
+    // The widest phase has 4c columns.
+    let xraw = bias + decode_step_share_width(4 * c, blocks) * 4;
+    let table = xraw + n * decode_step_share_width(c, blocks) * 4;
     let xs = table + n_layer * size_of::<DecodeStepLayer<f32>>() as u32;
     let rows = n * 4 * c;
     let parts = DECODE_STEP_WARPS * (DECODE_HEAD_SIZE + 2);

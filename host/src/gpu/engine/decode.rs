@@ -24,7 +24,7 @@ use crate::gpu::ops::decode::{
     DecodeLaunch, DecodeWorkspace, Embed, Input, L2Prefetch, Output, decode_attention, decode_gemv,
 };
 use crate::gpu::ops::decode_step::{
-    DecodeStepTable, StepBuffers, StepLayer, StepModel, decode_step, decode_step_supported,
+    DecodeStepTable, StepBuffers, StepLaunch, StepLayer, StepModel, decode_step, decode_step_config,
 };
 use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
 use crate::gpu::ops::weight::WeightRef;
@@ -116,9 +116,9 @@ pub struct DecodeTuning {
     pub persistent: bool,
     /// Most rows a step runs as the persistent kernel (it serves up to 8;
     /// from two rows on its tiles run on tensor cores). Default 1: at 8
-    /// rows it measured no faster than the chain on an H100 (FP32 0.654
-    /// against 0.636 ms a step, bf16 0.460 against 0.473;
-    /// docs/performance.md, decode step 6).
+    /// rows it measured slower than the chain in FP32 on an H100 (0.650
+    /// against 0.638 ms a step), faster in bf16 (0.435 against 0.470), not
+    /// yet checked on an H200 (docs/performance.md, decode step 6).
     pub persistent_max_rows: usize,
     /// The persistent step records when each block's phases start, get
     /// their inputs and end (`GpuEngine::decode_step_trace`): a diagnostic
@@ -504,7 +504,6 @@ impl Step<'_> {
             .as_mut()
             .context("the persistent step's table is missing")?;
         table.set_trace(gpu, d.tuning.trace)?;
-        table.set_ring_slots(d.tuning.step_ring_slots);
         let model = StepModel {
             wte: p.wte.as_ref(),
             wpe: &p.wpe,
@@ -543,7 +542,11 @@ impl Step<'_> {
             h: &mut a.fch_gelu,
             logits: &mut a.logits,
         };
-        decode_step(gpu, &mut d.ws, table, d.pdl, &model, layers, bufs)?;
+        let launch = StepLaunch {
+            pdl: d.pdl,
+            ring_slots: d.tuning.step_ring_slots,
+        };
+        decode_step(gpu, &mut d.ws, table, launch, &model, layers, bufs)?;
         if let Some(rows) = self.sample {
             // As after the chain's LM head (see `enqueue`).
             let (v, vp) = (cfg.vocab_size, cfg.padded_vocab_size);
@@ -753,7 +756,7 @@ impl Step<'_> {
 fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &DecodeTuning, b: usize) -> bool {
     tuning.persistent
         && b <= tuning.persistent_max_rows
-        && decode_step_supported(
+        && decode_step_config(
             gpu,
             b,
             cfg.channels,
@@ -762,6 +765,7 @@ fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &Deco
             p.wte.as_ref().elem_bytes(),
             tuning.step_ring_slots,
         )
+        .is_some()
 }
 
 /// Kernels per layer of the fused step: qkv, attention, attproj, fc, fcproj.

@@ -74,8 +74,17 @@ pub struct DecodeStepTable {
     /// Where the kernel records its trace, when on (see
     /// `DecodeStepParams::trace`).
     trace: Option<CudaSlice<u64>>,
-    /// Slots of the weight ring (`decode_step_config`'s `ring_slots`).
-    ring_slots: usize,
+}
+
+/// How a step launches.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepLaunch {
+    /// The launch may start while the previous kernel finishes (its
+    /// weights load meanwhile).
+    pub pdl: bool,
+    /// Slots of the weight ring ([`decode_step_config`]'s `ring_slots`;
+    /// 0 chooses).
+    pub ring_slots: usize,
 }
 
 impl DecodeStepTable {
@@ -88,14 +97,7 @@ impl DecodeStepTable {
             staging: Vec::with_capacity(bytes),
             sync: gpu.alloc(DECODE_STEP_SYNC_WORDS)?,
             trace: None,
-            ring_slots: 0,
         })
-    }
-
-    /// Ask for `slots` slots in the weight ring (0: the launch chooses);
-    /// see [`decode_step_config`].
-    pub fn set_ring_slots(&mut self, slots: usize) {
-        self.ring_slots = slots;
     }
 
     /// Turn the kernel's trace on (room for one block per SM) or off.
@@ -188,51 +190,21 @@ pub fn decode_step_config(
     Some((cfg, slots as u32, slot as u32))
 }
 
-/// Whether [`decode_step`] serves `n` rows of this model on this GPU
-/// ([`decode_step_config`] says when).
-pub fn decode_step_supported(
-    gpu: &Gpu,
-    n: usize,
-    c: usize,
-    nh: usize,
-    n_layer: usize,
-    elem: usize,
-    ring_slots: usize,
-) -> bool {
-    decode_step_config(gpu, n, c, nh, n_layer, elem, ring_slots).is_some()
-}
-
 /// The whole decode step of `bufs.rows` rows in one launch (see
 /// `DecodeStepParams`): the logits, each row's argmax in `ids` and
-/// `tokens`, `pos += 1`, k and v into the caches. `pdl`: the launch may
-/// start while the previous kernel finishes (its weights load meanwhile).
+/// `tokens`, `pos += 1`, k and v into the caches; launched as `launch` says.
 pub fn decode_step<'a>(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
     table: &mut DecodeStepTable,
-    pdl: bool,
+    launch: StepLaunch,
     model: &StepModel<'_>,
     layers: impl ExactSizeIterator<Item = StepLayer<'a>>,
     bufs: StepBuffers<'_>,
 ) -> Result<(), OpError> {
-    let traced = table.trace.is_some();
-    let elem = match model.wte {
-        WeightRef::F32(_) => size_of::<f32>(),
-        WeightRef::Bf16(_) => size_of::<u16>(),
-    };
-    let rows = bufs.rows;
-    let kernel = to_u32(OP, "rows", rows)
-        .ok()
-        .and_then(|n| decode_step_kernel(n, elem, traced))
-        .ok_or_else(|| {
-            OpError::shape(
-                OP,
-                format!("{rows} rows: the persistent step serves 1 to {DECODE_STEP_MAX_ROWS} rows"),
-            )
-        })?;
     match model.wte {
-        WeightRef::F32(_) => step_typed::<f32>(gpu, ws, table, pdl, model, layers, bufs, kernel),
-        WeightRef::Bf16(_) => step_typed::<u16>(gpu, ws, table, pdl, model, layers, bufs, kernel),
+        WeightRef::F32(_) => step_typed::<f32>(gpu, ws, table, launch, model, layers, bufs),
+        WeightRef::Bf16(_) => step_typed::<u16>(gpu, ws, table, launch, model, layers, bufs),
     }
 }
 
@@ -242,11 +214,10 @@ fn step_typed<'a, W: KernelWeight>(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
     table: &mut DecodeStepTable,
-    pdl: bool,
+    launch: StepLaunch,
     model: &StepModel<'_>,
     layers: impl ExactSizeIterator<Item = StepLayer<'a>>,
     bufs: StepBuffers<'_>,
-    kernel: &'static str,
 ) -> Result<(), OpError>
 where
     DecodeStepParams<W>: KernelParams,
@@ -255,7 +226,16 @@ where
     let (c, nh, v, vp, max_t) = (model.c, model.nh, model.v, model.vp, model.max_t);
     let elem = size_of::<W>();
     let n_layer = layers.len();
-    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, nh, n_layer, elem, table.ring_slots) else {
+    let kernel = to_u32(OP, "rows", n)
+        .ok()
+        .and_then(|rows| decode_step_kernel(rows, elem, table.trace.is_some()))
+        .ok_or_else(|| {
+            OpError::shape(
+                OP,
+                format!("{n} rows: the persistent step serves 1 to {DECODE_STEP_MAX_ROWS} rows"),
+            )
+        })?;
+    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, nh, n_layer, elem, launch.ring_slots) else {
         return Err(OpError::shape(
             OP,
             format!(
@@ -446,6 +426,6 @@ where
     // (occupancy >= 1, so the grid is resident at once for its barriers);
     // shared memory as `decode_step_smem` lays out; the kernel keeps the
     // PDL contract (weights only before its wait).
-    unsafe { gpu.launch_pdl(kernel, cfg, p, pdl)? };
+    unsafe { gpu.launch_pdl(kernel, cfg, p, launch.pdl)? };
     Ok(())
 }
