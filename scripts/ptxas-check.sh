@@ -122,50 +122,57 @@ fi
 echo "== ptxas: $PTXAS"
 "$PTXAS" --version | tail -n 2
 
-# Ask cargo where the root package's build script wrote its output, instead of
-# guessing among target/*/build/gpt2-*: the build-script-executed message names
-# the exact OUT_DIR of this build.
-echo "== building the root package (GPU_KERNELS_ARCH=$ARCH) to locate its PTX"
-ROOT_MANIFEST="$ROOT/Cargo.toml"
-ROOT_ID="$(cargo metadata --no-deps --format-version 1 | python3 -c '
+# Ask cargo where the build scripts wrote their PTX instead of guessing among
+# target/*/build/*: the build-script-executed messages name the exact OUT_DIR
+# of this build. gpu-host's holds the kernels the host embeds; the root
+# package's the example kernel crate the tests launch.
+echo "== building gpu-host and the root package (GPU_KERNELS_ARCH=$ARCH) to locate their PTX"
+PACKAGE_IDS="$(cargo metadata --no-deps --format-version 1 | python3 -c '
 import json, os, sys
-manifest = os.path.realpath(sys.argv[1])
-ids = [p["id"] for p in json.load(sys.stdin)["packages"] if os.path.realpath(p["manifest_path"]) == manifest]
-if len(ids) != 1:
-    sys.exit(f"expected one package with manifest {manifest}, found {len(ids)}")
-print(ids[0])
-' "$ROOT_MANIFEST")"
+want = [os.path.realpath(m) for m in sys.argv[1:]]
+pkgs = json.load(sys.stdin)["packages"]
+for m in want:
+    ids = [p["id"] for p in pkgs if os.path.realpath(p["manifest_path"]) == m]
+    if len(ids) != 1:
+        sys.exit(f"expected one package with manifest {m}, found {len(ids)}")
+    print(ids[0])
+' "$ROOT/gpu-host/Cargo.toml" "$ROOT/Cargo.toml")"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+PKG_ARGS=()
+while IFS= read -r id; do PKG_ARGS+=(--package "$id"); done <<<"$PACKAGE_IDS"
 # shellcheck disable=SC2086  # CARGO_PROFILE_ARGS is a word list on purpose
-if ! cargo build --lib --package "$ROOT_ID" ${CARGO_PROFILE_ARGS:-} --message-format=json-render-diagnostics >"$WORK/build.json"; then
-    echo "error: building the root package (and so the PTX) failed; cargo's errors are above" >&2
+if ! cargo build --lib "${PKG_ARGS[@]}" ${CARGO_PROFILE_ARGS:-} --message-format=json-render-diagnostics >"$WORK/build.json"; then
+    echo "error: building gpu-host and the root package (and so the PTX) failed; cargo's errors are above" >&2
     exit 1
 fi
-OUT_DIR="$(python3 -c '
+mapfile -t OUT_DIRS < <(python3 -c '
 import json, sys
-want = sys.argv[1]
-dirs = []
+want = sys.argv[1].split()
+dirs = {}
 for line in sys.stdin:
     try:
         msg = json.loads(line)
     except ValueError:
         continue
-    if msg.get("reason") == "build-script-executed" and msg.get("package_id") == want:
-        dirs.append(msg["out_dir"])
-if len(dirs) != 1:
-    sys.exit(f"expected one build-script run of {want}, cargo reported {len(dirs)}")
-print(dirs[0])
-' "$ROOT_ID" <"$WORK/build.json")"
-echo "== PTX directory: $OUT_DIR"
+    if msg.get("reason") == "build-script-executed" and msg.get("package_id") in want:
+        dirs.setdefault(msg["package_id"], []).append(msg["out_dir"])
+for pid in want:
+    if len(dirs.get(pid, [])) != 1:
+        sys.exit(f"expected one build-script run of {pid}, cargo reported {len(dirs.get(pid, []))}")
+    print(dirs[pid][0])
+' "$(echo $PACKAGE_IDS)" <"$WORK/build.json")
+KERNELS_DIR="${OUT_DIRS[0]}"
+echo "== PTX directories: ${OUT_DIRS[*]}"
 
 # The builder names its output <crate>.<arch>.ptx. Files of another arch in the
 # same OUT_DIR are left over from builds with another GPU_KERNELS_ARCH, except
-# the Hopper module, which build.rs always compiles for sm_90a.
+# the Hopper module, which gpu-host's build.rs always compiles for sm_90a.
 shopt -s nullglob
-PTX_FILES=("$OUT_DIR"/*."$ARCH".ptx)
+PTX_FILES=()
+for d in "${OUT_DIRS[@]}"; do PTX_FILES+=("$d"/*."$ARCH".ptx); done
 shopt -u nullglob
-HOPPER_PTX="$OUT_DIR/gpu_kernels.sm_90a.ptx"
+HOPPER_PTX="$KERNELS_DIR/gpu_kernels.sm_90a.ptx"
 if [[ "$ARCH" != sm_90a ]]; then
     if [[ ! -f "$HOPPER_PTX" ]]; then
         echo "error: $HOPPER_PTX (the sm_90a module the host embeds) is missing" >&2
@@ -174,12 +181,11 @@ if [[ "$ARCH" != sm_90a ]]; then
     PTX_FILES+=("$HOPPER_PTX")
 fi
 if (( ${#PTX_FILES[@]} == 0 )); then
-    echo "error: no *.$ARCH.ptx in $OUT_DIR" >&2
-    ls -l "$OUT_DIR" >&2
+    echo "error: no *.$ARCH.ptx in ${OUT_DIRS[*]}" >&2
     exit 1
 fi
-if [[ ! -f "$OUT_DIR/gpu_kernels.$ARCH.ptx" ]]; then
-    echo "error: $OUT_DIR/gpu_kernels.$ARCH.ptx (the kernels the host embeds) is missing" >&2
+if [[ ! -f "$KERNELS_DIR/gpu_kernels.$ARCH.ptx" ]]; then
+    echo "error: $KERNELS_DIR/gpu_kernels.$ARCH.ptx (the kernels the host embeds) is missing" >&2
     exit 1
 fi
 

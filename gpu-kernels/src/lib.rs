@@ -31,11 +31,28 @@ pub mod device;
 #[cfg(all(target_arch = "nvptx64", feature = "kernels"))]
 pub mod ops;
 
-/// The kernels end in `trap` on panic (bounds checks, overflow checks in
-/// debug builds); there is no unwinding on the GPU.
-#[cfg(all(target_arch = "nvptx64", feature = "panic-handler"))]
-#[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! {
-    // SAFETY: trap aborts the kernel; nothing runs after it.
-    unsafe { core::arch::nvptx::trap() }
+/// Defines the nvptx module's `#[panic_handler]` (a `trap`: there is no
+/// unwinding on the GPU; bounds and overflow checks end the kernel, and the
+/// host sees the failed launch at its next synchronisation).
+///
+/// Every kernel crate calls this once at its root, and the handler exists
+/// only in the crate that `kernel-builder` compiles as the module's root
+/// (it passes `--cfg kernel_builder_root` to that crate alone). So two kernel
+/// crates in one build, each with its own call, never collide, and a crate
+/// built as a dependency of another module brings none.
+#[macro_export]
+macro_rules! panic_handler {
+    () => {
+        // Outside nvptx the module and its inner cfg are stripped unread.
+        #[cfg(target_arch = "nvptx64")]
+        mod __kernel_panic_handler {
+            #[cfg(kernel_builder_root)]
+            #[panic_handler]
+            fn panic(_: &::core::panic::PanicInfo) -> ! {
+                $crate::device::trap()
+            }
+        }
+    };
 }
+
+panic_handler!();

@@ -103,3 +103,15 @@ impl Sampler {
         id
     }
 }
+
+/// The settings of one row as the sampling rule (and the GPU kernel) reads
+/// them: `params` checked as [`Sampler::new`] checks them, with `seed` (the
+/// `Sampler`'s own, or any: the same seed and counter give the same token).
+/// `top_k` above `u32::MAX` keeps every token, as 0 does.
+pub fn device_row(params: &SamplingParams, seed: u64) -> Result<SampleRow> {
+    let params = SamplingParams {
+        seed: Some(seed),
+        ..*params
+    };
+    Sampler::new(params).map(|s| s.row())
+}

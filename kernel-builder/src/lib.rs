@@ -32,6 +32,10 @@ pub const TARGET: &str = "nvptx64-nvidia-cuda";
 pub const DEFAULT_ARCH: &str = "sm_80";
 /// Environment variable that overrides the target architecture (e.g. `sm_90a`).
 pub const ARCH_ENV: &str = "GPU_KERNELS_ARCH";
+/// The `cfg` set on the crate being compiled as the PTX module's root (not
+/// on its dependencies): where `gpu_kernels::panic_handler!` defines the
+/// module's one panic handler.
+pub const ROOT_CFG: &str = "kernel_builder_root";
 
 /// Why a kernel build failed, with what the user can do about it.
 #[derive(Debug)]
@@ -180,8 +184,12 @@ impl PtxBuilder {
         if !self.features.is_empty() {
             cmd.arg("--features").arg(self.features.join(","));
         }
+        // After `--`, flags reach the root crate only: `kernel_builder_root`
+        // tells it (and `gpu_kernels::panic_handler!`) that it is the
+        // module's root, which alone defines the panic handler.
         cmd.args(["--", "--emit=asm", "-Clinker=true"])
-            .arg(format!("-Ctarget-cpu={arch}"));
+            .arg(format!("-Ctarget-cpu={arch}"))
+            .args(["--cfg", ROOT_CFG, "--check-cfg", &format!("cfg({ROOT_CFG})")]);
         // Flags meant for the host build must not leak into the device build.
         for v in [
             "RUSTFLAGS",

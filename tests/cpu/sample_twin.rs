@@ -339,7 +339,7 @@ fn batched_twin_uses_strides_counters_and_next_tokens() {
 
 #[test]
 fn sample_row_settings_are_checked_like_the_sampler() {
-    use host::gpu::ops::sample::sample_row as device_row;
+    use host::sample::device_row;
     let p = |temperature, top_k, top_p| SamplingParams {
         temperature,
         top_k,

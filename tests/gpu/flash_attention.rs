@@ -414,7 +414,7 @@ fn flash_auto_gpt2_shape_matches_cpu() {
 #[test]
 fn flash_ptx_shape() {
     use gpu_kernels::params::flash_attention::*;
-    let ptx = gpt2::GPU_KERNELS_PTX;
+    let ptx = gpu_host::GPU_KERNELS_PTX;
     let body = |name: &str| -> &str {
         let start = ptx
             .find(&format!(".entry {name}("))

@@ -260,9 +260,9 @@ fn matmul_bf16_cpu_twin_hand_computed() {
 fn embedded_ptx_has_every_bf16_variant() {
     let has = |ptx: &str, s: &Bf16TileShape| ptx.contains(&format!(".visible .entry {}(", s.name));
     for s in &MATMUL_BF16_VARIANTS {
-        assert!(has(gpt2::GPU_KERNELS_PTX, s), "{} missing", s.name);
+        assert!(has(gpu_host::GPU_KERNELS_PTX, s), "{} missing", s.name);
         assert!(
-            has(gpt2::GPU_KERNELS_SM90A_PTX, s),
+            has(gpu_host::GPU_KERNELS_SM90A_PTX, s),
             "{} missing from the sm_90a module",
             s.name
         );
@@ -409,9 +409,9 @@ fn matmul_bf16_rejects_c_not_multiple_of_8() {
 fn embedded_sm90a_ptx_has_every_bf16_wgmma_variant() {
     for s in &MATMUL_BF16_WGMMA_VARIANTS {
         let entry = format!(".visible .entry {}(", s.name);
-        assert!(gpt2::GPU_KERNELS_SM90A_PTX.contains(&entry), "{} missing", s.name);
+        assert!(gpu_host::GPU_KERNELS_SM90A_PTX.contains(&entry), "{} missing", s.name);
         assert!(
-            !gpt2::GPU_KERNELS_PTX.contains(&entry),
+            !gpu_host::GPU_KERNELS_PTX.contains(&entry),
             "{} in the portable module",
             s.name
         );

@@ -115,26 +115,26 @@ fn check(gpu: &Gpu, shape: Option<&TileShape>, n: usize, c: usize, oc: usize, bi
 fn embedded_ptx_has_every_tf32_variant() {
     let has = |ptx: &str, s: &TileShape| ptx.contains(&format!(".visible .entry {}(", s.name));
     for s in &MATMUL_TF32_VARIANTS {
-        assert!(has(gpt2::GPU_KERNELS_PTX, s), "{} missing", s.name);
+        assert!(has(gpu_host::GPU_KERNELS_PTX, s), "{} missing", s.name);
         assert!(
-            has(gpt2::GPU_KERNELS_SM90A_PTX, s),
+            has(gpu_host::GPU_KERNELS_SM90A_PTX, s),
             "{} missing from the sm_90a module",
             s.name
         );
     }
     for s in &MATMUL_TF32_WGMMA_VARIANTS {
         assert!(
-            has(gpt2::GPU_KERNELS_SM90A_PTX, s),
+            has(gpu_host::GPU_KERNELS_SM90A_PTX, s),
             "{} missing from the sm_90a module",
             s.name
         );
         assert!(
-            !has(gpt2::GPU_KERNELS_PTX, s),
+            !has(gpu_host::GPU_KERNELS_PTX, s),
             "{} must not be in the portable module",
             s.name
         );
     }
-    assert!(gpt2::GPU_KERNELS_SM90A_PTX.contains(".target sm_90a"));
+    assert!(gpu_host::GPU_KERNELS_SM90A_PTX.contains(".target sm_90a"));
 }
 
 /// On a Hopper GPU (compute capability 9.0) the sm_90a module, with the

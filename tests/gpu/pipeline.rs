@@ -96,8 +96,8 @@ fn ptx_entries(ptx: &str) -> BTreeSet<String> {
 #[test]
 fn embedded_ptx_has_every_kernel_entry() {
     let (names, wgmma) = param_kernel_names();
-    let portable = ptx_entries(gpt2::GPU_KERNELS_PTX);
-    let hopper = ptx_entries(gpt2::GPU_KERNELS_SM90A_PTX);
+    let portable = ptx_entries(gpu_host::GPU_KERNELS_PTX);
+    let hopper = ptx_entries(gpu_host::GPU_KERNELS_SM90A_PTX);
     let all: BTreeSet<String> = names.union(&wgmma).cloned().collect();
     let missing =
         |want: &BTreeSet<String>, have: &BTreeSet<String>| -> Vec<String> { want.difference(have).cloned().collect() };

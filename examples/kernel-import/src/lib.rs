@@ -1,7 +1,7 @@
 //! Proof that a third-party crate can build its own kernels on
 //! `gpu_kernels::device` and share parameter structs with its host through
-//! `gpu_kernels::kernel_params!`. It imports `gpu-kernels` without its
-//! `panic-handler` feature and brings its own handler.
+//! `gpu_kernels::kernel_params!`. Its panic handler comes from
+//! `gpu_kernels::panic_handler!`, which cannot collide with another crate's.
 //!
 //! Its kernels are the device layer's test kernels, one per family of device
 //! functions; `tests/gpu/device.rs` launches them through
@@ -14,10 +14,6 @@ pub mod params;
 #[cfg(target_arch = "nvptx64")]
 mod kernels;
 
-/// The final nvptx module needs exactly one panic handler; `gpu-kernels`
-/// leaves it to us. Bounds checks and the like end the kernel.
-#[cfg(target_arch = "nvptx64")]
-#[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! {
-    gpu_kernels::device::trap()
-}
+// The module's panic handler, defined only when kernel-builder compiles
+// this crate as the module's root (never a second one beside gpu-kernels').
+gpu_kernels::panic_handler!();

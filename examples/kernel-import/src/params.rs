@@ -148,8 +148,10 @@ pub struct CpAsyncParams {
     pub chunks: u32,
 }
 
+// SAFETY: every struct above is repr(C), made of u32/f32 fields and device
+// pointers: the same layout on host and device.
 gpu_kernels::kernel_params!(
-    ShflParams,
+    unsafe ShflParams,
     WarpReduceParams,
     BlockReduceParams,
     MathParams,

@@ -20,4 +20,6 @@ pub struct ArgmaxParams {
     pub row_stride: u32,
 }
 
-crate::kernel_params!(ArgmaxParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe ArgmaxParams);

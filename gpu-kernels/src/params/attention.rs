@@ -42,4 +42,6 @@ pub struct AttentionParams {
     pub scale: f32,
 }
 
-crate::kernel_params!(AttentionParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe AttentionParams);

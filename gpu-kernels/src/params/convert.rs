@@ -42,4 +42,6 @@ pub struct RoundTf32Params {
     pub n: u32,
 }
 
-crate::kernel_params!(ConvertParams<f32>, ConvertParams<u16>, RoundTf32Params);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe ConvertParams<f32>, ConvertParams<u16>, RoundTf32Params);

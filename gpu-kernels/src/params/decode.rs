@@ -282,4 +282,6 @@ pub struct DecodeAttentionParams {
     pub prefetch: [PrefetchRange; DECODE_PREFETCH_RANGES],
 }
 
-crate::kernel_params!(DecodeGemvParams<f32>, DecodeGemvParams<u16>, DecodeAttentionParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe DecodeGemvParams<f32>, DecodeGemvParams<u16>, DecodeAttentionParams);

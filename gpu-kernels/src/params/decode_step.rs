@@ -324,4 +324,6 @@ pub struct DecodeStepParams<W = f32> {
     pub trace: *mut u64,
 }
 
-crate::kernel_params!(DecodeStepParams<f32>, DecodeStepParams<u16>);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe DecodeStepParams<f32>, DecodeStepParams<u16>);

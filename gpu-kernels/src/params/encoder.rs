@@ -32,4 +32,6 @@ pub struct EncoderParams<W = f32> {
     pub wte_rows: u32,
 }
 
-crate::kernel_params!(EncoderParams<f32>, EncoderParams<u16>);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe EncoderParams<f32>, EncoderParams<u16>);

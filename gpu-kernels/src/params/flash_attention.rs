@@ -167,4 +167,6 @@ pub struct FlashCombineParams {
     pub parts_stride: u32,
 }
 
-crate::kernel_params!(FlashAttentionParams, FlashDecodeParams, FlashCombineParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe FlashAttentionParams, FlashDecodeParams, FlashCombineParams);

@@ -17,4 +17,6 @@ pub struct GeluParams {
     pub n: u32,
 }
 
-crate::kernel_params!(GeluParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe GeluParams);

@@ -37,7 +37,9 @@ pub struct LayernormParams {
     pub out_bf16: *mut u16,
 }
 
-crate::kernel_params!(LayernormParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe LayernormParams);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -62,4 +64,6 @@ pub struct ResidualLayernormParams {
     pub out_bf16: *mut u16,
 }
 
-crate::kernel_params!(ResidualLayernormParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe ResidualLayernormParams);

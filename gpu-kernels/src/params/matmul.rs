@@ -191,4 +191,6 @@ pub struct MatmulSmallParams {
     pub splits: u32,
 }
 
-crate::kernel_params!(MatmulParams, MatmulSplitReduceParams, MatmulSmallParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe MatmulParams, MatmulSplitReduceParams, MatmulSmallParams);

@@ -106,7 +106,9 @@ pub struct MatmulBf16Params {
     pub gelu: u32,
 }
 
-crate::kernel_params!(MatmulBf16Params);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe MatmulBf16Params);
 
 /// k depth (bf16 elements) of a stage of the `wgmma` kernels: one 128-byte
 /// swizzled row, as the TF32 ones' 32 f32 (`ops::matmul_wgmma`).
@@ -164,4 +166,6 @@ pub struct MatmulBf16WgmmaParams {
     pub k_tiles_per_split: u32,
 }
 
-crate::kernel_params!(MatmulBf16WgmmaParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe MatmulBf16WgmmaParams);

@@ -238,7 +238,9 @@ pub struct MatmulTf32Params {
     pub gelu: u32,
 }
 
-crate::kernel_params!(MatmulTf32Params);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe MatmulTf32Params);
 
 /// The bytes of a `CUtensorMap` (opaque; encoded on the host by
 /// `cuTensorMapEncodeTiled`), aligned as the copy engine requires.
@@ -281,4 +283,6 @@ pub struct MatmulTf32WgmmaParams {
     pub round_out: u32,
 }
 
-crate::kernel_params!(MatmulTf32WgmmaParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe MatmulTf32WgmmaParams);

@@ -14,10 +14,18 @@
 /// 64-bit little-endian, so that holds for such structs).
 pub unsafe trait KernelParams: Copy {}
 
-/// Implements [`KernelParams`] for parameter structs.
+/// Implements [`KernelParams`] for parameter structs:
+/// `kernel_params!(unsafe A, B<f32>)`. The `unsafe` is part of the syntax:
+/// the caller promises the trait's contract for every type listed, as an
+/// `unsafe impl` would (write the SAFETY comment above the call).
 #[macro_export]
 macro_rules! kernel_params {
-    ($($t:ty),* $(,)?) => { $(unsafe impl $crate::params::KernelParams for $t {})* };
+    (unsafe $($t:ty),+ $(,)?) => {
+        $(
+            // SAFETY: promised by the caller, who wrote `unsafe`.
+            unsafe impl $crate::params::KernelParams for $t {}
+        )+
+    };
 }
 
 pub mod saxpy;

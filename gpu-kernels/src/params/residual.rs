@@ -19,4 +19,6 @@ pub struct ResidualParams {
     pub n: u32,
 }
 
-crate::kernel_params!(ResidualParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe ResidualParams);

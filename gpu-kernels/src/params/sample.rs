@@ -129,7 +129,9 @@ pub struct SampleParams {
     pub row_stride: u32,
 }
 
-crate::kernel_params!(SampleParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe SampleParams);
 
 /// Fractional bits of a weight: the most likely token weighs `2^32`.
 pub const WEIGHT_FRAC_BITS: u32 = 32;

@@ -12,4 +12,6 @@ pub struct SaxpyParams {
     pub n: u32,
 }
 
-crate::kernel_params!(SaxpyParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe SaxpyParams);

@@ -22,4 +22,6 @@ pub struct SoftmaxParams {
     pub vp: u32,
 }
 
-crate::kernel_params!(SoftmaxParams);
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe SoftmaxParams);

@@ -10,22 +10,9 @@ use std::borrow::Cow;
 
 use super::ModelConfig;
 
-/// Element type of a stored tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DType {
-    F32,
-    BF16,
-    F16,
-}
-
-impl DType {
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::BF16 | DType::F16 => 2,
-        }
-    }
-}
+/// Element type of a stored tensor (defined beside the GPU ops that convert
+/// it on the device).
+pub use gpu_host::DType;
 
 /// A view of one parameter tensor in the checkpoint's bytes.
 #[derive(Clone, Copy, Debug)]

@@ -13,7 +13,7 @@ use gpu_kernels::params::decode_step::DECODE_STEP_ATTN_KEYS;
 
 use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
 use super::weight::{KernelWeight, WeightRef};
-use crate::gpu::Gpu;
+use crate::Gpu;
 use gpu_kernels::params::KernelParams;
 
 const OP_GEMV: &str = "decode_gemv";

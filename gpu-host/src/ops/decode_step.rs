@@ -1,7 +1,7 @@
 //! Launch wrapper of the persistent decode step (`gpu_kernels::ops::decode_step`,
 //! sm_90a module only): the whole step of up to eight rows in one launch. Its CPU
 //! twin is the CPU forward at `t = 1` (`cpu::forward`), as for the fused
-//! chain of `gpu::ops::decode`.
+//! chain of `ops::decode`.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use gpu_kernels::params::KernelParams;
@@ -11,7 +11,7 @@ use gpu_kernels::params::decode_step::*;
 use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
 use super::decode::DecodeWorkspace;
 use super::weight::{KernelWeight, WeightRef};
-use crate::gpu::Gpu;
+use crate::Gpu;
 
 const OP: &str = "decode_step";
 

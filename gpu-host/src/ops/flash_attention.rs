@@ -20,7 +20,7 @@ use gpu_kernels::params::attention::AttentionParams;
 use gpu_kernels::params::flash_attention::*;
 
 use super::args::{aligned16, in_ptr, out_ptr};
-use crate::gpu::runtime::{Gpu, GpuError};
+use crate::runtime::{Gpu, GpuError};
 
 /// Product precision of the prefill kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

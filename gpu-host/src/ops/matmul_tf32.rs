@@ -18,8 +18,8 @@ use gpu_kernels::params::matmul_tf32::{
     TileEngine, TileShape,
 };
 
-use crate::gpu::ops::matmul::launch_split_reduce;
-use crate::gpu::runtime::{Gpu, GpuError, TensorElem};
+use crate::ops::matmul::launch_split_reduce;
+use crate::runtime::{Gpu, GpuError, TensorElem};
 
 /// Floats per 16-byte `cp.async` copy: rows of `inp` and `W` are copied in
 /// such chunks, so `c` must be a multiple of it.

@@ -8,7 +8,7 @@ use gpu_kernels::params::layernorm::{
 };
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::gpu::Gpu;
+use crate::Gpu;
 use half::bf16;
 
 const OP: &str = "layernorm_forward";

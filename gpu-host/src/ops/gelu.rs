@@ -4,7 +4,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::gelu::{GELU_BLOCK, GELU_FORWARD, GELU_FORWARD_NAIVE, GeluParams};
 
 use super::args::{OpError, Variant, aligned16, blocks_for, check_len, in_ptr, out_ptr, to_u32};
-use crate::gpu::Gpu;
+use crate::Gpu;
 
 const OP: &str = "gelu_forward";
 /// Elements per thread of the vectorised kernel.

@@ -19,8 +19,8 @@ use gpu_kernels::params::matmul_tf32::TileShape;
 
 use super::args::{OpError, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use super::matmul_tf32::{predicted_cost, tf32_blocks};
-use crate::gpu::Gpu;
-use crate::gpu::runtime::TensorElem;
+use crate::Gpu;
+use crate::runtime::TensorElem;
 
 const OP: &str = "matmul_forward_bf16";
 

@@ -11,8 +11,8 @@ use gpu_kernels::params::convert::{
 use half::bf16;
 
 use super::args::{OpError, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::gpu::Gpu;
-use crate::model::DType;
+use crate::DType;
+use crate::Gpu;
 
 const OP: &str = "convert_to_f32";
 

@@ -9,8 +9,7 @@ use gpu_kernels::params::sample::{
 };
 
 use super::args::{OpError, check_len, in_ptr, out_ptr, to_u32};
-use crate::gpu::Gpu;
-use crate::sample::{Sampler, SamplingParams};
+use crate::Gpu;
 
 const OP: &str = "sample_forward";
 
@@ -33,20 +32,6 @@ pub fn launch_config(n: u32) -> LaunchConfig {
         block_dim: (SAMPLE_BLOCK, 1, 1),
         shared_mem_bytes: sample_shared_bytes(),
     }
-}
-
-/// The device settings of one row: `params` checked as `Sampler::new`
-/// checks them (temperature finite and >= 0, top-p in (0, 1]), with `seed`
-/// (the `Sampler`'s own, or any: the same seed and counter give the same
-/// token). `top_k` above `u32::MAX` keeps every token, as 0 does.
-pub fn sample_row(params: &SamplingParams, seed: u64) -> Result<SampleRow, OpError> {
-    let params = SamplingParams {
-        seed: Some(seed),
-        ..*params
-    };
-    Sampler::new(params)
-        .map(|s| s.row())
-        .map_err(|e| OpError::shape(OP, e.to_string()))
 }
 
 /// For `i < n`: `out[i]` (and `next_tokens[i]` when given) = the id row `i`

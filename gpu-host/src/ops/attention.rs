@@ -9,7 +9,7 @@ use gpu_kernels::params::attention::{
 };
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::gpu::{Gpu, GpuError};
+use crate::{Gpu, GpuError};
 
 const OP: &str = "attention_forward";
 /// Threads per warp.

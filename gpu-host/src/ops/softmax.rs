@@ -6,7 +6,7 @@ use gpu_kernels::params::softmax::{
 };
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::gpu::Gpu;
+use crate::Gpu;
 
 const OP: &str = "softmax_forward";
 /// Shared floats of a block reduction (one per warp of the largest block).

@@ -5,7 +5,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::argmax::{ARGMAX_BLOCK, ARGMAX_FORWARD, ArgmaxParams};
 
 use super::args::{OpError, check_len, in_ptr, out_ptr, to_u32};
-use crate::gpu::Gpu;
+use crate::Gpu;
 
 const OP: &str = "argmax_forward";
 /// Shared memory: 32 values and 32 indices (one pair per warp).

@@ -113,9 +113,9 @@ impl Gpu {
         let portable = std::env::var(PORTABLE_KERNELS_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
         let wgmma = capability == SM90A_CAPABILITY && !portable;
         let ptx = if wgmma {
-            gpt2::GPU_KERNELS_SM90A_PTX
+            crate::GPU_KERNELS_SM90A_PTX
         } else {
-            gpt2::GPU_KERNELS_PTX
+            crate::GPU_KERNELS_PTX
         };
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -214,7 +214,7 @@ impl Gpu {
     /// `name` must be the kernel whose parameter type is `P`; every pointer in
     /// `params` must be a live device allocation of this context large enough
     /// for what the kernel reads and writes under `cfg` (the op wrappers in
-    /// `gpu::ops` check those sizes before calling this); `cfg` must respect
+    /// `ops` check those sizes before calling this); `cfg` must respect
     /// the kernel's block-size and shared-memory assumptions.
     pub unsafe fn launch<P: KernelParams>(
         &self,
@@ -367,7 +367,7 @@ impl Gpu {
 
 /// A PTX module in a [`Gpu`]'s context, its kernels looked up once: the
 /// `gpu-kernels` module every `Gpu` holds, or a further one with kernels of
-/// another crate (such as `gpt2::KERNEL_IMPORT_PTX`), loaded with
+/// another crate (such as a kernel crate built with `kernel-builder`), loaded with
 /// [`Gpu::load_module`] and launched with [`Gpu::launch_in`].
 pub struct Module {
     module: Arc<CudaModule>,
@@ -451,6 +451,7 @@ struct TensorMapCache {
 struct DeviceTensorMap(TensorMap);
 // SAFETY: TensorMap is 128 plain bytes (repr(C, align(64))), valid as zero bits.
 unsafe impl DeviceRepr for DeviceTensorMap {}
+// SAFETY: as above: all-zero bytes are a (null) tensor map.
 unsafe impl cudarc::driver::ValidAsZeroBits for DeviceTensorMap {}
 
 /// The element type of a matrix a tensor map describes.

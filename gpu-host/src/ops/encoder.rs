@@ -7,7 +7,7 @@ use gpu_kernels::params::encoder::{
 use half::bf16;
 
 use super::args::{OpError, Variant, aligned16, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::gpu::Gpu;
+use crate::Gpu;
 
 const OP: &str = "encoder_forward";
 /// Channels per thread of the vectorised kernel.

@@ -8,7 +8,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use crate::gpu::runtime::{Gpu, GpuError};
+use crate::runtime::{Gpu, GpuError};
 
 /// Why a launch wrapper refused its arguments (or the launch failed).
 #[derive(Debug, thiserror::Error)]

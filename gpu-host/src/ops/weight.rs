@@ -6,7 +6,7 @@ use cudarc::driver::CudaSlice;
 use half::bf16;
 
 use super::args::in_ptr;
-use crate::gpu::Gpu;
+use crate::Gpu;
 
 /// A weight matrix the engine owns.
 pub enum DeviceWeight {

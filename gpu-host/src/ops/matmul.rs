@@ -26,7 +26,7 @@ use gpu_kernels::params::matmul::{
 };
 
 use super::args::{OpError, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::gpu::{Gpu, GpuError};
+use crate::{Gpu, GpuError};
 
 const OP: &str = "matmul_forward";
 /// Threads per warp (the GEMV kernel gives each output column one warp).
