@@ -4,7 +4,7 @@
 //! compiled by `gpu-host`'s build script.
 
 fn main() {
-    let import_ptx = kernel_builder::PtxBuilder::new("examples/kernel-import")
+    let import_ptx = gpu_kernel_builder::PtxBuilder::new("examples/kernel-import")
         .build()
         .unwrap_or_else(|e| {
             eprintln!("error: {e}");

@@ -10,14 +10,16 @@ fn main() {
     let Ok(kernels) = std::env::var("DEP_GPU_KERNELS_ROOT") else {
         fail("DEP_GPU_KERNELS_ROOT is not set: gpu-kernels' build script did not run before this one")
     };
-    let ptx = kernel_builder::PtxBuilder::new(&kernels)
+    let ptx = gpu_kernel_builder::PtxBuilder::new(&kernels)
         .build()
         .unwrap_or_else(|e| fail(&e.to_string()));
     println!("cargo::rustc-env=GPU_KERNELS_PTX_PATH={}", ptx.display());
 
     // The same kernels plus the Hopper-only ones (`wgmma`), for sm_90a: the
     // module `Gpu::new` loads on H100/H200 (compute capability 9.0).
-    let mut hopper = kernel_builder::PtxBuilder::new(&kernels).feature("sm90a").arch(SM90A);
+    let mut hopper = gpu_kernel_builder::PtxBuilder::new(&kernels)
+        .feature("sm90a")
+        .arch(SM90A);
     for &(kernel, threads) in gpu_kernels::params::SM90A_MAX_THREADS {
         hopper = hopper.max_threads(kernel, threads);
     }

@@ -9,7 +9,7 @@
 # Layout of gpu-out/:
 #   tests/<name>.gz test executables (`cargo test --release --no-run`), gzipped
 #   bin/<name>.gz   the workspace's binaries, gzipped (the CLI `host`, and bench/tune/
-#                   perplexity where they exist)
+#                   perplexity where they exist), and examples/outside-consumer's
 #   scripts/        scripts/*.py and gpu-runner.sh, so the bundle is whole
 #   tests.list      '<test file> <package dir>': where each test runs from
 #   BUILD_INFO      commit, toolchain, GPU_KERNELS_ARCH, file list
@@ -87,6 +87,19 @@ while read -r _pkg name path; do
     [[ -n "$path" ]] || continue
     cp "$path" "$BUNDLE/bin/$name"
 done <<<"$BINS"
+
+# The outside consumer (its own workspace, so its own build): the runner
+# runs it as a third party's program.
+echo "== building examples/outside-consumer (profile $BUNDLE_PROFILE)"
+CONSUMER="$(cd examples/outside-consumer && executables bin build --profile "$BUNDLE_PROFILE" --bins)"
+while read -r _pkg name path; do
+    [[ -n "$path" ]] || continue
+    cp "$path" "$BUNDLE/bin/$name"
+done <<<"$CONSUMER"
+if [[ ! -f "$BUNDLE/bin/outside-consumer" ]]; then
+    echo "error: examples/outside-consumer built no binary" >&2
+    exit 1
+fi
 
 # The release profile already drops debug info; dropping the symbol table
 # too roughly halves what travels. Panics still print their message.

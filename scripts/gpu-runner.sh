@@ -389,6 +389,22 @@ if [[ "$PORTABLE" == 1 ]]; then
     pass_total "portable pass"
 fi
 
+# ------------------------------------------------------- 3a. outside consumer
+# examples/outside-consumer: a third party's kernel on gpu_kernels::device
+# and one of our ops through gpu-host; it checks itself against the CPU and
+# ends with "ok".
+if [[ -x "$GPU_OUT/bin/outside-consumer" ]]; then
+    banner "outside consumer (examples/outside-consumer)"
+    if "$GPU_OUT/bin/outside-consumer" 2>&1 | tee "$OUT/consumer.log" | tail -n 1 | grep -qx ok; then
+        note "outside consumer: ok"
+    else
+        cat "$OUT/consumer.log"
+        fail "the outside consumer failed (see consumer.log)"
+    fi
+else
+    fail "gpu-out/bin/outside-consumer is missing (rebuild the bundle)"
+fi
+
 # ---------------------------------------------------------------- 3b. programs
 # The user-facing programs on the transformers checkpoint: the CLI streaming
 # greedy text on the GPU (both precisions) and on the CPU reference, and

@@ -39,6 +39,10 @@ pub mod runtime;
 
 pub use runtime::{Gpu, GpuError, Module, require_gpu_env, test_gpu};
 
+/// The `cudarc` this crate is built on: buffers, launch configurations and
+/// driver types, at the version the ops take.
+pub use cudarc;
+
 /// The `gpu-kernels` PTX module, for any GPU from sm_80 on (the build's
 /// `GPU_KERNELS_ARCH`, default sm_80).
 pub const GPU_KERNELS_PTX: &str = include_str!(env!("GPU_KERNELS_PTX_PATH"));

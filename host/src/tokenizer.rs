@@ -1,6 +1,8 @@
 //! GPT-2's byte-level BPE tokenizer (Hugging Face `tokenizers`), from
-//! `vocab.json` and `merges.txt` (committed under `weights/gpt2/`), plus a
-//! streaming decoder that never splits a UTF-8 character.
+//! `vocab.json` and `merges.txt` (committed under `weights/gpt2/` and
+//! embedded in the programs, so they work from any directory and after
+//! `cargo install`), plus a streaming decoder that never splits a UTF-8
+//! character.
 //!
 //! GPT-2 tokens are sequences of bytes, not of characters: a multi-byte
 //! character (emoji, CJK) can span several tokens, so decoding tokens one at a
@@ -16,8 +18,16 @@ use tokenizers::{AddedToken, Tokenizer};
 /// File names inside a tokenizer directory.
 pub const VOCAB_FILE: &str = "vocab.json";
 pub const MERGES_FILE: &str = "merges.txt";
-/// Environment variable that overrides the default tokenizer directory.
+/// Environment variable naming a directory of tokenizer files to use
+/// instead of the embedded ones.
 pub const DIR_ENV: &str = "GPT2_TOKENIZER_DIR";
+/// GPT-2's `vocab.json` and `merges.txt`, embedded at build time (1.5 MB):
+/// a program installed anywhere still has its tokenizer.
+const EMBEDDED_VOCAB: &str = include_str!("../../weights/gpt2/vocab.json");
+const EMBEDDED_MERGES: &str = include_str!("../../weights/gpt2/merges.txt");
+/// How errors name the embedded files.
+const EMBEDDED_VOCAB_NAME: &str = "<embedded weights/gpt2/vocab.json>";
+const EMBEDDED_MERGES_NAME: &str = "<embedded weights/gpt2/merges.txt>";
 /// GPT-2's end-of-text token, a special token of the vocabulary.
 pub const EOT_TEXT: &str = "<|endoftext|>";
 /// First line of OpenAI's merges file; not a merge.
@@ -125,9 +135,30 @@ fn parse_merges(path: &Path, text: &str) -> Result<Vec<(String, String)>, Tokeni
 impl Gpt2Tokenizer {
     /// Loads the tokenizer from OpenAI/Hugging Face `vocab.json` and `merges.txt`.
     pub fn from_files(vocab_path: &Path, merges_path: &Path) -> Result<Gpt2Tokenizer, TokenizerError> {
-        let vocab: HashMap<String, u32> = serde_json::from_str(&read(vocab_path)?)
+        Self::from_texts(vocab_path, &read(vocab_path)?, merges_path, &read(merges_path)?)
+    }
+
+    /// GPT-2's own tokenizer, from the files embedded at build time.
+    pub fn embedded() -> Result<Gpt2Tokenizer, TokenizerError> {
+        Self::from_texts(
+            Path::new(EMBEDDED_VOCAB_NAME),
+            EMBEDDED_VOCAB,
+            Path::new(EMBEDDED_MERGES_NAME),
+            EMBEDDED_MERGES,
+        )
+    }
+
+    /// The tokenizer from the texts of `vocab.json` and `merges.txt`
+    /// (`vocab_path` and `merges_path` name them in errors).
+    fn from_texts(
+        vocab_path: &Path,
+        vocab_text: &str,
+        merges_path: &Path,
+        merges_text: &str,
+    ) -> Result<Gpt2Tokenizer, TokenizerError> {
+        let vocab: HashMap<String, u32> = serde_json::from_str(vocab_text)
             .map_err(|e| invalid(vocab_path, format!("not a JSON object of token -> id: {e}")))?;
-        let merges = parse_merges(merges_path, &read(merges_path)?)?;
+        let merges = parse_merges(merges_path, merges_text)?;
 
         // Ids must be exactly 0..n so they index `token_bytes`.
         let mut by_id: Vec<Option<&str>> = vec![None; vocab.len()];
@@ -190,32 +221,18 @@ impl Gpt2Tokenizer {
         })
     }
 
-    /// The directory holding `vocab.json` and `merges.txt` by default:
-    /// `$GPT2_TOKENIZER_DIR` if set, else `weights/gpt2` under the current
-    /// directory (the repository root, where `cargo run` and the GPU runner
-    /// start), else the `weights/gpt2` of the checkout this was built from.
-    pub fn default_dir() -> PathBuf {
-        if let Some(dir) = std::env::var_os(DIR_ENV) {
-            return PathBuf::from(dir);
-        }
-        let here = Path::new("weights").join("gpt2");
-        if here.join(VOCAB_FILE).is_file() {
-            return here;
-        }
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("weights")
-            .join("gpt2")
-    }
-
     /// Loads `vocab.json` and `merges.txt` from `dir`.
     pub fn from_dir(dir: &Path) -> Result<Gpt2Tokenizer, TokenizerError> {
         Self::from_files(&dir.join(VOCAB_FILE), &dir.join(MERGES_FILE))
     }
 
-    /// Loads the tokenizer from [`Self::default_dir`].
+    /// The tokenizer the programs use: the files in `$GPT2_TOKENIZER_DIR`
+    /// when it is set, else the embedded ones ([`Self::embedded`]).
     pub fn default_files() -> Result<Gpt2Tokenizer, TokenizerError> {
-        Self::from_dir(&Self::default_dir())
+        match std::env::var_os(DIR_ENV) {
+            Some(dir) => Self::from_dir(Path::new(&dir)),
+            None => Self::embedded(),
+        }
     }
 
     /// Number of tokens (50257 for GPT-2).

@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! // build.rs of a crate that embeds kernels (the body of its `fn main`)
-//! let ptx = kernel_builder::PtxBuilder::new("../my-kernels")
+//! let ptx = gpu_kernel_builder::PtxBuilder::new("../my-kernels")
 //!     .build()
 //!     .unwrap_or_else(|e| panic!("{e}"));
 //! println!("cargo:rustc-env=MY_KERNELS_PTX={}", ptx.display());

@@ -379,3 +379,29 @@ fn attention_window_flag_matches_the_library() {
         "window {window} did not change the greedy text"
     );
 }
+
+/// The programs carry their tokenizer: from a directory with no
+/// `weights/gpt2` and without `GPT2_TOKENIZER_DIR`, the CLI still runs.
+#[test]
+fn runs_from_any_directory() {
+    let Some(bin) = host_bin() else { return };
+    let fx = Fixture::new("anywhere");
+    let out = Command::new(bin)
+        .current_dir(fx.dir.path())
+        .env_remove("GPT2_TOKENIZER_DIR")
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .args([
+            "--cpu",
+            "--weights",
+            "model.bin",
+            "--temperature",
+            "0",
+            "-n",
+            "4",
+            "Hello",
+        ])
+        .output()
+        .expect("running host");
+    assert!(out.status.success(), "exit {:?}: {}", out.status, stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("Hello"));
+}

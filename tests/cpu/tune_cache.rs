@@ -2,13 +2,19 @@
 
 use host::gpu::ops::matmul_tf32::TuneCache;
 
-/// The committed H200 sweep parses and names real kernels.
+/// The committed sweeps are embedded, parse and name real kernels; the
+/// user's cache lies under the cache directory by GPU name.
 #[test]
-fn committed_h200_cache_parses() {
-    let path = TuneCache::default_path("NVIDIA H200");
-    assert_eq!(path, std::path::Path::new("weights/tune/nvidia-h200.json"));
-    let cache = TuneCache::load(&path).unwrap();
-    assert_eq!(cache.device, "NVIDIA H200");
+fn committed_caches_are_embedded() {
+    for device in ["NVIDIA H100 80GB HBM3", "NVIDIA H200"] {
+        let cache = TuneCache::embedded(device).unwrap_or_else(|| panic!("no embedded cache for {device}"));
+        assert_eq!(cache.device, device);
+    }
+    assert!(TuneCache::embedded("NVIDIA A100-SXM4-80GB").is_none());
+    if let Some(path) = TuneCache::user_path("NVIDIA H200") {
+        assert!(path.ends_with("gpt2/tune/nvidia-h200.json"), "{}", path.display());
+    }
+    let cache = TuneCache::embedded("NVIDIA H200").unwrap();
     let tile = cache.tile(8192, 2304, 768).expect("8192,2304,768 was swept");
     assert!(tile.name.starts_with("matmul_forward_tf32_"), "{}", tile.name);
     assert!(
@@ -28,8 +34,8 @@ fn bad_caches_are_errors() {
     // not only a missing error, fails).
     for (bad, says) in [
         ("not json", "expected ident"),
-        (r#"{"shapes": {}}"#, r#"no "device" string"#),
-        (r#"{"device": "X"}"#, r#"no "shapes" object"#),
+        (r#"{"shapes": {}}"#, "missing field `device`"),
+        (r#"{"device": "X"}"#, "missing field `shapes`"),
         (
             r#"{"device": "X", "shapes": {"1,2": {"best": "matmul_forward_tf32_32x64"}}}"#,
             r#"shape key "1,2" is not "M,N,K""#,
@@ -42,7 +48,7 @@ fn bad_caches_are_errors() {
             r#"{"device": "X", "shapes": {"1,2,3": {"best": "no_such_kernel"}}}"#,
             r#"1,2,3: unknown kernel "no_such_kernel""#,
         ),
-        (r#"{"device": "X", "shapes": {"1,2,3": {}}}"#, r#"1,2,3: no "best""#),
+        (r#"{"device": "X", "shapes": {"1,2,3": {}}}"#, "missing field `best`"),
     ] {
         let err = TuneCache::parse(bad).unwrap_err();
         assert!(err.contains(says), "{bad}: the message {err:?} does not say {says:?}");

@@ -376,10 +376,19 @@ fn auto_tile(gpu: &Gpu, n: usize, c: usize, oc: usize) -> TileShape {
 
 /// Environment variable naming a tune cache (the JSON the `tune` binary writes).
 pub const TUNE_CACHE_ENV: &str = "GPT2_TUNE_CACHE";
-/// Where the engine looks for a tune cache when the variable is unset:
-/// `weights/tune/<device>.json` under the working directory, `<device>` the
-/// GPU's name in lower case with spaces as dashes (e.g. `nvidia-h200`).
-pub const TUNE_CACHE_DIR: &str = "weights/tune";
+/// The user's tune caches, under the cache directory (`$XDG_CACHE_HOME`, else
+/// `$HOME/.cache`): `gpt2/tune/<device>.json`, where `tune` writes by default.
+pub const TUNE_CACHE_SUBDIR: &str = "gpt2/tune";
+
+/// The sweeps committed with this crate (`tune/`), embedded so a program
+/// finds them from any directory: (file stem of the GPU's name, JSON).
+const EMBEDDED_TUNE_CACHES: &[(&str, &str)] = &[
+    (
+        "nvidia-h100-80gb-hbm3",
+        include_str!("../../tune/nvidia-h100-80gb-hbm3.json"),
+    ),
+    ("nvidia-h200", include_str!("../../tune/nvidia-h200.json")),
+];
 
 /// Measured best tile per GEMM shape for one GPU model: `tune`'s output.
 #[derive(Debug, Clone)]
@@ -389,15 +398,26 @@ pub struct TuneCache {
     tiles: HashMap<(usize, usize, usize), TileShape>,
 }
 
+/// The part of `tune`'s JSON the engine reads (the timings beside it are
+/// for people).
+#[derive(serde::Deserialize)]
+struct TuneFile {
+    device: String,
+    shapes: HashMap<String, TuneEntry>,
+}
+
+#[derive(serde::Deserialize)]
+struct TuneEntry {
+    best: String,
+}
+
 impl TuneCache {
     /// Parse `tune`'s JSON: `{"device": .., "shapes": {"M,N,K": {"best": "<kernel name>", ..}}}`.
     /// Unknown kernel names are an error (the cache is from another build).
     pub fn parse(json: &str) -> Result<TuneCache, String> {
-        let doc: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
-        let device = doc["device"].as_str().ok_or("no \"device\" string")?.to_string();
-        let shapes = doc["shapes"].as_object().ok_or("no \"shapes\" object")?;
+        let doc: TuneFile = serde_json::from_str(json).map_err(|e| e.to_string())?;
         let mut tiles = HashMap::new();
-        for (key, entry) in shapes {
+        for (key, entry) in &doc.shapes {
             let dims: Vec<usize> = key
                 .split(',')
                 .map(|d| d.trim().parse::<usize>())
@@ -406,7 +426,7 @@ impl TuneCache {
             let [m, n, k] = dims[..] else {
                 return Err(format!("shape key {key:?} is not \"M,N,K\""));
             };
-            let best = entry["best"].as_str().ok_or_else(|| format!("{key}: no \"best\""))?;
+            let best = &entry.best;
             let shape = MATMUL_TF32_VARIANTS
                 .iter()
                 .chain(&MATMUL_TF32_WGMMA_VARIANTS)
@@ -414,7 +434,10 @@ impl TuneCache {
                 .ok_or_else(|| format!("{key}: unknown kernel {best:?} (cache from another build?)"))?;
             tiles.insert((m, n, k), *shape);
         }
-        Ok(TuneCache { device, tiles })
+        Ok(TuneCache {
+            device: doc.device,
+            tiles,
+        })
     }
 
     /// Read and parse a cache file.
@@ -428,28 +451,53 @@ impl TuneCache {
         self.tiles.get(&(m, n, k)).copied()
     }
 
-    /// The default cache path for a GPU name (see [`TUNE_CACHE_DIR`]).
-    pub fn default_path(device: &str) -> PathBuf {
-        Path::new(TUNE_CACHE_DIR).join(format!("{}.json", device.to_lowercase().replace(' ', "-")))
+    /// A GPU's name as a file stem: lower case, spaces as dashes
+    /// (`NVIDIA H200` -> `nvidia-h200`).
+    pub fn file_stem(device: &str) -> String {
+        device.to_lowercase().replace(' ', "-")
+    }
+
+    /// The user's cache file for a GPU (see [`TUNE_CACHE_SUBDIR`]); `None`
+    /// when neither `XDG_CACHE_HOME` nor `HOME` is set.
+    pub fn user_path(device: &str) -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        Some(
+            base.join(TUNE_CACHE_SUBDIR)
+                .join(format!("{}.json", Self::file_stem(device))),
+        )
+    }
+
+    /// The sweep committed with this crate for a GPU, if there is one.
+    pub fn embedded(device: &str) -> Option<TuneCache> {
+        let stem = Self::file_stem(device);
+        let (_, json) = EMBEDDED_TUNE_CACHES.iter().find(|(s, _)| *s == stem)?;
+        // The build's own kernels: a committed sweep that does not parse is
+        // reported, not trusted.
+        Self::parse(json)
+            .map_err(|e| eprintln!("note: ignoring the embedded tune cache for {device}: {e}"))
+            .ok()
     }
 }
 
 /// The tune cache for this process's GPU, read once: `$GPT2_TUNE_CACHE`, else
-/// [`TuneCache::default_path`] if it exists. A cache that cannot be read, or
-/// that was swept on another GPU model, is reported once on stderr and
-/// ignored: the heuristic [`choose_tile`] then decides, as without a cache.
+/// the user's ([`TuneCache::user_path`]) if it exists, else the one embedded
+/// for this GPU model. A cache that cannot be read, or that was swept on
+/// another GPU model, is reported once on stderr and ignored: the heuristic
+/// [`choose_tile`] then decides, as without a cache.
 fn tune_cache(gpu: &Gpu) -> Option<&'static TuneCache> {
     static CACHE: OnceLock<Option<TuneCache>> = OnceLock::new();
     CACHE
         .get_or_init(|| {
             let device = gpu.name();
-            let path = match std::env::var_os(TUNE_CACHE_ENV) {
-                Some(p) => PathBuf::from(p),
-                None => TuneCache::default_path(&device),
+            let path = std::env::var_os(TUNE_CACHE_ENV)
+                .map(PathBuf::from)
+                .or_else(|| TuneCache::user_path(&device).filter(|p| p.is_file()));
+            let Some(path) = path else {
+                return TuneCache::embedded(&device);
             };
-            if std::env::var_os(TUNE_CACHE_ENV).is_none() && !path.is_file() {
-                return None;
-            }
             match TuneCache::load(&path) {
                 Ok(cache) if cache.device == device => Some(cache),
                 Ok(cache) => {

@@ -32,7 +32,7 @@ pub mod saxpy;
 
 /// Kernels of the sm_90a module launched with at most this many threads
 /// per block, whose registers ptxas must fit to it (the build adds
-/// `.maxntid`; see `kernel_builder::PtxBuilder::max_threads`).
+/// `.maxntid`; see `gpu_kernel_builder::PtxBuilder::max_threads`).
 pub const SM90A_MAX_THREADS: &[(&str, u32)] = &[
     (decode_step::DECODE_STEP, decode_step::DECODE_STEP_THREADS),
     (decode_step::DECODE_STEP_BF16, decode_step::DECODE_STEP_THREADS),

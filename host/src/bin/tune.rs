@@ -1,6 +1,7 @@
 //! `tune`: sweep the TF32 matmul tile shapes per GEMM shape and write the
-//! fastest to a JSON cache (`--out`, default `weights/tune/<gpu>.json`, where
-//! the engine looks for it; `GPT2_TUNE_CACHE` points the engine elsewhere).
+//! fastest to a JSON cache (`--out`, default the user's cache,
+//! `~/.cache/gpt2/tune/<gpu>.json`, where the engine looks for it from any
+//! directory; `GPT2_TUNE_CACHE` points the engine elsewhere).
 //!
 //! The cache maps "M,N,K" to the winning kernel name plus every variant's
 //! median time; `matmul_forward_tf32` uses the winner for shapes in the cache
@@ -22,7 +23,8 @@ const TUNE_NK: [(usize, usize); 5] = [(2304, 768), (768, 768), (3072, 768), (768
 #[derive(Parser)]
 #[command(about = "Sweep TF32 matmul tile shapes per GEMM shape; write the winners as JSON")]
 struct Args {
-    /// Output file; default `weights/tune/<gpu name>.json`, read by the engine.
+    /// Output file; default `$XDG_CACHE_HOME/gpt2/tune/<gpu name>.json`
+    /// (else under `~/.cache`), read by the engine.
     #[arg(long)]
     out: Option<std::path::PathBuf>,
     #[arg(long, default_value_t = DEFAULT_SAMPLES)]
@@ -82,7 +84,11 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let doc = serde_json::json!({"device": gpu.name(), "sms": sms, "shapes": cache});
-    let out = args.out.unwrap_or_else(|| TuneCache::default_path(&gpu.name()));
+    let out = match args.out {
+        Some(out) => out,
+        None => TuneCache::user_path(&gpu.name())
+            .context("no cache directory (neither XDG_CACHE_HOME nor HOME is set): pass --out PATH")?,
+    };
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
