@@ -430,7 +430,7 @@ if (( ORACLE_OK )) && [[ -x "$GPU_OUT/bin/host" ]]; then
     run_prog "cli gpu bf16" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 --precision bf16 "$PROMPT"
     run_prog "cli cpu" "$GPU_OUT/bin/host" --weights "$W" -n 48 --temperature 0 --cpu "$PROMPT"
     run_prog "cli gpu sampled batch" "$GPU_OUT/bin/host" --weights "$W" -n 32 --seed 7 "$PROMPT" "Once upon a time, in a land far away"
-    # Decode speed as a user sees it (issue 13's CLI goal): 512 tokens at
+    # Decode speed as a user sees it (the decode goal's CLI figure): 512 tokens at
     # batch 1, greedy and sampled (default settings), and batch 8.
     run_prog "cli gpu 512 greedy" "$GPU_OUT/bin/host" --weights "$W" -n 512 --temperature 0 "$PROMPT"
     run_prog "cli gpu 512 sampled" "$GPU_OUT/bin/host" --weights "$W" -n 512 --seed 7 "$PROMPT"

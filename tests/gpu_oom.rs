@@ -4,7 +4,7 @@
 //! process (libtest runs a binary's tests on parallel threads) its failed
 //! allocations raced with theirs: on an H200 a 17.6 MB allocation of
 //! `kernels::matmul_matches_cpu_all_kernels_and_edges` once failed with
-//! CUDA_ERROR_OUT_OF_MEMORY while it ran (issue 16). A test binary of one
+//! CUDA_ERROR_OUT_OF_MEMORY while it ran. A test binary of one
 //! test never runs beside anything: cargo runs test binaries one after
 //! another, and so does `scripts/gpu-runner.sh`. Keep tests that exhaust or
 //! nearly exhaust GPU memory here, not in `tests/gpu`.

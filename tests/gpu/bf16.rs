@@ -1,4 +1,4 @@
-//! The bf16 precision (issue 14): the weight upload to bf16, the embedding
+//! The bf16 precision: the weight upload to bf16, the embedding
 //! over a bf16 table, and the whole engine in bf16 against its CPU twin
 //! (`CpuModel::new_bf16`: the same bf16 weights, every matmul input rounded
 //! to bf16) and against the FP32 CPU reference (the error bf16 costs,

@@ -243,7 +243,7 @@ fn kv_cache_decode_equals_full_recomputation_124m() {
     kv_decode_equals_recompute(&ModelConfig::GPT2_124M, 2, 16, 64);
 }
 
-/// Flash attention (the default) and H4's unfused kernel on one random
+/// Flash attention (the default) and the unfused attention kernel on one random
 /// GPT-2 124M checkpoint (head size 64, so flash really runs): both within
 /// the FP32 bar of the CPU, and of each other. T = 160 is not a multiple of
 /// the 64-query tile; 4 decode steps then take the flash-decoding path.

@@ -2,7 +2,7 @@
 //! kernels). Each wrapper checks buffer sizes, computes its launch
 //! configuration, builds the kernel's parameter struct and launches.
 pub mod flash_attention;
-// Issue 4: the forward pass (FP32), plus shared argument checks.
+// The forward pass (FP32), plus shared argument checks.
 pub mod argmax;
 pub mod args;
 pub mod attention;
@@ -16,9 +16,9 @@ pub mod matmul;
 pub mod matmul_tf32;
 pub mod residual;
 pub mod softmax;
-// Issue 14: f32 or bf16 weight matrices.
+// f32 or bf16 weight matrices.
 pub mod weight;
 // GPU sampling (twin: `cpu::sample`).
 pub mod sample;
-// Issue 14: bf16.
+// bf16.
 pub mod matmul_bf16;

@@ -76,7 +76,7 @@ const ATTN_T: [usize; 3] = [64, 256, 1024];
 const ATTN_B: [usize; 2] = [1, 8];
 /// Window of the windowed variants.
 const ATTN_WINDOW: usize = 128;
-/// H4's naive attention (one thread per query, uncoalesced) is timed only up
+/// The naive attention (one thread per query, uncoalesced) is timed only up
 /// to this T: past it one call takes milliseconds and says nothing new.
 const ATTN_NAIVE_MAX_T: usize = 256;
 /// The naive FP32 matmul is timed only up to this many rows (it is slow).
@@ -386,7 +386,7 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                 }
             }
 
-            // Ours, FP32 (H4's naive and tiled matmul_forward): hook.
+            // Ours, FP32 (the naive and tiled matmul_forward): hook.
             for (name, t) in fp32_hook(gpu, args, &mut sets)? {
                 record(name, "fp32", t);
             }

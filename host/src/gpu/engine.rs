@@ -8,7 +8,7 @@
 //!
 //! Attention runs on the flash kernels by default ([`AttentionKind::Flash`]:
 //! tiled prefill, on tensor cores under [`Precision::Tf32`], FP32 FMAs under
-//! [`Precision::Fp32`]; flash-decoding for decode steps); H4's unfused kernel
+//! [`Precision::Fp32`]; flash-decoding for decode steps); the unfused attention kernel
 //! stays selectable ([`AttentionKind::Unfused`]) for comparison, and is what
 //! runs for head sizes the flash kernels were not built for.
 
@@ -103,7 +103,7 @@ pub enum AttentionKind {
     /// for head size `FLASH_HEAD_SIZE`; other models run [`Self::Unfused`].
     #[default]
     Flash,
-    /// H4's `attention_forward`: one block per (query, head), each re-reading
+    /// The unfused `attention_forward`: one block per (query, head), each re-reading
     /// its K/V range. Kept for comparison (tests, `bench`).
     Unfused,
 }
@@ -723,7 +723,7 @@ fn matmul_bf16_acts(
 }
 
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
-/// workspace (prefill or flash-decoding, picked by `t` inside), else H4's
+/// workspace (prefill or flash-decoding, picked by `t` inside), else the
 /// unfused kernel. Same contract either way (docs/design.md).
 #[allow(clippy::too_many_arguments)]
 fn attention(
