@@ -1,15 +1,26 @@
 //! Context, stream, module and typed kernel launches.
 //!
-//! `unsafe` lives in two places only: [`Gpu::launch`]/[`Gpu::launch_in`]/[`Gpu::launch_pdl`] (the kernel trusts the
-//! pointers inside its parameter struct) and [`dptr`]/[`dptr_mut`] (turning a
-//! `CudaSlice` into the raw device address a parameter struct carries).
+//! One invariant holds the memory safety of everything here together: all
+//! work on our buffers goes to one stream, [`Gpu`]'s, so cudarc's per-buffer
+//! event tracking between streams is switched off (it would only cost time).
+//! The context and the stream are therefore private: safe code gets the
+//! stream's operations as [`Gpu`] methods (copies, events, graph capture),
+//! and the stream itself only through the `unsafe` [`Gpu::stream`], whose
+//! contract forbids work on our buffers from any other stream.
+//!
+//! Where `unsafe` lives: [`Gpu::launch`]/[`Gpu::launch_in`]/[`Gpu::launch_pdl`]
+//! (a kernel trusts the pointers inside its parameter struct), [`Gpu::stream`]
+//! (above), and the driver calls without a safe cudarc API (PDL launches,
+//! tensor maps, pinned memory), each with its SAFETY comment. [`dptr`] and
+//! [`dptr_mut`] are safe: a raw device address is only dangerous in a launch.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
-    LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    DeviceRepr, DriverError, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use gpu_kernels::params::KernelParams;
 use gpu_kernels::params::matmul_tf32::TensorMap;
@@ -66,9 +77,9 @@ unsafe impl<P: KernelParams> DeviceRepr for ParamBlock<P> {}
 
 /// One GPU: its context, the stream all our work goes to, and the kernels.
 pub struct Gpu {
-    pub ctx: Arc<CudaContext>,
+    ctx: Arc<CudaContext>,
     /// A non-default stream: work on it can be captured into CUDA graphs.
-    pub stream: Arc<CudaStream>,
+    pub(crate) stream: Arc<CudaStream>,
     /// The `gpu-kernels` PTX module.
     kernels: Module,
     /// Whether `kernels` is the sm_90a build, which has the `wgmma` matmuls.
@@ -363,6 +374,89 @@ impl Gpu {
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.stream.synchronize().ctx("cuStreamSynchronize")
     }
+
+    /// The stream all our work goes to, for libraries that take one (cuBLAS
+    /// in the benchmarks and tests).
+    ///
+    /// # Safety
+    /// Work queued on it is ordered with ours, which is the point. Do not use
+    /// it, or its context, to create other streams that touch buffers used
+    /// on this one: event tracking between streams is off (module docs), so
+    /// nothing would order them.
+    pub unsafe fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Copy host values into a device buffer (asynchronous for pinned
+    /// sources). `dst` must hold at least `src.len()` values: an error, not
+    /// cudarc's panic, otherwise.
+    pub fn memcpy_htod<T: DeviceRepr, Src: HostSlice<T> + ?Sized, Dst: DevicePtrMut<T>>(
+        &self,
+        src: &Src,
+        dst: &mut Dst,
+    ) -> Result<(), DriverError> {
+        fits(src.len(), dst.len())?;
+        self.stream.memcpy_htod(src, dst)
+    }
+
+    /// Copy a device buffer into host memory (asynchronous into pinned
+    /// memory: record an event and wait on it before reading). `dst` must
+    /// hold at least `src.len()` values.
+    pub fn memcpy_dtoh<T: DeviceRepr, Src: DevicePtr<T>, Dst: HostSlice<T> + ?Sized>(
+        &self,
+        src: &Src,
+        dst: &mut Dst,
+    ) -> Result<(), DriverError> {
+        fits(src.len(), dst.len())?;
+        self.stream.memcpy_dtoh(src, dst)
+    }
+
+    /// Copy between device buffers. `dst` must hold at least `src.len()` values.
+    pub fn memcpy_dtod<T, Src: DevicePtr<T>, Dst: DevicePtrMut<T>>(
+        &self,
+        src: &Src,
+        dst: &mut Dst,
+    ) -> Result<(), DriverError> {
+        fits(src.len(), dst.len())?;
+        self.stream.memcpy_dtod(src, dst)
+    }
+
+    /// A device buffer's values in a new vector (synchronises the stream).
+    pub fn clone_dtoh<T: DeviceRepr, Src: DevicePtr<T>>(&self, src: &Src) -> Result<Vec<T>, DriverError> {
+        self.stream.clone_dtoh(src)
+    }
+
+    /// A new event, nothing recorded yet.
+    pub fn new_event(&self) -> Result<CudaEvent, DriverError> {
+        self.ctx.new_event(None)
+    }
+
+    /// Record `event` at this point of the stream.
+    pub fn record(&self, event: &CudaEvent) -> Result<(), DriverError> {
+        event.record(&self.stream)
+    }
+
+    /// A new event recorded at this point of the stream (for timing: pass
+    /// `CU_EVENT_DEFAULT`).
+    pub fn record_event(&self, flags: Option<CUevent_flags>) -> Result<CudaEvent, DriverError> {
+        self.stream.record_event(flags)
+    }
+
+    /// Start capturing the stream's work into a graph (the stream must be idle).
+    pub fn begin_capture(&self, mode: CUstreamCaptureMode) -> Result<(), DriverError> {
+        self.stream.begin_capture(mode)
+    }
+
+    /// End the capture [`Gpu::begin_capture`] started: the instantiated
+    /// graph, or `None` when nothing was captured.
+    pub fn end_capture(&self, flags: CUgraphInstantiate_flags) -> Result<Option<CudaGraph>, DriverError> {
+        self.stream.end_capture(flags)
+    }
+
+    /// A device attribute (compute capability, SM count, ...).
+    pub fn attribute(&self, attr: cudarc::driver::sys::CUdevice_attribute) -> Result<i32, DriverError> {
+        self.ctx.attribute(attr)
+    }
 }
 
 /// A PTX module in a [`Gpu`]'s context, its kernels looked up once: the
@@ -510,6 +604,17 @@ fn encode_tensor_map_2d(
     };
     r.result().ctx("cuTensorMapEncodeTiled")?;
     Ok(TensorMap(map.opaque))
+}
+
+/// `Err(CUDA_ERROR_INVALID_VALUE)` when `have` values do not fit in `room`.
+fn fits(have: usize, room: usize) -> Result<(), DriverError> {
+    if have <= room {
+        Ok(())
+    } else {
+        Err(DriverError(
+            cudarc::driver::sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE,
+        ))
+    }
 }
 
 /// The device address of a buffer, as a kernel parameter struct carries it.

@@ -154,7 +154,7 @@ fn hopper_loads_the_wgmma_module() {
 
 fn compute_capability(gpu: &Gpu) -> (i32, i32) {
     use cudarc::driver::sys::CUdevice_attribute as Attr;
-    let attr = |a| gpu.ctx.attribute(a).unwrap();
+    let attr = |a| gpu.attribute(a).unwrap();
     (
         attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
         attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
@@ -318,7 +318,7 @@ fn matmul_tf32_rejects_c_not_multiple_of_4() {
 #[ignore = "needs a GPU"]
 fn matmul_tf32_wgmma_error_matches_cublas() {
     let Some(gpu) = wgmma_gpu() else { return };
-    let blas = Blas::new(gpu.stream.clone(), BlasMode::Tf32).unwrap();
+    let blas = Blas::new(&gpu, BlasMode::Tf32).unwrap();
     let mut rng = crate::seed::rng();
     for (n, c, oc) in [(1024, 768, 2304), (1024, 3072, 768), (256, 768, 50304)] {
         let inp = random(n * c, &mut rng);

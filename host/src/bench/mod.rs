@@ -6,8 +6,6 @@
 
 pub mod step_trace;
 
-use std::sync::Arc;
-
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas_sys};
 use cudarc::driver::{CudaSlice, sys::CUevent_flags};
 use gpu_kernels::params::matmul_tf32::TileShape;
@@ -57,14 +55,12 @@ pub fn time_calls<E: From<GpuError>>(
     let mut times = Vec::with_capacity(samples);
     for _ in 0..samples.max(1) {
         let start = gpu
-            .stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .ctx("cuEventRecord")?;
         for s in 0..sets {
             op(s)?;
         }
         let end = gpu
-            .stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .ctx("cuEventRecord")?;
         let ms = start.elapsed_ms(&end).ctx("cuEventElapsedTime")?;
@@ -164,7 +160,9 @@ pub struct Blas {
 }
 
 impl Blas {
-    pub fn new(stream: Arc<cudarc::driver::CudaStream>, mode: BlasMode) -> anyhow::Result<Self> {
+    pub fn new(gpu: &Gpu, mode: BlasMode) -> anyhow::Result<Self> {
+        // SAFETY: cuBLAS queues its work on our own stream, ordered with ours.
+        let stream = unsafe { gpu.stream() }.clone();
         let blas = CudaBlas::new(stream)?;
         let math = match mode {
             BlasMode::Fp32 => blas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH,

@@ -212,9 +212,9 @@ fn tflops(flops: f64, us: f64) -> f64 {
 }
 
 fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()> {
-    let blas32 = Blas::new(gpu.stream.clone(), BlasMode::Fp32)?;
-    let blas_tf32 = Blas::new(gpu.stream.clone(), BlasMode::Tf32)?;
-    let blas_bf16 = Blas::new(gpu.stream.clone(), BlasMode::Bf16)?;
+    let blas32 = Blas::new(gpu, BlasMode::Fp32)?;
+    let blas_tf32 = Blas::new(gpu, BlasMode::Tf32)?;
+    let blas_bf16 = Blas::new(gpu, BlasMode::Bf16)?;
     let ms: &[usize] = if !args.gemm_m.is_empty() {
         &args.gemm_m
     } else if args.quick {
@@ -529,11 +529,10 @@ fn time_graph(
         op(s)?;
     }
     gpu.synchronize()?;
-    gpu.stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    gpu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
     let captured = (0..sets).try_for_each(&mut op);
     // End the capture whatever happened, so the stream is usable again.
-    let graph = gpu.stream.end_capture(CUgraphInstantiate_flags(0));
+    let graph = gpu.end_capture(CUgraphInstantiate_flags(0));
     captured?;
     let graph = graph?.context("stream capture produced no graph")?;
     graph.upload()?;
@@ -543,9 +542,9 @@ fn time_graph(
     gpu.synchronize()?;
     let mut times = Vec::with_capacity(samples);
     for _ in 0..samples.max(1) {
-        let start = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let start = gpu.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         graph.launch()?;
-        let end = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = gpu.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         times.push(start.elapsed_ms(&end)? as f64 * 1e3 / sets as f64);
     }
     let median_us = median(&mut times);
@@ -567,12 +566,11 @@ fn copy_bandwidth(gpu: &Gpu, args: &Args) -> anyhow::Result<(f64, Timing)> {
     let mut src = gpu.alloc::<f32>(n)?;
     for off in (0..n).step_by(COPY_FILL_FLOATS) {
         let len = COPY_FILL_FLOATS.min(n - off);
-        gpu.stream
-            .memcpy_dtod(&fill.slice(0..len), &mut src.slice_mut(off..off + len))?;
+        gpu.memcpy_dtod(&fill.slice(0..len), &mut src.slice_mut(off..off + len))?;
     }
     let mut dst = gpu.alloc::<f32>(n)?;
     let t = time_calls::<anyhow::Error>(gpu, 1, args.warmup, args.samples, |_| {
-        gpu.stream.memcpy_dtod(&src, &mut dst)?;
+        gpu.memcpy_dtod(&src, &mut dst)?;
         Ok(())
     })?;
     gpu.synchronize()?;
@@ -608,7 +606,7 @@ fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
     }));
     // Declared before `blas`, so it is freed after the handle is destroyed.
     let mut blas_ws = gpu.alloc::<u8>(GEMV_CUBLAS_WORKSPACE)?;
-    let blas = Blas::new(gpu.stream.clone(), BlasMode::Fp32)?;
+    let blas = Blas::new(gpu, BlasMode::Fp32)?;
     // SAFETY: the handle is live (owned by `blas`); `blas_ws` is a device
     // buffer of that size that outlives the handle.
     let status = unsafe {
@@ -675,7 +673,7 @@ fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
         let mut weights = vec![first];
         for _ in 1..sets {
             let mut w = gpu.alloc::<f32>(oc * c)?;
-            gpu.stream.memcpy_dtod(&weights[0], &mut w)?;
+            gpu.memcpy_dtod(&weights[0], &mut w)?;
             weights.push(w);
         }
         let bias = gpu.upload(&fill_random(oc, 7))?;
@@ -998,15 +996,9 @@ fn time_forward(
 ) -> anyhow::Result<(f64, usize)> {
     let mut samples = Vec::new();
     for i in 0..args.warmup + args.samples {
-        let start = engine
-            .gpu()
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let start = engine.gpu().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         call(engine, i)?;
-        let end = engine
-            .gpu()
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = engine.gpu().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         let ms = start.elapsed_ms(&end)? as f64;
         if i >= args.warmup {
             samples.push(ms);
@@ -1217,7 +1209,8 @@ fn device_fed_ms(engine: &mut GpuEngine, args: &Args, step: &[u32]) -> anyhow::R
     let mut samples = Vec::new();
     for i in 0..args.warmup + args.samples {
         engine.forward(step, step.len(), 1, E2E_DECODE_PROMPT, LogitsWanted::Last)?;
-        let stream = engine.gpu().stream.clone();
+        // SAFETY: only events are recorded on it, on our own stream.
+        let stream = unsafe { engine.gpu().stream() }.clone();
         let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         engine.decode_on_device(DECODE_DEVICE_STEPS)?;
         let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
@@ -1293,7 +1286,8 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         let mut traced_ms = Vec::new();
         for i in 0..args.warmup + args.samples {
             engine.forward(&step, b, 1, E2E_DECODE_PROMPT + 1 + (i % 8), LogitsWanted::Last)?;
-            let stream = engine.gpu().stream.clone();
+            // SAFETY: only events are recorded on it, on our own stream.
+            let stream = unsafe { engine.gpu().stream() }.clone();
             let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
             engine.decode_on_device(1)?;
             let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;

@@ -153,7 +153,7 @@ impl Tf32Weights {
         let copy = |w: &DeviceWeight| -> Result<CudaSlice<f32>> {
             let w = w.f32().context("TF32 copies are made from f32 weights")?;
             let mut out = gpu.alloc::<f32>(w.len())?;
-            gpu.stream.memcpy_dtod(w, &mut out).ctx("copying a weight")?;
+            gpu.memcpy_dtod(w, &mut out).ctx("copying a weight")?;
             round_tf32(gpu, &mut out, w.len())?;
             Ok(out)
         };
@@ -282,8 +282,7 @@ impl SamplingState {
     fn upload(&mut self, gpu: &Gpu, rows: &[SampleRow]) -> Result<()> {
         if self.uploaded != rows {
             let dev: Vec<DeviceSampleRow> = rows.iter().copied().map(DeviceSampleRow).collect();
-            gpu.stream
-                .memcpy_htod(&dev, &mut self.rows.slice_mut(0..rows.len()))
+            gpu.memcpy_htod(&dev, &mut self.rows.slice_mut(0..rows.len()))
                 .ctx("uploading the sampling settings")?;
             self.uploaded = rows.to_vec();
         }
@@ -691,8 +690,7 @@ fn head_rows<'a, T: DeviceRepr>(
     }
     for bi in 0..b {
         let last = (bi * t + t - 1) * c;
-        gpu.stream
-            .memcpy_dtod(&ln.slice(last..last + c), &mut head_in.slice_mut(bi * c..(bi + 1) * c))
+        gpu.memcpy_dtod(&ln.slice(last..last + c), &mut head_in.slice_mut(bi * c..(bi + 1) * c))
             .ctx("gathering the last positions")?;
     }
     Ok(head_in)
@@ -797,8 +795,7 @@ impl Backend for GpuEngine {
         if let Some(ws) = flash.as_deref_mut() {
             ws.set_kv_rounded(round_acts && pos0 == 0);
         }
-        gpu.stream
-            .memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
+        gpu.memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
             .ctx("uploading token ids")?;
 
         // LM head (tied to wte, no bias) over the padded vocabulary, on the wanted rows only.
@@ -998,7 +995,6 @@ impl Backend for GpuEngine {
         let n = last.rows * self.config.padded_vocab_size;
         let mut out = vec![0f32; n];
         self.gpu
-            .stream
             .memcpy_dtoh(&self.acts.logits.slice(0..n), &mut out)
             .ctx("reading the logits")?;
         Ok(out)
@@ -1010,10 +1006,7 @@ impl Backend for GpuEngine {
             // The fused step chose them already.
             let ids = ids.slice(0..last.b);
             let mut out = vec![0u32; last.b];
-            self.gpu
-                .stream
-                .memcpy_dtoh(&ids, &mut out)
-                .ctx("reading the argmax ids")?;
+            self.gpu.memcpy_dtoh(&ids, &mut out).ctx("reading the argmax ids")?;
             return Ok(out);
         }
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
@@ -1024,7 +1017,6 @@ impl Backend for GpuEngine {
         argmax_forward(&self.gpu, &mut a.ids, &a.logits.slice(first..), last.b, v, per_row * vp)?;
         let mut ids = vec![0u32; last.b];
         self.gpu
-            .stream
             .memcpy_dtoh(&a.ids.slice(0..last.b), &mut ids)
             .ctx("reading the argmax ids")?;
         Ok(ids)
@@ -1063,7 +1055,6 @@ impl Backend for GpuEngine {
         {
             let mut out = vec![0u32; b];
             self.gpu
-                .stream
                 .memcpy_dtoh(&ids.slice(0..b), &mut out)
                 .ctx("reading the sampled ids")?;
             return Ok(out);
@@ -1074,7 +1065,6 @@ impl Backend for GpuEngine {
         s.host_counter.clear();
         s.host_counter.resize(b, counter);
         self.gpu
-            .stream
             .memcpy_htod(&s.host_counter, &mut s.counter.slice_mut(0..b))
             .ctx("uploading the draw counters")?;
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
@@ -1094,7 +1084,6 @@ impl Backend for GpuEngine {
         )?;
         let mut ids = vec![0u32; b];
         self.gpu
-            .stream
             .memcpy_dtoh(&a.ids.slice(0..b), &mut ids)
             .ctx("reading the sampled ids")?;
         Ok(ids)
@@ -1198,14 +1187,10 @@ fn upload_as<T: DeviceRepr + ValidAsZeroBits>(
         // bits are valid); the view covers the first trows*cols values of
         // `out` (transmute_mut checks the size).
         let mut dst = unsafe { out.transmute_mut::<u8>(nbytes) }.context("upload view larger than the buffer")?;
-        gpu.stream
-            .memcpy_htod(t.bytes, &mut dst)
-            .ctx("copying weights to the GPU")?;
+        gpu.memcpy_htod(t.bytes, &mut dst).ctx("copying weights to the GPU")?;
     } else {
         let mut raw = gpu.alloc::<u8>(nbytes)?;
-        gpu.stream
-            .memcpy_htod(t.bytes, &mut raw)
-            .ctx("copying weights to the GPU")?;
+        gpu.memcpy_htod(t.bytes, &mut raw).ctx("copying weights to the GPU")?;
         let mut dst = out.slice_mut(0..trows * cols);
         convert(&mut dst, &raw, [trows, cols], t.dtype, t.transposed)?;
         // `raw` is freed in stream order, after the conversion.

@@ -200,7 +200,7 @@ impl DecodeState {
             next_pos: 0,
             tuning: DecodeTuning::default(),
             plan: None,
-            ids_copied: gpu.ctx.new_event(None).ctx("cuEventCreate")?,
+            ids_copied: gpu.new_event().ctx("cuEventCreate")?,
             step_table: None,
         }))
     }
@@ -270,7 +270,7 @@ impl GpuEngine {
         else {
             return Ok(None);
         };
-        Ok(Some(self.gpu.stream.clone_dtoh(t)?))
+        Ok(Some(self.gpu.clone_dtoh(t)?))
     }
 
     /// Whether a fused step of `rows` rows runs as the persistent kernel
@@ -326,10 +326,9 @@ impl GpuEngine {
             return Ok(None);
         }
         self.gpu
-            .stream
             .memcpy_dtoh(&d.ids.slice(0..b), &mut d.ids_host)
             .ctx("copying the chosen ids")?;
-        d.ids_copied.record(&self.gpu.stream).ctx("cuEventRecord")?;
+        self.gpu.record(&d.ids_copied).ctx("cuEventRecord")?;
         self.decode_on_device(1)?;
         let d = self.decode.as_mut().context("the fused decode state is missing")?;
         d.ids_copied.synchronize().ctx("waiting for the chosen ids")?;
@@ -438,24 +437,21 @@ fn upload_state(gpu: &Gpu, d: &mut DecodeState, tokens: &[u32], pos0: usize) -> 
     let b = tokens.len();
     d.host_pos.clear();
     d.host_pos.resize(b, pos0 as u32);
-    gpu.stream
-        .memcpy_htod(tokens, &mut d.tokens.slice_mut(0..b))
+    gpu.memcpy_htod(tokens, &mut d.tokens.slice_mut(0..b))
         .ctx("uploading token ids")?;
-    gpu.stream
-        .memcpy_htod(&d.host_pos, &mut d.pos.slice_mut(0..b))
+    gpu.memcpy_htod(&d.host_pos, &mut d.pos.slice_mut(0..b))
         .ctx("uploading positions")?;
     Ok(())
 }
 
 /// Capture one step into a graph (the stream must be idle).
 fn capture(step: &mut Step<'_>, d: &mut DecodeState, b: usize) -> Result<CudaGraph> {
-    let stream = step.gpu.stream.clone();
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    let gpu = step.gpu;
+    gpu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .ctx("cuStreamBeginCapture")?;
     let queued = step.enqueue(d, b);
     // End the capture whatever happened, so the stream is usable again.
-    let graph = stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let graph = gpu.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
     queued?;
     let graph = graph
         .ctx("cuStreamEndCapture")?
