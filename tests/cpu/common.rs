@@ -64,7 +64,16 @@ pub fn host_package_bin(name: &str) -> Option<&'static Path> {
                 "test"
             };
             let status = Command::new(cargo)
-                .args(["build", "--quiet", "--profile", profile, "-p", "host", "--bins", "--target-dir"])
+                .args([
+                    "build",
+                    "--quiet",
+                    "--profile",
+                    profile,
+                    "-p",
+                    "host",
+                    "--bins",
+                    "--target-dir",
+                ])
                 .arg(target_dir)
                 .status()
                 .expect("running cargo");

@@ -170,12 +170,17 @@ fn parse_sse(raw: &str, n: usize) -> Streamed {
         finish: vec![None; n],
         ..Streamed::default()
     };
-    assert!(raw.ends_with("data: [DONE]\n\n"), "stream does not end with [DONE]: {raw:?}");
+    assert!(
+        raw.ends_with("data: [DONE]\n\n"),
+        "stream does not end with [DONE]: {raw:?}"
+    );
     let events: Vec<&str> = raw.strip_suffix("\n\n").unwrap().split("\n\n").collect();
     let (done, chunks) = events.split_last().unwrap();
     assert_eq!(*done, "data: [DONE]");
     for ev in chunks {
-        let data = ev.strip_prefix("data: ").unwrap_or_else(|| panic!("not an SSE data event: {ev:?}"));
+        let data = ev
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("not an SSE data event: {ev:?}"));
         assert!(!data.contains('\n'), "one line per event: {data:?}");
         let chunk: Value = serde_json::from_str(data).unwrap();
         assert_eq!(chunk["object"], "text_completion", "{chunk}");
@@ -207,10 +212,7 @@ fn reference(fx: &Fixture, prompts: &[&str], n: usize, params: SamplingParams) -
     let mut model = CpuModel::new(&ckpt.weights().unwrap(), ids.len(), longest + n).unwrap();
     let mut s = Sampler::new(params).unwrap();
     let g = generate(&mut model, &ids, n, &mut s, |_, _| {}).unwrap();
-    g.tokens
-        .iter()
-        .map(|t| (tok.decode(t).unwrap(), t.len()))
-        .collect()
+    g.tokens.iter().map(|t| (tok.decode(t).unwrap(), t.len())).collect()
 }
 
 fn greedy(fx: &Fixture, prompt: &str, n: usize) -> (String, usize) {
@@ -389,7 +391,10 @@ fn stop_strings_cut_the_text() {
         } else {
             let r = server.complete(&body);
             let c = &r["choices"][0];
-            (c["text"].as_str().unwrap().to_string(), c["finish_reason"].as_str().unwrap().to_string())
+            (
+                c["text"].as_str().unwrap().to_string(),
+                c["finish_reason"].as_str().unwrap().to_string(),
+            )
         };
         assert_eq!(text, cut, "stop {stop:?} in {full:?} (stream: {stream})");
         assert_eq!(finish, "stop");
@@ -411,18 +416,42 @@ fn bad_requests_get_openai_errors() {
         (json!({"max_tokens": 3}).to_string(), 400, Some("prompt")),
         (json!({"prompt": ""}).to_string(), 400, Some("prompt")),
         (json!({"prompt": []}).to_string(), 400, Some("prompt")),
-        (json!({"prompt": "x", "max_tokens": 0}).to_string(), 400, Some("max_tokens")),
-        (json!({"prompt": "x", "max_tokens": -3}).to_string(), 400, Some("max_tokens")),
+        (
+            json!({"prompt": "x", "max_tokens": 0}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({"prompt": "x", "max_tokens": -3}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
         (json!({"prompt": "x", "max_tokens": "ten"}).to_string(), 400, None),
-        (json!({"prompt": "x", "max_tokens": 40}).to_string(), 400, Some("max_tokens")),
+        (
+            json!({"prompt": "x", "max_tokens": 40}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
         (json!({"prompt": long_prompt}).to_string(), 400, Some("prompt")),
-        (json!({"prompt": "x", "temperature": 2.5}).to_string(), 400, Some("temperature")),
-        (json!({"prompt": "x", "temperature": -0.1}).to_string(), 400, Some("temperature")),
+        (
+            json!({"prompt": "x", "temperature": 2.5}).to_string(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            json!({"prompt": "x", "temperature": -0.1}).to_string(),
+            400,
+            Some("temperature"),
+        ),
         (json!({"prompt": "x", "top_p": 0}).to_string(), 400, Some("top_p")),
         (json!({"prompt": "x", "top_p": 1.5}).to_string(), 400, Some("top_p")),
         (json!({"prompt": "x", "top_k": -1}).to_string(), 400, Some("top_k")),
         (json!({"prompt": "x", "n": 2}).to_string(), 400, Some("n")),
-        (json!({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}).to_string(), 400, Some("stop")),
+        (
+            json!({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}).to_string(),
+            400,
+            Some("stop"),
+        ),
         (json!({"prompt": "x", "stop": 3}).to_string(), 400, Some("stop")),
         (json!({"prompt": "x", "stream": "yes"}).to_string(), 400, None),
         (json!({"prompt": "x", "seed": -1}).to_string(), 400, None),
@@ -556,11 +585,22 @@ fn sigterm_grace_period_cancels_and_exits_0() {
 #[test]
 fn load_tool_reports_json() {
     let Some(bin) = serve_bin() else { return };
-    let Some(load) = host_package_bin("serve_load") else { return };
+    let Some(load) = host_package_bin("serve_load") else {
+        return;
+    };
     let fx = Fixture::new("load");
     let server = Server::start(bin, &fx, &["--max-running", "4"]);
     let out = Command::new(load)
-        .args(["--url", &server.url, "--clients", "3", "--requests", "6", "--max-tokens", "5"])
+        .args([
+            "--url",
+            &server.url,
+            "--clients",
+            "3",
+            "--requests",
+            "6",
+            "--max-tokens",
+            "5",
+        ])
         .args(["--duration", "60", "--request-timeout", "60"])
         .output()
         .unwrap();
@@ -575,7 +615,10 @@ fn load_tool_reports_json() {
     assert!(report["ttft_ms"]["p99"].as_f64().unwrap() >= report["ttft_ms"]["p50"].as_f64().unwrap());
     assert_eq!(server.metric("gpt2_generated_tokens_total"), tokens as f64);
     // Anything but loopback is refused.
-    let out = Command::new(load).args(["--url", "http://192.0.2.1:80"]).output().unwrap();
+    let out = Command::new(load)
+        .args(["--url", "http://192.0.2.1:80"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
 }
@@ -586,6 +629,9 @@ fn gpu_path_refuses_clearly() {
     let out = Command::new(bin).args(["--port", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("does not implement continuous batching yet; use --cpu"), "{err}");
+    assert!(
+        err.contains("does not implement continuous batching yet; use --cpu"),
+        "{err}"
+    );
     assert!(out.stdout.is_empty());
 }

@@ -93,7 +93,10 @@ fn run(cli: Cli) -> Result<()> {
     ensure!(cli.max_queue > 0, "--max-queue must be at least 1");
     ensure!(cli.prefill_chunk > 0, "--prefill-chunk must be at least 1");
     if let Some(n) = cli.max_seq_len {
-        ensure!(n >= 2, "--max-seq-len must be at least 2 (a prompt token and a completion token)");
+        ensure!(
+            n >= 2,
+            "--max-seq-len must be at least 2 (a prompt token and a completion token)"
+        );
     }
     let tokenizer = Arc::new(Gpt2Tokenizer::default_files().context("loading the GPT-2 tokenizer")?);
     let (_, checkpoint) = cli.weights.open()?;

@@ -15,7 +15,7 @@
 //! several).
 
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, ToSocketAddrs};
+use std::net::ToSocketAddrs;
 use std::process::ExitCode;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -93,14 +93,10 @@ fn loopback_base(url: &str) -> Result<String> {
         .with_context(|| format!("cannot resolve {authority}"))?
         .collect();
     ensure!(!addrs.is_empty(), "{authority} resolves to nothing");
-    if let Some(a) = addrs.iter().find(|a| !is_loopback(a.ip())) {
+    if let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback()) {
         bail!("{authority} resolves to {a}, not a loopback address: this tool only loads a local server");
     }
     Ok(format!("http://{authority}"))
-}
-
-fn is_loopback(ip: IpAddr) -> bool {
-    ip.is_loopback()
 }
 
 /// The `p` quantile (0..=1) of sorted values, nearest rank.
@@ -135,7 +131,9 @@ fn one_request(agent: &ureq::Agent, url: &str, body: &Value) -> Result<Sample> {
     let mut done = false;
     for line in BufReader::new(resp.into_reader()).lines() {
         let line = line.context("reading the stream")?;
-        let Some(data) = line.strip_prefix("data: ") else { continue };
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
         if data == "[DONE]" {
             done = true;
             break;

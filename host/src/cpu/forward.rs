@@ -362,7 +362,6 @@ impl CpuModel {
         };
         matmul_forward(sized(&mut a.logits, rows * vp), head_in, &p.wte, None, rows, c, vp);
     }
-
 }
 
 /// Continuous batching on the CPU: each row runs alone (b = 1) on its slot's
@@ -384,7 +383,11 @@ impl SlotBackend for CpuModel {
     fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<()> {
         self.slot_rows = 0;
         self.last = None;
-        ensure!(slot < self.max_batch, "slot {slot} is beyond the {} slots", self.max_batch);
+        ensure!(
+            slot < self.max_batch,
+            "slot {slot} is beyond the {} slots",
+            self.max_batch
+        );
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
         check_forward_args(tokens, 1, tokens.len(), pos0, 1, self.max_seq_len, v, "model")?;
         self.run_rows(tokens, 1, tokens.len(), pos0, LogitsWanted::Last, slot);

@@ -191,7 +191,10 @@ pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiErr
     if let Some(n) = raw.n
         && n != 1
     {
-        return Err(ApiError::invalid(Some("n"), format!("only `n` = 1 is supported, got {n}")));
+        return Err(ApiError::invalid(
+            Some("n"),
+            format!("only `n` = 1 is supported, got {n}"),
+        ));
     }
     let stop = match raw.stop {
         None | Some(Value::Null) => Vec::new(),

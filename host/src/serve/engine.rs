@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
 use gpu_kernels::params::sample::SampleRow;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -183,7 +182,11 @@ impl<'t> Seq<'t> {
 
     /// Positions this sequence holds in the cache.
     fn positions(&self) -> usize {
-        if self.next.is_some() { self.feed_pos } else { self.prefilled }
+        if self.next.is_some() {
+            self.feed_pos
+        } else {
+            self.prefilled
+        }
     }
 
     fn send(&mut self, event: Event) {
@@ -324,9 +327,13 @@ pub fn run(
             let len = s.job.prompt.len();
             let n = (len - s.prefilled).min(budget);
             let (from, to) = (s.prefilled, s.prefilled + n);
-            let chosen = backend
-                .prefill(s.slot, &s.job.prompt[from..to], from)
-                .and_then(|()| if to == len { backend.choose(&[s.draw(len)]) } else { Ok(Vec::new()) });
+            let chosen = backend.prefill(s.slot, &s.job.prompt[from..to], from).and_then(|()| {
+                if to == len {
+                    backend.choose(&[s.draw(len)])
+                } else {
+                    Ok(Vec::new())
+                }
+            });
             budget -= n;
             match chosen {
                 Ok(ids) => {
@@ -415,13 +422,6 @@ fn release(seqs: &mut Vec<Seq<'_>>, free: &mut Vec<usize>) {
         }
         !s.done
     });
-}
-
-/// Checks a [`SchedulerConfig`]'s companion limits at startup.
-pub fn check_limits(slots: usize, max_queue: usize) -> Result<()> {
-    anyhow::ensure!(slots > 0, "--max-running must be at least 1");
-    anyhow::ensure!(max_queue > 0, "--max-queue must be at least 1");
-    Ok(())
 }
 
 #[cfg(test)]

@@ -108,8 +108,7 @@ impl IntoResponse for ApiError {
 async fn not_found() -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND.as_u16(),
-        message: "no such route; the API serves POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
-            .into(),
+        message: "no such route; the API serves POST /v1/completions, GET /v1/models, GET /health, GET /metrics".into(),
         kind: "invalid_request_error",
         param: None,
         code: Some("not_found"),
@@ -168,10 +167,30 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let load = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed);
     let load64 = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let gauges: [(&str, &str, &str, String); 10] = [
-        ("gpt2_queue_depth", "gauge", "Prompts waiting for a KV cache slot.", load(&m.queued).to_string()),
-        ("gpt2_running_sequences", "gauge", "Sequences in the running batch.", load(&m.running).to_string()),
-        ("gpt2_kv_slots_in_use", "gauge", "KV cache slots held by sequences.", load(&m.running).to_string()),
-        ("gpt2_kv_slots_total", "gauge", "KV cache slots (--max-running).", state.slots.to_string()),
+        (
+            "gpt2_queue_depth",
+            "gauge",
+            "Prompts waiting for a KV cache slot.",
+            load(&m.queued).to_string(),
+        ),
+        (
+            "gpt2_running_sequences",
+            "gauge",
+            "Sequences in the running batch.",
+            load(&m.running).to_string(),
+        ),
+        (
+            "gpt2_kv_slots_in_use",
+            "gauge",
+            "KV cache slots held by sequences.",
+            load(&m.running).to_string(),
+        ),
+        (
+            "gpt2_kv_slots_total",
+            "gauge",
+            "KV cache slots (--max-running).",
+            state.slots.to_string(),
+        ),
         (
             "gpt2_kv_positions_in_use",
             "gauge",
@@ -287,9 +306,7 @@ fn plan(state: &AppState, req: &CompletionRequest) -> Result<Planned, ApiError> 
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
@@ -345,7 +362,11 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<
         .prompt_tokens_total
         .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
 
-    let id = format!("cmpl-{:x}{:08x}", unix_now(), state.next_id.fetch_add(1, Ordering::Relaxed));
+    let id = format!(
+        "cmpl-{:x}{:08x}",
+        unix_now(),
+        state.next_id.fetch_add(1, Ordering::Relaxed)
+    );
     let model = req.model.clone().unwrap_or_else(|| state.model_id.clone());
     let reply = Reply {
         id,
@@ -447,7 +468,9 @@ fn stream_response(reply: Reply, rx: UnboundedReceiver<Event>, include_usage: bo
     let stream = futures_util::stream::unfold(state, |mut st| async move {
         let bytes = match st.phase {
             Phase::Events => match st.rx.recv().await {
-                Some(Event::Text { index, text }) => sse(&st.reply.object(vec![choice_json(index, &text, None)], None).to_string()),
+                Some(Event::Text { index, text }) => {
+                    sse(&st.reply.object(vec![choice_json(index, &text, None)], None).to_string())
+                }
                 Some(Event::Done {
                     index,
                     finish,
@@ -458,7 +481,10 @@ fn stream_response(reply: Reply, rx: UnboundedReceiver<Event>, include_usage: bo
                     if st.remaining == 0 {
                         st.phase = if st.include_usage { Phase::Usage } else { Phase::Done };
                     }
-                    sse(&st.reply.object(vec![choice_json(index, "", Some(finish))], None).to_string())
+                    sse(&st
+                        .reply
+                        .object(vec![choice_json(index, "", Some(finish))], None)
+                        .to_string())
                 }
                 Some(Event::Failed { message, .. }) => {
                     st.phase = Phase::Done;

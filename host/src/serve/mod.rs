@@ -92,9 +92,7 @@ where
             }
         })
         .context("starting the engine thread")?;
-    let (slots, max_seq_len, vocab_size) = ready_rx
-        .recv()
-        .context("the engine thread ended while starting")??;
+    let (slots, max_seq_len, vocab_size) = ready_rx.recv().context("the engine thread ended while starting")??;
     Ok(Engine {
         commands,
         metrics,
@@ -155,7 +153,9 @@ pub async fn run_server(listener: tokio::net::TcpListener, state: Arc<AppState>,
         grace.as_secs()
     );
     match tokio::time::timeout(grace, &mut server).await {
-        Ok(result) => result.context("the HTTP server task failed")?.context("the HTTP server failed")?,
+        Ok(result) => result
+            .context("the HTTP server task failed")?
+            .context("the HTTP server failed")?,
         Err(_) => {
             eprintln!("shutdown grace period over: cancelling the remaining requests");
             // The engine may already be gone; then nothing is left to cancel.
