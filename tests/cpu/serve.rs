@@ -7,7 +7,7 @@
 //! connections; tests wait for that line, and for conditions read from
 //! `/metrics`, never for fixed times.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -531,6 +531,29 @@ fn full_queue_gets_429_and_disconnect_frees_the_slot() {
     });
     server.wait_for_metric("gpt2_kv_slots_in_use", 0.0);
     // The holder was cut short: far fewer than its 50 tokens were made.
+    let generated = server.metric("gpt2_generated_tokens_total");
+    assert!(generated < 40.0, "{generated} tokens generated");
+}
+
+#[test]
+fn non_streaming_client_that_disconnects_frees_its_slot() {
+    let Some(bin) = serve_bin() else { return };
+    let fx = Fixture::new("hangup");
+    let server = Server::start(bin, &fx, &["--step-delay-ms", "100"]);
+    let addr = server.url.strip_prefix("http://").unwrap();
+    let body = json!({"prompt": "Hang up", "max_tokens": 50, "temperature": 0}).to_string();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    server.wait_for_metric("gpt2_kv_slots_in_use", 1.0);
+    drop(conn);
+    // 50 tokens x 100 ms would hold the slot for 5 s; the hang-up frees it
+    // long before.
+    server.wait_for_metric("gpt2_kv_slots_in_use", 0.0);
     let generated = server.metric("gpt2_generated_tokens_total");
     assert!(generated < 40.0, "{generated} tokens generated");
 }

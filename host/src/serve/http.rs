@@ -315,6 +315,12 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<
     let sampler = Sampler::new(req.sampling).map_err(|e| ApiError::invalid(None, format!("{e:#}")))?;
     let n = planned.prompts.len();
 
+    if n > state.max_queue {
+        return Err(ApiError::invalid(
+            Some("prompt"),
+            format!("{n} prompts can never fit this server's queue of {}", state.max_queue),
+        ));
+    }
     // Admission: room in the queue for every prompt, or 429.
     let metrics = &state.metrics;
     if metrics
