@@ -12,6 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -309,7 +310,19 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    // A body over axum's size limit, or one that could not be read: the
+    // same error object as every other refusal.
+    let body = body.map_err(|e| ApiError {
+        status: e.status().as_u16(),
+        message: e.body_text(),
+        kind: "invalid_request_error",
+        param: None,
+        code: None,
+    })?;
     let req = parse_completion_request(&body)?;
     let planned = plan(&state, &req)?;
     let sampler = Sampler::new(req.sampling).map_err(|e| ApiError::invalid(None, format!("{e:#}")))?;
