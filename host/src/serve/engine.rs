@@ -464,4 +464,204 @@ mod tests {
         assert_eq!(f.push("abcST"), ("abc".into(), false));
         assert_eq!(f.push("x"), ("STx".into(), false));
     }
+
+    /// A backend that plays a script: the token chosen for position `p` is
+    /// `script[p - PROMPT_LEN]`, whatever the slot (every job of these tests
+    /// has a prompt of `PROMPT_LEN` tokens). It checks the scheduler's calls.
+    struct Script {
+        config: crate::model::ModelConfig,
+        script: Vec<u32>,
+        rows: usize,
+        /// Prefill calls (slot, len, pos0) and decode rows, in order.
+        prefills: Vec<(usize, usize, usize)>,
+        decoded: Vec<super::SlotToken>,
+    }
+
+    const PROMPT_LEN: usize = 5;
+    const SLOTS: usize = 2;
+    const MAX_SEQ_LEN: usize = 32;
+
+    impl super::SlotBackend for Script {
+        fn config(&self) -> &crate::model::ModelConfig {
+            &self.config
+        }
+        fn slots(&self) -> usize {
+            SLOTS
+        }
+        fn max_seq_len(&self) -> usize {
+            MAX_SEQ_LEN
+        }
+        fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> anyhow::Result<()> {
+            self.prefills.push((slot, tokens.len(), pos0));
+            self.rows = 1;
+            Ok(())
+        }
+        fn decode(&mut self, rows: &[super::SlotToken]) -> anyhow::Result<()> {
+            self.decoded.extend_from_slice(rows);
+            self.rows = rows.len();
+            Ok(())
+        }
+        fn choose(&mut self, draws: &[super::Draw]) -> anyhow::Result<Vec<u32>> {
+            assert_eq!(draws.len(), self.rows);
+            Ok(draws
+                .iter()
+                .map(|d| self.script[d.counter as usize - PROMPT_LEN])
+                .collect())
+        }
+    }
+
+    /// Runs the scheduler over `jobs` (stop strings, max_tokens) with the
+    /// script; each job's events, and the backend afterwards.
+    fn schedule(script: Vec<u32>, jobs: &[(&[&str], usize)], chunk: usize) -> (Vec<Vec<super::Event>>, Script) {
+        use crate::tokenizer::Gpt2Tokenizer;
+        let tokenizer = Gpt2Tokenizer::default_files().unwrap();
+        let mut backend = Script {
+            config: crate::model::ModelConfig {
+                max_seq_len: MAX_SEQ_LEN,
+                vocab_size: 50257,
+                padded_vocab_size: 50304,
+                num_layers: 1,
+                num_heads: 1,
+                channels: 4,
+            },
+            script,
+            rows: 0,
+            prefills: Vec::new(),
+            decoded: Vec::new(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut receivers = Vec::new();
+        let mut batch = Vec::new();
+        for (stops, max_tokens) in jobs {
+            let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+            receivers.push(erx);
+            batch.push(super::Job {
+                index: 0,
+                prompt: vec![1; PROMPT_LEN],
+                max_tokens: *max_tokens,
+                settings: crate::sample::Sampler::new(crate::sample::SamplingParams::GREEDY)
+                    .unwrap()
+                    .row(),
+                stop: stops.iter().map(|s| s.to_string()).collect(),
+                events: etx,
+            });
+        }
+        let metrics = super::Metrics::default();
+        metrics.queued.store(batch.len(), std::sync::atomic::Ordering::Relaxed);
+        tx.send(super::Command::Submit(batch)).unwrap();
+        drop(tx);
+        let config = super::SchedulerConfig {
+            prefill_chunk: chunk,
+            step_delay: std::time::Duration::ZERO,
+        };
+        super::run(&mut backend, &tokenizer, rx, config, &metrics);
+        assert_eq!(metrics.queued.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(metrics.running.load(std::sync::atomic::Ordering::Relaxed), 0);
+        let events = receivers
+            .iter_mut()
+            .map(|r| std::iter::from_fn(|| r.try_recv().ok()).collect())
+            .collect();
+        (events, backend)
+    }
+
+    /// The id of the token that is exactly `bytes`.
+    fn token(bytes: &[u8]) -> u32 {
+        let tok = crate::tokenizer::Gpt2Tokenizer::default_files().unwrap();
+        (0..tok.vocab_size() as u32)
+            .find(|&id| tok.token_bytes(id).unwrap() == bytes)
+            .unwrap()
+    }
+
+    fn texts(events: &[super::Event]) -> Vec<String> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                super::Event::Text { text, .. } => Some(text.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn done(events: &[super::Event]) -> (super::FinishReason, usize) {
+        match events.last() {
+            Some(super::Event::Done {
+                finish,
+                completion_tokens,
+                ..
+            }) => (*finish, *completion_tokens),
+            other => panic!("last event {other:?}"),
+        }
+    }
+
+    #[test]
+    fn split_utf8_is_sent_whole_and_eot_stops() {
+        use crate::model::config::EOT_TOKEN;
+        // "Hello", then "é" as its two bytes in two tokens, " world", EOT.
+        let script = vec![
+            token(b"Hello"),
+            token(&[0xC3]),
+            token(&[0xA9]),
+            token(b" world"),
+            EOT_TOKEN,
+        ];
+        let (events, backend) = schedule(script, &[(&[], 20)], 64);
+        assert_eq!(texts(&events[0]), ["Hello", "\u{e9}", " world"]);
+        assert_eq!(done(&events[0]), (super::FinishReason::Stop, 4));
+        // One prefill of the whole prompt, then decode steps feeding each
+        // chosen token at the next position.
+        assert_eq!(backend.prefills, [(0, PROMPT_LEN, 0)]);
+        let fed: Vec<(u32, usize)> = backend.decoded.iter().map(|r| (r.token, r.pos)).collect();
+        let want: Vec<(u32, usize)> = backend.script[..4]
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (t, PROMPT_LEN + i))
+            .collect();
+        assert_eq!(fed, want);
+    }
+
+    #[test]
+    fn stop_string_across_tokens_and_max_tokens() {
+        let script = vec![
+            token(b"Hello"),
+            token(&[0xC3]),
+            token(&[0xA9]),
+            token(b" world"),
+            token(b"!"),
+        ];
+        let (events, _) = schedule(script.clone(), &[(&["\u{e9} w"], 20), (&[], 3), (&["zzz"], 5)], 64);
+        assert_eq!(texts(&events[0]).concat(), "Hello");
+        assert_eq!(done(&events[0]).0, super::FinishReason::Stop);
+        assert_eq!(texts(&events[1]).concat(), "Hello\u{e9}");
+        assert_eq!(done(&events[1]), (super::FinishReason::Length, 3));
+        assert_eq!(texts(&events[2]).concat(), "Hello\u{e9} world!");
+        assert_eq!(done(&events[2]), (super::FinishReason::Length, 5));
+    }
+
+    #[test]
+    fn chunked_prefill_continues_the_slot() {
+        let script = vec![token(b"Hello"), token(b" world")];
+        // Two jobs, two slots, 2 prompt tokens per iteration in all.
+        let (events, backend) = schedule(script, &[(&[], 2), (&[], 2)], 2);
+        for e in &events {
+            assert_eq!(texts(e).concat(), "Hello world");
+        }
+        // Job 0 (slot 0) is prefilled first, in chunks at 0, 2, 4; the
+        // budget left in the third iteration starts job 1 (slot 1), which
+        // goes on while job 0 decodes.
+        let slot0: Vec<_> = backend
+            .prefills
+            .iter()
+            .filter(|p| p.0 == 0)
+            .map(|p| (p.1, p.2))
+            .collect();
+        assert_eq!(slot0, [(2, 0), (2, 2), (1, 4)]);
+        let slot1: Vec<_> = backend
+            .prefills
+            .iter()
+            .filter(|p| p.0 == 1)
+            .map(|p| (p.1, p.2))
+            .collect();
+        assert_eq!(slot1, [(1, 0), (2, 1), (2, 3)]);
+        assert_eq!(backend.prefills.len(), 6);
+    }
 }
