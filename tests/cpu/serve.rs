@@ -658,3 +658,104 @@ fn gpu_path_refuses_clearly() {
     );
     assert!(out.stdout.is_empty());
 }
+
+/// The CPU model's [`SlotBackend`] against its one-row `Backend::forward`:
+/// two sequences in slots 2 and 0 of one cache (one prefilled in two
+/// chunks), decoded together at different positions, choose exactly what
+/// each sequence chooses alone, greedy and sampled. This is the oracle a
+/// GPU implementation of the trait can be held to.
+#[test]
+fn cpu_slots_choose_as_one_row_forward() {
+    use host::cpu::sample::sample_row;
+    use host::generate::{Backend, LogitsWanted};
+    use host::model::fixtures::tiny_config;
+    use host::serve::backend::{Draw, SlotBackend, SlotToken};
+
+    let dir = Scratch::new("slots");
+    let path = dir.path().join("tiny.bin");
+    let cfg = tiny_config();
+    write_llmc(&path, &cfg, 5, DType::F32).unwrap();
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let weights = ckpt.weights().unwrap();
+    let max_seq_len = 40;
+    let mut slots = CpuModel::new(&weights, 3, max_seq_len).unwrap();
+    let prompts: [Vec<u32>; 2] = [
+        (0..7).map(|i| 3 + 11 * i).collect(),
+        (0..12).map(|i| 290 - 7 * i).collect(),
+    ];
+    let slot_of = [2usize, 0];
+    let sampled = Sampler::new(SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: Some(5),
+    })
+    .unwrap()
+    .row();
+    let greedy_row = Sampler::new(SamplingParams::GREEDY).unwrap().row();
+    // Sequence 0 samples, sequence 1 is greedy; stream = sequence index.
+    let settings = [sampled, greedy_row];
+    let draw = |seq: usize, pos: usize| Draw {
+        settings: settings[seq],
+        counter: pos as u32,
+        stream: seq as u32,
+    };
+
+    // The oracle: each sequence alone, one row, through Backend::forward.
+    let mut alone: Vec<Vec<u32>> = Vec::new();
+    for (seq, prompt) in prompts.iter().enumerate() {
+        let mut m = CpuModel::new(&weights, 1, max_seq_len).unwrap();
+        m.forward(prompt, 1, prompt.len(), 0, LogitsWanted::Last).unwrap();
+        let mut out = Vec::new();
+        for pos in prompt.len()..prompt.len() + 6 {
+            let logits = m.logits().unwrap();
+            let id = sample_row(&logits[..cfg.vocab_size], &settings[seq], pos as u32, seq as u32);
+            out.push(id);
+            m.forward(&[id], 1, 1, pos, LogitsWanted::Last).unwrap();
+        }
+        alone.push(out);
+    }
+
+    // The slots: sequence 0 prefilled in two chunks, sequence 1 at once.
+    let mut chosen: Vec<Vec<u32>> = vec![Vec::new(); 2];
+    slots.prefill(slot_of[0], &prompts[0][..3], 0).unwrap();
+    slots.prefill(slot_of[0], &prompts[0][3..], 3).unwrap();
+    chosen[0].extend(slots.choose(&[draw(0, 7)]).unwrap());
+    slots.prefill(slot_of[1], &prompts[1], 0).unwrap();
+    chosen[1].extend(slots.choose(&[draw(1, 12)]).unwrap());
+    for _ in 0..5 {
+        // Rows in the opposite order of the slots, at different positions.
+        let rows: Vec<SlotToken> = (0..2)
+            .rev()
+            .map(|seq| SlotToken {
+                slot: slot_of[seq],
+                token: *chosen[seq].last().unwrap(),
+                pos: prompts[seq].len() + chosen[seq].len() - 1,
+            })
+            .collect();
+        slots.decode(&rows).unwrap();
+        let draws: Vec<Draw> = (0..2)
+            .rev()
+            .map(|seq| draw(seq, prompts[seq].len() + chosen[seq].len()))
+            .collect();
+        let ids = slots.choose(&draws).unwrap();
+        chosen[1].push(ids[0]);
+        chosen[0].push(ids[1]);
+    }
+    assert_eq!(chosen, alone);
+
+    // Misuse is an error, not a panic.
+    assert!(slots.prefill(3, &[1], 0).is_err(), "slot beyond the cache");
+    assert!(slots.prefill(0, &[1], max_seq_len).is_err(), "position beyond the slot");
+    let dup = SlotToken {
+        slot: 0,
+        token: 1,
+        pos: 0,
+    };
+    assert!(slots.decode(&[dup, dup]).is_err(), "a slot twice in one step");
+    assert!(
+        slots.decode(&[SlotToken { token: 300, ..dup }]).is_err(),
+        "id beyond the vocabulary"
+    );
+    assert!(slots.choose(&[draw(0, 1), draw(1, 1)]).is_err(), "more draws than rows");
+}
