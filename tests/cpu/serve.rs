@@ -506,11 +506,11 @@ fn full_queue_gets_429_and_disconnect_frees_the_slot() {
     let Some(bin) = serve_bin() else { return };
     let fx = Fixture::new("queue");
     // One slot, one queue place; each step sleeps so the holder lasts
-    // (50 tokens x 100 ms) far longer than the test needs it.
+    // (50 tokens x 200 ms) far longer than the test needs it.
     let server = Server::start(
         bin,
         &fx,
-        &["--max-running", "1", "--max-queue", "1", "--step-delay-ms", "100"],
+        &["--max-running", "1", "--max-queue", "1", "--step-delay-ms", "200"],
     );
     let holder = hold_a_slot(&server, 50);
     assert_eq!(server.metric("gpt2_kv_slots_in_use"), 1.0);
@@ -539,7 +539,7 @@ fn full_queue_gets_429_and_disconnect_frees_the_slot() {
 fn non_streaming_client_that_disconnects_frees_its_slot() {
     let Some(bin) = serve_bin() else { return };
     let fx = Fixture::new("hangup");
-    let server = Server::start(bin, &fx, &["--step-delay-ms", "100"]);
+    let server = Server::start(bin, &fx, &["--step-delay-ms", "200"]);
     let addr = server.url.strip_prefix("http://").unwrap();
     let body = json!({"prompt": "Hang up", "max_tokens": 50, "temperature": 0}).to_string();
     let mut conn = std::net::TcpStream::connect(addr).unwrap();
@@ -551,8 +551,8 @@ fn non_streaming_client_that_disconnects_frees_its_slot() {
     .unwrap();
     server.wait_for_metric("gpt2_kv_slots_in_use", 1.0);
     drop(conn);
-    // 50 tokens x 100 ms would hold the slot for 5 s; the hang-up frees it
-    // long before.
+    // 50 tokens x 200 ms would hold the slot for 10 s; the hang-up frees
+    // it long before.
     server.wait_for_metric("gpt2_kv_slots_in_use", 0.0);
     let generated = server.metric("gpt2_generated_tokens_total");
     assert!(generated < 40.0, "{generated} tokens generated");
