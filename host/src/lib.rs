@@ -8,4 +8,5 @@ pub mod hub;
 pub mod model;
 pub mod perplexity;
 pub mod sample;
+pub mod serve;
 pub mod tokenizer;

@@ -1,7 +1,7 @@
 //! The `host` binary end to end on the CPU with a small random checkpoint of
 //! GPT-2's vocabulary: streaming output, exit codes and error messages.
 //!
-//! The binary is (re)built by `cargo build --profile test -p host --bin host`
+//! The binary is (re)built by `cargo build --profile test -p host --bins`
 //! into this test's own target directory (so it is never stale); without
 //! cargo (a bundle copied to another machine) the bundle's `bin/host` (the
 //! layout of `scripts/gpu-bundle.sh`: `gpu-out/tests/cpu`, `gpu-out/bin/host`)
@@ -12,7 +12,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use host::cpu::CpuModel;
 use host::generate::generate;
@@ -36,67 +35,9 @@ fn cli_config() -> ModelConfig {
     }
 }
 
-/// target/<profile>/ of this test binary (which lives in target/<profile>/deps).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("test binary in target/<profile>/deps")
-        .to_path_buf()
-}
-
-/// The `host` binary, built once per test run; `None` after a skip (printed
-/// by each test that asks), or a panic under `GPT2_REQUIRE_GPU=1` (the GPU
-/// runner, whose bundle must have it).
+/// The `host` binary (see `crate::common::host_package_bin`).
 fn host_bin() -> Option<&'static Path> {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let found = BIN.get_or_init(|| {
-        let profile_dir = profile_dir();
-        let exe = format!("host{}", std::env::consts::EXE_SUFFIX);
-        let bin = profile_dir.join(&exe);
-        if let Ok(cargo) = std::env::var("CARGO") {
-            let target_dir = profile_dir.parent().expect("target dir");
-            let profile = if profile_dir.ends_with("release") {
-                "release"
-            } else {
-                "test"
-            };
-            let status = Command::new(cargo)
-                .args([
-                    "build",
-                    "--quiet",
-                    "--profile",
-                    profile,
-                    "-p",
-                    "host",
-                    "--bin",
-                    "host",
-                    "--target-dir",
-                ])
-                .arg(target_dir)
-                .status()
-                .expect("running cargo");
-            assert!(status.success(), "building the host binary failed");
-        }
-        // gpu-bundle.sh's layout: this binary is gpu-out/tests/cpu, so
-        // profile_dir is gpu-out, and the programs are in gpu-out/bin.
-        let bundled = profile_dir.join("bin").join(&exe);
-        if let Some(found) = [&bin, &bundled].into_iter().find(|b| b.is_file()) {
-            return Ok(found.clone());
-        }
-        Err(format!(
-            "no host binary at {} or {} and no cargo to build it",
-            bin.display(),
-            bundled.display()
-        ))
-    });
-    match found {
-        Ok(bin) => Some(bin),
-        Err(why) => {
-            crate::skip::unless_required(crate::skip::REQUIRE_GPU_ENV, why);
-            None
-        }
-    }
+    crate::common::host_package_bin("host")
 }
 
 /// A fixture checkpoint in a fresh temp dir (kept for the test's life).

@@ -19,6 +19,7 @@ mod parser_props;
 mod perplexity;
 mod sample_twin;
 mod sampling;
+mod serve;
 mod tiny_oracle;
 mod tokenizer;
 mod tune_cache;

@@ -5,8 +5,10 @@
 use anyhow::{Context, Result, ensure};
 
 use super::ops::{attention_forward, encoder_forward, layernorm_forward, matmul_forward, residual_forward};
+use crate::cpu::sample::sample_row;
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::model::{ModelConfig, Tensor, Weights};
+use crate::serve::backend::{Draw, SlotBackend, SlotToken, check_slot_rows};
 
 /// One transformer block's parameters as f32, linear weights (out, in).
 pub struct CpuLayer {
@@ -131,6 +133,10 @@ pub struct CpuModel {
     /// The bf16 twin ([`CpuModel::new_bf16`]): every matmul input is
     /// rounded to bf16 (its weights were at creation).
     bf16: bool,
+    /// [`SlotBackend`]: logits `[rows, Vp]` of the last prefill or decode
+    /// step, gathered row by row.
+    slot_logits: Vec<f32>,
+    slot_rows: usize,
 }
 
 impl CpuModel {
@@ -193,6 +199,8 @@ impl CpuModel {
             acts: Activations::default(),
             last: None,
             bf16: false,
+            slot_logits: Vec::new(),
+            slot_rows: 0,
         })
     }
 
@@ -229,11 +237,39 @@ impl Backend for CpuModel {
     }
 
     fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
-        let cfg = self.config;
-        let (c, nh, v, vp) = (cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size);
         self.last = None;
+        let v = self.config.vocab_size;
         check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "model")?;
+        self.run_rows(tokens, b, t, pos0, want, 0);
+        self.last = Some((b, if want == LogitsWanted::All { b * t } else { b }));
+        Ok(())
+    }
 
+    fn logits(&mut self) -> Result<Vec<f32>> {
+        let (_, rows) = self.last.context("logits() called before a successful forward()")?;
+        Ok(self.acts.logits[..rows * self.config.padded_vocab_size].to_vec())
+    }
+
+    fn argmax(&mut self) -> Result<Vec<u32>> {
+        let (b, rows) = self.last.context("argmax() called before a successful forward()")?;
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        let per_row = rows / b;
+        Ok((0..b)
+            .map(|bi| {
+                let r = bi * per_row + per_row - 1;
+                argmax(&self.acts.logits[r * vp..r * vp + v])
+            })
+            .collect())
+    }
+}
+
+impl CpuModel {
+    /// The forward pass of `b` rows of `t` tokens at positions
+    /// `pos0..pos0 + t` on cache rows `row0..row0 + b`, leaving the wanted
+    /// logits in `acts.logits`. The caller has checked the arguments.
+    fn run_rows(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted, row0: usize) {
+        let cfg = self.config;
+        let (c, nh, vp) = (cfg.channels, cfg.num_heads, cfg.padded_vocab_size);
         let n = b * t;
         let (p, bf16) = (&self.params, self.bf16);
         let a = &mut self.acts;
@@ -243,7 +279,9 @@ impl Backend for CpuModel {
             }
         };
         encoder_forward(sized(&mut a.residual, n * c), tokens, &p.wte, &p.wpe, b, t, c, pos0);
-        for (lw, (k_cache, v_cache)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
+        let row_len = cfg.num_heads * self.max_seq_len * cfg.head_size();
+        for (lw, (k_all, v_all)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
+            let (k_cache, v_cache) = (&mut k_all[row0 * row_len..], &mut v_all[row0 * row_len..]);
             layernorm_forward(sized(&mut a.ln1, n * c), &a.residual, &lw.ln1w, &lw.ln1b, n, c);
             round_if(bf16, &mut a.ln1);
             matmul_forward(
@@ -323,24 +361,68 @@ impl Backend for CpuModel {
             }
         };
         matmul_forward(sized(&mut a.logits, rows * vp), head_in, &p.wte, None, rows, c, vp);
-        self.last = Some((b, rows));
+    }
+}
+
+/// Continuous batching on the CPU: each row runs alone (b = 1) on its slot's
+/// rows of the KV cache, through the same ops as [`Backend::forward`], so a
+/// slot's logits equal those of a one-row `forward` of the same tokens.
+impl SlotBackend for CpuModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn slots(&self) -> usize {
+        self.max_batch
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<()> {
+        self.slot_rows = 0;
+        self.last = None;
+        ensure!(
+            slot < self.max_batch,
+            "slot {slot} is beyond the {} slots",
+            self.max_batch
+        );
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        check_forward_args(tokens, 1, tokens.len(), pos0, 1, self.max_seq_len, v, "model")?;
+        self.run_rows(tokens, 1, tokens.len(), pos0, LogitsWanted::Last, slot);
+        self.slot_logits.clear();
+        self.slot_logits.extend_from_slice(&self.acts.logits[..vp]);
+        self.slot_rows = 1;
         Ok(())
     }
 
-    fn logits(&mut self) -> Result<Vec<f32>> {
-        let (_, rows) = self.last.context("logits() called before a successful forward()")?;
-        Ok(self.acts.logits[..rows * self.config.padded_vocab_size].to_vec())
+    fn decode(&mut self, rows: &[SlotToken]) -> Result<()> {
+        self.slot_rows = 0;
+        self.last = None;
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        check_slot_rows(rows, self.max_batch, self.max_seq_len, v)?;
+        self.slot_logits.clear();
+        for r in rows {
+            self.run_rows(&[r.token], 1, 1, r.pos, LogitsWanted::Last, r.slot);
+            self.slot_logits.extend_from_slice(&self.acts.logits[..vp]);
+        }
+        self.slot_rows = rows.len();
+        Ok(())
     }
 
-    fn argmax(&mut self) -> Result<Vec<u32>> {
-        let (b, rows) = self.last.context("argmax() called before a successful forward()")?;
+    fn choose(&mut self, draws: &[Draw]) -> Result<Vec<u32>> {
+        ensure!(
+            self.slot_rows > 0 && draws.len() == self.slot_rows,
+            "choose(): {} draws for the {} rows of the last prefill or decode step",
+            draws.len(),
+            self.slot_rows
+        );
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
-        let per_row = rows / b;
-        Ok((0..b)
-            .map(|bi| {
-                let r = bi * per_row + per_row - 1;
-                argmax(&self.acts.logits[r * vp..r * vp + v])
-            })
+        Ok(draws
+            .iter()
+            .enumerate()
+            .map(|(r, d)| sample_row(&self.slot_logits[r * vp..r * vp + v], &d.settings, d.counter, d.stream))
             .collect())
     }
 }
