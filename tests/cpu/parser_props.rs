@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use host::model::checkpoint::parse_any;
 use host::model::safetensors as st;
-use host::model::{Checkpoint, DType, Format, FormatError, Tensor, Weights, llmc};
+use host::model::{Checkpoint, DType, Format, FormatError, Tensor, Weights, format, llmc};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
@@ -314,12 +314,12 @@ fn llmc_model_accepts(ints: &[i32; 256], len: usize) -> bool {
     };
     let [t, v, l, nh, c, vp]: [i128; 6] = std::array::from_fn(|k| i128::from(ints[2 + k]));
     let limits = [
-        (t, llmc::MAX_SEQ_LEN_LIMIT),
-        (v, llmc::MAX_VOCAB_LIMIT),
-        (vp, llmc::MAX_VOCAB_LIMIT),
-        (l, llmc::MAX_LAYERS_LIMIT),
-        (nh, llmc::MAX_HEADS_LIMIT),
-        (c, llmc::MAX_CHANNELS_LIMIT),
+        (t, format::MAX_SEQ_LEN_LIMIT),
+        (v, format::MAX_VOCAB_LIMIT),
+        (vp, format::MAX_VOCAB_LIMIT),
+        (l, format::MAX_LAYERS_LIMIT),
+        (nh, format::MAX_HEADS_LIMIT),
+        (c, format::MAX_CHANNELS_LIMIT),
     ];
     if limits.iter().any(|&(x, lim)| x <= 0 || x > lim as i128) || c % nh != 0 || vp < v {
         return false;
@@ -398,9 +398,9 @@ fn mutated_llmc_files_are_accepted_exactly_when_valid() {
         prop_assert_eq!(acc.llmc, want, "llmc::parse vs the format model ({} bytes)", len);
         // A truncated header names its length; a bad size names the field.
         match llmc::parse(&bytes) {
-            Err(FormatError::TooShortForHeader { len: got }) => prop_assert!(got < 1024 && got == len),
-            Err(FormatError::BadMagic { found }) => prop_assert_eq!(found, ints[0]),
-            Err(FormatError::UnsupportedVersion { found }) => prop_assert_eq!(found, ints[1]),
+            Err(FormatError::TooShortForHeader { len: got, .. }) => prop_assert!(got < 1024 && got == len),
+            Err(FormatError::BadMagic { found, .. }) => prop_assert_eq!(found, ints[0]),
+            Err(FormatError::UnsupportedVersion { found, .. }) => prop_assert_eq!(found, ints[1]),
             _ => {}
         }
         Ok(())

@@ -8,9 +8,8 @@ use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use safetensors::SafeTensorError;
-
 use super::config::ModelConfig;
+pub use super::format::FormatError;
 use super::llmc;
 use super::safetensors as st;
 use super::weights::{DType, Weights};
@@ -22,77 +21,6 @@ pub enum Format {
     Llmc,
     /// Hugging Face `model.safetensors` (Conv1D weights stored (in, out)).
     Safetensors,
-}
-
-/// What is wrong with a checkpoint's bytes (the file name is added by
-/// [`CheckpointError`]).
-#[derive(Debug, thiserror::Error)]
-pub enum FormatError {
-    #[error("cannot read: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("not a regular file")]
-    NotAFile,
-    #[error("the file is empty")]
-    Empty,
-    #[error("file is {len} bytes, too short for an llm.c header ({} bytes)", llmc::HEADER_BYTES)]
-    TooShortForHeader { len: usize },
-    #[error("bad magic number {found} (llm.c model files start with {})", llmc::MAGIC)]
-    BadMagic { found: i32 },
-    #[error("this is an llm.c {what} file, not a model checkpoint")]
-    WrongLlmcFile { what: &'static str },
-    #[error(
-        "unsupported llm.c version {found} (supported: {} = fp32, {} = bf16)",
-        llmc::VERSION_F32,
-        llmc::VERSION_BF16
-    )]
-    UnsupportedVersion { found: i32 },
-    #[error("{field} = {value} is invalid: {reason}")]
-    BadSize {
-        field: &'static str,
-        value: i64,
-        reason: String,
-    },
-    #[error("sizes are too large (overflow computing {0})")]
-    Overflow(&'static str),
-    #[error("file is {actual} bytes but its header describes {expected} bytes ({})", if actual < expected { "truncated" } else { "trailing bytes" })]
-    LengthMismatch { expected: u64, actual: u64 },
-    #[error("not a valid safetensors file: {0}")]
-    Safetensors(#[source] SafeTensorError),
-    #[error("neither an llm.c checkpoint (magic {magic}) nor a safetensors file: {0}", magic = llmc::MAGIC)]
-    UnrecognizedFormat(#[source] SafeTensorError),
-    #[error("missing tensor {0}")]
-    MissingTensor(String),
-    #[error("unexpected tensor {0}")]
-    UnexpectedTensor(String),
-    #[error("tensor {name} has shape {actual:?}, expected {expected:?}")]
-    TensorShape {
-        name: String,
-        expected: Vec<usize>,
-        actual: Vec<usize>,
-    },
-    #[error("tensor {name} has unsupported dtype {dtype} (supported: F32, BF16, F16)")]
-    UnsupportedDtype { name: String, dtype: String },
-    #[error("tensor {name} is {found:?} but {first} is {expected:?}: all tensors must share one dtype")]
-    MixedDtypes {
-        name: String,
-        found: DType,
-        first: String,
-        expected: DType,
-    },
-    #[error("tensor {name} has {actual} dimensions, expected {expected}")]
-    TensorRank {
-        name: String,
-        expected: usize,
-        actual: usize,
-    },
-    #[error("transformer layers must be numbered 0..L without gaps: {0}")]
-    LayerIndices(String),
-    #[error(
-        "number of attention heads unknown for width C = {channels}: put a config.json with n_head next to the checkpoint"
-    )]
-    UnknownHeadCount { channels: usize },
-    #[error("config.json: {0}")]
-    ConfigJson(String),
 }
 
 /// A checkpoint problem, naming the file.
@@ -272,7 +200,7 @@ pub fn parse_any(bytes: &[u8], num_heads: Option<usize>) -> Result<(Format, Weig
     }
     match st::parse(bytes, num_heads) {
         Ok(w) => Ok((Format::Safetensors, w)),
-        Err(FormatError::Safetensors(e)) => Err(FormatError::UnrecognizedFormat(e)),
+        Err(FormatError::Safetensors(e)) => Err(FormatError::UnrecognizedFormat(llmc::MAGIC, e)),
         Err(e) => Err(e),
     }
 }

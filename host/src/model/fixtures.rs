@@ -78,7 +78,7 @@ fn normal(rng: &mut StdRng) -> f32 {
 
 /// Generates the parameters of `config` from `seed`.
 pub fn random_params(config: &ModelConfig, seed: u64) -> anyhow::Result<RandomParams> {
-    llmc::validate_config(config).context("fixture config")?;
+    super::format::validate_config(config).context("fixture config")?;
     let mut rng = StdRng::seed_from_u64(seed);
     // GPT-2 scales residual projections by 1/sqrt(2L).
     let proj_std = WEIGHT_STD / ((2 * config.num_layers) as f32).sqrt();

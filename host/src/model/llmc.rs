@@ -4,8 +4,8 @@
 //! parameter tensors, each stacked over the layers, in the order of
 //! [`TENSOR_NAMES`]. Weights are stored (out, in), so no tensor is transposed.
 
-use super::checkpoint::FormatError;
 use super::config::ModelConfig;
+use super::format::{FormatError, validate_config};
 use super::weights::{DType, LayerWeights, Tensor, Weights};
 
 /// First int32 of an llm.c model file.
@@ -37,14 +37,6 @@ pub mod field {
     pub const CHANNELS: usize = 6;
     pub const PADDED_VOCAB_SIZE: usize = 7;
 }
-
-/// Upper bounds that no real GPT-2 comes near; they reject absurd headers
-/// before any size arithmetic (which is checked anyway).
-pub const MAX_SEQ_LEN_LIMIT: usize = 1 << 20;
-pub const MAX_VOCAB_LIMIT: usize = 1 << 24;
-pub const MAX_LAYERS_LIMIT: usize = 1 << 12;
-pub const MAX_HEADS_LIMIT: usize = 1 << 12;
-pub const MAX_CHANNELS_LIMIT: usize = 1 << 16;
 
 /// llm.c's names of the 16 parameter tensors, in file order.
 pub const TENSOR_NAMES: [&str; 16] = [
@@ -78,50 +70,6 @@ pub fn tensor_shapes(cfg: &ModelConfig) -> [(usize, [usize; 2]); 16] {
         (1, [1, c]),
         (1, [1, c]),
     ]
-}
-
-fn bad(field: &'static str, value: usize, reason: impl Into<String>) -> FormatError {
-    FormatError::BadSize {
-        field,
-        value: value as i64,
-        reason: reason.into(),
-    }
-}
-
-/// Checks that a config is usable: sizes positive and within the limits,
-/// C divisible by NH, padded vocab >= vocab. Shared by both loaders.
-pub fn validate_config(cfg: &ModelConfig) -> Result<(), FormatError> {
-    let limits = [
-        ("max_seq_len", cfg.max_seq_len, MAX_SEQ_LEN_LIMIT),
-        ("vocab_size", cfg.vocab_size, MAX_VOCAB_LIMIT),
-        ("padded_vocab_size", cfg.padded_vocab_size, MAX_VOCAB_LIMIT),
-        ("num_layers", cfg.num_layers, MAX_LAYERS_LIMIT),
-        ("num_heads", cfg.num_heads, MAX_HEADS_LIMIT),
-        ("channels", cfg.channels, MAX_CHANNELS_LIMIT),
-    ];
-    for (name, value, limit) in limits {
-        if value == 0 {
-            return Err(bad(name, value, "must be positive"));
-        }
-        if value > limit {
-            return Err(bad(name, value, format!("exceeds the limit {limit}")));
-        }
-    }
-    if !cfg.channels.is_multiple_of(cfg.num_heads) {
-        return Err(bad(
-            "channels",
-            cfg.channels,
-            format!("not divisible by num_heads = {}", cfg.num_heads),
-        ));
-    }
-    if cfg.padded_vocab_size < cfg.vocab_size {
-        return Err(bad(
-            "padded_vocab_size",
-            cfg.padded_vocab_size,
-            format!("smaller than vocab_size = {}", cfg.vocab_size),
-        ));
-    }
-    Ok(())
 }
 
 /// Number of parameters stored in an llm.c file for `cfg` (padded wte),
@@ -187,21 +135,31 @@ impl Header {
 
 /// Parses and validates the header (not the file length).
 pub fn parse_header(bytes: &[u8]) -> Result<Header, FormatError> {
-    let header = bytes
-        .get(..HEADER_BYTES)
-        .ok_or(FormatError::TooShortForHeader { len: bytes.len() })?;
+    let header = bytes.get(..HEADER_BYTES).ok_or(FormatError::TooShortForHeader {
+        len: bytes.len(),
+        need: HEADER_BYTES,
+    })?;
     let int = |i: usize| {
         let b = &header[i * INT_BYTES..(i + 1) * INT_BYTES];
         i32::from_le_bytes([b[0], b[1], b[2], b[3]])
     };
     let magic = int(field::MAGIC);
     if magic != MAGIC {
-        return Err(FormatError::BadMagic { found: magic });
+        return Err(FormatError::BadMagic {
+            found: magic,
+            expected: MAGIC,
+        });
     }
     let dtype = match int(field::VERSION) {
         VERSION_F32 => DType::F32,
         VERSION_BF16 => DType::BF16,
-        found => return Err(FormatError::UnsupportedVersion { found }),
+        found => {
+            return Err(FormatError::UnsupportedVersion {
+                found,
+                f32_version: VERSION_F32,
+                bf16_version: VERSION_BF16,
+            });
+        }
     };
     let size = |i: usize, name: &'static str| -> Result<usize, FormatError> {
         let v = int(i);

@@ -7,6 +7,7 @@ pub use config::ModelConfig;
 pub use weights::{DType, LayerWeights, Tensor, Weights};
 pub mod checkpoint;
 pub mod fixtures;
+pub mod format;
 pub mod llmc;
 pub mod safetensors;
 pub use checkpoint::{Checkpoint, CheckpointError, Format, FormatError};

@@ -11,9 +11,8 @@ use std::collections::BTreeMap;
 
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
-use super::checkpoint::FormatError;
 use super::config::ModelConfig;
-use super::llmc::{self, MAX_VOCAB_LIMIT};
+use super::format::{FormatError, MAX_VOCAB_LIMIT, validate_config};
 use super::weights::{DType, LayerWeights, Tensor, Weights};
 
 /// Optional prefix of every parameter name (GPT2LMHeadModel's submodule).
@@ -230,7 +229,7 @@ pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a
         num_heads,
         channels,
     };
-    llmc::validate_config(&config)?;
+    validate_config(&config)?;
 
     if let Some((name, view)) = &lm_head
         && view.shape() != wte.shape()
