@@ -7,24 +7,11 @@ use anyhow::{Context, Result, ensure};
 use super::ops::{attention_forward, encoder_forward, layernorm_forward, matmul_forward, residual_forward};
 use crate::cpu::sample::sample_row;
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
-use crate::model::{ModelConfig, Tensor, Weights};
+use crate::model::{Layer, ModelConfig, Tensor, Weights};
 use crate::serve::backend::{Draw, SlotBackend, SlotToken, check_slot_rows};
 
-/// One transformer block's parameters as f32, linear weights (out, in).
-pub struct CpuLayer {
-    pub ln1w: Vec<f32>,
-    pub ln1b: Vec<f32>,
-    pub qkvw: Vec<f32>,
-    pub qkvb: Vec<f32>,
-    pub attprojw: Vec<f32>,
-    pub attprojb: Vec<f32>,
-    pub ln2w: Vec<f32>,
-    pub ln2b: Vec<f32>,
-    pub fcw: Vec<f32>,
-    pub fcb: Vec<f32>,
-    pub fcprojw: Vec<f32>,
-    pub fcprojb: Vec<f32>,
-}
+/// One block's parameters as f32 vectors.
+pub type CpuLayer = Layer<Vec<f32>>;
 
 /// All parameters as f32 vectors; `wte` has `padded_vocab_size` rows (the
 /// padding rows are zero).
@@ -69,21 +56,8 @@ impl CpuParams {
             .iter()
             .enumerate()
             .map(|(l, lw)| {
-                let n = |s: &str| format!("layer {l} {s}");
-                Ok(CpuLayer {
-                    ln1w: get(&n("ln1w"), &lw.ln1w, c)?,
-                    ln1b: get(&n("ln1b"), &lw.ln1b, c)?,
-                    qkvw: get(&n("qkvw"), &lw.qkvw, 3 * c * c)?,
-                    qkvb: get(&n("qkvb"), &lw.qkvb, 3 * c)?,
-                    attprojw: get(&n("attprojw"), &lw.attprojw, c * c)?,
-                    attprojb: get(&n("attprojb"), &lw.attprojb, c)?,
-                    ln2w: get(&n("ln2w"), &lw.ln2w, c)?,
-                    ln2b: get(&n("ln2b"), &lw.ln2b, c)?,
-                    fcw: get(&n("fcw"), &lw.fcw, 4 * c * c)?,
-                    fcb: get(&n("fcb"), &lw.fcb, 4 * c)?,
-                    fcprojw: get(&n("fcprojw"), &lw.fcprojw, 4 * c * c)?,
-                    fcprojb: get(&n("fcprojb"), &lw.fcprojb, c)?,
-                })
+                let conv = |name: &'static str, (t, len): (&Tensor, usize)| get(&format!("layer {l} {name}"), t, len);
+                lw.as_ref().zip(Layer::sizes(c)).try_map(conv, conv)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(CpuParams {
@@ -155,7 +129,7 @@ impl CpuModel {
     pub fn new_bf16(weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<CpuModel> {
         let mut params = CpuParams::from_weights(weights).context("converting the checkpoint for the CPU")?;
         for l in &mut params.layers {
-            for w in [&mut l.qkvw, &mut l.attprojw, &mut l.fcw, &mut l.fcprojw] {
+            for w in l.matrices_mut() {
                 round_bf16(w);
             }
         }

@@ -40,7 +40,7 @@ use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options
 use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
 use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
 use crate::gpu::runtime::CudaContextExt;
-use crate::model::{DType, ModelConfig, Tensor, Weights};
+use crate::model::{DType, Layer, ModelConfig, Tensor, Weights};
 
 mod decode;
 use decode::{Chosen, DecodeState};
@@ -110,20 +110,7 @@ pub enum AttentionKind {
 
 /// One transformer block's parameters on the device, (out, in) layout: the
 /// matrices in the engine's [`WeightFormat`], the vectors in f32.
-struct DeviceLayer {
-    ln1w: CudaSlice<f32>,
-    ln1b: CudaSlice<f32>,
-    qkvw: DeviceWeight,
-    qkvb: CudaSlice<f32>,
-    attprojw: DeviceWeight,
-    attprojb: CudaSlice<f32>,
-    ln2w: CudaSlice<f32>,
-    ln2b: CudaSlice<f32>,
-    fcw: DeviceWeight,
-    fcb: CudaSlice<f32>,
-    fcprojw: DeviceWeight,
-    fcprojb: CudaSlice<f32>,
-}
+type DeviceLayer = Layer<CudaSlice<f32>, DeviceWeight>;
 
 /// All parameters on the device.
 struct DeviceParams {
@@ -1116,20 +1103,7 @@ fn upload_params(gpu: &Gpu, w: &Weights, format: WeightFormat) -> Result<DeviceP
         .map(|(i, l)| {
             let up = |t: &Tensor, name: &str| up(t, &format!("layer {i} {name}"));
             let mat = |t: &Tensor, name: &str| mat(t, t.shape[0], &format!("layer {i} {name}"));
-            Ok(DeviceLayer {
-                ln1w: up(&l.ln1w, "ln1w")?,
-                ln1b: up(&l.ln1b, "ln1b")?,
-                qkvw: mat(&l.qkvw, "qkvw")?,
-                qkvb: up(&l.qkvb, "qkvb")?,
-                attprojw: mat(&l.attprojw, "attprojw")?,
-                attprojb: up(&l.attprojb, "attprojb")?,
-                ln2w: up(&l.ln2w, "ln2w")?,
-                ln2b: up(&l.ln2b, "ln2b")?,
-                fcw: mat(&l.fcw, "fcw")?,
-                fcb: up(&l.fcb, "fcb")?,
-                fcprojw: mat(&l.fcprojw, "fcprojw")?,
-                fcprojb: up(&l.fcprojb, "fcprojb")?,
-            })
+            l.as_ref().try_map(|name, t| up(t, name), |name, t| mat(t, name))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(DeviceParams {

@@ -4,7 +4,7 @@ pub mod config;
 pub mod weights;
 
 pub use config::ModelConfig;
-pub use weights::{DType, LayerWeights, Tensor, Weights};
+pub use weights::{DType, Layer, LayerWeights, Tensor, Weights};
 pub mod checkpoint;
 pub mod fixtures;
 pub mod format;

@@ -78,22 +78,115 @@ impl<'a> Tensor<'a> {
     }
 }
 
-/// One transformer block's parameters, llm.c's names and order.
+/// One transformer block's parameters, llm.c's names and order: `V` for
+/// the vectors (layernorm weights, biases), `M` for the four matrices,
+/// stored (out, in). One type for every copy of them: the checkpoint's
+/// views ([`LayerWeights`]), the CPU reference's f32 vectors and the GPU
+/// engine's buffers, converted field by field with [`Layer::try_map`].
 #[derive(Clone, Copy, Debug)]
-pub struct LayerWeights<'a> {
-    pub ln1w: Tensor<'a>,     // (1, C)
-    pub ln1b: Tensor<'a>,     // (1, C)
-    pub qkvw: Tensor<'a>,     // (3C, C)
-    pub qkvb: Tensor<'a>,     // (1, 3C)
-    pub attprojw: Tensor<'a>, // (C, C)
-    pub attprojb: Tensor<'a>, // (1, C)
-    pub ln2w: Tensor<'a>,     // (1, C)
-    pub ln2b: Tensor<'a>,     // (1, C)
-    pub fcw: Tensor<'a>,      // (4C, C)
-    pub fcb: Tensor<'a>,      // (1, 4C)
-    pub fcprojw: Tensor<'a>,  // (C, 4C)
-    pub fcprojb: Tensor<'a>,  // (1, C)
+pub struct Layer<V, M = V> {
+    pub ln1w: V,     // (1, C)
+    pub ln1b: V,     // (1, C)
+    pub qkvw: M,     // (3C, C)
+    pub qkvb: V,     // (1, 3C)
+    pub attprojw: M, // (C, C)
+    pub attprojb: V, // (1, C)
+    pub ln2w: V,     // (1, C)
+    pub ln2b: V,     // (1, C)
+    pub fcw: M,      // (4C, C)
+    pub fcb: V,      // (1, 4C)
+    pub fcprojw: M,  // (C, 4C)
+    pub fcprojb: V,  // (1, C)
 }
+
+impl<V, M> Layer<V, M> {
+    /// Each field through `vec` (vectors) or `mat` (matrices), which also
+    /// get the field's name (for error messages); the first error stops.
+    pub fn try_map<V2, M2, E>(
+        self,
+        mut vec: impl FnMut(&'static str, V) -> Result<V2, E>,
+        mut mat: impl FnMut(&'static str, M) -> Result<M2, E>,
+    ) -> Result<Layer<V2, M2>, E> {
+        Ok(Layer {
+            ln1w: vec("ln1w", self.ln1w)?,
+            ln1b: vec("ln1b", self.ln1b)?,
+            qkvw: mat("qkvw", self.qkvw)?,
+            qkvb: vec("qkvb", self.qkvb)?,
+            attprojw: mat("attprojw", self.attprojw)?,
+            attprojb: vec("attprojb", self.attprojb)?,
+            ln2w: vec("ln2w", self.ln2w)?,
+            ln2b: vec("ln2b", self.ln2b)?,
+            fcw: mat("fcw", self.fcw)?,
+            fcb: vec("fcb", self.fcb)?,
+            fcprojw: mat("fcprojw", self.fcprojw)?,
+            fcprojb: vec("fcprojb", self.fcprojb)?,
+        })
+    }
+
+    /// The same fields, borrowed.
+    pub fn as_ref(&self) -> Layer<&V, &M> {
+        Layer {
+            ln1w: &self.ln1w,
+            ln1b: &self.ln1b,
+            qkvw: &self.qkvw,
+            qkvb: &self.qkvb,
+            attprojw: &self.attprojw,
+            attprojb: &self.attprojb,
+            ln2w: &self.ln2w,
+            ln2b: &self.ln2b,
+            fcw: &self.fcw,
+            fcb: &self.fcb,
+            fcprojw: &self.fcprojw,
+            fcprojb: &self.fcprojb,
+        }
+    }
+
+    /// Field by field, this block's values beside `other`'s.
+    pub fn zip<A, B>(self, other: Layer<A, B>) -> Layer<(V, A), (M, B)> {
+        Layer {
+            ln1w: (self.ln1w, other.ln1w),
+            ln1b: (self.ln1b, other.ln1b),
+            qkvw: (self.qkvw, other.qkvw),
+            qkvb: (self.qkvb, other.qkvb),
+            attprojw: (self.attprojw, other.attprojw),
+            attprojb: (self.attprojb, other.attprojb),
+            ln2w: (self.ln2w, other.ln2w),
+            ln2b: (self.ln2b, other.ln2b),
+            fcw: (self.fcw, other.fcw),
+            fcb: (self.fcb, other.fcb),
+            fcprojw: (self.fcprojw, other.fcprojw),
+            fcprojb: (self.fcprojb, other.fcprojb),
+        }
+    }
+
+    /// The four matrices: qkv, attention projection, fc, fc projection.
+    pub fn matrices_mut(&mut self) -> [&mut M; 4] {
+        [&mut self.qkvw, &mut self.attprojw, &mut self.fcw, &mut self.fcprojw]
+    }
+}
+
+impl Layer<usize> {
+    /// How many values each parameter of a block of width `c` holds.
+    pub fn sizes(c: usize) -> Layer<usize> {
+        Layer {
+            ln1w: c,
+            ln1b: c,
+            qkvw: 3 * c * c,
+            qkvb: 3 * c,
+            attprojw: c * c,
+            attprojb: c,
+            ln2w: c,
+            ln2b: c,
+            fcw: 4 * c * c,
+            fcb: 4 * c,
+            fcprojw: 4 * c * c,
+            fcprojb: c,
+        }
+    }
+}
+
+/// One block's parameters as views into the checkpoint.
+pub type LayerWeights<'a> = Layer<Tensor<'a>>;
 
 /// All parameters of a GPT-2 model.
 #[derive(Clone, Debug)]
