@@ -5,31 +5,21 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
-use rand::Rng;
-
-/// A private scratch directory (`gpt2-<tag>-<pid>-<random>` in the system
-/// temp dir), removed on drop.
-pub struct Scratch(PathBuf);
+/// A private scratch directory (`gpt2-<tag>-<random>` in the system temp
+/// dir, made by `tempfile`), removed on drop.
+pub struct Scratch(tempfile::TempDir);
 
 impl Scratch {
     pub fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "gpt2-{tag}-{}-{:016x}",
-            std::process::id(),
-            rand::rng().random::<u64>()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("gpt2-{tag}-"))
+            .tempdir()
+            .expect("creating a scratch directory");
         Scratch(dir)
     }
 
     pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 
