@@ -127,6 +127,7 @@ fn persistent_everywhere(tuning: DecodeTuning) -> DecodeTuning {
     DecodeTuning {
         persistent: true,
         persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
+        persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
         ..tuning
     }
 }
@@ -206,6 +207,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             trace: false,
             step_ring_slots: 0,
             persistent_max_rows: 1,
+            persistent_max_rows_bf16: 1,
         },
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
@@ -217,6 +219,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             trace: false,
             step_ring_slots: 0,
             persistent_max_rows: 1,
+            persistent_max_rows_bf16: 1,
         },
     ] {
         eng.set_decode_tuning(tuning);

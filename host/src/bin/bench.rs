@@ -1103,8 +1103,8 @@ fn bench_decode_paths(
     tokens: &mut impl FnMut(usize) -> Vec<u32>,
 ) -> anyhow::Result<()> {
     let base = DecodeTuning::default();
-    // The default (the persistent step where it serves the batch: one row,
-    // sm_90a), the chain of fused kernels, and one L2-prefetch experiment
+    // The default (the persistent step where it serves the batch on sm_90a:
+    // one row over f32 weights, up to 8 over bf16), the chain of fused kernels, and one L2-prefetch experiment
     // on the chain; the other chain knobs were measured slower
     // (docs/performance.md).
     let chain = DecodeTuning {
@@ -1116,9 +1116,11 @@ fn bench_decode_paths(
         ..chain
     };
     // The persistent step at every batch it serves (the default takes it
-    // at one row), and with a weight ring of 3 and 4 smaller slots.
+    // at one row over f32 weights), and with a weight ring of 3 and 4
+    // smaller slots.
     let persistent = DecodeTuning {
         persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
+        persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
         ..base
     };
     let ring3 = DecodeTuning {
@@ -1251,6 +1253,7 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         let persistent = DecodeTuning {
             persistent: true,
             persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
+            persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
             ..base
         };
         let chain = DecodeTuning {

@@ -114,12 +114,15 @@ pub struct DecodeTuning {
     /// `persistent_max_rows` rows), instead of the chain of fused kernels.
     /// The knobs above tune the chain only.
     pub persistent: bool,
-    /// Most rows a step runs as the persistent kernel (it serves up to 8;
-    /// from two rows on its tiles run on tensor cores). Default 1: at 8
-    /// rows it measured slower than the chain in FP32 on an H100 (0.650
-    /// against 0.638 ms a step), faster in bf16 (0.435 against 0.470), not
-    /// yet checked on an H200 (docs/performance.md, decode step 6).
+    /// Most rows a step over f32 weights runs as the persistent kernel (it
+    /// serves up to 8; from two rows on its tiles run on tensor cores).
+    /// Default 1: at 8 rows it measured slower than the chain on an H100
+    /// (0.650 against 0.638 ms a step; docs/performance.md, decode step 6).
     pub persistent_max_rows: usize,
+    /// The same for bf16 weights. Default 8: at 8 rows the persistent step
+    /// measured faster than the chain on an H100 (0.435 against 0.470 ms a
+    /// step; decode step 6, and the CLI check of decode step 7).
+    pub persistent_max_rows_bf16: usize,
     /// The persistent step records when each block's phases start, get
     /// their inputs and end (`GpuEngine::decode_step_trace`): a diagnostic
     /// for the bench, one block barrier per phase dearer. Use it with
@@ -147,6 +150,7 @@ impl Default for DecodeTuning {
             // step 4).
             persistent: true,
             persistent_max_rows: 1,
+            persistent_max_rows_bf16: DECODE_MAX_ROWS as usize,
             trace: false,
             step_ring_slots: 0,
         }
@@ -750,15 +754,21 @@ impl Step<'_> {
 /// Whether `tuning` and the GPU let a step of `b` rows run as the
 /// persistent kernel.
 fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &DecodeTuning, b: usize) -> bool {
+    let elem = p.wte.as_ref().elem_bytes();
+    let max_rows = if elem == size_of::<f32>() {
+        tuning.persistent_max_rows
+    } else {
+        tuning.persistent_max_rows_bf16
+    };
     tuning.persistent
-        && b <= tuning.persistent_max_rows
+        && b <= max_rows
         && decode_step_config(
             gpu,
             b,
             cfg.channels,
             cfg.num_heads,
             p.layers.len(),
-            p.wte.as_ref().elem_bytes(),
+            elem,
             tuning.step_ring_slots,
         )
         .is_some()
