@@ -135,7 +135,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward(p: AttentionParams) {
 
     let keys = unsafe { p.k_cache.add(cache_at(&p, b, h, lo)) } as *const f32;
     let values = unsafe { p.v_cache.add(cache_at(&p, b, h, lo)) } as *const f32;
-    let vec = hs % VEC == 0 && aligned16(keys);
+    let vec = hs.is_multiple_of(VEC) && aligned16(keys);
     let mut local_max = f32::NEG_INFINITY;
     let mut j = tid;
     while j < span {

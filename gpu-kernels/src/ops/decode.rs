@@ -557,7 +557,7 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
                 unsafe { *red.add(warp * ROWS + lane) = mine };
             }
             sync_threads();
-            if warp % kw == 0 && lane < n {
+            if warp.is_multiple_of(kw) && lane < n {
                 mine = 0.0;
                 for j in 0..kw {
                     // SAFETY: the group's warps wrote these before the barrier.
@@ -565,7 +565,7 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
                 }
             }
         }
-        if warp % kw == 0 && col < oc && lane < n {
+        if warp.is_multiple_of(kw) && col < oc && lane < n {
             // SAFETY: lane < n, col < oc.
             unsafe { finish_column(&p, lane, col, mine, &mut best) };
         }

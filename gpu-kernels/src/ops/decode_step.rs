@@ -162,7 +162,7 @@ impl<W, const ON: bool> Trace<'_, W, ON> {
             // block barrier); the slot holds the block's part.
             unsafe {
                 let counter = Self::slot().add(1) as *mut u32;
-                if (atomic_add_shared_u32(counter, 1) + 1) % WARPS as u32 == 0 {
+                if (atomic_add_shared_u32(counter, 1) + 1).is_multiple_of(WARPS as u32) {
                     *(*Self::slot()).add(DECODE_STEP_TRACE_HEADER + phase * DECODE_STEP_TRACE_MARKS + mark as usize) =
                         clock64();
                 }
@@ -713,7 +713,7 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
 fn mma_row(tid: usize) -> usize {
     mma_out(tid % MMA_OUTPUTS).0
 }
-const _: () = assert!(DECODE_STEP_THREADS as usize % MMA_OUTPUTS == 0);
+const _: () = assert!((DECODE_STEP_THREADS as usize).is_multiple_of(MMA_OUTPUTS));
 
 /// [`tile_gemv`] for two rows and more, on tensor cores: the tile's
 /// columns in 16-column fragments (M) times the staged rows (N = 8),

@@ -88,7 +88,7 @@ const _: () = assert!(
     "one warp per 16 query rows"
 );
 const _: () = assert!(BQ == BK, "Q and K/V tiles share the copy routine");
-const _: () = assert!(BK * VECS_PER_ROW % THREADS == 0 && BK * VECS_PER_ROW % T_THREADS == 0);
+const _: () = assert!((BK * VECS_PER_ROW).is_multiple_of(THREADS) && (BK * VECS_PER_ROW).is_multiple_of(T_THREADS));
 const _: () = assert!(STAGES == 2, "the FP32 pipeline is written for a 2-stage ring");
 const _: () = assert!(
     KEY_STEPS == 8 && DIM_STEPS == 8,
@@ -118,7 +118,7 @@ const _: () = assert!(
     "loops below are unrolled by `unroll4!`"
 );
 const _: () = assert!(
-    BK * VECS_PER_ROW == T_THREADS * T_COPY_BATCH && T_THREADS % VECS_PER_ROW == 0,
+    BK * VECS_PER_ROW == T_THREADS * T_COPY_BATCH && T_THREADS.is_multiple_of(VECS_PER_ROW),
     "each thread copies one batch of T_COPY_BATCH chunks of a tile, whole rows per batch step"
 );
 const _: () = assert!(

@@ -33,11 +33,11 @@ const MAX_LOADS: usize = 2;
 // A thread's patch is two 4x4 quadrants per dimension, half a tile apart
 // (rows `ty*4..+4` and `BM/2 + ty*4..+4`): each quadrant row is one
 // `ld.shared.v4`, and a warp's 16 column-threads read 16 consecutive vectors.
-const _: () = assert!(RM == 2 * VEC && RN == 2 * VEC && TK % VEC == 0);
+const _: () = assert!(RM == 2 * VEC && RN == 2 * VEC && TK.is_multiple_of(VEC));
 const _: () = assert!(MATMUL_BLOCK as usize == (MATMUL_TILE_M as usize / RM) * THREADS_N);
 const _: () = assert!(MATMUL_BLOCK_MID as usize == (MATMUL_TILE_M_MID as usize / RM) * THREADS_N);
 // Padded rows stay 16-byte aligned (vector reads and writes).
-const _: () = assert!(PAD % VEC == 0);
+const _: () = assert!(PAD.is_multiple_of(VEC));
 
 /// Bias then the optional GELU: the epilogue shared by every variant.
 #[inline(always)]
@@ -60,7 +60,7 @@ fn epilogue_of(bias: *const f32, gelu_on: u32, acc: f32, col: usize) -> f32 {
 /// True when rows of `inp` and `weight` can be read as aligned 16-byte vectors.
 #[inline(always)]
 fn vec_loads(p: &MatmulParams) -> bool {
-    p.c as usize % VEC == 0 && aligned16(p.inp) && aligned16(p.weight)
+    (p.c as usize).is_multiple_of(VEC) && aligned16(p.inp) && aligned16(p.weight)
 }
 
 /// Global read of 16-byte chunk `q` of a `rows x TK` slice (rows `r0..`,
@@ -154,9 +154,9 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
     // Every chunk of both tiles is loaded by exactly one thread, in at most
     // MAX_LOADS rounds; the thread grid matches the 8x8 patches.
     const {
-        assert!(BM * CHUNKS_K % THREADS == 0 && TN * CHUNKS_K % THREADS == 0);
+        assert!((BM * CHUNKS_K).is_multiple_of(THREADS) && (TN * CHUNKS_K).is_multiple_of(THREADS));
         assert!(BM * CHUNKS_K / THREADS <= MAX_LOADS && TN * CHUNKS_K / THREADS <= MAX_LOADS);
-        assert!(THREADS == (BM / RM) * THREADS_N && BM % (2 * VEC) == 0);
+        assert!(THREADS == (BM / RM) * THREADS_N && BM.is_multiple_of(2 * VEC));
     }
     let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
     let m0 = block_idx_y() as usize * BM;

@@ -67,7 +67,7 @@ const FIXUP_PASSES: usize = TM / FIXUP_VECS;
 const FIXUP_DEPTH: usize = 11;
 
 const _: () = assert!(THREADS == (BM / TM) * LANES_N && TN == VEC && STAGES >= 2);
-const _: () = assert!(TK % VEC == 0 && LDS % VEC == 0 && ROWS * CHUNKS_K == LOADS * THREADS);
+const _: () = assert!(TK.is_multiple_of(VEC) && LDS.is_multiple_of(VEC) && ROWS * CHUNKS_K == LOADS * THREADS);
 // Load round `l` covers rows `l * THREADS / CHUNKS_K ..`: round 0 is all A
 // rows, round 1 all W rows.
 const _: () = assert!(LOADS == 2 && BM == THREADS / CHUNKS_K && BN == BM);

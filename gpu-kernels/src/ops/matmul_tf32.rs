@@ -122,7 +122,7 @@ unsafe fn load_slab<const ROWS: usize, const THREADS: usize>(
     c: usize,
     tid: usize,
 ) {
-    const { assert!((ROWS * CHUNKS_PER_ROW) % THREADS == 0) };
+    const { assert!((ROWS * CHUNKS_PER_ROW).is_multiple_of(THREADS)) };
     for i in 0..(ROWS * CHUNKS_PER_ROW) / THREADS {
         let chunk = tid + i * THREADS;
         let row = chunk / CHUNKS_PER_ROW;
@@ -256,7 +256,7 @@ unsafe fn matmul_tf32_body<
 ) {
     const {
         assert!(WM == MI * MMA_M && WN == NI * MMA_N);
-        assert!(BM % WM == 0 && BN % WN == 0);
+        assert!(BM.is_multiple_of(WM) && BN.is_multiple_of(WN));
         assert!(THREADS == (BM / WM) * (BN / WN) * WARP_SIZE as usize);
         assert!(STAGES >= 2 && STAGES <= 5);
         // The epilogue reuses the pipeline's shared memory for the output tile.
@@ -285,7 +285,7 @@ unsafe fn matmul_tf32_body<
     };
 
     const {
-        assert!((BM * CHUNKS_PER_ROW) % THREADS == 0);
+        assert!((BM * CHUNKS_PER_ROW).is_multiple_of(THREADS));
         assert!((BM + BN) * CHUNKS_PER_ROW <= ROUND_MAX_CHUNKS * THREADS);
     };
     let round_stage = |stage: usize| unsafe { round_stage::<THREADS>(smem.add(stage * stage_floats), BM + BN, tid) };
@@ -441,7 +441,7 @@ pub(crate) unsafe fn store_tile(
 ) {
     let has_bias = !bias.is_null();
     // Vector stores need every output row to start aligned.
-    let vector_ok = oc % CHUNK == 0;
+    let vector_ok = oc.is_multiple_of(CHUNK);
     let finish = |v: f32, col: usize| {
         let v = if has_bias { v + unsafe { *bias.add(col) } } else { v };
         if gelu_on { gelu(v) } else { v }

@@ -202,7 +202,7 @@ unsafe fn matmul_wgmma_body<
     let bk = Op::BK;
     const {
         assert!(Acc::N == BN);
-        assert!(BM % WG_ROWS == 0 && CONSUMERS == BM / WG_ROWS * WG_THREADS);
+        assert!(BM.is_multiple_of(WG_ROWS) && CONSUMERS == BM / WG_ROWS * WG_THREADS);
         // One to three consumer warpgroups (their barrier ids below).
         assert!(BM / WG_ROWS <= 3);
         assert!(2 * STAGES as u32 * MBARRIER_BYTES <= WGMMA_BARRIER_BYTES);
@@ -285,7 +285,7 @@ unsafe fn matmul_wgmma_body<
 
     // Consumers.
     let warpgroup = tid / WG_THREADS;
-    let leader = tid % WG_THREADS == 0;
+    let leader = tid.is_multiple_of(WG_THREADS);
     let mut acc = Acc::zeroed();
     // The last wait sits inside `ktiles > 0`: were it where the zero-tile path
     // (a split with no k-tiles) joins, ptxas would see plain `mov`s define

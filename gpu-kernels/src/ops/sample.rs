@@ -77,8 +77,8 @@ const NAN_RANK: u32 = u32::MAX;
 /// The id half of a limit that keeps every id of its rank.
 const ALL_IDS: u64 = u32::MAX as u64;
 
-const _: () = assert!(THREADS % WARP_SIZE == 0 && WARPS <= WARP_SIZE);
-const _: () = assert!(BUCKETS % THREADS == 0 && BUCKETS_PER_THREAD <= crate::ops::UNROLL_MAX);
+const _: () = assert!(THREADS.is_multiple_of(WARP_SIZE) && WARPS <= WARP_SIZE);
+const _: () = assert!(BUCKETS.is_multiple_of(THREADS) && BUCKETS_PER_THREAD <= crate::ops::UNROLL_MAX);
 const _: () = assert!(UNROLL <= crate::ops::UNROLL_MAX);
 const _: () = assert!(SAMPLE_SCRATCH_WORDS == WARPS && SAMPLE_BROADCAST_WORDS >= 4);
 // The layout `Smem::get` carves.
@@ -477,6 +477,9 @@ enum Measure {
 /// # Safety
 /// As for [`greedy`]; `goal_of` is the same function in every thread.
 #[inline(always)]
+// `!(l >= cut)` is meant: a NaN logit fails `>=` and is skipped, as NaN is
+// in no kept set; `l < cut` would let it through.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 unsafe fn select(row: &Row, sm: Smem, limit: u64, measure: Measure, goal_of: impl Fn(u64) -> Option<u64>) -> u64 {
     let tid = thread_idx_x();
     let rmax = (limit >> 32) as u32;
@@ -638,6 +641,9 @@ fn max_rank_of_kth(mine: u32, kmax: u32, rmax: u32, k: u32) -> u32 {
 /// # Safety
 /// As for [`greedy`].
 #[inline(always)]
+// `!(l >= cut)` is meant: a NaN logit fails `>=` and is skipped (NaN is in
+// no kept set); `l < cut` would count it.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 unsafe fn sampled(x: *const f32, v: u32, cfg: &SampleRow, random: u64, sm: Smem) -> u32 {
     // This thread's largest key (0: none, or only NaN).
     let mut mine = 0u32;

@@ -33,7 +33,7 @@ pub unsafe fn store4(p: *mut f32, v: [f32; 4]) {
 /// Whether `p` may be used with [`load4`]/[`store4`].
 #[inline(always)]
 pub fn aligned16<T>(p: *const T) -> bool {
-    p as usize % (VEC * 4) == 0
+    (p as usize).is_multiple_of(VEC * 4)
 }
 
 /// [`load4`] through L2 only (`ld.global.cg.v4.f32`): for data another
@@ -44,7 +44,6 @@ pub fn aligned16<T>(p: *const T) -> bool {
 /// As [`load4`], in global memory.
 #[inline(always)]
 pub unsafe fn load4_cg(p: *const f32) -> [f32; 4] {
-    let v: [f32; 4];
     let (a, b, c, d): (f32, f32, f32, f32);
     // SAFETY: the caller's contract.
     unsafe {
@@ -58,8 +57,7 @@ pub unsafe fn load4_cg(p: *const f32) -> [f32; 4] {
             options(nostack, readonly),
         )
     };
-    v = [a, b, c, d];
-    v
+    [a, b, c, d]
 }
 
 /// One float through L2 only (see [`load4_cg`]).
