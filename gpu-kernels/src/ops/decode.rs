@@ -182,7 +182,7 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, n: usize,
     stage_vectors(
         n,
         c,
-        // SAFETY (both): r < n, k + 4 <= c; token and position clamped into
+        // SAFETY: (both) r < n, k + 4 <= c; token and position clamped into
         // the tables; embed_out and xs hold n * c floats.
         |r, k| unsafe {
             if embed {
@@ -194,6 +194,7 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, n: usize,
                 load4(p.inp.add(r * c + k))
             }
         },
+        // SAFETY: r < n, k + 4 <= c: embed_out and xs hold n * c floats, 16-byte aligned.
         |r, k, x| unsafe {
             if embed && block_idx_x() == 0 {
                 store4(p.embed_out.add(r * c + k), x);
@@ -239,11 +240,12 @@ pub(crate) unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, st
     let inv_c = 1.0 / c as f32;
     let mut r = warp_id() as usize;
     while r < n {
-        // SAFETY (loop): row r < n of xs; k < c.
+        // SAFETY: (loop) row r < n of xs; k < c.
         let row = unsafe { xs.add(r * c) };
         let mut sum = 0.0f32;
         let mut k = lane;
         while k < c {
+            // SAFETY: k < c: inside row r.
             sum += unsafe { *row.add(k) };
             k += LANES;
         }
@@ -251,6 +253,7 @@ pub(crate) unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, st
         let mut var = 0.0f32;
         k = lane;
         while k < c {
+            // SAFETY: k < c: inside row r.
             let d = unsafe { *row.add(k) } - mean;
             var = fma(d, d, var);
             k += LANES;
@@ -290,6 +293,8 @@ pub(crate) unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, st
 #[inline(always)]
 unsafe fn store_out<W>(p: &DecodeGemvParams<W>, r: usize, col: usize, v: f32) {
     let oc = p.oc as usize;
+    // SAFETY: the caller's r < n and col < oc, with buffers as the params' contract
+    // sizes them (output, residual, cache rows).
     unsafe {
         if p.k_cache.is_null() {
             let v = if p.residual.is_null() {
@@ -351,6 +356,8 @@ pub(crate) unsafe fn argmax_finish(out: &ArgmaxOut, best: (f32, u32), scratch: *
     let lane = lane_id() as usize;
     let warp = warp_id() as usize;
     let warps = (block_dim_x() / WARP_SIZE) as usize;
+    // SAFETY: the caller's scratch holds the value half (warps * ROWS words), then
+    // the index half this offset starts.
     let (sv, si) = (scratch as *mut f32, unsafe { scratch.add(warps * ROWS) });
     if lane < n {
         // SAFETY: warp < warps, lane < ROWS.
@@ -440,6 +447,8 @@ pub(crate) fn better(a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
 unsafe fn gemv_prologue<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, lnp: *mut f32, n: usize, c: usize) {
     let ln = !p.ln_weight.is_null();
     if ln {
+        // SAFETY: with a layernorm, the params give `ln_weight`/`ln_bias` c floats each,
+        // and the caller's `lnp` holds 2 * c.
         unsafe { stage_ln_params(p, lnp, c) };
     }
     if p.prefetch_late == 0 {
@@ -450,9 +459,12 @@ unsafe fn gemv_prologue<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, lnp: *
     if p.early_trigger == 0 {
         launch_dependents();
     }
+    // SAFETY: the params' contract, and the caller's `xs` holds n * c floats.
     unsafe { stage_rows(p, xs, n, c) };
     sync_threads();
     if ln {
+        // SAFETY: the staged rows are published (barrier above); `lnp` holds 2c floats of
+        // parameters, then 2n of statistics; every thread calls this.
         unsafe { layernorm_rows::<W>(xs, lnp, lnp.add(2 * c), n, c) };
         sync_threads();
     }
@@ -527,7 +539,9 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
     // 2*n of row statistics; every part is a multiple of 4 floats long, so
     // each stays 16-byte aligned.
     let xs = unsafe { dynamic_shared_align16::<f32>() };
+    // SAFETY: xs's n * c floats end where the next part of the layout starts.
     let red = unsafe { xs.add(n * c) };
+    // SAFETY: past the split sums and the argmax scratch: the layernorm part.
     let lnp = unsafe { red.add((DECODE_GEMV_RED_SMEM_BYTES + DECODE_GEMV_ARGMAX_SMEM_BYTES) as usize / 4) };
     let (block, blocks) = (block_idx_x() as usize, grid_dim_x() as usize);
     // SAFETY: the launch's layout (above); every thread calls it.
@@ -541,6 +555,8 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
         let col = base + group;
         let mut acc = [0.0f32; R];
         if col < oc {
+            // SAFETY: col < oc; `xs` holds the n * c staged floats (16-byte aligned), the
+            // params give c % W::PER_LOAD == 0 and n <= R.
             unsafe { dot_chunk::<W, R>(&mut acc, &cur, xs, k0, c, n, lane) };
         }
         // The next column's loads go out before this one's sums and stores.
@@ -583,6 +599,8 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
         // SAFETY: the launch adds the argmax scratch after the split sums.
         let scratch = unsafe { red.add(DECODE_GEMV_RED_SMEM_BYTES as usize / 4) } as *mut u32;
         let out = ArgmaxOut::of(&p);
+        // SAFETY: `scratch` is the argmax part of the launch's layout (8-byte aligned),
+        // `out` the params' argmax buffers; `greedy` is uniform, so every thread calls.
         unsafe { argmax_finish(&out, best, scratch, n) };
     }
 }
@@ -845,8 +863,12 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
     // rows, the partial fragments, the argmax scratch, the layernorm's
     // parameters; each part a multiple of 16 bytes.
     let xs = unsafe { dynamic_shared_align16::<f32>() };
+    // SAFETY: xs's n * c floats end where the next part of the layout starts.
     let red = unsafe { xs.add(n * c) };
+    // SAFETY: past the warps * MMA_OUTPUTS partial fragments: the argmax scratch.
     let scratch = unsafe { red.add(warps * MMA_OUTPUTS) } as *mut u32;
+    // SAFETY: past the argmax scratch (warps * ROWS pairs): the layernorm's
+    // parameters.
     let lnp = unsafe { scratch.add(warps * ROWS * 2) } as *mut f32;
     let (block, blocks) = (block_idx_x() as usize, grid_dim_x() as usize);
     // SAFETY: the launch's layout (above); every thread calls it.
@@ -867,6 +889,7 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
             unsafe { mma_batch::<W>(&mut acc, &w, xs, c, k, k_hi, n, lane) };
             k += MMA_BATCH * step;
             if k < k_hi {
+                // SAFETY: the params' weight is oc rows of c, aligned; k < k_hi <= c.
                 w = unsafe { mma_load_batch(p.weight, col0, oc, c, k, k_hi, lane) };
             }
         }
@@ -1010,6 +1033,7 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     let counter = unsafe { p.counter.add(head) };
     // A row's only chunk is last without asking the counter.
     let arrived_last = sync_threads_or(
+        // SAFETY: counter holds n * nh entries (head < n * nh) and is 4-byte aligned.
         tid == 0 && (chunks == 1 || unsafe { atomic_add_acq_rel_u32(counter, 1) } as usize == chunks - 1),
     );
     if !arrived_last {

@@ -161,6 +161,8 @@ struct F4([f32; 4]);
 /// `p` is 16-byte aligned and readable for 16 bytes.
 #[inline(always)]
 unsafe fn ld4(p: *const f32) -> [f32; 4] {
+    // SAFETY: the caller gives `p` 16-byte aligned and readable for 16 bytes, which is
+    // `F4`'s size and alignment.
     unsafe { (*(p as *const F4)).0 }
 }
 
@@ -168,6 +170,8 @@ unsafe fn ld4(p: *const f32) -> [f32; 4] {
 /// `p` is 16-byte aligned and writable for 16 bytes.
 #[inline(always)]
 unsafe fn st4(p: *mut f32, v: [f32; 4]) {
+    // SAFETY: the caller gives `p` 16-byte aligned and writable for 16 bytes, which is
+    // `F4`'s size and alignment.
     unsafe { *(p as *mut F4) = F4(v) }
 }
 
@@ -194,6 +198,8 @@ unsafe fn load_tile<const NT: usize>(dst: *mut f32, src: *const f32, src_stride:
         let valid = row0 + r < rows;
         // An invalid row copies 0 bytes; its source address is still kept in bounds.
         let src_row = if valid { row0 + r } else { row0.min(rows - 1) };
+        // SAFETY: r < 64 rows and col + 4 <= HS <= STRIDE: 16 aligned bytes of the
+        // caller's tile; `src_row` < rows is readable, and only `valid` rows copy bytes.
         unsafe {
             cp_async_16_zfill(
                 dst.add(r * STRIDE + col),
@@ -238,22 +244,32 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
     let n_tiles = p_max / BK + 1 - first_tile;
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
 
-    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_FP32 of
+    // SAFETY: (whole body) the launch provides FLASH_SMEM_BYTES_FP32 of
     // dynamic shared memory, laid out Q | K stages | V stages | P blocks.
     // 16-byte aligned: cp.async targets and ld.shared.v4 rows.
     let smem = unsafe { dynamic_shared_align16::<f32>() };
     let q_s = smem;
+    // SAFETY: the K stages follow the Q tile: STAGES tiles from float TILE.
     let k_s = unsafe { smem.add(TILE) };
+    // SAFETY: the V stages follow the K stages.
     let v_s = unsafe { smem.add((1 + STAGES) * TILE) };
+    // SAFETY: warp < BQ / 16: the warp's 16 P rows in the P blocks after the V stages.
     let p_s = unsafe { smem.add((1 + 2 * STAGES) * TILE + warp * WARP_ROWS * STRIDE) };
 
     let plane = (bi * nh + h) * max_t * HS;
+    // SAFETY: the row's (bi, h) plane of max_t * HS floats lies inside each cache.
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
+    // SAFETY: this row's (bi) first qkv row, head h's q columns: inside qkv (n rows
+    // of 3 * c).
     let q_g = unsafe { p.qkv.add(bi * t * 3 * c + h * HS) };
+    // SAFETY: stage < STAGES: inside the K/V stages; keys below n_keys <= pos0 + t
+    // <= max_t are in the cache plane.
     let load_kv = |tile: usize, stage: usize| unsafe {
         load_tile::<THREADS>(k_s.add(stage * TILE), k_g, HS, tile * BK, n_keys);
         load_tile::<THREADS>(v_s.add(stage * TILE), v_g, HS, tile * BK, n_keys);
     };
+    // SAFETY: the Q tile holds TILE floats; q rows q0..t of `q_g` (stride 3c) are in
+    // the launch's qkv.
     unsafe { load_tile::<THREADS>(q_s, q_g, 3 * c, q0, t) };
     load_kv(first_tile, 0);
     cp_async_commit();
@@ -284,17 +300,25 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
         // Warp-uniform: can any row of this warp see any key of the tile?
         let visible = warp_has_rows && k0 <= w_p_max && (window == 0 || k_last + window > w_p_min);
         if visible {
+            // SAFETY: stage < STAGES: one of the K stages.
             let kb = unsafe { k_s.add(stage * TILE) };
+            // SAFETY: stage < STAGES: one of the V stages.
             let vb = unsafe { v_s.add(stage * TILE) };
 
             // S = Q Kᵀ for the warp's 16 rows x 64 keys, C-fragment layout.
             let mut s = [[0f32; 4]; KEY_STEPS];
+            // SAFETY: warp * 16 + g < BQ: a row of the Q tile.
             let qa = unsafe { q_s.add((warp * WARP_ROWS + g) * STRIDE) };
+            // SAFETY: 8 rows below, still the warp's 16 rows of the Q tile.
             let qb = unsafe { qa.add(8 * STRIDE) };
             for d in (0..HS).step_by(VEC) {
+                // SAFETY: d + 4 <= HS <= STRIDE: inside both Q rows, 16-byte aligned (STRIDE and d
+                // multiples of 4); the copies landed before the barrier.
                 let (a0, a1) = unsafe { (ld4(qa.add(d)), ld4(qb.add(d))) };
                 unroll8!(n => {
+                    // SAFETY: n * 8 + 2 * tq + 1 < BK: a key row of this stage, at column d.
                     let kr = unsafe { kb.add((n * MMA_N + 2 * tq) * STRIDE + d) };
+                    // SAFETY: rows `kr` and `kr + STRIDE` are key rows < BK, d + 4 <= HS, aligned.
                     let (b0, b1) = unsafe { (ld4(kr), ld4(kr.add(STRIDE))) };
                     let sn = &mut s[n];
                     for e in 0..VEC {
@@ -351,6 +375,8 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
 
             // O += P V.
             unroll8!(n => {
+                // SAFETY: g + 8 < 16 rows and n * 8 + 2 * tq + 1 < BK columns of this warp's own
+                // P block (no other warp touches it).
                 unsafe {
                     let pr = p_s.add(g * STRIDE + n * MMA_N + 2 * tq);
                     *pr = s[n][0];
@@ -361,9 +387,13 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
             });
             sync_warp();
             for key in 0..BK {
+                // SAFETY: key < BK, g + 8 < 16: this warp's P block, written above by its lanes
+                // and made visible by `sync_warp`.
                 let (pa, pb) = unsafe { (*p_s.add(g * STRIDE + key), *p_s.add((g + 8) * STRIDE + key)) };
+                // SAFETY: key < BK rows of the V stage; 2 * tq < 8 columns.
                 let vr = unsafe { vb.add(key * STRIDE + 2 * tq) };
                 unroll8!(dt => {
+                    // SAFETY: dt * 8 + 2 * tq + 1 < HS: inside the V row.
                     let (v0, v1) = unsafe { (*vr.add(dt * MMA_N), *vr.add(dt * MMA_N + 1)) };
                     let a = &mut acc[dt];
                     a[0] = fma(pa, v0, a[0]);
@@ -387,8 +417,10 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
         if qi < t {
             // Every valid row saw at least its own key, so sum >= 1.
             let inv = 1.0 / sum;
+            // SAFETY: qi < t: this row's head-h slice of `out` (n * t rows of c floats).
             let o = unsafe { p.out.add((bi * t + qi) * c + h * HS + 2 * tq) };
             unroll8!(dt => {
+                // SAFETY: dt * 8 + 2 * tq + 1 < HS: inside the row's head slice.
                 unsafe {
                     *o.add(dt * MMA_N) = acc[dt][2 * r] * inv;
                     *o.add(dt * MMA_N + 1) = acc[dt][2 * r + 1] * inv;
@@ -450,6 +482,8 @@ unsafe fn load_tile_tf32(dst: *mut f32, src: *const f32, src_stride: u32, key0: 
             let valid = key < n_keys;
             // An invalid row copies 0 bytes; its source address is still kept in bounds.
             let src_row = if valid { key } else { n_keys - 1 };
+            // SAFETY: r < BK, cp.col + 4 <= HS <= STRIDE: 16 aligned bytes of the caller's
+            // stage; `src_row` < n_keys is in the cache plane; invalid rows copy 0 bytes.
             unsafe {
                 cp_async_16_zfill(
                     dst.add((r * STRIDE as u32 + cp.col) as usize),
@@ -473,14 +507,20 @@ unsafe fn round_stage_tf32(k: *mut f32, v: *mut f32, cp: TileCopy) {
     for pass in 0..cp.passes {
         let at = |tile: *mut f32, i: usize| {
             let r = cp.row + (pass * T_COPY_BATCH as u32 + i as u32) * cp.row_step;
+            // SAFETY: r < BK rows and cp.col + 4 <= HS: inside the stage tile (the caller's
+            // K or V stage).
             unsafe { tile.add((r * STRIDE as u32 + cp.col) as usize) }
         };
         let mut x = [[0f32; VEC]; 2 * T_COPY_BATCH];
         unroll8!(i => {
+            // SAFETY: `at` is 16-byte aligned inside the tile (STRIDE, cp.col multiples of 4);
+            // this thread's own chunk, landed (the caller waited for it).
             x[i] = unsafe { ld4(at(if i < T_COPY_BATCH { k } else { v }, i % T_COPY_BATCH)) };
         });
         unroll8!(i => {
             let r = x[i].map(|e| f32::from_bits(to_tf32(e)));
+            // SAFETY: the same chunk this thread read; no thread reads it before the caller's
+            // barrier.
             unsafe { st4(at(if i < T_COPY_BATCH { k } else { v }, i % T_COPY_BATCH), r) };
         });
     }
@@ -525,7 +565,10 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
     // S = Q Kᵀ (16 x 32); B = Kᵀ "col": b0/b1 = K[key g][the lane's dims of step ks].
     let mut s = [[0f32; 4]; SUB_STEPS];
     unroll4!(n => {
+        // SAFETY: n * 8 + g < SUB_K keys of the stage, the lane's dims at 8 * tq.
         let kr = unsafe { kb.add((n * MMA_N + g) * STRIDE + 2 * VEC * tq) };
+        // SAFETY: 8 * tq + 4 <= HS / 2 and HS / 2 + 8 * tq + 8 <= HS: four aligned
+        // vectors inside the key row.
         let y = unsafe { [ld4(kr), ld4(kr.add(VEC)), ld4(kr.add(HS / 2)), ld4(kr.add(HS / 2 + VEC))] };
         unroll8!(ks => {
             let (w0, w1) = (2 * ks, 2 * ks + 1);
@@ -577,8 +620,11 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
     unroll4!(ks => {
         let sk = s[ks];
         let af = [round_p_tf32(sk[0]), round_p_tf32(sk[2]), round_p_tf32(sk[1]), round_p_tf32(sk[3])];
+        // SAFETY: ks * 8 + 2 * tq + 1 < SUB_K value rows, column 4 * g < HS / 2.
         let v0 = unsafe { vb.add((ks * MMA_N + 2 * tq) * STRIDE + VEC * g) };
         let (lo0, hi0, lo1, hi1) =
+            // SAFETY: rows `v0` and `v0 + STRIDE` are value rows of the stage; 4 * g + 4 <=
+            // HS / 2 and HS / 2 + 4 * g + 4 <= HS, aligned.
             unsafe { (ld4(v0), ld4(v0.add(HS / 2)), ld4(v0.add(STRIDE)), ld4(v0.add(STRIDE + HS / 2))) };
         unroll8!(dt => {
             let bf = if dt < 4 {
@@ -640,11 +686,12 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     let n_tiles = p_max / bk + 1 - first_tile;
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
 
-    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_TF32 of
+    // SAFETY: (whole body) the launch provides FLASH_SMEM_BYTES_TF32 of
     // dynamic shared memory: K stages | V stages (16-byte aligned rows); the
     // kv_split merge reuses it after the loop.
     let smem = unsafe { dynamic_shared_align16::<f32>() };
     let k_s = smem;
+    // SAFETY: the V stages follow the T_STAGES K stages.
     let v_s = unsafe { k_s.add(T_STAGES * TILE) };
     let plane = ((bi * nh + h) * max_t * hs) as usize;
     // Where K/V rows come from: the caches, or (`kv_from_qkv`: this call
@@ -653,10 +700,15 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     let from_qkv = p.kv_from_qkv != 0;
     let (k_g, v_g, kv_stride) = if from_qkv {
         let row0 = (bi * t * 3 * c + h * hs) as usize;
+        // SAFETY: row0 is row (bi, 0)'s head-h q columns; its K and V columns (+c, +2c)
+        // are inside qkv's 3c-float rows.
         unsafe { (p.qkv.add(row0 + c as usize), p.qkv.add(row0 + 2 * c as usize), 3 * c) }
     } else {
+        // SAFETY: the row's (bi, h) plane of max_t * hs floats lies inside each cache.
         unsafe { (p.k_cache.add(plane).cast_const(), p.v_cache.add(plane).cast_const(), hs) }
     };
+    // SAFETY: stage < T_STAGES: inside the K/V rings; keys below n_keys are readable
+    // rows of `k_g`/`v_g` (the cache plane, or this call's qkv rows).
     let load_kv = |i: u32, stage: u32| unsafe {
         let key0 = (first_tile + i) * bk;
         let at = stage as usize * TILE;
@@ -682,6 +734,8 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
             if i < chunks {
                 let (r, col) = (q0 + i / VECS_PER_ROW as u32, (i % VECS_PER_ROW as u32) * VEC as u32);
                 let src = (r * kv_stride + col) as usize;
+                // SAFETY: r < q0 + q_rows <= t rows of kv_stride floats, col + 4 <= HS: inside
+                // the source, 16-byte aligned.
                 kv[j] = unsafe { [ld4(k_g.add(src)), ld4(v_g.add(src))] };
             }
         });
@@ -690,6 +744,8 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
             if i < chunks {
                 let (r, col) = (q0 + i / VECS_PER_ROW as u32, (i % VECS_PER_ROW as u32) * VEC as u32);
                 let dst = plane + (r * hs + col) as usize;
+                // SAFETY: r < t <= max_t (pos0 = 0): a row of the (bi, h) plane, col + 4 <= HS;
+                // this thread alone writes chunk i.
                 unsafe {
                     st4(p.k_cache.add(dst), kv[j][0]);
                     st4(p.v_cache.add(dst), kv[j][1]);
@@ -712,10 +768,13 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     // zero past the last query.
     let q_row = |qi: u32| -> [[f32; VEC]; 4] {
         if qi < t {
+            // SAFETY: qi < t: row (bi, qi) of qkv, head h's q columns, lane offset 8 * tq < HS / 2.
             let r = unsafe {
                 p.qkv
                     .add(((bi * t + qi) * 3 * c + h * hs + 2 * VEC as u32 * tq) as usize)
             };
+            // SAFETY: 8 * tq + 8 <= HS / 2, so the four 16-byte vectors lie inside the row's
+            // head slice, aligned (c, hs and the offsets multiples of 4).
             unsafe { [ld4(r), ld4(r.add(VEC)), ld4(r.add(HS / 2)), ld4(r.add(HS / 2 + VEC))] }
         } else {
             [[0.0; VEC]; 4]
@@ -741,6 +800,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     let ring = T_STAGES as u32;
     let (mut stage, mut next_stage) = (0, 2);
     for i in 0..n_tiles {
+        // SAFETY: stage < T_STAGES: one K and one V stage of the rings.
         let (kb, vb) = unsafe { (k_s.add(stage as usize * TILE), v_s.add(stage as usize * TILE)) };
         // Tile i's commit group is in (at most the one after it pending);
         // round what this thread copied (unless the caller promised TF32
@@ -748,6 +808,8 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         // iteration i-1, whose stage the next copies reuse.
         cp_async_wait_group::<1>();
         if p.kv_rounded == 0 {
+            // SAFETY: the wait above landed this thread's copies of the stage, which only it
+            // touches until the barrier below.
             unsafe { round_stage_tf32(kb, vb, cp) };
         }
         sync_threads();
@@ -764,6 +826,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                 // Warp-uniform: can any row of this warp see any key of the step?
                 if k0 <= w_p_max && (window == 0 || k_last + window > w_p_min) {
                     let needs_mask = k_last > w_p_min || (window > 0 && k0 + window <= w_p_max);
+                    // SAFETY: sub < SUBS_PER_TILE: SUB_K rows of the stage.
                     let (kb, vb) = unsafe {
                         (
                             kb.add(sub as usize * SUB_K * STRIDE),
@@ -772,8 +835,11 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                     };
                     if needs_mask {
                         let d0 = row_p.map(|rp| rp.wrapping_sub(k0 + 2 * tq));
+                        // SAFETY: `kb`/`vb` are 32 rows of the stage, rounded and published by the
+                        // barrier at the top of the iteration.
                         unsafe { attend_sub_tf32::<true>(&mut st, &qf, kb, vb, d0, lim, p.scale_log2e) };
                     } else {
+                        // SAFETY: as for the masked call: 32 published rows of the stage.
                         unsafe { attend_sub_tf32::<false>(&mut st, &qf, kb, vb, [0; 2], [0; 2], p.scale_log2e) };
                     }
                 }
@@ -789,6 +855,8 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         // everyone is past the last step; no copy is in flight (the commit
         // groups after the last tile are empty).
         let others = split - 1;
+        // SAFETY: k < others and v < MERGE_VALS: inside the merge area, which the launch's
+        // K/V rings (now free: barrier below, no copy in flight) are large enough for.
         let at = |k: u32, v: usize| unsafe {
             smem.add((((slice * others + k) as usize * MERGE_VALS + v) * WARP_SIZE as usize) + lane as usize)
         };
@@ -797,10 +865,12 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
             let k = part - 1;
             unroll8!(dt => {
                 for e in 0..4 {
+                    // SAFETY: 4 * dt + e < MERGE_VALS: this lane's slot of part k's block.
                     unsafe { *at(k, 4 * dt + e) = st.acc[dt][e] };
                 }
             });
             for r in 0..2 {
+                // SAFETY: 4 * DIM_STEPS + 3 < MERGE_VALS: this lane's m and l slots.
                 unsafe {
                     *at(k, 4 * DIM_STEPS + r) = st.m[r];
                     *at(k, 4 * DIM_STEPS + 2 + r) = st.l[r];
@@ -813,6 +883,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                 let mut a = [0f32; 2];
                 let mut b2 = [0f32; 2];
                 for r in 0..2 {
+                    // SAFETY: part k's m/l slots, written before the barrier above.
                     let (m2, l2) = unsafe { (*at(k, 4 * DIM_STEPS + r), *at(k, 4 * DIM_STEPS + 2 + r)) };
                     let m_new = st.m[r].max(m2);
                     let base = softmax_base(m_new);
@@ -823,6 +894,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                 }
                 unroll8!(dt => {
                     for e in 0..4 {
+                        // SAFETY: part k's accumulator slot, written before the barrier above.
                         let other = unsafe { *at(k, 4 * dt + e) };
                         st.acc[dt][e] = fma(st.acc[dt][e], a[e / 2], other * b2[e / 2]);
                     }
@@ -844,7 +916,9 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                 let a = &st.acc;
                 // Entry e of n-tiles dt0..dt0+4, normalised (constant indices once inlined).
                 let v = |dt0: usize, e: usize| [0, 1, 2, 3].map(|i| a[dt0 + i][2 * r + e] * inv);
+                // SAFETY: qi < t: row (bi, qi) of `out` (b * t rows of c), head h, lane dims 8 * tq.
                 let o = unsafe { p.out.add(((bi * t + qi) * c + h * hs + 2 * VEC as u32 * tq) as usize) };
+                // SAFETY: 8 * tq + 8 <= HS / 2: the four vectors are inside the head slice, aligned.
                 unsafe {
                     st4(o, v(0, 0));
                     st4(o.add(VEC), v(0, 1));
@@ -865,6 +939,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
 /// 16-byte aligned.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_tf32(p: FlashAttentionParams) {
+    // SAFETY: the launch contract of this kernel is `flash_prefill_tf32`'s.
     unsafe { flash_prefill_tf32(&p) }
 }
 
@@ -874,6 +949,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_tf32(p: FlashAttention
 /// Launched as [`FlashAttentionParams`] says; buffers as for [`attention_forward_flash_tf32`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_fp32(p: FlashAttentionParams) {
+    // SAFETY: the launch contract of this kernel is `flash_prefill_fp32`'s.
     unsafe { flash_prefill_fp32(&p) }
 }
 
@@ -980,9 +1056,11 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
     let key_end = pos + 1;
 
     // This lane's 8 query dimensions, pre-scaled into log2 units.
+    // SAFETY: row bt's head-h q columns plus 4 * l8: two aligned vectors inside qkv.
     let q = unsafe { decode_query(p.qkv.add(bt * 3 * c + h * HS + VEC * l8), p.scale_log2e) };
 
     let plane = (bi * nh + h) * max_t * HS + VEC * l8;
+    // SAFETY: the (bi, h) plane of max_t * HS floats lies inside each cache.
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
     // Keys are interleaved across groups so that neighbouring groups read neighbouring rows.
     let key_of = |i: usize| key_begin + grp + i * DEC_GROUPS;
@@ -992,6 +1070,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
         let key = key_of(i);
         let mut part = 0f32;
         if key < key_end {
+            // SAFETY: key < key_end <= max_t: a key row of the plane, both halves aligned.
             let (ka, kb) = unsafe { (ld4(k_g.add(key * HS)), ld4(k_g.add(key * HS + DEC_HALF))) };
             part = key_score_part(&q, ka, kb);
         }
@@ -1007,6 +1086,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
         if key < key_end {
             let w = exp2_approx(s[i] - base);
             l += w;
+            // SAFETY: key < key_end <= max_t: a value row of the plane, both halves aligned.
             let (va, vb) = unsafe { (ld4(v_g.add(key * HS)), ld4(v_g.add(key * HS + DEC_HALF))) };
             for e in 0..VEC {
                 acc[e] = fma(w, va[e], acc[e]);
@@ -1021,6 +1101,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
     if lane < DEC_LANES {
         let part = chunk * FLASH_DECODE_PARTS_PER_CHUNK as usize + warp_id() as usize;
         let row = (bt * nh + h) * p.parts_stride as usize + part;
+        // SAFETY: part < parts_stride: this warp's row of part_acc (HS floats) and part_ml.
         unsafe {
             let a = p.part_acc.add(row * HS + VEC * l8);
             st4(a, [acc[0], acc[1], acc[2], acc[3]]);
@@ -1044,17 +1125,23 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_combine(p: FlashCombin
     let r = block_idx_x() as usize; // (b*t + ti) * nh + h
     let d = thread_idx_x() as usize;
     let first = r * p.parts_stride as usize;
+    // SAFETY: r < b * t * nh rows of parts_stride parts; `first` starts row r's.
     let ml = unsafe { p.part_ml.add(2 * first) };
     let mut m_all = f32::NEG_INFINITY;
     for i in 0..parts {
+        // SAFETY: i < parts <= parts_stride: row r's (m, l) pairs.
         m_all = m_all.max(unsafe { *ml.add(2 * i) });
     }
     // Finite: the part holding the query's own key saw a real score.
     let (mut l_all, mut o) = (0f32, 0f32);
     for i in 0..parts {
+        // SAFETY: i < parts: row r's (m, l) pairs.
         let w = exp2_approx(unsafe { *ml.add(2 * i) } - m_all);
+        // SAFETY: i < parts: row r's (m, l) pairs.
         l_all = fma(unsafe { *ml.add(2 * i + 1) }, w, l_all);
+        // SAFETY: i < parts, d < HS: row r's parts in part_acc.
         o = fma(unsafe { *p.part_acc.add((first + i) * HS + d) }, w, o);
     }
+    // SAFETY: r / nh < b * t rows of `out`, head r % nh, d < HS.
     unsafe { *p.out.add((r / nh) * c + (r % nh) * HS + d) = o / l_all };
 }

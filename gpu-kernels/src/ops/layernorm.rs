@@ -34,13 +34,14 @@ impl Out {
     /// The row's output: bf16 where `out_bf16` is set, else `out`.
     #[inline(always)]
     fn new(out: *mut f32, out_bf16: *mut u16, round_tf32: u32, at: usize) -> Out {
-        // SAFETY (both): the caller's row offset lies inside the buffer.
         if out_bf16.is_null() {
             Out::F32 {
+                // SAFETY: `at` is the caller's row offset, inside `out` when it is the output.
                 out: unsafe { out.add(at) },
                 round_tf32: round_tf32 != 0,
             }
         } else {
+            // SAFETY: `at` is the caller's row offset, inside `out_bf16` when it is the output.
             Out::Bf16(unsafe { out_bf16.add(at) })
         }
     }
@@ -62,9 +63,11 @@ impl Out {
     #[inline(always)]
     unsafe fn put(self, i: usize, v: f32) {
         match self {
+            // SAFETY: the caller keeps `i` inside the row this `out` points at.
             Out::F32 { out, round_tf32 } => unsafe {
                 *out.add(i) = if round_tf32 { f32::from_bits(to_tf32(v)) } else { v }
             },
+            // SAFETY: the caller keeps `i` inside the row this `out_bf16` points at.
             Out::Bf16(out) => unsafe { *out.add(i) = f32_to_bf16(v) },
         }
     }
@@ -76,6 +79,8 @@ impl Out {
     #[inline(always)]
     unsafe fn put4(self, i: usize, v: [f32; VEC]) {
         match self {
+            // SAFETY: `i + 4` is inside the row and `aligned()` held, so `out + i` is
+            // 16-byte aligned (i is a multiple of 4).
             Out::F32 { out, round_tf32 } => unsafe {
                 store4(
                     out.add(i),
@@ -86,6 +91,8 @@ impl Out {
                     },
                 )
             },
+            // SAFETY: `i + 4` is inside the row; `aligned()` gave 8-byte alignment and `i` is
+            // a multiple of 4, so the `U2` (two bf16 pairs) store is aligned.
             Out::Bf16(out) => unsafe {
                 *out.add(i).cast::<U2>() = U2([pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3])]);
             },
@@ -192,14 +199,15 @@ unsafe fn layernorm_row(r: Row, c: usize) {
         let mut i = lane;
         while i < c4 {
             let e = i * VEC;
-            // SAFETY: i < c/4 within the row; aligned (checked above).
             let v = match r.add {
+                // SAFETY: i < c/4 within the row; aligned (checked above).
                 Some((a, b)) => unsafe {
                     let (a, b) = (load4(a.add(e)), load4(b.add(e)));
                     let v = [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]];
                     store4(r.x.add(e), v);
                     v
                 },
+                // SAFETY: i < c/4 within the row; `x` aligned (checked in `vectorisable`).
                 None => unsafe { load4(r.x.add(e)) },
             };
             sum += (v[0] + v[1]) + (v[2] + v[3]);
@@ -234,13 +242,14 @@ unsafe fn layernorm_row(r: Row, c: usize) {
         let mut sum = 0.0;
         let mut i = lane;
         while i < c {
-            // SAFETY: i < c.
             let v = match r.add {
+                // SAFETY: i < c.
                 Some((a, b)) => unsafe {
                     let v = *a.add(i) + *b.add(i);
                     *r.x.add(i) = v;
                     v
                 },
+                // SAFETY: i < c, inside the row.
                 None => unsafe { *r.x.add(i) },
             };
             sum += v;
@@ -295,6 +304,8 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward(p: LayernormParams) {
             bias: p.bias,
         }
     };
+    // SAFETY: `r` points at row `row` < n of buffers the launch contract sizes,
+    // which is `layernorm_row`'s contract; `x` is only read.
     unsafe { layernorm_row(r, c) };
 }
 
@@ -320,6 +331,8 @@ pub unsafe extern "ptx-kernel" fn residual_layernorm_forward(p: ResidualLayernor
             bias: p.bias,
         }
     };
+    // SAFETY: `r` points at row `row` < n of the launch's buffers; `residual` (x) is
+    // a separate buffer from the inputs, as `layernorm_row` requires.
     unsafe { layernorm_row(r, c) };
 }
 

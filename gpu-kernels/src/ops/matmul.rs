@@ -48,10 +48,10 @@ fn epilogue(p: &MatmulParams, acc: f32, col: usize) -> f32 {
 /// [`epilogue`] with its bias (null: none) and GELU flag given directly.
 #[inline(always)]
 fn epilogue_of(bias: *const f32, gelu_on: u32, acc: f32, col: usize) -> f32 {
-    // SAFETY: col < oc, and a non-null bias holds oc floats.
     let v = if bias.is_null() {
         acc
     } else {
+        // SAFETY: col < oc, and a non-null bias holds oc floats.
         acc + unsafe { *bias.add(col) }
     };
     if gelu_on != 0 { gelu(v) } else { v }
@@ -165,8 +165,8 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
     let split = block_idx_z() as usize;
     let k_begin = (split * p.k_chunk as usize).min(c);
     let k_end = (k_begin + p.k_chunk as usize).min(c);
-    // SAFETY: a split launch's `out` holds splits * n * oc floats.
     let p = &MatmulParams {
+        // SAFETY: a split launch's `out` holds splits * n * oc floats.
         out: unsafe { p.out.add(split * n * oc) },
         ..*p
     };
@@ -474,9 +474,9 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_gemv(p: MatmulParams) {
             // (no array indexed in a loop): LLVM kept such an array in local
             // memory and split its loads.
             let ks = [k0, k0 + lanes, k0 + 2 * lanes, k0 + 3 * lanes];
-            // SAFETY: k < c/4 (checked per load), aligned (checked above).
             let load = |k: usize| {
                 if k < c4 {
+                    // SAFETY: k < c/4 (checked per load), aligned (checked above).
                     unsafe { load4(w.add(k * VEC)) }
                 } else {
                     [0.0; VEC]

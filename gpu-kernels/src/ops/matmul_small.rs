@@ -186,8 +186,8 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
                 let av: [[f32; VEC]; TM] = core::array::from_fn(|i| unsafe {
                     load4(buf.add(a_off + i * (BM / TM) * LDS + $q * VEC))
                 });
-                // SAFETY: rows BM + tx + 16 j < ROWS of the slice.
                 let bv: [[f32; VEC]; TN] =
+                    // SAFETY: rows BM + tx + 16 j < ROWS of the slice.
                     core::array::from_fn(|j| unsafe { load4(buf.add(b_off + j * LANES_N * LDS + $q * VEC)) });
                 // Written out per k (LLVM leaves the whole nest rolled,
                 // and `acc` in local memory, otherwise).
@@ -209,8 +209,8 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
     // partials rather than after it.
     let bias: [f32; TN] = core::array::from_fn(|j| {
         let col = n0 + tx + j * LANES_N;
-        // SAFETY: col < oc, and a non-null bias holds oc floats.
         if col < oc && !p.bias.is_null() {
+            // SAFETY: col < oc, and a non-null bias holds oc floats.
             unsafe { *p.bias.add(col) }
         } else {
             0.0

@@ -384,8 +384,8 @@ unsafe fn search(row: &Row, sm: Smem, f: impl Fn(u32, f32) -> u64, goal_of: impl
     loop {
         if len <= THREADS {
             let j = lo + tid;
-            // SAFETY: j < lo + len <= v.
             let w = if tid < len {
+                // SAFETY: j < lo + len <= v.
                 f(j, unsafe { *row.x.add(j as usize) })
             } else {
                 0
@@ -727,10 +727,10 @@ pub unsafe extern "ptx-kernel" fn sample_forward(p: SampleParams) {
         // SAFETY: every thread is here; x[0..v) readable.
         unsafe { greedy(x, p.v, sm) }
     } else {
-        // SAFETY: counter holds n words where not null.
         let counter = if p.counter.is_null() {
             0
         } else {
+            // SAFETY: counter holds n words where not null.
             unsafe { *p.counter.add(row as usize) }
         };
         let random = row_random(cfg.seed, counter, row);

@@ -18,6 +18,8 @@ pub const VEC: usize = 4;
 /// `p` is 16-byte aligned and 16 bytes at it are readable.
 #[inline(always)]
 pub unsafe fn load4(p: *const f32) -> [f32; 4] {
+    // SAFETY: the caller gives `p` 16-byte aligned with 16 readable bytes, which is
+    // `F4`'s size and alignment.
     unsafe { (*(p as *const F4)).0 }
 }
 
@@ -27,6 +29,8 @@ pub unsafe fn load4(p: *const f32) -> [f32; 4] {
 /// `p` is 16-byte aligned and 16 bytes at it are writable.
 #[inline(always)]
 pub unsafe fn store4(p: *mut f32, v: [f32; 4]) {
+    // SAFETY: the caller gives `p` 16-byte aligned with 16 writable bytes, which is
+    // `F4`'s size and alignment.
     unsafe { *(p as *mut F4) = F4(v) }
 }
 
