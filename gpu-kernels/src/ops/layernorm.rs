@@ -110,7 +110,12 @@ struct U2([u32; 2]);
 #[inline(always)]
 fn vectorisable(r: &Row, c: usize) -> bool {
     let add_aligned = r.add.is_none_or(|(a, b)| aligned16(a) && aligned16(b));
-    c.is_multiple_of(VEC) && aligned16(r.x) && r.out.aligned() && aligned16(r.weight) && aligned16(r.bias) && add_aligned
+    c.is_multiple_of(VEC)
+        && aligned16(r.x)
+        && r.out.aligned()
+        && aligned16(r.weight)
+        && aligned16(r.bias)
+        && add_aligned
 }
 
 /// 16-byte vectors of a row that each lane holds in registers on the fast
