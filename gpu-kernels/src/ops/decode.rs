@@ -25,6 +25,7 @@ use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::mma::{mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::{shfl_xor_f32, shfl_xor_u32, warp_reduce_sum, warp_reduce_sum_many};
+use crate::device::{UNROLL_MAX, unroll};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, block_dim_x, block_idx_x, block_idx_y, block_idx_z, grid_dependency_wait,
     grid_dim_x, grid_dim_y, grid_dim_z, lane_id, launch_dependents, prefetch_l2_slice, sync_threads, sync_threads_or,
@@ -72,7 +73,7 @@ unsafe fn prefetch_ranges(ranges: &[PrefetchRange; DECODE_PREFETCH_RANGES], bloc
 #[inline(always)]
 unsafe fn load_chunk<W: Weight>(row: *const W, k0: usize, c: usize, lane: usize) -> Chunk {
     let mut w = [[0u32; 4]; LOADS];
-    unroll_below!(j < LOADS => {
+    unroll!(j < LOADS => {
         let k = k0 + (j * LANES + lane) * W::PER_LOAD;
         if k < c {
             // SAFETY: k + PER_LOAD <= c, aligned.
@@ -98,14 +99,14 @@ unsafe fn dot_chunk<W: Weight, const R: usize>(
     n: usize,
     lane: usize,
 ) {
-    unroll_below!(j < LOADS => {
+    unroll!(j < LOADS => {
         let k = k0 + (j * LANES + lane) * W::PER_LOAD;
         if k < c {
             let wj = &w[j];
-            unroll_below!(r < R => {
+            unroll!(r < R => {
                 if r < n {
                     // Four elements per 16-byte read of the staged row.
-                    unroll_below!(q < W::PER_LOAD / VEC => {
+                    unroll!(q < W::PER_LOAD / VEC => {
                         // SAFETY: r < n, k + PER_LOAD <= c.
                         let x = unsafe { load4(xs.add(r * c + k + q * VEC)) };
                         let e = q * VEC;
@@ -127,7 +128,7 @@ unsafe fn dot_chunk<W: Weight, const R: usize>(
 /// of four (8 rows: 8 instead of 32). Larger batches raise the kernels'
 /// registers past 128, which halves the resident blocks.
 const STAGE_BATCH: usize = 4;
-const _: () = assert!(STAGE_BATCH <= crate::ops::UNROLL_MAX);
+const _: () = assert!(STAGE_BATCH <= UNROLL_MAX);
 
 /// Stage `n` rows of `c` floats (`c % 4 == 0`) by the block's threads, one
 /// 16-byte vector at a time, [`STAGE_BATCH`] vectors per thread in flight:
@@ -148,14 +149,14 @@ pub(crate) fn stage_vectors(
     let mut base = thread_idx_x() as usize;
     while base < total {
         let mut x = [[0.0f32; VEC]; STAGE_BATCH];
-        unroll_below!(u < STAGE_BATCH => {
+        unroll!(u < STAGE_BATCH => {
             let i = base + u * stride;
             if i < total {
                 let (r, k) = at(i);
                 x[u] = load(r, k);
             }
         });
-        unroll_below!(u < STAGE_BATCH => {
+        unroll!(u < STAGE_BATCH => {
             let i = base + u * stride;
             if i < total {
                 let (r, k) = at(i);
@@ -705,7 +706,7 @@ impl MmaWeight for f32 {
     #[inline(always)]
     fn mma_step(acc: [f32; MMA_ACC], lo: &[u32; 4], hi: &[u32; 4], x: &[f32; MMA_MAX_LANE_K]) -> [f32; MMA_ACC] {
         let mut acc = acc;
-        unroll_below!(h < 2 => {
+        unroll!(h < 2 => {
             let (a0, a1, a2, a3) = (
                 split_tf32(f32::from_bits(lo[2 * h])),
                 split_tf32(f32::from_bits(hi[2 * h])),
@@ -754,10 +755,10 @@ pub(crate) unsafe fn mma_load_batch<W: MmaWeight>(
     let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
     let step = MMA_QUAD * W::LANE_K;
     let mut b = [[[0u32; 4]; 2]; MMA_BATCH];
-    unroll_below!(s < MMA_BATCH => {
+    unroll!(s < MMA_BATCH => {
         let kk = k + s * step + t * W::LANE_K;
         if k + s * step < k_hi {
-            unroll_below!(h < 2 => {
+            unroll!(h < 2 => {
                 let col = col0 + g + h * MMA_HALF;
                 if col < oc {
                     // SAFETY: col < oc, kk + LANE_K <= c, aligned.
@@ -789,7 +790,7 @@ pub(crate) unsafe fn mma_stage_step<W: MmaWeight>(
     let kk = k0 + t * W::LANE_K;
     let mut x = [0f32; MMA_MAX_LANE_K];
     if g < n {
-        unroll_below!(q < MMA_MAX_LANE_K / VEC => {
+        unroll!(q < MMA_MAX_LANE_K / VEC => {
             if q * VEC < W::LANE_K {
                 // SAFETY: row g < n, kk + LANE_K <= c.
                 let v = unsafe { load4(xs.add(g * c + kk + q * VEC)) };
@@ -819,7 +820,7 @@ unsafe fn mma_batch<W: MmaWeight>(
     lane: usize,
 ) {
     let step = MMA_QUAD * W::LANE_K;
-    unroll_below!(s < MMA_BATCH => {
+    unroll!(s < MMA_BATCH => {
         if k + s * step < k_hi {
             // SAFETY: the caller's contract; k + s * step < k_hi.
             let x = unsafe { mma_stage_step::<W>(xs, c, k + s * step, n, lane) };
@@ -899,7 +900,7 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
             // SAFETY: as above.
             first = unsafe { mma_load_batch(p.weight, next * MMA_TILE, oc, c, k_lo, k_hi, lane) };
         }
-        unroll_below!(j < MMA_ACC => {
+        unroll!(j < MMA_ACC => {
             // SAFETY: warp < warps fragments of 128 floats.
             unsafe { *red.add(warp * MMA_OUTPUTS + lane * MMA_ACC + j) = acc[j] };
         });
@@ -974,7 +975,7 @@ const ATT_KEYS_PER_GROUP: usize = DECODE_ATTN_CHUNK as usize / ATT_GROUPS;
 const ATT_HALF: usize = HS / 2;
 const _: () = assert!(ATT_LANES * 2 * VEC == HS);
 const _: () = assert!(ATT_GROUPS * ATT_KEYS_PER_GROUP == DECODE_ATTN_CHUNK as usize);
-const _: () = assert!(ATT_KEYS_PER_GROUP <= crate::ops::UNROLL_MAX);
+const _: () = assert!(ATT_KEYS_PER_GROUP <= UNROLL_MAX);
 
 /// Decode attention (see the module docs and `DecodeAttentionParams`).
 ///
@@ -1084,7 +1085,7 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
     // Every K and V load first (V does not depend on the scores), so the
     // keys cost one memory round trip, not two.
     let mut kv = [[[0f32; VEC]; 4]; K];
-    unroll_below!(i < K => {
+    unroll!(i < K => {
         let key = key_of(i);
         if key < key_end {
             // SAFETY: the caller's contract.
@@ -1099,7 +1100,7 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
         }
     });
     let mut s = [0f32; K];
-    unroll_below!(i < K => {
+    unroll!(i < K => {
         let key = key_of(i);
         let dot = key_lanes_sum(key_score_part(q, kv[i][0], kv[i][1]), ATT_LANES as u32);
         s[i] = if key < key_end { dot } else { f32::NEG_INFINITY };
@@ -1108,7 +1109,7 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
     let base = softmax_base(m);
     let mut l = 0f32;
     let mut acc = [0f32; 2 * VEC];
-    unroll_below!(i < K => {
+    unroll!(i < K => {
         if key_of(i) < key_end {
             let w = exp2_approx(s[i] - base);
             l += w;

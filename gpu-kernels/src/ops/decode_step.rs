@@ -38,6 +38,7 @@ use crate::device::tma::{
     bulk_copy_to_shared, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx, mbarrier_init,
     mbarrier_wait_parity,
 };
+use crate::device::unroll;
 use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, atomic_add_shared_u32, block_idx_x, clock64, global_timer_ns, grid_arrive,
@@ -671,9 +672,9 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
         while k < k_hi {
             // SAFETY: col < cols of the tile, k + PER_LOAD <= c_in.
             let w = unsafe { W::load_raw(wt.add(col * c_in), k) };
-            unroll_below!(r < R => {
+            unroll!(r < R => {
                 if r < n {
-                    unroll_below!(q < W::PER_LOAD / VEC => {
+                    unroll!(q < W::PER_LOAD / VEC => {
                         // SAFETY: r < n, k + PER_LOAD <= c_in.
                         let x = unsafe { load4(xs.add(r * c_in + k + q * VEC)) };
                         let e = q * VEC;
@@ -770,14 +771,14 @@ unsafe fn tile_gemv_mma<W: MmaWeight>(
                 // Both steps' staged values before the products (ptxas
                 // spilled when each was loaded after the product before).
                 let mut x: [MmaStaged; MMA_BATCH] = Default::default();
-                unroll_below!(s < MMA_BATCH => {
+                unroll!(s < MMA_BATCH => {
                     if k + s * step < k_hi {
                         // SAFETY: k + s * step < k_hi <= c_in, and `xs` holds n rows of c_in staged floats,
                         // 16-byte aligned (the caller's contract).
                         x[s] = unsafe { mma_stage_step::<W>(xs, c_in, k + s * step, n, lane) };
                     }
                 });
-                unroll_below!(s < MMA_BATCH => {
+                unroll!(s < MMA_BATCH => {
                     if k + s * step < k_hi {
                         acc = W::mma_step(acc, &w[s][0], &w[s][1], &x[s]);
                     }
@@ -785,7 +786,7 @@ unsafe fn tile_gemv_mma<W: MmaWeight>(
                 k += MMA_BATCH * step;
             }
         }
-        unroll_below!(j < MMA_ACC => {
+        unroll!(j < MMA_ACC => {
             // SAFETY: warp < WARPS fragments of MMA_OUTPUTS floats.
             unsafe { *red.add(warp * MMA_OUTPUTS + lane * MMA_ACC + j) = acc[j] };
         });
@@ -1159,7 +1160,7 @@ unsafe fn lm_head_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: (f32,
     let (n, lane) = (p.n as usize, lane_id() as usize);
     let none = (f32::NEG_INFINITY, u32::MAX);
     let mut mine = none;
-    unroll_below!(r < R => {
+    unroll!(r < R => {
         if r < n {
             let b = warp_best(if row == r { best } else { none });
             if lane == r {

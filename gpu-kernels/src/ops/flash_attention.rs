@@ -54,9 +54,11 @@
 //! groups with shuffles and writes one partial (max, sum, acc[64]); the combine
 //! kernel merges the partials of each (query, head).
 
+use crate::device::Vec4;
 use crate::device::math::{exp2_approx, fma};
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
+use crate::device::unroll;
 use crate::device::warp::shfl_xor_f32;
 use crate::device::{
     WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, sync_threads, sync_warp, thread_idx_x,
@@ -92,7 +94,7 @@ const _: () = assert!((BK * VECS_PER_ROW).is_multiple_of(THREADS) && (BK * VECS_
 const _: () = assert!(STAGES == 2, "the FP32 pipeline is written for a 2-stage ring");
 const _: () = assert!(
     KEY_STEPS == 8 && DIM_STEPS == 8,
-    "the fragment loops are unrolled by `unroll8!`"
+    "the fragment loops are unrolled 8 times (`unroll!`)"
 );
 
 const T_THREADS: usize = FLASH_TF32_THREADS as usize;
@@ -110,12 +112,12 @@ const STORE_CHUNKS_PER_THREAD: usize = FLASH_TF32_ROWS_MAX as usize * VECS_PER_R
 const _: () = assert!(STORE_CHUNKS_PER_THREAD * T_THREADS == FLASH_TF32_ROWS_MAX as usize * VECS_PER_ROW);
 const _: () = assert!(
     STORE_CHUNKS_PER_THREAD == 8,
-    "the store loops are unrolled by `unroll8!`"
+    "the store loops are unrolled 8 times (`unroll!`)"
 );
 const _: () = assert!(FLASH_TF32_ROWS_MAX as usize == T_WARPS * WARP_ROWS);
 const _: () = assert!(
     SUBS_PER_TILE == 2 && SUB_STEPS == 4,
-    "loops below are unrolled by `unroll4!`"
+    "loops below are unrolled 4 times (`unroll!`)"
 );
 const _: () = assert!(
     BK * VECS_PER_ROW == T_THREADS * T_COPY_BATCH && T_THREADS.is_multiple_of(VECS_PER_ROW),
@@ -133,37 +135,13 @@ const _: () = assert!(
     "the merge area (every warp but part 0 of each slice) reuses the K/V ring"
 );
 
-/// Repeat `$body` for `$i` = 0..8 as a constant. The fragment arrays must be
-/// indexed by constants to stay in registers, and LLVM's unroller gives up on
-/// the 8x8 MMA nests (it left them as loops over a 128-byte local array).
-macro_rules! unroll8 {
-    ($i:ident => $body:block) => {
-        unroll8!(@ $i $body; 0 1 2 3 4 5 6 7)
-    };
-    (@ $i:ident $body:block; $($n:literal)*) => {
-        $( { let $i: usize = $n; $body } )*
-    };
-}
-
-/// [`unroll8!`] for 0..4.
-macro_rules! unroll4 {
-    ($i:ident => $body:block) => {
-        unroll8!(@ $i $body; 0 1 2 3)
-    };
-}
-
-/// 16 aligned bytes, so loads of it become `ld.v4.f32`.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; 4]);
-
 /// # Safety
 /// `p` is 16-byte aligned and readable for 16 bytes.
 #[inline(always)]
 unsafe fn ld4(p: *const f32) -> [f32; 4] {
     // SAFETY: the caller gives `p` 16-byte aligned and readable for 16 bytes, which is
-    // `F4`'s size and alignment.
-    unsafe { (*(p as *const F4)).0 }
+    // `Vec4`'s size and alignment.
+    unsafe { (*(p as *const Vec4<f32>)).0 }
 }
 
 /// # Safety
@@ -171,8 +149,8 @@ unsafe fn ld4(p: *const f32) -> [f32; 4] {
 #[inline(always)]
 unsafe fn st4(p: *mut f32, v: [f32; 4]) {
     // SAFETY: the caller gives `p` 16-byte aligned and writable for 16 bytes, which is
-    // `F4`'s size and alignment.
-    unsafe { *(p as *mut F4) = F4(v) }
+    // `Vec4`'s size and alignment.
+    unsafe { *(p as *mut Vec4<f32>) = Vec4(v) }
 }
 
 /// `exp2(x - m)` where `m` is a running maximum that may still be -inf (no
@@ -315,7 +293,7 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
                 // SAFETY: d + 4 <= HS <= STRIDE: inside both Q rows, 16-byte aligned (STRIDE and d
                 // multiples of 4); the copies landed before the barrier.
                 let (a0, a1) = unsafe { (ld4(qa.add(d)), ld4(qb.add(d))) };
-                unroll8!(n => {
+                unroll!(n < 8 => {
                     // SAFETY: n * 8 + 2 * tq + 1 < BK: a key row of this stage, at column d.
                     let kr = unsafe { kb.add((n * MMA_N + 2 * tq) * STRIDE + d) };
                     // SAFETY: rows `kr` and `kr + STRIDE` are key rows < BK, d + 4 <= HS, aligned.
@@ -334,7 +312,7 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
             // diagonal, the window start or the end of the keys.
             let needs_mask = k_last > w_p_min || (window > 0 && k0 + window <= w_p_max);
             let mut tile_max = [f32::NEG_INFINITY; 2];
-            unroll8!(n => {
+            unroll!(n < 8 => {
                 for (e, x) in s[n].iter_mut().enumerate() {
                     let r = e / 2;
                     let mut v = *x * p.scale_log2e;
@@ -361,20 +339,20 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
                 m[r] = m_new;
                 l[r] *= alpha[r];
             }
-            unroll8!(n => {
+            unroll!(n < 8 => {
                 for (e, x) in s[n].iter_mut().enumerate() {
                     *x = exp2_approx(*x - base[e / 2]);
                     l[e / 2] += *x;
                 }
             });
-            unroll8!(dt => {
+            unroll!(dt < 8 => {
                 for (e, x) in acc[dt].iter_mut().enumerate() {
                     *x *= alpha[e / 2];
                 }
             });
 
             // O += P V.
-            unroll8!(n => {
+            unroll!(n < 8 => {
                 // SAFETY: g + 8 < 16 rows and n * 8 + 2 * tq + 1 < BK columns of this warp's own
                 // P block (no other warp touches it).
                 unsafe {
@@ -392,7 +370,7 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
                 let (pa, pb) = unsafe { (*p_s.add(g * STRIDE + key), *p_s.add((g + 8) * STRIDE + key)) };
                 // SAFETY: key < BK rows of the V stage; 2 * tq < 8 columns.
                 let vr = unsafe { vb.add(key * STRIDE + 2 * tq) };
-                unroll8!(dt => {
+                unroll!(dt < 8 => {
                     // SAFETY: dt * 8 + 2 * tq + 1 < HS: inside the V row.
                     let (v0, v1) = unsafe { (*vr.add(dt * MMA_N), *vr.add(dt * MMA_N + 1)) };
                     let a = &mut acc[dt];
@@ -419,7 +397,7 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
             let inv = 1.0 / sum;
             // SAFETY: qi < t: this row's head-h slice of `out` (n * t rows of c floats).
             let o = unsafe { p.out.add((bi * t + qi) * c + h * HS + 2 * tq) };
-            unroll8!(dt => {
+            unroll!(dt < 8 => {
                 // SAFETY: dt * 8 + 2 * tq + 1 < HS: inside the row's head slice.
                 unsafe {
                     *o.add(dt * MMA_N) = acc[dt][2 * r] * inv;
@@ -476,7 +454,7 @@ const T_COPY_BATCH: usize = 4;
 #[inline(always)]
 unsafe fn load_tile_tf32(dst: *mut f32, src: *const f32, src_stride: u32, key0: u32, n_keys: u32, cp: TileCopy) {
     for pass in 0..cp.passes {
-        unroll4!(i => {
+        unroll!(i < 4 => {
             let r = cp.row + (pass * T_COPY_BATCH as u32 + i as u32) * cp.row_step;
             let key = key0 + r;
             let valid = key < n_keys;
@@ -512,12 +490,12 @@ unsafe fn round_stage_tf32(k: *mut f32, v: *mut f32, cp: TileCopy) {
             unsafe { tile.add((r * STRIDE as u32 + cp.col) as usize) }
         };
         let mut x = [[0f32; VEC]; 2 * T_COPY_BATCH];
-        unroll8!(i => {
+        unroll!(i < 8 => {
             // SAFETY: `at` is 16-byte aligned inside the tile (STRIDE, cp.col multiples of 4);
             // this thread's own chunk, landed (the caller waited for it).
             x[i] = unsafe { ld4(at(if i < T_COPY_BATCH { k } else { v }, i % T_COPY_BATCH)) };
         });
-        unroll8!(i => {
+        unroll!(i < 8 => {
             let r = x[i].map(|e| f32::from_bits(to_tf32(e)));
             // SAFETY: the same chunk this thread read; no thread reads it before the caller's
             // barrier.
@@ -564,13 +542,13 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
 
     // S = Q Kᵀ (16 x 32); B = Kᵀ "col": b0/b1 = K[key g][the lane's dims of step ks].
     let mut s = [[0f32; 4]; SUB_STEPS];
-    unroll4!(n => {
+    unroll!(n < 4 => {
         // SAFETY: n * 8 + g < SUB_K keys of the stage, the lane's dims at 8 * tq.
         let kr = unsafe { kb.add((n * MMA_N + g) * STRIDE + 2 * VEC * tq) };
         // SAFETY: 8 * tq + 4 <= HS / 2 and HS / 2 + 8 * tq + 8 <= HS: four aligned
         // vectors inside the key row.
         let y = unsafe { [ld4(kr), ld4(kr.add(VEC)), ld4(kr.add(HS / 2)), ld4(kr.add(HS / 2 + VEC))] };
-        unroll8!(ks => {
+        unroll!(ks < 8 => {
             let (w0, w1) = (2 * ks, 2 * ks + 1);
             let bf = [y[w0 / VEC][w0 % VEC].to_bits(), y[w1 / VEC][w1 % VEC].to_bits()];
             s[n] = mma_m16n8k8_tf32(qf[ks], bf, s[n]);
@@ -579,7 +557,7 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
 
     // Mask and row max, on raw scores: the scale is positive.
     let mut mx = [f32::NEG_INFINITY; 2];
-    unroll4!(n => {
+    unroll!(n < 4 => {
         for (e, x) in s[n].iter_mut().enumerate() {
             let r = e / 2;
             if MASK && d0[r].wrapping_sub((n * MMA_N + (e & 1)) as u32) >= lim[r] {
@@ -603,13 +581,13 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
         st.l[r] *= alpha[r];
     }
     // p = exp2(s*scale - base): one FMA per score; masked -inf gives 0.
-    unroll4!(n => {
+    unroll!(n < 4 => {
         for (e, x) in s[n].iter_mut().enumerate() {
             *x = exp2_approx(fma(*x, scale, neg_base[e / 2]));
             st.l[e / 2] += *x;
         }
     });
-    unroll8!(dt => {
+    unroll!(dt < 8 => {
         for (e, x) in st.acc[dt].iter_mut().enumerate() {
             *x *= alpha[e / 2];
         }
@@ -617,7 +595,7 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
 
     // O += P V: A = P (k-slot t = key 2t, t+4 = key 2t+1); B = V rows 2t, 2t+1,
     // columns 4g.. and 32+4g.. (module docs).
-    unroll4!(ks => {
+    unroll!(ks < 4 => {
         let sk = s[ks];
         let af = [round_p_tf32(sk[0]), round_p_tf32(sk[2]), round_p_tf32(sk[1]), round_p_tf32(sk[3])];
         // SAFETY: ks * 8 + 2 * tq + 1 < SUB_K value rows, column 4 * g < HS / 2.
@@ -626,7 +604,7 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
             // SAFETY: rows `v0` and `v0 + STRIDE` are value rows of the stage; 4 * g + 4 <=
             // HS / 2 and HS / 2 + 4 * g + 4 <= HS, aligned.
             unsafe { (ld4(v0), ld4(v0.add(HS / 2)), ld4(v0.add(STRIDE)), ld4(v0.add(STRIDE + HS / 2))) };
-        unroll8!(dt => {
+        unroll!(dt < 8 => {
             let bf = if dt < 4 {
                 [lo0[dt % 4].to_bits(), lo1[dt % 4].to_bits()]
             } else {
@@ -729,7 +707,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         // its stores (they mostly hit L2: the tile copies read the same rows).
         let chunks = q_rows * VECS_PER_ROW as u32;
         let mut kv = [[[0f32; VEC]; 2]; STORE_CHUNKS_PER_THREAD];
-        unroll8!(j => {
+        unroll!(j < 8 => {
             let i = gtid + j as u32 * gt;
             if i < chunks {
                 let (r, col) = (q0 + i / VECS_PER_ROW as u32, (i % VECS_PER_ROW as u32) * VEC as u32);
@@ -739,7 +717,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                 kv[j] = unsafe { [ld4(k_g.add(src)), ld4(v_g.add(src))] };
             }
         });
-        unroll8!(j => {
+        unroll!(j < 8 => {
             let i = gtid + j as u32 * gt;
             if i < chunks {
                 let (r, col) = (q0 + i / VECS_PER_ROW as u32, (i % VECS_PER_ROW as u32) * VEC as u32);
@@ -782,7 +760,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     };
     let (qa, qb) = (q_row(w_q0 + g), q_row(w_q0 + g + 8));
     let mut qf = [[0u32; 4]; DIM_STEPS];
-    unroll8!(ks => {
+    unroll!(ks < 8 => {
         let (w0, w1) = (2 * ks, 2 * ks + 1);
         qf[ks] = [
             to_tf32(qa[w0 / VEC][w0 % VEC]),
@@ -863,7 +841,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         sync_threads();
         if part > 0 {
             let k = part - 1;
-            unroll8!(dt => {
+            unroll!(dt < 8 => {
                 for e in 0..4 {
                     // SAFETY: 4 * dt + e < MERGE_VALS: this lane's slot of part k's block.
                     unsafe { *at(k, 4 * dt + e) = st.acc[dt][e] };
@@ -892,7 +870,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                     st.l[r] = st.l[r] * a[r] + l2 * b2[r];
                     st.m[r] = m_new;
                 }
-                unroll8!(dt => {
+                unroll!(dt < 8 => {
                     for e in 0..4 {
                         // SAFETY: part k's accumulator slot, written before the barrier above.
                         let other = unsafe { *at(k, 4 * dt + e) };
@@ -963,7 +941,10 @@ const DEC_KEYS_PER_GROUP: usize = FLASH_DECODE_CHUNK as usize / DEC_GROUPS;
 const DEC_HALF: usize = HS / 2;
 const _: () = assert!(DEC_LANES * 2 * VEC == HS);
 const _: () = assert!(DEC_GROUPS * DEC_KEYS_PER_GROUP == FLASH_DECODE_CHUNK as usize);
-const _: () = assert!(DEC_KEYS_PER_GROUP == 8, "the key loops are unrolled by `unroll8!`");
+const _: () = assert!(
+    DEC_KEYS_PER_GROUP == 8,
+    "the key loops are unrolled 8 times (`unroll!`)"
+);
 
 /// This lane's 8 of a head's 64 query dimensions for the decode kernels:
 /// 4 at `q_g`, 4 at `q_g + HS / 2`, multiplied by `scale` (into log2 units).
@@ -1066,7 +1047,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
     let key_of = |i: usize| key_begin + grp + i * DEC_GROUPS;
 
     let mut s = [0f32; DEC_KEYS_PER_GROUP];
-    unroll8!(i => {
+    unroll!(i < 8 => {
         let key = key_of(i);
         let mut part = 0f32;
         if key < key_end {
@@ -1081,7 +1062,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
     let base = softmax_base(m);
     let mut l = 0f32;
     let mut acc = [0f32; 2 * VEC];
-    unroll8!(i => {
+    unroll!(i < 8 => {
         let key = key_of(i);
         if key < key_end {
             let w = exp2_approx(s[i] - base);

@@ -4,6 +4,7 @@ use super::vec4::{VEC, aligned16, load4, store4};
 use crate::device::bf16::f32_to_bf16;
 use crate::device::math::rsqrt_precise;
 use crate::device::mma::{pack_bf16x2, to_tf32};
+use crate::device::unroll;
 use crate::device::warp::warp_reduce_sum;
 use crate::device::{WARP_SIZE, block_dim_x, block_idx_x, global_idx_x, lane_id, warp_id};
 use crate::params::layernorm::{LAYERNORM_EPS, LayernormParams, ResidualLayernormParams};
@@ -154,7 +155,7 @@ unsafe fn layernorm_row(r: Row, c: usize) {
         // The row (fused: the first addend) and the fused second addend.
         let mut v = [[0f32; VEC]; ROW_VECS_PER_LANE];
         let mut v2 = [[0f32; VEC]; ROW_VECS_PER_LANE];
-        unroll_below!(k < ROW_VECS_PER_LANE => {
+        unroll!(k < ROW_VECS_PER_LANE => {
             if has(k) {
                 // SAFETY: vector k is inside the row; aligned (checked above).
                 unsafe {
@@ -166,7 +167,7 @@ unsafe fn layernorm_row(r: Row, c: usize) {
             }
         });
         let mut sum = 0.0;
-        unroll_below!(k < ROW_VECS_PER_LANE => {
+        unroll!(k < ROW_VECS_PER_LANE => {
             if has(k) {
                 if r.add.is_some() {
                     v[k] = [v[k][0] + v2[k][0], v[k][1] + v2[k][1], v[k][2] + v2[k][2], v[k][3] + v2[k][3]];
@@ -178,14 +179,14 @@ unsafe fn layernorm_row(r: Row, c: usize) {
         });
         let mean = warp_reduce_sum(sum) * inv_c;
         let mut var = 0.0;
-        unroll_below!(k < ROW_VECS_PER_LANE => {
+        unroll!(k < ROW_VECS_PER_LANE => {
             if has(k) {
                 let d = v[k].map(|e| e - mean);
                 var += (d[0] * d[0] + d[1] * d[1]) + (d[2] * d[2] + d[3] * d[3]);
             }
         });
         let rstd = rsqrt_precise(warp_reduce_sum(var) * inv_c + LAYERNORM_EPS);
-        unroll_below!(k < ROW_VECS_PER_LANE => {
+        unroll!(k < ROW_VECS_PER_LANE => {
             if has(k) {
                 // SAFETY: as above; weight and bias hold c floats.
                 unsafe {

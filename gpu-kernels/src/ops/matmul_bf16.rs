@@ -31,8 +31,10 @@
 //! one kernel per shape in [`crate::params::matmul_bf16::MATMUL_BF16_VARIANTS`].
 
 use super::matmul_tf32::{TileOut, grouped_tile, park_fragments, store_tile, wait_for_oldest_stage};
+use crate::device::Vec4;
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k16_bf16, pack_bf16x2};
 use crate::device::shared::dynamic_shared;
+use crate::device::{UNROLL_MAX, unroll};
 use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
 use crate::params::matmul_bf16::*;
 
@@ -78,14 +80,6 @@ const CONVERT_MAX_CHUNKS: usize = 4;
 /// aligned, which `cp.async` of 16 bytes needs.
 #[repr(C, align(16))]
 struct Align16([u8; CHUNK_BYTES]);
-/// Four floats moved as one 16-byte access.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; F32_PER_CHUNK]);
-/// Four words (8 bf16) moved as one 16-byte access.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct U4([u32; WORDS_PER_LANE]);
 /// Two words (4 bf16) moved as one 8-byte access.
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
@@ -162,15 +156,15 @@ unsafe fn convert_slab<const ROWS: usize, const THREADS: usize>(dst: *mut u32, s
         assert!((ROWS * (BK / F32_PER_CHUNK)).is_multiple_of(THREADS));
         assert!(ROWS * (BK / F32_PER_CHUNK) / THREADS <= CONVERT_MAX_CHUNKS);
     };
-    let mut v = [F4([0.0; F32_PER_CHUNK]); CONVERT_MAX_CHUNKS];
-    unroll_below!(i < CONVERT_MAX_CHUNKS => {
+    let mut v = [Vec4([0.0; F32_PER_CHUNK]); CONVERT_MAX_CHUNKS];
+    unroll!(i < CONVERT_MAX_CHUNKS => {
         if i < per_thread {
             // SAFETY: the caller's slab holds ROWS * BK f32 this thread's copies filled and
             // that have landed; chunk tid + i * THREADS < ROWS * BK / 4, aligned 16.
-            v[i] = unsafe { *src.add((tid + i * THREADS) * F32_PER_CHUNK).cast::<F4>() };
+            v[i] = unsafe { *src.add((tid + i * THREADS) * F32_PER_CHUNK).cast::<Vec4<f32>>() };
         }
     });
-    unroll_below!(i < CONVERT_MAX_CHUNKS => {
+    unroll!(i < CONVERT_MAX_CHUNKS => {
         if i < per_thread {
             let [x0, x1, x2, x3] = v[i].0;
             let words = U2([pack_bf16x2(x0, x1), pack_bf16x2(x2, x3)]);
@@ -187,9 +181,9 @@ unsafe fn convert_slab<const ROWS: usize, const THREADS: usize>(dst: *mut u32, s
 /// `p` is 16-byte aligned and points to 4 readable words.
 #[inline(always)]
 unsafe fn load_u4(p: *const u32) -> [u32; WORDS_PER_LANE] {
-    // SAFETY: the caller gives `p` 16-byte aligned with 4 readable words, `U4`'s size
+    // SAFETY: the caller gives `p` 16-byte aligned with 4 readable words, `Vec4`'s size
     // and alignment.
-    unsafe { *p.cast::<U4>() }.0
+    unsafe { *p.cast::<Vec4<u32>>() }.0
 }
 
 /// A lane's operands for one staged k-tile: for each of the warp's MI A
@@ -212,20 +206,20 @@ unsafe fn load_fragments<const MI: usize, const NI: usize>(
     g: usize,
     t: usize,
 ) -> Fragments<MI, NI> {
-    const { assert!(MI <= super::UNROLL_MAX && NI <= super::UNROLL_MAX) };
+    const { assert!(MI <= UNROLL_MAX && NI <= UNROLL_MAX) };
     let mut f = Fragments {
         a: [[[0; WORDS_PER_LANE]; 2]; MI],
         b: [[0; WORDS_PER_LANE]; NI],
     };
     let lane_col = t * WORDS_PER_LANE;
-    unroll_below!(mi < MI => {
+    unroll!(mi < MI => {
         // SAFETY: row mi * 16 + g < MI * 16 rows of `sa` (the caller's contract).
         let top = unsafe { sa.add((mi * MMA_M + g) * ROW_WORDS + lane_col) };
         // SAFETY: `top` and the row 8 below are inside `sa`'s MI * 16 rows; the lane's
         // 4 words start at a multiple of 4 words of a 16-byte aligned row.
         f.a[mi] = unsafe { [load_u4(top), load_u4(top.add(FRAG_ROW_HALF * ROW_WORDS))] };
     });
-    unroll_below!(ni < NI => {
+    unroll!(ni < NI => {
         // SAFETY: row ni * 8 + g < NI * 8 rows of `sb`, 4 words at a 16-byte boundary.
         f.b[ni] = unsafe { load_u4(sb.add((ni * MMA_N + g) * ROW_WORDS + lane_col)) };
     });
@@ -235,13 +229,13 @@ unsafe fn load_fragments<const MI: usize, const NI: usize>(
 /// The `STEPS x MI x NI` mma of one staged k-tile.
 #[inline(always)]
 fn mma_fragments<const MI: usize, const NI: usize>(acc: &mut [[[f32; 4]; NI]; MI], f: &Fragments<MI, NI>) {
-    unroll_below!(s < STEPS => {
+    unroll!(s < STEPS => {
         // Slots (2t, 2t+1) of this step are word 2s, slots (2t+8, 2t+9) word 2s+1.
         let (lo, hi) = (2 * s, 2 * s + 1);
-        unroll_below!(mi < MI => {
+        unroll!(mi < MI => {
             let [top, bottom] = f.a[mi];
             let a = [top[lo], bottom[lo], top[hi], bottom[hi]];
-            unroll_below!(ni < NI => {
+            unroll!(ni < NI => {
                 acc[mi][ni] = mma_m16n8k16_bf16(a, [f.b[ni][lo], f.b[ni][hi]], acc[mi][ni]);
             });
         });

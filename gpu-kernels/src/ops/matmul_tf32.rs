@@ -25,11 +25,13 @@
 //! one kernel per shape in [`crate::params::matmul_tf32::MATMUL_TF32_VARIANTS`].
 
 use super::gelu::gelu;
+use crate::device::Vec4;
 use crate::device::bf16::f32_to_bf16;
 use crate::device::mma::{
     cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, pack_bf16x2, to_tf32,
 };
 use crate::device::shared::dynamic_shared;
+use crate::device::{UNROLL_MAX, unroll};
 use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
 use crate::params::matmul_tf32::*;
 
@@ -66,10 +68,6 @@ const _: () = assert!(K_PER_LANE * LANES_PER_ROW == BK && VECS_PER_LANE * STEPS_
 /// aligned, which `cp.async` of 16 bytes needs.
 #[repr(C, align(16))]
 struct Align16([f32; CHUNK]);
-/// Four floats moved as one 16-byte access (`ld/st.v4.f32`).
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; CHUNK]);
 /// Two floats moved as one 8-byte access.
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
@@ -143,7 +141,7 @@ unsafe fn load_slab<const ROWS: usize, const THREADS: usize>(
 }
 
 /// Most 16-byte chunks one thread rounds per stage ([`round_stage`]).
-const ROUND_MAX_CHUNKS: usize = super::UNROLL_MAX * ROUND_BATCH;
+const ROUND_MAX_CHUNKS: usize = UNROLL_MAX * ROUND_BATCH;
 /// Chunks [`round_stage`] loads before it stores any: enough loads in flight
 /// to cover most of the shared-memory latency, few enough registers (16)
 /// not to raise the kernels' register counts (8 raised 64x64's from 119 to
@@ -171,22 +169,22 @@ unsafe fn round_stage<const THREADS: usize>(stage: *mut f32, rows: usize, tid: u
         let chunk = tid + i * THREADS;
         // SAFETY: chunk < rows * CHUNKS_PER_ROW (callers check `first + j < n`), so the
         // row's chunk lies inside the stage; its offset is a multiple of 4 floats.
-        unsafe { stage.add((chunk / CHUNKS_PER_ROW) * LDS + (chunk % CHUNKS_PER_ROW) * CHUNK) }.cast::<F4>()
+        unsafe { stage.add((chunk / CHUNKS_PER_ROW) * LDS + (chunk % CHUNKS_PER_ROW) * CHUNK) }.cast::<Vec4<f32>>()
     };
-    unroll_below!(batch < n.div_ceil(ROUND_BATCH) => {
+    unroll!(batch < n.div_ceil(ROUND_BATCH) => {
         let first = batch * ROUND_BATCH;
-        let mut v = [F4([0.0; CHUNK]); ROUND_BATCH];
-        unroll_below!(j < ROUND_BATCH => {
+        let mut v = [Vec4([0.0; CHUNK]); ROUND_BATCH];
+        unroll!(j < ROUND_BATCH => {
             if first + j < n {
                 // SAFETY: i < n: a chunk of this thread's landed slab, 16-byte aligned (`at`).
                 v[j] = unsafe { *at(first + j) };
             }
         });
-        unroll_below!(j < ROUND_BATCH => {
+        unroll!(j < ROUND_BATCH => {
             if first + j < n {
                 // SAFETY: the same chunk: this thread's own, nobody reads it before the barrier
                 // that follows the caller's rounding.
-                unsafe { *at(first + j) = F4(v[j].0.map(|x| f32::from_bits(to_tf32(x)))) };
+                unsafe { *at(first + j) = Vec4(v[j].0.map(|x| f32::from_bits(to_tf32(x)))) };
             }
         });
     });
@@ -199,9 +197,9 @@ unsafe fn round_stage<const THREADS: usize>(stage: *mut f32, rows: usize, tid: u
 /// `p` is 16-byte aligned and points to 4 readable floats.
 #[inline(always)]
 unsafe fn load_u4(p: *const f32) -> [u32; CHUNK] {
-    // SAFETY: the caller gives `p` 16-byte aligned with 4 readable floats, `F4`'s
+    // SAFETY: the caller gives `p` 16-byte aligned with 4 readable floats, `Vec4`'s
     // size and alignment.
-    unsafe { *p.cast::<F4>() }.0.map(f32::to_bits)
+    unsafe { *p.cast::<Vec4<f32>>() }.0.map(f32::to_bits)
 }
 
 /// One 16-byte vector of k per fragment row: loads it for the warp's MI A
@@ -219,10 +217,10 @@ unsafe fn mma_vector<const MI: usize, const NI: usize>(
     g: usize,
     k: usize,
 ) {
-    const { assert!(MI <= super::UNROLL_MAX && NI <= super::UNROLL_MAX) };
+    const { assert!(MI <= UNROLL_MAX && NI <= UNROLL_MAX) };
     // a[mi] = (row g, row g+8) of mma tile mi; b[ni] = row g of tile ni.
     let mut a = [[[0u32; CHUNK]; 2]; MI];
-    unroll_below!(mi < MI => {
+    unroll!(mi < MI => {
         // SAFETY: mi * 16 + g < MI * 16: a row of the warp's A rows; k < BK (caller).
         let base = unsafe { sa.add((mi * MMA_M + g) * LDS + k) };
         // SAFETY: `base` and the row 8 below are A rows of the staged tile; k + 4 <= BK
@@ -230,17 +228,17 @@ unsafe fn mma_vector<const MI: usize, const NI: usize>(
         unsafe { a[mi] = [load_u4(base), load_u4(base.add(FRAG_ROW_HALF * LDS))] };
     });
     let mut b = [[0u32; CHUNK]; NI];
-    unroll_below!(ni < NI => {
+    unroll!(ni < NI => {
         // SAFETY: ni * 8 + g < NI * 8: a B row of the staged tile, k + 4 <= BK, aligned.
         b[ni] = unsafe { load_u4(sb.add((ni * MMA_N + g) * LDS + k)) };
     });
-    unroll_below!(s < STEPS_PER_VEC => {
+    unroll!(s < STEPS_PER_VEC => {
         // Slot t of this step is word 2s of the vector, slot t+4 word 2s+1.
         let (lo, hi) = (2 * s, 2 * s + 1);
-        unroll_below!(mi < MI => {
+        unroll!(mi < MI => {
             let [top, bottom] = a[mi];
             let af = [top[lo], bottom[lo], top[hi], bottom[hi]];
-            unroll_below!(ni < NI => {
+            unroll!(ni < NI => {
                 acc[mi][ni] = mma_m16n8k8_tf32(af, [b[ni][lo], b[ni][hi]], acc[mi][ni]);
             });
         });
@@ -414,8 +412,8 @@ pub(crate) unsafe fn park_fragments<const MI: usize, const NI: usize>(
     g: usize,
     t: usize,
 ) {
-    unroll_below!(mi < MI => {
-        unroll_below!(ni < NI => {
+    unroll!(mi < MI => {
+        unroll!(ni < NI => {
             let frag = acc[mi][ni];
             let r = row0 + mi * MMA_M + g;
             let col = col0 + ni * MMA_N + 2 * t;
@@ -486,7 +484,7 @@ pub(crate) unsafe fn store_tile(
         if row < n && col < oc {
             // SAFETY: r < bm rows and cl + 4 <= bn <= ldo: inside the parked tile, aligned
             // (ldo and cl multiples of 4), published by the caller's barrier.
-            let v = unsafe { *tile.add(r * ldo + cl).cast::<F4>() }.0;
+            let v = unsafe { *tile.add(r * ldo + cl).cast::<Vec4<f32>>() }.0;
             let at = row * oc + col;
             match out {
                 TileOut::F32 { out, round_tf32 } => {
@@ -497,7 +495,7 @@ pub(crate) unsafe fn store_tile(
                     // SAFETY: row < n, col < oc: inside `out`'s n * oc elements.
                     let dst = unsafe { out.add(at) };
                     if vector_ok {
-                        let o = F4([
+                        let o = Vec4([
                             fin(v[0], col),
                             fin(v[1], col + 1),
                             fin(v[2], col + 2),
@@ -505,7 +503,7 @@ pub(crate) unsafe fn store_tile(
                         ]);
                         // SAFETY: vector_ok: oc % 4 == 0, col % 4 == 0, so col + 4 <= oc and the 16-byte
                         // store is aligned (out is 16-byte aligned per the contract).
-                        unsafe { *dst.cast::<F4>() = o };
+                        unsafe { *dst.cast::<Vec4<f32>>() = o };
                     } else {
                         for (j, &x) in v.iter().enumerate() {
                             if col + j < oc {

@@ -44,6 +44,7 @@
 //!   store sequences per thread (which made the 128x256 kernel 16k
 //!   instructions long, and slow).
 
+use crate::device::Vec4;
 use crate::device::mma::{shared_addr, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::tma::{
@@ -133,10 +134,6 @@ struct Gemm {
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
 struct F2([f32; 2]);
-/// Four floats moved as one 16-byte access.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; 4]);
 /// Bytes of one 16-byte chunk of a staged row.
 const CHUNK_BYTES: usize = 16;
 /// Chunks [`round_stage`] loads before it stores any (latency vs registers).
@@ -160,22 +157,22 @@ unsafe fn round_stage(stage: *mut u8, bytes: usize, tid: usize, consumers: usize
     let chunks = bytes / CHUNK_BYTES;
     let mut first = tid;
     while first < chunks {
-        let mut v = [F4([0.0; 4]); ROUND_BATCH];
+        let mut v = [Vec4([0.0; 4]); ROUND_BATCH];
         for (j, x) in v.iter_mut().enumerate() {
             let chunk = first + j * consumers;
             if chunk < chunks {
                 // SAFETY: chunk < chunks = bytes / 16: inside the caller's landed stage; the
-                // stage base is 16-byte aligned (a swizzle atom), so the `F4` read is too.
-                *x = unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<F4>() };
+                // stage base is 16-byte aligned (a swizzle atom), so the `Vec4` read is too.
+                *x = unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() };
             }
         }
         for (j, x) in v.iter().enumerate() {
             let chunk = first + j * consumers;
             if chunk < chunks {
-                let rounded = F4(x.0.map(|f| f32::from_bits(to_tf32(f))));
+                let rounded = Vec4(x.0.map(|f| f32::from_bits(to_tf32(f))));
                 // SAFETY: the same in-bounds, aligned chunk this thread read; nobody else touches
                 // it until the participants' barrier (the caller's contract).
-                unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<F4>() = rounded };
+                unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() = rounded };
             }
         }
         first += ROUND_BATCH * consumers;

@@ -52,6 +52,7 @@ use core::arch::asm;
 
 use crate::device::mma::shared_addr;
 use crate::device::warp::{shfl_idx_u32, shfl_xor_f32, shfl_xor_u32, warp_reduce_max_u32};
+use crate::device::{UNROLL_MAX, unroll};
 use crate::device::{
     WARP_SIZE, block_idx_x, dynamic_shared, lane_id, sync_threads, sync_threads_count, thread_idx_x, warp_id,
 };
@@ -78,8 +79,8 @@ const NAN_RANK: u32 = u32::MAX;
 const ALL_IDS: u64 = u32::MAX as u64;
 
 const _: () = assert!(THREADS.is_multiple_of(WARP_SIZE) && WARPS <= WARP_SIZE);
-const _: () = assert!(BUCKETS.is_multiple_of(THREADS) && BUCKETS_PER_THREAD <= crate::ops::UNROLL_MAX);
-const _: () = assert!(UNROLL <= crate::ops::UNROLL_MAX);
+const _: () = assert!(BUCKETS.is_multiple_of(THREADS) && BUCKETS_PER_THREAD <= UNROLL_MAX);
+const _: () = assert!(UNROLL <= UNROLL_MAX);
 const _: () = assert!(SAMPLE_SCRATCH_WORDS == WARPS && SAMPLE_BROADCAST_WORDS >= 4);
 // The layout `Smem::get` carves.
 const _: () = assert!(
@@ -255,14 +256,14 @@ unsafe fn for_each(x: *const f32, first: u32, end: u32, step: u32, mut f: impl F
     let mut j = first;
     while j < end {
         let mut l = [0f32; UNROLL];
-        unroll_below!(u < UNROLL => {
+        unroll!(u < UNROLL => {
             let jj = j + u as u32 * step;
             if jj < end {
                 // SAFETY: jj < end.
                 l[u] = unsafe { *x.add(jj as usize) };
             }
         });
-        unroll_below!(u < UNROLL => {
+        unroll!(u < UNROLL => {
             let jj = j + u as u32 * step;
             if jj < end {
                 f(jj, l[u]);
@@ -425,7 +426,7 @@ unsafe fn search(row: &Row, sm: Smem, f: impl Fn(u32, f32) -> u64, goal_of: impl
         sync_threads();
         let mut sums = [0u64; WARPS as usize];
         let mut total = 0u64;
-        unroll_below!(w < WARPS as usize => {
+        unroll!(w < WARPS as usize => {
             // SAFETY: written before the barrier.
             sums[w] = unsafe { *sm.scratch.add(w) };
             total += sums[w];
@@ -434,7 +435,7 @@ unsafe fn search(row: &Row, sm: Smem, f: impl Fn(u32, f32) -> u64, goal_of: impl
         let mut g = goal.unwrap_or_else(|| goal_of(total));
         // The first sixteenth whose sum exceeds what is left of the goal.
         let mut pick = WARPS;
-        unroll_below!(w < WARPS as usize => {
+        unroll!(w < WARPS as usize => {
             if pick == WARPS {
                 if g < sums[w] {
                     pick = w as u32;
@@ -530,7 +531,7 @@ unsafe fn select(row: &Row, sm: Smem, limit: u64, measure: Measure, goal_of: imp
         let first = tid as usize * BUCKETS_PER_THREAD;
         let mut vals = [0u64; BUCKETS_PER_THREAD];
         let mut local = 0u64;
-        unroll_below!(i < BUCKETS_PER_THREAD => {
+        unroll!(i < BUCKETS_PER_THREAD => {
             // SAFETY: first + i < BUCKETS.
             vals[i] = unsafe {
                 match measure {
@@ -553,7 +554,7 @@ unsafe fn select(row: &Row, sm: Smem, limit: u64, measure: Measure, goal_of: imp
         // The bucket where base + (measure so far) first reaches g; the goal
         // is at most base + total, so exactly one thread finds it.
         let mut acc = base + before;
-        unroll_below!(i < BUCKETS_PER_THREAD => {
+        unroll!(i < BUCKETS_PER_THREAD => {
             let below = acc;
             acc += vals[i];
             if below < g && acc >= g {

@@ -4,10 +4,7 @@
 //! four scalar ones; reading through a 16-byte-aligned type tells it the
 //! address is aligned and yields one vector instruction.
 
-/// Four floats, 16-byte aligned.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; 4]);
+use crate::device::Vec4;
 
 /// Floats per vector.
 pub const VEC: usize = 4;
@@ -19,8 +16,8 @@ pub const VEC: usize = 4;
 #[inline(always)]
 pub unsafe fn load4(p: *const f32) -> [f32; 4] {
     // SAFETY: the caller gives `p` 16-byte aligned with 16 readable bytes, which is
-    // `F4`'s size and alignment.
-    unsafe { (*(p as *const F4)).0 }
+    // `Vec4`'s size and alignment.
+    unsafe { (*(p as *const Vec4<f32>)).0 }
 }
 
 /// Write 4 floats at `p`.
@@ -30,8 +27,8 @@ pub unsafe fn load4(p: *const f32) -> [f32; 4] {
 #[inline(always)]
 pub unsafe fn store4(p: *mut f32, v: [f32; 4]) {
     // SAFETY: the caller gives `p` 16-byte aligned with 16 writable bytes, which is
-    // `F4`'s size and alignment.
-    unsafe { *(p as *mut F4) = F4(v) }
+    // `Vec4`'s size and alignment.
+    unsafe { *(p as *mut Vec4<f32>) = Vec4(v) }
 }
 
 /// Whether `p` may be used with [`load4`]/[`store4`].
