@@ -965,8 +965,8 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
     let heads = n * nh;
     let total = heads * max_keys.div_ceil(ATT_ITEM_KEYS);
     // The warps' partials: acc `[WARPS][64]`, then (max, sum) `[WARPS][2]`.
-    // SAFETY: xs holds at least WARPS * (HS + 2) floats in the attention phase (the
-    // layout sizes it for the largest phase).
+    // SAFETY: `decode_step_smem` sizes xs to at least WARPS * (HS + 2) floats
+    // (the `parts` term), so the (max, sum) pairs after WARPS * HS fit.
     let (pacc, pml) = (sm.xs, unsafe { sm.xs.add(WARPS * HS) });
     let nb = grid_dim_x() as usize;
     let mut i = block_idx_x() as usize;
