@@ -73,6 +73,8 @@ pub unsafe fn shared_addr<T>(p: *const T) -> u32 {
 /// only after [`cp_async_wait_group`] and a barrier.
 #[inline(always)]
 pub unsafe fn cp_async_16(dst: *mut f32, src: *const f32) {
+    // SAFETY: the caller gives `dst` as 16 aligned bytes of this block's shared
+    // memory (so `shared_addr` maps it) and `src` as 16 readable aligned global bytes.
     unsafe {
         let d = shared_addr(dst);
         asm!("cp.async.cg.shared.global [{d}], [{s}], 16;", d = in(reg32) d, s = in(reg64) src);
@@ -86,6 +88,7 @@ pub unsafe fn cp_async_16(dst: *mut f32, src: *const f32) {
 /// As for [`cp_async_16`]; `src` must be readable for `src_bytes` bytes.
 #[inline(always)]
 pub unsafe fn cp_async_16_zfill(dst: *mut f32, src: *const f32, src_bytes: u32) {
+    // SAFETY: as for `cp_async_16`; the caller keeps `src_bytes` within what `src` can read.
     unsafe {
         let d = shared_addr(dst);
         asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) d, s = in(reg64) src, n = in(reg32) src_bytes);
@@ -101,6 +104,8 @@ pub unsafe fn cp_async_16_zfill(dst: *mut f32, src: *const f32, src_bytes: u32) 
 /// [`cp_async_16`], read only after [`cp_async_wait_group`] and a barrier.
 #[inline(always)]
 pub unsafe fn cp_async_4(dst: *mut f32, src: *const f32) {
+    // SAFETY: the caller gives `dst` as 4 aligned bytes of this block's shared memory and
+    // `src` as 4 readable aligned global bytes.
     unsafe {
         let d = shared_addr(dst);
         asm!("cp.async.ca.shared.global [{d}], [{s}], 4;", d = in(reg32) d, s = in(reg64) src);

@@ -25,6 +25,8 @@ pub const MBARRIER_BYTES: u32 = 8;
 /// until a [`fence_mbarrier_init`] and a block barrier have followed.
 #[inline(always)]
 pub unsafe fn mbarrier_init(bar: u32, arrivals: u32) {
+    // SAFETY: `bar` is aligned shared memory that no other thread touches before the
+    // init fence and a barrier (the caller's contract), so the init does not race.
     unsafe { asm!("mbarrier.init.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) arrivals) }
 }
 
@@ -43,6 +45,7 @@ pub fn fence_mbarrier_init() {
 #[inline(always)]
 pub unsafe fn mbarrier_arrive(bar: u32) {
     let _state: u64;
+    // SAFETY: the caller's `bar` is an initialised barrier in this block's shared memory.
     unsafe { asm!("mbarrier.arrive.shared::cta.b64 {s}, [{b}];", s = out(reg64) _state, b = in(reg32) bar) }
 }
 
@@ -54,6 +57,7 @@ pub unsafe fn mbarrier_arrive(bar: u32) {
 #[inline(always)]
 pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
     let _state: u64;
+    // SAFETY: the caller's `bar` is an initialised barrier in this block's shared memory.
     unsafe {
         asm!(
             "mbarrier.arrive.expect_tx.shared::cta.b64 {s}, [{b}], {n};",
@@ -72,6 +76,8 @@ pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
 #[inline(always)]
 pub unsafe fn mbarrier_try_wait_parity(bar: u32, parity: u32) -> bool {
     let done: u32;
+    // SAFETY: the caller's `bar` is an initialised barrier in this block's shared memory;
+    // the wait only reads it.
     unsafe {
         asm!(
             "{{",
@@ -95,6 +101,7 @@ pub unsafe fn mbarrier_try_wait_parity(bar: u32, parity: u32) -> bool {
 /// phase will complete (else this spins forever).
 #[inline(always)]
 pub unsafe fn mbarrier_wait_parity(bar: u32, parity: u32) {
+    // SAFETY: the caller's contract is `mbarrier_try_wait_parity`'s, forwarded unchanged.
     while !unsafe { mbarrier_try_wait_parity(bar, parity) } {}
 }
 
@@ -111,6 +118,8 @@ pub unsafe fn mbarrier_wait_parity(bar: u32, parity: u32) {
 /// until that phase completes.
 #[inline(always)]
 pub unsafe fn tma_load_2d(dst: u32, tensor_map: u64, x: i32, y: i32, bar: u32) {
+    // SAFETY: the caller vouches for the map, `dst`'s room and alignment, and a phase of
+    // `bar` expecting these bytes; no one reads `dst` before it completes.
     unsafe {
         asm!(
             "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
@@ -135,6 +144,8 @@ pub unsafe fn tma_load_2d(dst: u32, tensor_map: u64, x: i32, y: i32, bar: u32) {
 /// ([`mbarrier_arrive_expect_tx`]), completes.
 #[inline(always)]
 pub unsafe fn bulk_copy_to_shared(dst: u32, src: *const u8, bytes: u32, bar: u32) {
+    // SAFETY: the caller gives aligned, readable `src` bytes left unwritten, room at
+    // `dst` nobody touches, and a phase of `bar` expecting these bytes.
     unsafe {
         asm!(
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",

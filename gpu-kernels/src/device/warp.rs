@@ -212,6 +212,8 @@ pub fn warp_reduce_argmax(v: f32, idx: u32) -> (f32, u32) {
 /// and at most 1024; every thread of the block calls this (it contains barriers).
 #[inline(always)]
 pub unsafe fn block_reduce_sum(v: f32, scratch: *mut f32) -> f32 {
+    // SAFETY: the caller's contract is `block_reduce`'s (scratch size, block shape,
+    // every thread calls), passed on unchanged.
     unsafe { block_reduce(v, scratch, warp_reduce_sum, 0.0) }
 }
 
@@ -221,6 +223,7 @@ pub unsafe fn block_reduce_sum(v: f32, scratch: *mut f32) -> f32 {
 /// As for [`block_reduce_sum`].
 #[inline(always)]
 pub unsafe fn block_reduce_max(v: f32, scratch: *mut f32) -> f32 {
+    // SAFETY: as in `block_reduce_sum`: the caller's contract is `block_reduce`'s.
     unsafe { block_reduce(v, scratch, warp_reduce_max, f32::NEG_INFINITY) }
 }
 
@@ -230,6 +233,7 @@ pub unsafe fn block_reduce_max(v: f32, scratch: *mut f32) -> f32 {
 /// As for [`block_reduce_sum`].
 #[inline(always)]
 pub unsafe fn block_reduce_min(v: f32, scratch: *mut f32) -> f32 {
+    // SAFETY: as in `block_reduce_sum`: the caller's contract is `block_reduce`'s.
     unsafe { block_reduce(v, scratch, warp_reduce_min, f32::INFINITY) }
 }
 
@@ -250,7 +254,7 @@ pub unsafe fn block_reduce(v: f32, scratch: *mut f32, warp_op: impl Fn(f32) -> f
     let warp = super::warp_id();
     let warps = super::block_dim_x() / WARP_SIZE;
     let w = warp_op(v);
-    // SAFETY (whole block): the caller guarantees BLOCK_REDUCE_SCRATCH floats
+    // SAFETY: the caller guarantees BLOCK_REDUCE_SCRATCH floats
     // of scratch; warp < 32 because the block has at most 1024 threads.
     unsafe {
         if lane == 0 {

@@ -146,6 +146,8 @@ macro_rules! wgmma_accumulator {
             unsafe fn mma_tf32(&mut self, a: u64, b: u64) {
                 // Scale-d is 1 (accumulate), scale-a and scale-b are 1; TF32
                 // takes no transpose flags (both operands must be K-major).
+                // SAFETY: the caller meets `mma_tf32`'s contract (sm_90a, whole warpgroup, fenced
+                // and published tiles left in place until a wait).
                 unsafe {
                     asm!(
                         concat!(
@@ -165,6 +167,7 @@ macro_rules! wgmma_accumulator {
             unsafe fn mma_bf16(&mut self, a: u64, b: u64) {
                 // Scale-d 1 (accumulate), scale-a and scale-b 1, transpose
                 // flags 0: both operands K-major.
+                // SAFETY: the caller meets `mma_bf16`'s contract, which is `mma_tf32`'s for bf16 tiles.
                 unsafe {
                     asm!(
                         concat!(

@@ -70,8 +70,8 @@ pub unsafe extern "ptx-kernel" fn argmax_forward(p: ArgmaxParams) {
     sync_threads();
     if w == 0 {
         let warps = block_dim_x() / WARP_SIZE;
-        // SAFETY: lane < warps <= 32 were written above.
         let (v, i) = if lane < warps {
+            // SAFETY: lane < warps <= 32: slots that warps 0..warps wrote before the barrier.
             unsafe { (*vals.add(lane as usize), *idxs.add(lane as usize)) }
         } else {
             (f32::NEG_INFINITY, NONE)

@@ -133,9 +133,12 @@ pub unsafe extern "ptx-kernel" fn attention_forward(p: AttentionParams) {
     }
     sync_threads();
 
+    // SAFETY: lo <= pos < max_t, h < nh, b < B: the cache holds this row's
+    // (b, h) slab of max_t positions, so `lo`'s offset is inside it.
     let keys = unsafe { p.k_cache.add(cache_at(&p, b, h, lo)) } as *const f32;
+    // SAFETY: the same in-bounds offset as `keys`, in the value cache.
     let values = unsafe { p.v_cache.add(cache_at(&p, b, h, lo)) } as *const f32;
-    let vec = hs % VEC == 0 && aligned16(keys);
+    let vec = hs.is_multiple_of(VEC) && aligned16(keys);
     let mut local_max = f32::NEG_INFINITY;
     let mut j = tid;
     while j < span {
@@ -174,6 +177,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward(p: AttentionParams) {
         j += threads;
     }
     // Its barriers also publish every thread's exponentials to the block.
+    // SAFETY: scratch is REDUCE_SCRATCH floats; every thread calls it (as for the max).
     let sum = unsafe { block_reduce_sum(local_sum, scratch) };
 
     let (w, lane) = (warp_id() as usize, lane_id() as usize);

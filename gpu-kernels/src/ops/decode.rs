@@ -25,6 +25,7 @@ use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::mma::{mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::{shfl_xor_f32, shfl_xor_u32, warp_reduce_sum, warp_reduce_sum_many};
+use crate::device::{UNROLL_MAX, unroll};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, block_dim_x, block_idx_x, block_idx_y, block_idx_z, grid_dependency_wait,
     grid_dim_x, grid_dim_y, grid_dim_z, lane_id, launch_dependents, prefetch_l2_slice, sync_threads, sync_threads_or,
@@ -72,7 +73,7 @@ unsafe fn prefetch_ranges(ranges: &[PrefetchRange; DECODE_PREFETCH_RANGES], bloc
 #[inline(always)]
 unsafe fn load_chunk<W: Weight>(row: *const W, k0: usize, c: usize, lane: usize) -> Chunk {
     let mut w = [[0u32; 4]; LOADS];
-    unroll_below!(j < LOADS => {
+    unroll!(j < LOADS => {
         let k = k0 + (j * LANES + lane) * W::PER_LOAD;
         if k < c {
             // SAFETY: k + PER_LOAD <= c, aligned.
@@ -98,14 +99,14 @@ unsafe fn dot_chunk<W: Weight, const R: usize>(
     n: usize,
     lane: usize,
 ) {
-    unroll_below!(j < LOADS => {
+    unroll!(j < LOADS => {
         let k = k0 + (j * LANES + lane) * W::PER_LOAD;
         if k < c {
             let wj = &w[j];
-            unroll_below!(r < R => {
+            unroll!(r < R => {
                 if r < n {
                     // Four elements per 16-byte read of the staged row.
-                    unroll_below!(q < W::PER_LOAD / VEC => {
+                    unroll!(q < W::PER_LOAD / VEC => {
                         // SAFETY: r < n, k + PER_LOAD <= c.
                         let x = unsafe { load4(xs.add(r * c + k + q * VEC)) };
                         let e = q * VEC;
@@ -127,7 +128,7 @@ unsafe fn dot_chunk<W: Weight, const R: usize>(
 /// of four (8 rows: 8 instead of 32). Larger batches raise the kernels'
 /// registers past 128, which halves the resident blocks.
 const STAGE_BATCH: usize = 4;
-const _: () = assert!(STAGE_BATCH <= crate::ops::UNROLL_MAX);
+const _: () = assert!(STAGE_BATCH <= UNROLL_MAX);
 
 /// Stage `n` rows of `c` floats (`c % 4 == 0`) by the block's threads, one
 /// 16-byte vector at a time, [`STAGE_BATCH`] vectors per thread in flight:
@@ -148,14 +149,14 @@ pub(crate) fn stage_vectors(
     let mut base = thread_idx_x() as usize;
     while base < total {
         let mut x = [[0.0f32; VEC]; STAGE_BATCH];
-        unroll_below!(u < STAGE_BATCH => {
+        unroll!(u < STAGE_BATCH => {
             let i = base + u * stride;
             if i < total {
                 let (r, k) = at(i);
                 x[u] = load(r, k);
             }
         });
-        unroll_below!(u < STAGE_BATCH => {
+        unroll!(u < STAGE_BATCH => {
             let i = base + u * stride;
             if i < total {
                 let (r, k) = at(i);
@@ -182,7 +183,7 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, n: usize,
     stage_vectors(
         n,
         c,
-        // SAFETY (both): r < n, k + 4 <= c; token and position clamped into
+        // SAFETY: (both) r < n, k + 4 <= c; token and position clamped into
         // the tables; embed_out and xs hold n * c floats.
         |r, k| unsafe {
             if embed {
@@ -194,6 +195,7 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, n: usize,
                 load4(p.inp.add(r * c + k))
             }
         },
+        // SAFETY: r < n, k + 4 <= c: embed_out and xs hold n * c floats, 16-byte aligned.
         |r, k, x| unsafe {
             if embed && block_idx_x() == 0 {
                 store4(p.embed_out.add(r * c + k), x);
@@ -239,11 +241,12 @@ pub(crate) unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, st
     let inv_c = 1.0 / c as f32;
     let mut r = warp_id() as usize;
     while r < n {
-        // SAFETY (loop): row r < n of xs; k < c.
+        // SAFETY: (loop) row r < n of xs; k < c.
         let row = unsafe { xs.add(r * c) };
         let mut sum = 0.0f32;
         let mut k = lane;
         while k < c {
+            // SAFETY: k < c: inside row r.
             sum += unsafe { *row.add(k) };
             k += LANES;
         }
@@ -251,6 +254,7 @@ pub(crate) unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, st
         let mut var = 0.0f32;
         k = lane;
         while k < c {
+            // SAFETY: k < c: inside row r.
             let d = unsafe { *row.add(k) } - mean;
             var = fma(d, d, var);
             k += LANES;
@@ -290,6 +294,8 @@ pub(crate) unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, st
 #[inline(always)]
 unsafe fn store_out<W>(p: &DecodeGemvParams<W>, r: usize, col: usize, v: f32) {
     let oc = p.oc as usize;
+    // SAFETY: the caller's r < n and col < oc, with buffers as the params' contract
+    // sizes them (output, residual, cache rows).
     unsafe {
         if p.k_cache.is_null() {
             let v = if p.residual.is_null() {
@@ -351,6 +357,8 @@ pub(crate) unsafe fn argmax_finish(out: &ArgmaxOut, best: (f32, u32), scratch: *
     let lane = lane_id() as usize;
     let warp = warp_id() as usize;
     let warps = (block_dim_x() / WARP_SIZE) as usize;
+    // SAFETY: the caller's scratch holds the value half (warps * ROWS words), then
+    // the index half this offset starts.
     let (sv, si) = (scratch as *mut f32, unsafe { scratch.add(warps * ROWS) });
     if lane < n {
         // SAFETY: warp < warps, lane < ROWS.
@@ -440,6 +448,8 @@ pub(crate) fn better(a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
 unsafe fn gemv_prologue<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, lnp: *mut f32, n: usize, c: usize) {
     let ln = !p.ln_weight.is_null();
     if ln {
+        // SAFETY: with a layernorm, the params give `ln_weight`/`ln_bias` c floats each,
+        // and the caller's `lnp` holds 2 * c.
         unsafe { stage_ln_params(p, lnp, c) };
     }
     if p.prefetch_late == 0 {
@@ -450,9 +460,12 @@ unsafe fn gemv_prologue<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, lnp: *
     if p.early_trigger == 0 {
         launch_dependents();
     }
+    // SAFETY: the params' contract, and the caller's `xs` holds n * c floats.
     unsafe { stage_rows(p, xs, n, c) };
     sync_threads();
     if ln {
+        // SAFETY: the staged rows are published (barrier above); `lnp` holds 2c floats of
+        // parameters, then 2n of statistics; every thread calls this.
         unsafe { layernorm_rows::<W>(xs, lnp, lnp.add(2 * c), n, c) };
         sync_threads();
     }
@@ -527,7 +540,9 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
     // 2*n of row statistics; every part is a multiple of 4 floats long, so
     // each stays 16-byte aligned.
     let xs = unsafe { dynamic_shared_align16::<f32>() };
+    // SAFETY: xs's n * c floats end where the next part of the layout starts.
     let red = unsafe { xs.add(n * c) };
+    // SAFETY: past the split sums and the argmax scratch: the layernorm part.
     let lnp = unsafe { red.add((DECODE_GEMV_RED_SMEM_BYTES + DECODE_GEMV_ARGMAX_SMEM_BYTES) as usize / 4) };
     let (block, blocks) = (block_idx_x() as usize, grid_dim_x() as usize);
     // SAFETY: the launch's layout (above); every thread calls it.
@@ -541,6 +556,8 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
         let col = base + group;
         let mut acc = [0.0f32; R];
         if col < oc {
+            // SAFETY: col < oc; `xs` holds the n * c staged floats (16-byte aligned), the
+            // params give c % W::PER_LOAD == 0 and n <= R.
             unsafe { dot_chunk::<W, R>(&mut acc, &cur, xs, k0, c, n, lane) };
         }
         // The next column's loads go out before this one's sums and stores.
@@ -557,7 +574,7 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
                 unsafe { *red.add(warp * ROWS + lane) = mine };
             }
             sync_threads();
-            if warp % kw == 0 && lane < n {
+            if warp.is_multiple_of(kw) && lane < n {
                 mine = 0.0;
                 for j in 0..kw {
                     // SAFETY: the group's warps wrote these before the barrier.
@@ -565,7 +582,7 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
                 }
             }
         }
-        if warp % kw == 0 && col < oc && lane < n {
+        if warp.is_multiple_of(kw) && col < oc && lane < n {
             // SAFETY: lane < n, col < oc.
             unsafe { finish_column(&p, lane, col, mine, &mut best) };
         }
@@ -583,6 +600,8 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
         // SAFETY: the launch adds the argmax scratch after the split sums.
         let scratch = unsafe { red.add(DECODE_GEMV_RED_SMEM_BYTES as usize / 4) } as *mut u32;
         let out = ArgmaxOut::of(&p);
+        // SAFETY: `scratch` is the argmax part of the launch's layout (8-byte aligned),
+        // `out` the params' argmax buffers; `greedy` is uniform, so every thread calls.
         unsafe { argmax_finish(&out, best, scratch, n) };
     }
 }
@@ -687,7 +706,7 @@ impl MmaWeight for f32 {
     #[inline(always)]
     fn mma_step(acc: [f32; MMA_ACC], lo: &[u32; 4], hi: &[u32; 4], x: &[f32; MMA_MAX_LANE_K]) -> [f32; MMA_ACC] {
         let mut acc = acc;
-        unroll_below!(h < 2 => {
+        unroll!(h < 2 => {
             let (a0, a1, a2, a3) = (
                 split_tf32(f32::from_bits(lo[2 * h])),
                 split_tf32(f32::from_bits(hi[2 * h])),
@@ -736,10 +755,10 @@ pub(crate) unsafe fn mma_load_batch<W: MmaWeight>(
     let (g, t) = (lane / MMA_QUAD, lane % MMA_QUAD);
     let step = MMA_QUAD * W::LANE_K;
     let mut b = [[[0u32; 4]; 2]; MMA_BATCH];
-    unroll_below!(s < MMA_BATCH => {
+    unroll!(s < MMA_BATCH => {
         let kk = k + s * step + t * W::LANE_K;
         if k + s * step < k_hi {
-            unroll_below!(h < 2 => {
+            unroll!(h < 2 => {
                 let col = col0 + g + h * MMA_HALF;
                 if col < oc {
                     // SAFETY: col < oc, kk + LANE_K <= c, aligned.
@@ -771,7 +790,7 @@ pub(crate) unsafe fn mma_stage_step<W: MmaWeight>(
     let kk = k0 + t * W::LANE_K;
     let mut x = [0f32; MMA_MAX_LANE_K];
     if g < n {
-        unroll_below!(q < MMA_MAX_LANE_K / VEC => {
+        unroll!(q < MMA_MAX_LANE_K / VEC => {
             if q * VEC < W::LANE_K {
                 // SAFETY: row g < n, kk + LANE_K <= c.
                 let v = unsafe { load4(xs.add(g * c + kk + q * VEC)) };
@@ -801,7 +820,7 @@ unsafe fn mma_batch<W: MmaWeight>(
     lane: usize,
 ) {
     let step = MMA_QUAD * W::LANE_K;
-    unroll_below!(s < MMA_BATCH => {
+    unroll!(s < MMA_BATCH => {
         if k + s * step < k_hi {
             // SAFETY: the caller's contract; k + s * step < k_hi.
             let x = unsafe { mma_stage_step::<W>(xs, c, k + s * step, n, lane) };
@@ -845,8 +864,12 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
     // rows, the partial fragments, the argmax scratch, the layernorm's
     // parameters; each part a multiple of 16 bytes.
     let xs = unsafe { dynamic_shared_align16::<f32>() };
+    // SAFETY: xs's n * c floats end where the next part of the layout starts.
     let red = unsafe { xs.add(n * c) };
+    // SAFETY: past the warps * MMA_OUTPUTS partial fragments: the argmax scratch.
     let scratch = unsafe { red.add(warps * MMA_OUTPUTS) } as *mut u32;
+    // SAFETY: past the argmax scratch (warps * ROWS pairs): the layernorm's
+    // parameters.
     let lnp = unsafe { scratch.add(warps * ROWS * 2) } as *mut f32;
     let (block, blocks) = (block_idx_x() as usize, grid_dim_x() as usize);
     // SAFETY: the launch's layout (above); every thread calls it.
@@ -867,6 +890,7 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
             unsafe { mma_batch::<W>(&mut acc, &w, xs, c, k, k_hi, n, lane) };
             k += MMA_BATCH * step;
             if k < k_hi {
+                // SAFETY: the params' weight is oc rows of c, aligned; k < k_hi <= c.
                 w = unsafe { mma_load_batch(p.weight, col0, oc, c, k, k_hi, lane) };
             }
         }
@@ -876,7 +900,7 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
             // SAFETY: as above.
             first = unsafe { mma_load_batch(p.weight, next * MMA_TILE, oc, c, k_lo, k_hi, lane) };
         }
-        unroll_below!(j < MMA_ACC => {
+        unroll!(j < MMA_ACC => {
             // SAFETY: warp < warps fragments of 128 floats.
             unsafe { *red.add(warp * MMA_OUTPUTS + lane * MMA_ACC + j) = acc[j] };
         });
@@ -951,7 +975,7 @@ const ATT_KEYS_PER_GROUP: usize = DECODE_ATTN_CHUNK as usize / ATT_GROUPS;
 const ATT_HALF: usize = HS / 2;
 const _: () = assert!(ATT_LANES * 2 * VEC == HS);
 const _: () = assert!(ATT_GROUPS * ATT_KEYS_PER_GROUP == DECODE_ATTN_CHUNK as usize);
-const _: () = assert!(ATT_KEYS_PER_GROUP <= crate::ops::UNROLL_MAX);
+const _: () = assert!(ATT_KEYS_PER_GROUP <= UNROLL_MAX);
 
 /// Decode attention (see the module docs and `DecodeAttentionParams`).
 ///
@@ -1010,6 +1034,7 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     let counter = unsafe { p.counter.add(head) };
     // A row's only chunk is last without asking the counter.
     let arrived_last = sync_threads_or(
+        // SAFETY: counter holds n * nh entries (head < n * nh) and is 4-byte aligned.
         tid == 0 && (chunks == 1 || unsafe { atomic_add_acq_rel_u32(counter, 1) } as usize == chunks - 1),
     );
     if !arrived_last {
@@ -1060,7 +1085,7 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
     // Every K and V load first (V does not depend on the scores), so the
     // keys cost one memory round trip, not two.
     let mut kv = [[[0f32; VEC]; 4]; K];
-    unroll_below!(i < K => {
+    unroll!(i < K => {
         let key = key_of(i);
         if key < key_end {
             // SAFETY: the caller's contract.
@@ -1075,7 +1100,7 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
         }
     });
     let mut s = [0f32; K];
-    unroll_below!(i < K => {
+    unroll!(i < K => {
         let key = key_of(i);
         let dot = key_lanes_sum(key_score_part(q, kv[i][0], kv[i][1]), ATT_LANES as u32);
         s[i] = if key < key_end { dot } else { f32::NEG_INFINITY };
@@ -1084,7 +1109,7 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
     let base = softmax_base(m);
     let mut l = 0f32;
     let mut acc = [0f32; 2 * VEC];
-    unroll_below!(i < K => {
+    unroll!(i < K => {
         if key_of(i) < key_end {
             let w = exp2_approx(s[i] - base);
             l += w;

@@ -38,6 +38,7 @@ use crate::device::tma::{
     bulk_copy_to_shared, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx, mbarrier_init,
     mbarrier_wait_parity,
 };
+use crate::device::unroll;
 use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, atomic_add_shared_u32, block_idx_x, clock64, global_timer_ns, grid_arrive,
@@ -162,7 +163,7 @@ impl<W, const ON: bool> Trace<'_, W, ON> {
             // block barrier); the slot holds the block's part.
             unsafe {
                 let counter = Self::slot().add(1) as *mut u32;
-                if (atomic_add_shared_u32(counter, 1) + 1) % WARPS as u32 == 0 {
+                if (atomic_add_shared_u32(counter, 1) + 1).is_multiple_of(WARPS as u32) {
                     *(*Self::slot()).add(DECODE_STEP_TRACE_HEADER + phase * DECODE_STEP_TRACE_MARKS + mark as usize) =
                         clock64();
                 }
@@ -453,26 +454,34 @@ unsafe fn layernorm_block<W: Weight>(xs: *mut f32, lnp: *const f32, red: *mut f3
     let (tid, threads) = (thread_idx_x() as usize, DECODE_STEP_THREADS as usize);
     let inv_c = 1.0 / c as f32;
     for r in 0..n {
-        // SAFETY (all): row r < n of xs; k < c; red the reductions' scratch.
+        // SAFETY: (all) row r < n of xs; k < c; red the reductions' scratch.
         let row = unsafe { xs.add(r * c) };
         let mut s = 0f32;
         let mut k = tid;
         while k < c {
+            // SAFETY: k < c: inside row r.
             s += unsafe { *row.add(k) };
             k += threads;
         }
+        // SAFETY: `red` is the reductions' scratch; every thread of the block runs this
+        // loop the same n times.
         let mean = unsafe { block_reduce_sum(s, red) } * inv_c;
         let mut v = 0f32;
         k = tid;
         while k < c {
+            // SAFETY: k < c: inside row r.
             let d = unsafe { *row.add(k) } - mean;
             v = fma(d, d, v);
             k += threads;
         }
+        // SAFETY: `red` as for the mean; all threads call it (the mean's closing barrier
+        // freed the scratch).
         let rstd = rsqrt_precise(unsafe { block_reduce_sum(v, red) } * inv_c + LAYERNORM_EPS);
         k = tid;
         while k < c {
             // Each thread normalises the elements it summed.
+            // SAFETY: k < c: element k of row r, written only by the thread that read it;
+            // `lnp` holds c weights, then c biases.
             unsafe {
                 let x = *row.add(k);
                 *row.add(k) = W::round_input(fma((x - mean) * rstd, *lnp.add(k), *lnp.add(c + k)));
@@ -525,7 +534,7 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
     stage_vectors(
         n,
         c_in,
-        // SAFETY (both): r < n, k + 4 <= c_in; token and position clamped
+        // SAFETY: (both) r < n, k + 4 <= c_in; token and position clamped
         // into the tables; x and xs hold n * c_in floats (c_in == c when
         // embedding or keeping), xraw n rows of xw >= res_hi - res_lo.
         |r, k| unsafe {
@@ -538,6 +547,8 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
                 load4_cg(ph.inp.add(r * c_in + k))
             }
         },
+        // SAFETY: r < n, k + 4 <= c_in: `x` and `xs` hold n * c_in floats; xraw n rows of
+        // xw >= res_hi - res_lo, written at k - res_lo only inside that range.
         |r, k, v| unsafe {
             if embed && block_idx_x() == 0 {
                 store4(p.x.add(r * c_in + k), v);
@@ -579,7 +590,7 @@ unsafe fn epilogue<W: Weight>(
         // SAFETY: the phase staged bias[lo..hi], lo <= col < hi.
         v += unsafe { *sm.bias.add(col - lo) };
     }
-    // SAFETY (all arms): r < n, col < oc; each (r, col) has one writer.
+    // SAFETY: (all arms) r < n, col < oc; each (r, col) has one writer.
     unsafe {
         match ph.epi {
             Epilogue::Qkv => {
@@ -661,9 +672,9 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
         while k < k_hi {
             // SAFETY: col < cols of the tile, k + PER_LOAD <= c_in.
             let w = unsafe { W::load_raw(wt.add(col * c_in), k) };
-            unroll_below!(r < R => {
+            unroll!(r < R => {
                 if r < n {
-                    unroll_below!(q < W::PER_LOAD / VEC => {
+                    unroll!(q < W::PER_LOAD / VEC => {
                         // SAFETY: r < n, k + PER_LOAD <= c_in.
                         let x = unsafe { load4(xs.add(r * c_in + k + q * VEC)) };
                         let e = q * VEC;
@@ -713,7 +724,7 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
 fn mma_row(tid: usize) -> usize {
     mma_out(tid % MMA_OUTPUTS).0
 }
-const _: () = assert!(DECODE_STEP_THREADS as usize % MMA_OUTPUTS == 0);
+const _: () = assert!((DECODE_STEP_THREADS as usize).is_multiple_of(MMA_OUTPUTS));
 
 /// [`tile_gemv`] for two rows and more, on tensor cores: the tile's
 /// columns in 16-column fragments (M) times the staged rows (N = 8),
@@ -760,12 +771,14 @@ unsafe fn tile_gemv_mma<W: MmaWeight>(
                 // Both steps' staged values before the products (ptxas
                 // spilled when each was loaded after the product before).
                 let mut x: [MmaStaged; MMA_BATCH] = Default::default();
-                unroll_below!(s < MMA_BATCH => {
+                unroll!(s < MMA_BATCH => {
                     if k + s * step < k_hi {
+                        // SAFETY: k + s * step < k_hi <= c_in, and `xs` holds n rows of c_in staged floats,
+                        // 16-byte aligned (the caller's contract).
                         x[s] = unsafe { mma_stage_step::<W>(xs, c_in, k + s * step, n, lane) };
                     }
                 });
-                unroll_below!(s < MMA_BATCH => {
+                unroll!(s < MMA_BATCH => {
                     if k + s * step < k_hi {
                         acc = W::mma_step(acc, &w[s][0], &w[s][1], &x[s]);
                     }
@@ -773,7 +786,7 @@ unsafe fn tile_gemv_mma<W: MmaWeight>(
                 k += MMA_BATCH * step;
             }
         }
-        unroll_below!(j < MMA_ACC => {
+        unroll!(j < MMA_ACC => {
             // SAFETY: warp < WARPS fragments of MMA_OUTPUTS floats.
             unsafe { *red.add(warp * MMA_OUTPUTS + lane * MMA_ACC + j) = acc[j] };
         });
@@ -852,6 +865,8 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         // SAFETY: attproj's and fcproj's inputs (att, h) hold n rows of c_in.
         unsafe { stage_copy(ph.inp, sm.xs, n * ph.c_in) };
     } else {
+        // SAFETY: the params' contract, `sm` laid out by `decode_step_smem`, `res` this
+        // block's residual share: `stage_rows`' contract.
         unsafe { stage_rows(p, &ph, sm, n, res) };
     }
     tr.mark(traced_phase(g), DecodeStepMark::Loaded);
@@ -892,14 +907,19 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
             tr.mark(traced_phase(g), DecodeStepMark::Ready);
         }
         let tile = Tile {
+            // SAFETY: slot < ring.slots: the slot's slot_bytes lie inside the ring.
             wt: unsafe { ring.ptr.add(slot * ring.slot_bytes) } as *const W,
             lo,
             c0,
             cols,
         };
         if R == 1 {
+            // SAFETY: the tile's bytes arrived (the parity wait above); `sm.red` holds the
+            // reduction scratch the layout sizes; every thread of the block gets here.
             unsafe { tile_gemv::<W, 1>(p, &ph, sm, tile, n, best) };
         } else {
+            // SAFETY: as for `tile_gemv`: the tile has arrived, `sm.red` is sized by the
+            // layout, c_in a multiple of the step; every thread of the block gets here.
             unsafe { tile_gemv_mma::<W>(p, &ph, sm, tile, n, best) };
         }
         if c0 + cols >= hi {
@@ -945,6 +965,8 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
     let heads = n * nh;
     let total = heads * max_keys.div_ceil(ATT_ITEM_KEYS);
     // The warps' partials: acc `[WARPS][64]`, then (max, sum) `[WARPS][2]`.
+    // SAFETY: `decode_step_smem` sizes xs to at least WARPS * (HS + 2) floats
+    // (the `parts` term), so the (max, sum) pairs after WARPS * HS fit.
     let (pacc, pml) = (sm.xs, unsafe { sm.xs.add(WARPS * HS) });
     let nb = grid_dim_x() as usize;
     let mut i = block_idx_x() as usize;
@@ -967,6 +989,8 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
                 // This lane's 8 query dimensions, pre-scaled into log2 units.
                 // SAFETY: h*HS + 36 + 4 <= c.
                 let q_g = unsafe { p.q.add(r * c + h * HS + VEC * l8) };
+                // SAFETY: `q_g` and `q_g + HS / 2` are 16-byte aligned floats of this row's head,
+                // inside q (the comment above); q was written by an earlier phase, hence `cg`.
                 let (qa, qb) = unsafe { (load4_cg(q_g), load4_cg(q_g.add(HS / 2))) };
                 let mut q = [0f32; 2 * VEC];
                 for e in 0..VEC {
@@ -1030,6 +1054,7 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
                 sync_threads();
                 // SAFETY: n * nh counters, zero between launches.
                 let counter = unsafe { p.att_counter.add(head) };
+                // SAFETY: `counter` is one of the n * nh att counters, 4-byte aligned.
                 let arrived_last = tid == 0 && unsafe { atomic_add_acq_rel_u32(counter, 1) } as usize == items - 1;
                 if sync_threads_or(arrived_last) {
                     thread_fence();
@@ -1135,7 +1160,7 @@ unsafe fn lm_head_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: (f32,
     let (n, lane) = (p.n as usize, lane_id() as usize);
     let none = (f32::NEG_INFINITY, u32::MAX);
     let mut mine = none;
-    unroll_below!(r < R => {
+    unroll!(r < R => {
         if r < n {
             let b = warp_best(if row == r { best } else { none });
             if lane == r {
@@ -1170,6 +1195,7 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
     let lay = decode_step_smem(p.n, p.c, p.n_layer, grid_dim_x(), p.slots, p.slot_bytes);
     // SAFETY: the launch provides `lay.total` bytes, 16-byte aligned.
     let base = unsafe { dynamic_shared_align16::<u8>() };
+    // SAFETY: every offset of `lay` lies inside `lay.total`.
     let at = |off: u32| unsafe { base.add(off as usize) };
     let sm = Smem {
         pos: at(lay.pos) as *mut u32,
@@ -1263,7 +1289,7 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
     let row = if R == 1 { 0 } else { mma_row(tid as usize) };
     for g in 0..=last {
         let mut best = (f32::NEG_INFINITY, u32::MAX);
-        // SAFETY (phases): the params' contract; each phase after the
+        // SAFETY: (phases) the params' contract; each phase after the
         // barrier that published its inputs; g <= last; layer < n_layer.
         unsafe {
             // ln1 + qkv (q, and k, v into the cache); x += attproj(att);

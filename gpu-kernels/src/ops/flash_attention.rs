@@ -54,9 +54,11 @@
 //! groups with shuffles and writes one partial (max, sum, acc[64]); the combine
 //! kernel merges the partials of each (query, head).
 
+use crate::device::Vec4;
 use crate::device::math::{exp2_approx, fma};
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
+use crate::device::unroll;
 use crate::device::warp::shfl_xor_f32;
 use crate::device::{
     WARP_SIZE, block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, sync_threads, sync_warp, thread_idx_x,
@@ -88,11 +90,11 @@ const _: () = assert!(
     "one warp per 16 query rows"
 );
 const _: () = assert!(BQ == BK, "Q and K/V tiles share the copy routine");
-const _: () = assert!(BK * VECS_PER_ROW % THREADS == 0 && BK * VECS_PER_ROW % T_THREADS == 0);
+const _: () = assert!((BK * VECS_PER_ROW).is_multiple_of(THREADS) && (BK * VECS_PER_ROW).is_multiple_of(T_THREADS));
 const _: () = assert!(STAGES == 2, "the FP32 pipeline is written for a 2-stage ring");
 const _: () = assert!(
     KEY_STEPS == 8 && DIM_STEPS == 8,
-    "the fragment loops are unrolled by `unroll8!`"
+    "the fragment loops are unrolled 8 times (`unroll!`)"
 );
 
 const T_THREADS: usize = FLASH_TF32_THREADS as usize;
@@ -110,15 +112,15 @@ const STORE_CHUNKS_PER_THREAD: usize = FLASH_TF32_ROWS_MAX as usize * VECS_PER_R
 const _: () = assert!(STORE_CHUNKS_PER_THREAD * T_THREADS == FLASH_TF32_ROWS_MAX as usize * VECS_PER_ROW);
 const _: () = assert!(
     STORE_CHUNKS_PER_THREAD == 8,
-    "the store loops are unrolled by `unroll8!`"
+    "the store loops are unrolled 8 times (`unroll!`)"
 );
 const _: () = assert!(FLASH_TF32_ROWS_MAX as usize == T_WARPS * WARP_ROWS);
 const _: () = assert!(
     SUBS_PER_TILE == 2 && SUB_STEPS == 4,
-    "loops below are unrolled by `unroll4!`"
+    "loops below are unrolled 4 times (`unroll!`)"
 );
 const _: () = assert!(
-    BK * VECS_PER_ROW == T_THREADS * T_COPY_BATCH && T_THREADS % VECS_PER_ROW == 0,
+    BK * VECS_PER_ROW == T_THREADS * T_COPY_BATCH && T_THREADS.is_multiple_of(VECS_PER_ROW),
     "each thread copies one batch of T_COPY_BATCH chunks of a tile, whole rows per batch step"
 );
 const _: () = assert!(
@@ -133,42 +135,22 @@ const _: () = assert!(
     "the merge area (every warp but part 0 of each slice) reuses the K/V ring"
 );
 
-/// Repeat `$body` for `$i` = 0..8 as a constant. The fragment arrays must be
-/// indexed by constants to stay in registers, and LLVM's unroller gives up on
-/// the 8x8 MMA nests (it left them as loops over a 128-byte local array).
-macro_rules! unroll8 {
-    ($i:ident => $body:block) => {
-        unroll8!(@ $i $body; 0 1 2 3 4 5 6 7)
-    };
-    (@ $i:ident $body:block; $($n:literal)*) => {
-        $( { let $i: usize = $n; $body } )*
-    };
-}
-
-/// [`unroll8!`] for 0..4.
-macro_rules! unroll4 {
-    ($i:ident => $body:block) => {
-        unroll8!(@ $i $body; 0 1 2 3)
-    };
-}
-
-/// 16 aligned bytes, so loads of it become `ld.v4.f32`.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; 4]);
-
 /// # Safety
 /// `p` is 16-byte aligned and readable for 16 bytes.
 #[inline(always)]
 unsafe fn ld4(p: *const f32) -> [f32; 4] {
-    unsafe { (*(p as *const F4)).0 }
+    // SAFETY: the caller gives `p` 16-byte aligned and readable for 16 bytes, which is
+    // `Vec4`'s size and alignment.
+    unsafe { (*(p as *const Vec4<f32>)).0 }
 }
 
 /// # Safety
 /// `p` is 16-byte aligned and writable for 16 bytes.
 #[inline(always)]
 unsafe fn st4(p: *mut f32, v: [f32; 4]) {
-    unsafe { *(p as *mut F4) = F4(v) }
+    // SAFETY: the caller gives `p` 16-byte aligned and writable for 16 bytes, which is
+    // `Vec4`'s size and alignment.
+    unsafe { *(p as *mut Vec4<f32>) = Vec4(v) }
 }
 
 /// `exp2(x - m)` where `m` is a running maximum that may still be -inf (no
@@ -194,6 +176,8 @@ unsafe fn load_tile<const NT: usize>(dst: *mut f32, src: *const f32, src_stride:
         let valid = row0 + r < rows;
         // An invalid row copies 0 bytes; its source address is still kept in bounds.
         let src_row = if valid { row0 + r } else { row0.min(rows - 1) };
+        // SAFETY: r < 64 rows and col + 4 <= HS <= STRIDE: 16 aligned bytes of the
+        // caller's tile; `src_row` < rows is readable, and only `valid` rows copy bytes.
         unsafe {
             cp_async_16_zfill(
                 dst.add(r * STRIDE + col),
@@ -238,22 +222,32 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
     let n_tiles = p_max / BK + 1 - first_tile;
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
 
-    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_FP32 of
+    // SAFETY: (whole body) the launch provides FLASH_SMEM_BYTES_FP32 of
     // dynamic shared memory, laid out Q | K stages | V stages | P blocks.
     // 16-byte aligned: cp.async targets and ld.shared.v4 rows.
     let smem = unsafe { dynamic_shared_align16::<f32>() };
     let q_s = smem;
+    // SAFETY: the K stages follow the Q tile: STAGES tiles from float TILE.
     let k_s = unsafe { smem.add(TILE) };
+    // SAFETY: the V stages follow the K stages.
     let v_s = unsafe { smem.add((1 + STAGES) * TILE) };
+    // SAFETY: warp < BQ / 16: the warp's 16 P rows in the P blocks after the V stages.
     let p_s = unsafe { smem.add((1 + 2 * STAGES) * TILE + warp * WARP_ROWS * STRIDE) };
 
     let plane = (bi * nh + h) * max_t * HS;
+    // SAFETY: the row's (bi, h) plane of max_t * HS floats lies inside each cache.
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
+    // SAFETY: this row's (bi) first qkv row, head h's q columns: inside qkv (n rows
+    // of 3 * c).
     let q_g = unsafe { p.qkv.add(bi * t * 3 * c + h * HS) };
+    // SAFETY: stage < STAGES: inside the K/V stages; keys below n_keys <= pos0 + t
+    // <= max_t are in the cache plane.
     let load_kv = |tile: usize, stage: usize| unsafe {
         load_tile::<THREADS>(k_s.add(stage * TILE), k_g, HS, tile * BK, n_keys);
         load_tile::<THREADS>(v_s.add(stage * TILE), v_g, HS, tile * BK, n_keys);
     };
+    // SAFETY: the Q tile holds TILE floats; q rows q0..t of `q_g` (stride 3c) are in
+    // the launch's qkv.
     unsafe { load_tile::<THREADS>(q_s, q_g, 3 * c, q0, t) };
     load_kv(first_tile, 0);
     cp_async_commit();
@@ -284,17 +278,25 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
         // Warp-uniform: can any row of this warp see any key of the tile?
         let visible = warp_has_rows && k0 <= w_p_max && (window == 0 || k_last + window > w_p_min);
         if visible {
+            // SAFETY: stage < STAGES: one of the K stages.
             let kb = unsafe { k_s.add(stage * TILE) };
+            // SAFETY: stage < STAGES: one of the V stages.
             let vb = unsafe { v_s.add(stage * TILE) };
 
             // S = Q Kᵀ for the warp's 16 rows x 64 keys, C-fragment layout.
             let mut s = [[0f32; 4]; KEY_STEPS];
+            // SAFETY: warp * 16 + g < BQ: a row of the Q tile.
             let qa = unsafe { q_s.add((warp * WARP_ROWS + g) * STRIDE) };
+            // SAFETY: 8 rows below, still the warp's 16 rows of the Q tile.
             let qb = unsafe { qa.add(8 * STRIDE) };
             for d in (0..HS).step_by(VEC) {
+                // SAFETY: d + 4 <= HS <= STRIDE: inside both Q rows, 16-byte aligned (STRIDE and d
+                // multiples of 4); the copies landed before the barrier.
                 let (a0, a1) = unsafe { (ld4(qa.add(d)), ld4(qb.add(d))) };
-                unroll8!(n => {
+                unroll!(n < 8 => {
+                    // SAFETY: n * 8 + 2 * tq + 1 < BK: a key row of this stage, at column d.
                     let kr = unsafe { kb.add((n * MMA_N + 2 * tq) * STRIDE + d) };
+                    // SAFETY: rows `kr` and `kr + STRIDE` are key rows < BK, d + 4 <= HS, aligned.
                     let (b0, b1) = unsafe { (ld4(kr), ld4(kr.add(STRIDE))) };
                     let sn = &mut s[n];
                     for e in 0..VEC {
@@ -310,7 +312,7 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
             // diagonal, the window start or the end of the keys.
             let needs_mask = k_last > w_p_min || (window > 0 && k0 + window <= w_p_max);
             let mut tile_max = [f32::NEG_INFINITY; 2];
-            unroll8!(n => {
+            unroll!(n < 8 => {
                 for (e, x) in s[n].iter_mut().enumerate() {
                     let r = e / 2;
                     let mut v = *x * p.scale_log2e;
@@ -337,20 +339,22 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
                 m[r] = m_new;
                 l[r] *= alpha[r];
             }
-            unroll8!(n => {
+            unroll!(n < 8 => {
                 for (e, x) in s[n].iter_mut().enumerate() {
                     *x = exp2_approx(*x - base[e / 2]);
                     l[e / 2] += *x;
                 }
             });
-            unroll8!(dt => {
+            unroll!(dt < 8 => {
                 for (e, x) in acc[dt].iter_mut().enumerate() {
                     *x *= alpha[e / 2];
                 }
             });
 
             // O += P V.
-            unroll8!(n => {
+            unroll!(n < 8 => {
+                // SAFETY: g + 8 < 16 rows and n * 8 + 2 * tq + 1 < BK columns of this warp's own
+                // P block (no other warp touches it).
                 unsafe {
                     let pr = p_s.add(g * STRIDE + n * MMA_N + 2 * tq);
                     *pr = s[n][0];
@@ -361,9 +365,13 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
             });
             sync_warp();
             for key in 0..BK {
+                // SAFETY: key < BK, g + 8 < 16: this warp's P block, written above by its lanes
+                // and made visible by `sync_warp`.
                 let (pa, pb) = unsafe { (*p_s.add(g * STRIDE + key), *p_s.add((g + 8) * STRIDE + key)) };
+                // SAFETY: key < BK rows of the V stage; 2 * tq < 8 columns.
                 let vr = unsafe { vb.add(key * STRIDE + 2 * tq) };
-                unroll8!(dt => {
+                unroll!(dt < 8 => {
+                    // SAFETY: dt * 8 + 2 * tq + 1 < HS: inside the V row.
                     let (v0, v1) = unsafe { (*vr.add(dt * MMA_N), *vr.add(dt * MMA_N + 1)) };
                     let a = &mut acc[dt];
                     a[0] = fma(pa, v0, a[0]);
@@ -387,8 +395,10 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
         if qi < t {
             // Every valid row saw at least its own key, so sum >= 1.
             let inv = 1.0 / sum;
+            // SAFETY: qi < t: this row's head-h slice of `out` (n * t rows of c floats).
             let o = unsafe { p.out.add((bi * t + qi) * c + h * HS + 2 * tq) };
-            unroll8!(dt => {
+            unroll!(dt < 8 => {
+                // SAFETY: dt * 8 + 2 * tq + 1 < HS: inside the row's head slice.
                 unsafe {
                     *o.add(dt * MMA_N) = acc[dt][2 * r] * inv;
                     *o.add(dt * MMA_N + 1) = acc[dt][2 * r + 1] * inv;
@@ -444,12 +454,14 @@ const T_COPY_BATCH: usize = 4;
 #[inline(always)]
 unsafe fn load_tile_tf32(dst: *mut f32, src: *const f32, src_stride: u32, key0: u32, n_keys: u32, cp: TileCopy) {
     for pass in 0..cp.passes {
-        unroll4!(i => {
+        unroll!(i < 4 => {
             let r = cp.row + (pass * T_COPY_BATCH as u32 + i as u32) * cp.row_step;
             let key = key0 + r;
             let valid = key < n_keys;
             // An invalid row copies 0 bytes; its source address is still kept in bounds.
             let src_row = if valid { key } else { n_keys - 1 };
+            // SAFETY: r < BK, cp.col + 4 <= HS <= STRIDE: 16 aligned bytes of the caller's
+            // stage; `src_row` < n_keys is in the cache plane; invalid rows copy 0 bytes.
             unsafe {
                 cp_async_16_zfill(
                     dst.add((r * STRIDE as u32 + cp.col) as usize),
@@ -473,14 +485,20 @@ unsafe fn round_stage_tf32(k: *mut f32, v: *mut f32, cp: TileCopy) {
     for pass in 0..cp.passes {
         let at = |tile: *mut f32, i: usize| {
             let r = cp.row + (pass * T_COPY_BATCH as u32 + i as u32) * cp.row_step;
+            // SAFETY: r < BK rows and cp.col + 4 <= HS: inside the stage tile (the caller's
+            // K or V stage).
             unsafe { tile.add((r * STRIDE as u32 + cp.col) as usize) }
         };
         let mut x = [[0f32; VEC]; 2 * T_COPY_BATCH];
-        unroll8!(i => {
+        unroll!(i < 8 => {
+            // SAFETY: `at` is 16-byte aligned inside the tile (STRIDE, cp.col multiples of 4);
+            // this thread's own chunk, landed (the caller waited for it).
             x[i] = unsafe { ld4(at(if i < T_COPY_BATCH { k } else { v }, i % T_COPY_BATCH)) };
         });
-        unroll8!(i => {
+        unroll!(i < 8 => {
             let r = x[i].map(|e| f32::from_bits(to_tf32(e)));
+            // SAFETY: the same chunk this thread read; no thread reads it before the caller's
+            // barrier.
             unsafe { st4(at(if i < T_COPY_BATCH { k } else { v }, i % T_COPY_BATCH), r) };
         });
     }
@@ -524,10 +542,13 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
 
     // S = Q Kᵀ (16 x 32); B = Kᵀ "col": b0/b1 = K[key g][the lane's dims of step ks].
     let mut s = [[0f32; 4]; SUB_STEPS];
-    unroll4!(n => {
+    unroll!(n < 4 => {
+        // SAFETY: n * 8 + g < SUB_K keys of the stage, the lane's dims at 8 * tq.
         let kr = unsafe { kb.add((n * MMA_N + g) * STRIDE + 2 * VEC * tq) };
+        // SAFETY: 8 * tq + 4 <= HS / 2 and HS / 2 + 8 * tq + 8 <= HS: four aligned
+        // vectors inside the key row.
         let y = unsafe { [ld4(kr), ld4(kr.add(VEC)), ld4(kr.add(HS / 2)), ld4(kr.add(HS / 2 + VEC))] };
-        unroll8!(ks => {
+        unroll!(ks < 8 => {
             let (w0, w1) = (2 * ks, 2 * ks + 1);
             let bf = [y[w0 / VEC][w0 % VEC].to_bits(), y[w1 / VEC][w1 % VEC].to_bits()];
             s[n] = mma_m16n8k8_tf32(qf[ks], bf, s[n]);
@@ -536,7 +557,7 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
 
     // Mask and row max, on raw scores: the scale is positive.
     let mut mx = [f32::NEG_INFINITY; 2];
-    unroll4!(n => {
+    unroll!(n < 4 => {
         for (e, x) in s[n].iter_mut().enumerate() {
             let r = e / 2;
             if MASK && d0[r].wrapping_sub((n * MMA_N + (e & 1)) as u32) >= lim[r] {
@@ -560,13 +581,13 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
         st.l[r] *= alpha[r];
     }
     // p = exp2(s*scale - base): one FMA per score; masked -inf gives 0.
-    unroll4!(n => {
+    unroll!(n < 4 => {
         for (e, x) in s[n].iter_mut().enumerate() {
             *x = exp2_approx(fma(*x, scale, neg_base[e / 2]));
             st.l[e / 2] += *x;
         }
     });
-    unroll8!(dt => {
+    unroll!(dt < 8 => {
         for (e, x) in st.acc[dt].iter_mut().enumerate() {
             *x *= alpha[e / 2];
         }
@@ -574,13 +595,16 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
 
     // O += P V: A = P (k-slot t = key 2t, t+4 = key 2t+1); B = V rows 2t, 2t+1,
     // columns 4g.. and 32+4g.. (module docs).
-    unroll4!(ks => {
+    unroll!(ks < 4 => {
         let sk = s[ks];
         let af = [round_p_tf32(sk[0]), round_p_tf32(sk[2]), round_p_tf32(sk[1]), round_p_tf32(sk[3])];
+        // SAFETY: ks * 8 + 2 * tq + 1 < SUB_K value rows, column 4 * g < HS / 2.
         let v0 = unsafe { vb.add((ks * MMA_N + 2 * tq) * STRIDE + VEC * g) };
         let (lo0, hi0, lo1, hi1) =
+            // SAFETY: rows `v0` and `v0 + STRIDE` are value rows of the stage; 4 * g + 4 <=
+            // HS / 2 and HS / 2 + 4 * g + 4 <= HS, aligned.
             unsafe { (ld4(v0), ld4(v0.add(HS / 2)), ld4(v0.add(STRIDE)), ld4(v0.add(STRIDE + HS / 2))) };
-        unroll8!(dt => {
+        unroll!(dt < 8 => {
             let bf = if dt < 4 {
                 [lo0[dt % 4].to_bits(), lo1[dt % 4].to_bits()]
             } else {
@@ -640,11 +664,12 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     let n_tiles = p_max / bk + 1 - first_tile;
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
 
-    // SAFETY (whole body): the launch provides FLASH_SMEM_BYTES_TF32 of
+    // SAFETY: (whole body) the launch provides FLASH_SMEM_BYTES_TF32 of
     // dynamic shared memory: K stages | V stages (16-byte aligned rows); the
     // kv_split merge reuses it after the loop.
     let smem = unsafe { dynamic_shared_align16::<f32>() };
     let k_s = smem;
+    // SAFETY: the V stages follow the T_STAGES K stages.
     let v_s = unsafe { k_s.add(T_STAGES * TILE) };
     let plane = ((bi * nh + h) * max_t * hs) as usize;
     // Where K/V rows come from: the caches, or (`kv_from_qkv`: this call
@@ -653,10 +678,15 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     let from_qkv = p.kv_from_qkv != 0;
     let (k_g, v_g, kv_stride) = if from_qkv {
         let row0 = (bi * t * 3 * c + h * hs) as usize;
+        // SAFETY: row0 is row (bi, 0)'s head-h q columns; its K and V columns (+c, +2c)
+        // are inside qkv's 3c-float rows.
         unsafe { (p.qkv.add(row0 + c as usize), p.qkv.add(row0 + 2 * c as usize), 3 * c) }
     } else {
+        // SAFETY: the row's (bi, h) plane of max_t * hs floats lies inside each cache.
         unsafe { (p.k_cache.add(plane).cast_const(), p.v_cache.add(plane).cast_const(), hs) }
     };
+    // SAFETY: stage < T_STAGES: inside the K/V rings; keys below n_keys are readable
+    // rows of `k_g`/`v_g` (the cache plane, or this call's qkv rows).
     let load_kv = |i: u32, stage: u32| unsafe {
         let key0 = (first_tile + i) * bk;
         let at = stage as usize * TILE;
@@ -677,19 +707,23 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         // its stores (they mostly hit L2: the tile copies read the same rows).
         let chunks = q_rows * VECS_PER_ROW as u32;
         let mut kv = [[[0f32; VEC]; 2]; STORE_CHUNKS_PER_THREAD];
-        unroll8!(j => {
+        unroll!(j < 8 => {
             let i = gtid + j as u32 * gt;
             if i < chunks {
                 let (r, col) = (q0 + i / VECS_PER_ROW as u32, (i % VECS_PER_ROW as u32) * VEC as u32);
                 let src = (r * kv_stride + col) as usize;
+                // SAFETY: r < q0 + q_rows <= t rows of kv_stride floats, col + 4 <= HS: inside
+                // the source, 16-byte aligned.
                 kv[j] = unsafe { [ld4(k_g.add(src)), ld4(v_g.add(src))] };
             }
         });
-        unroll8!(j => {
+        unroll!(j < 8 => {
             let i = gtid + j as u32 * gt;
             if i < chunks {
                 let (r, col) = (q0 + i / VECS_PER_ROW as u32, (i % VECS_PER_ROW as u32) * VEC as u32);
                 let dst = plane + (r * hs + col) as usize;
+                // SAFETY: r < t <= max_t (pos0 = 0): a row of the (bi, h) plane, col + 4 <= HS;
+                // this thread alone writes chunk i.
                 unsafe {
                     st4(p.k_cache.add(dst), kv[j][0]);
                     st4(p.v_cache.add(dst), kv[j][1]);
@@ -712,10 +746,13 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     // zero past the last query.
     let q_row = |qi: u32| -> [[f32; VEC]; 4] {
         if qi < t {
+            // SAFETY: qi < t: row (bi, qi) of qkv, head h's q columns, lane offset 8 * tq < HS / 2.
             let r = unsafe {
                 p.qkv
                     .add(((bi * t + qi) * 3 * c + h * hs + 2 * VEC as u32 * tq) as usize)
             };
+            // SAFETY: 8 * tq + 8 <= HS / 2, so the four 16-byte vectors lie inside the row's
+            // head slice, aligned (c, hs and the offsets multiples of 4).
             unsafe { [ld4(r), ld4(r.add(VEC)), ld4(r.add(HS / 2)), ld4(r.add(HS / 2 + VEC))] }
         } else {
             [[0.0; VEC]; 4]
@@ -723,7 +760,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     };
     let (qa, qb) = (q_row(w_q0 + g), q_row(w_q0 + g + 8));
     let mut qf = [[0u32; 4]; DIM_STEPS];
-    unroll8!(ks => {
+    unroll!(ks < 8 => {
         let (w0, w1) = (2 * ks, 2 * ks + 1);
         qf[ks] = [
             to_tf32(qa[w0 / VEC][w0 % VEC]),
@@ -741,6 +778,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
     let ring = T_STAGES as u32;
     let (mut stage, mut next_stage) = (0, 2);
     for i in 0..n_tiles {
+        // SAFETY: stage < T_STAGES: one K and one V stage of the rings.
         let (kb, vb) = unsafe { (k_s.add(stage as usize * TILE), v_s.add(stage as usize * TILE)) };
         // Tile i's commit group is in (at most the one after it pending);
         // round what this thread copied (unless the caller promised TF32
@@ -748,6 +786,8 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         // iteration i-1, whose stage the next copies reuse.
         cp_async_wait_group::<1>();
         if p.kv_rounded == 0 {
+            // SAFETY: the wait above landed this thread's copies of the stage, which only it
+            // touches until the barrier below.
             unsafe { round_stage_tf32(kb, vb, cp) };
         }
         sync_threads();
@@ -764,6 +804,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                 // Warp-uniform: can any row of this warp see any key of the step?
                 if k0 <= w_p_max && (window == 0 || k_last + window > w_p_min) {
                     let needs_mask = k_last > w_p_min || (window > 0 && k0 + window <= w_p_max);
+                    // SAFETY: sub < SUBS_PER_TILE: SUB_K rows of the stage.
                     let (kb, vb) = unsafe {
                         (
                             kb.add(sub as usize * SUB_K * STRIDE),
@@ -772,8 +813,11 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                     };
                     if needs_mask {
                         let d0 = row_p.map(|rp| rp.wrapping_sub(k0 + 2 * tq));
+                        // SAFETY: `kb`/`vb` are 32 rows of the stage, rounded and published by the
+                        // barrier at the top of the iteration.
                         unsafe { attend_sub_tf32::<true>(&mut st, &qf, kb, vb, d0, lim, p.scale_log2e) };
                     } else {
+                        // SAFETY: as for the masked call: 32 published rows of the stage.
                         unsafe { attend_sub_tf32::<false>(&mut st, &qf, kb, vb, [0; 2], [0; 2], p.scale_log2e) };
                     }
                 }
@@ -789,18 +833,22 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
         // everyone is past the last step; no copy is in flight (the commit
         // groups after the last tile are empty).
         let others = split - 1;
+        // SAFETY: k < others and v < MERGE_VALS: inside the merge area, which the launch's
+        // K/V rings (now free: barrier below, no copy in flight) are large enough for.
         let at = |k: u32, v: usize| unsafe {
             smem.add((((slice * others + k) as usize * MERGE_VALS + v) * WARP_SIZE as usize) + lane as usize)
         };
         sync_threads();
         if part > 0 {
             let k = part - 1;
-            unroll8!(dt => {
+            unroll!(dt < 8 => {
                 for e in 0..4 {
+                    // SAFETY: 4 * dt + e < MERGE_VALS: this lane's slot of part k's block.
                     unsafe { *at(k, 4 * dt + e) = st.acc[dt][e] };
                 }
             });
             for r in 0..2 {
+                // SAFETY: 4 * DIM_STEPS + 3 < MERGE_VALS: this lane's m and l slots.
                 unsafe {
                     *at(k, 4 * DIM_STEPS + r) = st.m[r];
                     *at(k, 4 * DIM_STEPS + 2 + r) = st.l[r];
@@ -813,6 +861,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                 let mut a = [0f32; 2];
                 let mut b2 = [0f32; 2];
                 for r in 0..2 {
+                    // SAFETY: part k's m/l slots, written before the barrier above.
                     let (m2, l2) = unsafe { (*at(k, 4 * DIM_STEPS + r), *at(k, 4 * DIM_STEPS + 2 + r)) };
                     let m_new = st.m[r].max(m2);
                     let base = softmax_base(m_new);
@@ -821,8 +870,9 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                     st.l[r] = st.l[r] * a[r] + l2 * b2[r];
                     st.m[r] = m_new;
                 }
-                unroll8!(dt => {
+                unroll!(dt < 8 => {
                     for e in 0..4 {
+                        // SAFETY: part k's accumulator slot, written before the barrier above.
                         let other = unsafe { *at(k, 4 * dt + e) };
                         st.acc[dt][e] = fma(st.acc[dt][e], a[e / 2], other * b2[e / 2]);
                     }
@@ -844,7 +894,9 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
                 let a = &st.acc;
                 // Entry e of n-tiles dt0..dt0+4, normalised (constant indices once inlined).
                 let v = |dt0: usize, e: usize| [0, 1, 2, 3].map(|i| a[dt0 + i][2 * r + e] * inv);
+                // SAFETY: qi < t: row (bi, qi) of `out` (b * t rows of c), head h, lane dims 8 * tq.
                 let o = unsafe { p.out.add(((bi * t + qi) * c + h * hs + 2 * VEC as u32 * tq) as usize) };
+                // SAFETY: 8 * tq + 8 <= HS / 2: the four vectors are inside the head slice, aligned.
                 unsafe {
                     st4(o, v(0, 0));
                     st4(o.add(VEC), v(0, 1));
@@ -865,6 +917,7 @@ unsafe fn flash_prefill_tf32(p: &FlashAttentionParams) {
 /// 16-byte aligned.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_tf32(p: FlashAttentionParams) {
+    // SAFETY: the launch contract of this kernel is `flash_prefill_tf32`'s.
     unsafe { flash_prefill_tf32(&p) }
 }
 
@@ -874,6 +927,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_tf32(p: FlashAttention
 /// Launched as [`FlashAttentionParams`] says; buffers as for [`attention_forward_flash_tf32`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_fp32(p: FlashAttentionParams) {
+    // SAFETY: the launch contract of this kernel is `flash_prefill_fp32`'s.
     unsafe { flash_prefill_fp32(&p) }
 }
 
@@ -887,7 +941,10 @@ const DEC_KEYS_PER_GROUP: usize = FLASH_DECODE_CHUNK as usize / DEC_GROUPS;
 const DEC_HALF: usize = HS / 2;
 const _: () = assert!(DEC_LANES * 2 * VEC == HS);
 const _: () = assert!(DEC_GROUPS * DEC_KEYS_PER_GROUP == FLASH_DECODE_CHUNK as usize);
-const _: () = assert!(DEC_KEYS_PER_GROUP == 8, "the key loops are unrolled by `unroll8!`");
+const _: () = assert!(
+    DEC_KEYS_PER_GROUP == 8,
+    "the key loops are unrolled 8 times (`unroll!`)"
+);
 
 /// This lane's 8 of a head's 64 query dimensions for the decode kernels:
 /// 4 at `q_g`, 4 at `q_g + HS / 2`, multiplied by `scale` (into log2 units).
@@ -980,18 +1037,21 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
     let key_end = pos + 1;
 
     // This lane's 8 query dimensions, pre-scaled into log2 units.
+    // SAFETY: row bt's head-h q columns plus 4 * l8: two aligned vectors inside qkv.
     let q = unsafe { decode_query(p.qkv.add(bt * 3 * c + h * HS + VEC * l8), p.scale_log2e) };
 
     let plane = (bi * nh + h) * max_t * HS + VEC * l8;
+    // SAFETY: the (bi, h) plane of max_t * HS floats lies inside each cache.
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
     // Keys are interleaved across groups so that neighbouring groups read neighbouring rows.
     let key_of = |i: usize| key_begin + grp + i * DEC_GROUPS;
 
     let mut s = [0f32; DEC_KEYS_PER_GROUP];
-    unroll8!(i => {
+    unroll!(i < 8 => {
         let key = key_of(i);
         let mut part = 0f32;
         if key < key_end {
+            // SAFETY: key < key_end <= max_t: a key row of the plane, both halves aligned.
             let (ka, kb) = unsafe { (ld4(k_g.add(key * HS)), ld4(k_g.add(key * HS + DEC_HALF))) };
             part = key_score_part(&q, ka, kb);
         }
@@ -1002,11 +1062,12 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
     let base = softmax_base(m);
     let mut l = 0f32;
     let mut acc = [0f32; 2 * VEC];
-    unroll8!(i => {
+    unroll!(i < 8 => {
         let key = key_of(i);
         if key < key_end {
             let w = exp2_approx(s[i] - base);
             l += w;
+            // SAFETY: key < key_end <= max_t: a value row of the plane, both halves aligned.
             let (va, vb) = unsafe { (ld4(v_g.add(key * HS)), ld4(v_g.add(key * HS + DEC_HALF))) };
             for e in 0..VEC {
                 acc[e] = fma(w, va[e], acc[e]);
@@ -1021,6 +1082,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
     if lane < DEC_LANES {
         let part = chunk * FLASH_DECODE_PARTS_PER_CHUNK as usize + warp_id() as usize;
         let row = (bt * nh + h) * p.parts_stride as usize + part;
+        // SAFETY: part < parts_stride: this warp's row of part_acc (HS floats) and part_ml.
         unsafe {
             let a = p.part_acc.add(row * HS + VEC * l8);
             st4(a, [acc[0], acc[1], acc[2], acc[3]]);
@@ -1044,17 +1106,23 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_combine(p: FlashCombin
     let r = block_idx_x() as usize; // (b*t + ti) * nh + h
     let d = thread_idx_x() as usize;
     let first = r * p.parts_stride as usize;
+    // SAFETY: r < b * t * nh rows of parts_stride parts; `first` starts row r's.
     let ml = unsafe { p.part_ml.add(2 * first) };
     let mut m_all = f32::NEG_INFINITY;
     for i in 0..parts {
+        // SAFETY: i < parts <= parts_stride: row r's (m, l) pairs.
         m_all = m_all.max(unsafe { *ml.add(2 * i) });
     }
     // Finite: the part holding the query's own key saw a real score.
     let (mut l_all, mut o) = (0f32, 0f32);
     for i in 0..parts {
+        // SAFETY: i < parts: row r's (m, l) pairs.
         let w = exp2_approx(unsafe { *ml.add(2 * i) } - m_all);
+        // SAFETY: i < parts: row r's (m, l) pairs.
         l_all = fma(unsafe { *ml.add(2 * i + 1) }, w, l_all);
+        // SAFETY: i < parts, d < HS: row r's parts in part_acc.
         o = fma(unsafe { *p.part_acc.add((first + i) * HS + d) }, w, o);
     }
+    // SAFETY: r / nh < b * t rows of `out`, head r % nh, d < HS.
     unsafe { *p.out.add((r / nh) * c + (r % nh) * HS + d) = o / l_all };
 }

@@ -4,6 +4,7 @@ use super::vec4::{VEC, aligned16, load4, store4};
 use crate::device::bf16::f32_to_bf16;
 use crate::device::math::rsqrt_precise;
 use crate::device::mma::{pack_bf16x2, to_tf32};
+use crate::device::unroll;
 use crate::device::warp::warp_reduce_sum;
 use crate::device::{WARP_SIZE, block_dim_x, block_idx_x, global_idx_x, lane_id, warp_id};
 use crate::params::layernorm::{LAYERNORM_EPS, LayernormParams, ResidualLayernormParams};
@@ -34,13 +35,14 @@ impl Out {
     /// The row's output: bf16 where `out_bf16` is set, else `out`.
     #[inline(always)]
     fn new(out: *mut f32, out_bf16: *mut u16, round_tf32: u32, at: usize) -> Out {
-        // SAFETY (both): the caller's row offset lies inside the buffer.
         if out_bf16.is_null() {
             Out::F32 {
+                // SAFETY: `at` is the caller's row offset, inside `out` when it is the output.
                 out: unsafe { out.add(at) },
                 round_tf32: round_tf32 != 0,
             }
         } else {
+            // SAFETY: `at` is the caller's row offset, inside `out_bf16` when it is the output.
             Out::Bf16(unsafe { out_bf16.add(at) })
         }
     }
@@ -62,9 +64,11 @@ impl Out {
     #[inline(always)]
     unsafe fn put(self, i: usize, v: f32) {
         match self {
+            // SAFETY: the caller keeps `i` inside the row this `out` points at.
             Out::F32 { out, round_tf32 } => unsafe {
                 *out.add(i) = if round_tf32 { f32::from_bits(to_tf32(v)) } else { v }
             },
+            // SAFETY: the caller keeps `i` inside the row this `out_bf16` points at.
             Out::Bf16(out) => unsafe { *out.add(i) = f32_to_bf16(v) },
         }
     }
@@ -76,6 +80,8 @@ impl Out {
     #[inline(always)]
     unsafe fn put4(self, i: usize, v: [f32; VEC]) {
         match self {
+            // SAFETY: `i + 4` is inside the row and `aligned()` held, so `out + i` is
+            // 16-byte aligned (i is a multiple of 4).
             Out::F32 { out, round_tf32 } => unsafe {
                 store4(
                     out.add(i),
@@ -86,6 +92,8 @@ impl Out {
                     },
                 )
             },
+            // SAFETY: `i + 4` is inside the row; `aligned()` gave 8-byte alignment and `i` is
+            // a multiple of 4, so the `U2` (two bf16 pairs) store is aligned.
             Out::Bf16(out) => unsafe {
                 *out.add(i).cast::<U2>() = U2([pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3])]);
             },
@@ -103,7 +111,12 @@ struct U2([u32; 2]);
 #[inline(always)]
 fn vectorisable(r: &Row, c: usize) -> bool {
     let add_aligned = r.add.is_none_or(|(a, b)| aligned16(a) && aligned16(b));
-    c % VEC == 0 && aligned16(r.x) && r.out.aligned() && aligned16(r.weight) && aligned16(r.bias) && add_aligned
+    c.is_multiple_of(VEC)
+        && aligned16(r.x)
+        && r.out.aligned()
+        && aligned16(r.weight)
+        && aligned16(r.bias)
+        && add_aligned
 }
 
 /// 16-byte vectors of a row that each lane holds in registers on the fast
@@ -142,7 +155,7 @@ unsafe fn layernorm_row(r: Row, c: usize) {
         // The row (fused: the first addend) and the fused second addend.
         let mut v = [[0f32; VEC]; ROW_VECS_PER_LANE];
         let mut v2 = [[0f32; VEC]; ROW_VECS_PER_LANE];
-        unroll_below!(k < ROW_VECS_PER_LANE => {
+        unroll!(k < ROW_VECS_PER_LANE => {
             if has(k) {
                 // SAFETY: vector k is inside the row; aligned (checked above).
                 unsafe {
@@ -154,7 +167,7 @@ unsafe fn layernorm_row(r: Row, c: usize) {
             }
         });
         let mut sum = 0.0;
-        unroll_below!(k < ROW_VECS_PER_LANE => {
+        unroll!(k < ROW_VECS_PER_LANE => {
             if has(k) {
                 if r.add.is_some() {
                     v[k] = [v[k][0] + v2[k][0], v[k][1] + v2[k][1], v[k][2] + v2[k][2], v[k][3] + v2[k][3]];
@@ -166,14 +179,14 @@ unsafe fn layernorm_row(r: Row, c: usize) {
         });
         let mean = warp_reduce_sum(sum) * inv_c;
         let mut var = 0.0;
-        unroll_below!(k < ROW_VECS_PER_LANE => {
+        unroll!(k < ROW_VECS_PER_LANE => {
             if has(k) {
                 let d = v[k].map(|e| e - mean);
                 var += (d[0] * d[0] + d[1] * d[1]) + (d[2] * d[2] + d[3] * d[3]);
             }
         });
         let rstd = rsqrt_precise(warp_reduce_sum(var) * inv_c + LAYERNORM_EPS);
-        unroll_below!(k < ROW_VECS_PER_LANE => {
+        unroll!(k < ROW_VECS_PER_LANE => {
             if has(k) {
                 // SAFETY: as above; weight and bias hold c floats.
                 unsafe {
@@ -192,14 +205,15 @@ unsafe fn layernorm_row(r: Row, c: usize) {
         let mut i = lane;
         while i < c4 {
             let e = i * VEC;
-            // SAFETY: i < c/4 within the row; aligned (checked above).
             let v = match r.add {
+                // SAFETY: i < c/4 within the row; aligned (checked above).
                 Some((a, b)) => unsafe {
                     let (a, b) = (load4(a.add(e)), load4(b.add(e)));
                     let v = [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]];
                     store4(r.x.add(e), v);
                     v
                 },
+                // SAFETY: i < c/4 within the row; `x` aligned (checked in `vectorisable`).
                 None => unsafe { load4(r.x.add(e)) },
             };
             sum += (v[0] + v[1]) + (v[2] + v[3]);
@@ -234,13 +248,14 @@ unsafe fn layernorm_row(r: Row, c: usize) {
         let mut sum = 0.0;
         let mut i = lane;
         while i < c {
-            // SAFETY: i < c.
             let v = match r.add {
+                // SAFETY: i < c.
                 Some((a, b)) => unsafe {
                     let v = *a.add(i) + *b.add(i);
                     *r.x.add(i) = v;
                     v
                 },
+                // SAFETY: i < c, inside the row.
                 None => unsafe { *r.x.add(i) },
             };
             sum += v;
@@ -295,6 +310,8 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward(p: LayernormParams) {
             bias: p.bias,
         }
     };
+    // SAFETY: `r` points at row `row` < n of buffers the launch contract sizes,
+    // which is `layernorm_row`'s contract; `x` is only read.
     unsafe { layernorm_row(r, c) };
 }
 
@@ -320,6 +337,8 @@ pub unsafe extern "ptx-kernel" fn residual_layernorm_forward(p: ResidualLayernor
             bias: p.bias,
         }
     };
+    // SAFETY: `r` points at row `row` < n of the launch's buffers; `residual` (x) is
+    // a separate buffer from the inputs, as `layernorm_row` requires.
     unsafe { layernorm_row(r, c) };
 }
 

@@ -33,11 +33,11 @@ const MAX_LOADS: usize = 2;
 // A thread's patch is two 4x4 quadrants per dimension, half a tile apart
 // (rows `ty*4..+4` and `BM/2 + ty*4..+4`): each quadrant row is one
 // `ld.shared.v4`, and a warp's 16 column-threads read 16 consecutive vectors.
-const _: () = assert!(RM == 2 * VEC && RN == 2 * VEC && TK % VEC == 0);
+const _: () = assert!(RM == 2 * VEC && RN == 2 * VEC && TK.is_multiple_of(VEC));
 const _: () = assert!(MATMUL_BLOCK as usize == (MATMUL_TILE_M as usize / RM) * THREADS_N);
 const _: () = assert!(MATMUL_BLOCK_MID as usize == (MATMUL_TILE_M_MID as usize / RM) * THREADS_N);
 // Padded rows stay 16-byte aligned (vector reads and writes).
-const _: () = assert!(PAD % VEC == 0);
+const _: () = assert!(PAD.is_multiple_of(VEC));
 
 /// Bias then the optional GELU: the epilogue shared by every variant.
 #[inline(always)]
@@ -48,10 +48,10 @@ fn epilogue(p: &MatmulParams, acc: f32, col: usize) -> f32 {
 /// [`epilogue`] with its bias (null: none) and GELU flag given directly.
 #[inline(always)]
 fn epilogue_of(bias: *const f32, gelu_on: u32, acc: f32, col: usize) -> f32 {
-    // SAFETY: col < oc, and a non-null bias holds oc floats.
     let v = if bias.is_null() {
         acc
     } else {
+        // SAFETY: col < oc, and a non-null bias holds oc floats.
         acc + unsafe { *bias.add(col) }
     };
     if gelu_on != 0 { gelu(v) } else { v }
@@ -60,7 +60,7 @@ fn epilogue_of(bias: *const f32, gelu_on: u32, acc: f32, col: usize) -> f32 {
 /// True when rows of `inp` and `weight` can be read as aligned 16-byte vectors.
 #[inline(always)]
 fn vec_loads(p: &MatmulParams) -> bool {
-    p.c as usize % VEC == 0 && aligned16(p.inp) && aligned16(p.weight)
+    (p.c as usize).is_multiple_of(VEC) && aligned16(p.inp) && aligned16(p.weight)
 }
 
 /// Global read of 16-byte chunk `q` of a `rows x TK` slice (rows `r0..`,
@@ -154,9 +154,9 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
     // Every chunk of both tiles is loaded by exactly one thread, in at most
     // MAX_LOADS rounds; the thread grid matches the 8x8 patches.
     const {
-        assert!(BM * CHUNKS_K % THREADS == 0 && TN * CHUNKS_K % THREADS == 0);
+        assert!((BM * CHUNKS_K).is_multiple_of(THREADS) && (TN * CHUNKS_K).is_multiple_of(THREADS));
         assert!(BM * CHUNKS_K / THREADS <= MAX_LOADS && TN * CHUNKS_K / THREADS <= MAX_LOADS);
-        assert!(THREADS == (BM / RM) * THREADS_N && BM % (2 * VEC) == 0);
+        assert!(THREADS == (BM / RM) * THREADS_N && BM.is_multiple_of(2 * VEC));
     }
     let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
     let m0 = block_idx_y() as usize * BM;
@@ -165,8 +165,8 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
     let split = block_idx_z() as usize;
     let k_begin = (split * p.k_chunk as usize).min(c);
     let k_end = (k_begin + p.k_chunk as usize).min(c);
-    // SAFETY: a split launch's `out` holds splits * n * oc floats.
     let p = &MatmulParams {
+        // SAFETY: a split launch's `out` holds splits * n * oc floats.
         out: unsafe { p.out.add(split * n * oc) },
         ..*p
     };
@@ -474,9 +474,9 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_gemv(p: MatmulParams) {
             // (no array indexed in a loop): LLVM kept such an array in local
             // memory and split its loads.
             let ks = [k0, k0 + lanes, k0 + 2 * lanes, k0 + 3 * lanes];
-            // SAFETY: k < c/4 (checked per load), aligned (checked above).
             let load = |k: usize| {
                 if k < c4 {
+                    // SAFETY: k < c/4 (checked per load), aligned (checked above).
                     unsafe { load4(w.add(k * VEC)) }
                 } else {
                     [0.0; VEC]

@@ -31,8 +31,10 @@
 //! one kernel per shape in [`crate::params::matmul_bf16::MATMUL_BF16_VARIANTS`].
 
 use super::matmul_tf32::{TileOut, grouped_tile, park_fragments, store_tile, wait_for_oldest_stage};
+use crate::device::Vec4;
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k16_bf16, pack_bf16x2};
 use crate::device::shared::dynamic_shared;
+use crate::device::{UNROLL_MAX, unroll};
 use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
 use crate::params::matmul_bf16::*;
 
@@ -78,14 +80,6 @@ const CONVERT_MAX_CHUNKS: usize = 4;
 /// aligned, which `cp.async` of 16 bytes needs.
 #[repr(C, align(16))]
 struct Align16([u8; CHUNK_BYTES]);
-/// Four floats moved as one 16-byte access.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; F32_PER_CHUNK]);
-/// Four words (8 bf16) moved as one 16-byte access.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct U4([u32; WORDS_PER_LANE]);
 /// Two words (4 bf16) moved as one 8-byte access.
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
@@ -131,11 +125,14 @@ unsafe fn load_slab<T, const ROWS: usize, const THREADS: usize>(
         let inside = gr < rows && gk < c;
         // Outside: copy 0 bytes (zero-fill) from an address that is valid anyway.
         let (from, bytes) = if inside {
+            // SAFETY: inside: gr < rows and gk < c, so element (gr, gk) is in `src`.
             (unsafe { src.add(gr * c + gk) }, CHUNK_BYTES as u32)
         } else {
             (src, 0)
         };
         // Unpadded rows: chunk j of the slab is at element j * per_chunk.
+        // SAFETY: chunk < ROWS * BK / per_chunk (the const assert), so `dst`'s 16 bytes are
+        // in the slab and aligned; `from` is readable for `bytes` (0 outside).
         unsafe { cp_async_16_zfill(dst.add(chunk * per_chunk).cast(), from.cast(), bytes) };
     }
 }
@@ -159,16 +156,20 @@ unsafe fn convert_slab<const ROWS: usize, const THREADS: usize>(dst: *mut u32, s
         assert!((ROWS * (BK / F32_PER_CHUNK)).is_multiple_of(THREADS));
         assert!(ROWS * (BK / F32_PER_CHUNK) / THREADS <= CONVERT_MAX_CHUNKS);
     };
-    let mut v = [F4([0.0; F32_PER_CHUNK]); CONVERT_MAX_CHUNKS];
-    unroll_below!(i < CONVERT_MAX_CHUNKS => {
+    let mut v = [Vec4([0.0; F32_PER_CHUNK]); CONVERT_MAX_CHUNKS];
+    unroll!(i < CONVERT_MAX_CHUNKS => {
         if i < per_thread {
-            v[i] = unsafe { *src.add((tid + i * THREADS) * F32_PER_CHUNK).cast::<F4>() };
+            // SAFETY: the caller's slab holds ROWS * BK f32 this thread's copies filled and
+            // that have landed; chunk tid + i * THREADS < ROWS * BK / 4, aligned 16.
+            v[i] = unsafe { *src.add((tid + i * THREADS) * F32_PER_CHUNK).cast::<Vec4<f32>>() };
         }
     });
-    unroll_below!(i < CONVERT_MAX_CHUNKS => {
+    unroll!(i < CONVERT_MAX_CHUNKS => {
         if i < per_thread {
             let [x0, x1, x2, x3] = v[i].0;
             let words = U2([pack_bf16x2(x0, x1), pack_bf16x2(x2, x3)]);
+            // SAFETY: the same chunk index in `dst`'s ROWS * ROW_WORDS words, 8-byte
+            // aligned (16-byte base, 2 words a chunk); no other thread reads it yet.
             unsafe { *dst.add((tid + i * THREADS) * WORDS_PER_CHUNK).cast::<U2>() = words };
         }
     });
@@ -180,7 +181,9 @@ unsafe fn convert_slab<const ROWS: usize, const THREADS: usize>(dst: *mut u32, s
 /// `p` is 16-byte aligned and points to 4 readable words.
 #[inline(always)]
 unsafe fn load_u4(p: *const u32) -> [u32; WORDS_PER_LANE] {
-    unsafe { *p.cast::<U4>() }.0
+    // SAFETY: the caller gives `p` 16-byte aligned with 4 readable words, `Vec4`'s size
+    // and alignment.
+    unsafe { *p.cast::<Vec4<u32>>() }.0
 }
 
 /// A lane's operands for one staged k-tile: for each of the warp's MI A
@@ -203,17 +206,21 @@ unsafe fn load_fragments<const MI: usize, const NI: usize>(
     g: usize,
     t: usize,
 ) -> Fragments<MI, NI> {
-    const { assert!(MI <= super::UNROLL_MAX && NI <= super::UNROLL_MAX) };
+    const { assert!(MI <= UNROLL_MAX && NI <= UNROLL_MAX) };
     let mut f = Fragments {
         a: [[[0; WORDS_PER_LANE]; 2]; MI],
         b: [[0; WORDS_PER_LANE]; NI],
     };
     let lane_col = t * WORDS_PER_LANE;
-    unroll_below!(mi < MI => {
+    unroll!(mi < MI => {
+        // SAFETY: row mi * 16 + g < MI * 16 rows of `sa` (the caller's contract).
         let top = unsafe { sa.add((mi * MMA_M + g) * ROW_WORDS + lane_col) };
+        // SAFETY: `top` and the row 8 below are inside `sa`'s MI * 16 rows; the lane's
+        // 4 words start at a multiple of 4 words of a 16-byte aligned row.
         f.a[mi] = unsafe { [load_u4(top), load_u4(top.add(FRAG_ROW_HALF * ROW_WORDS))] };
     });
-    unroll_below!(ni < NI => {
+    unroll!(ni < NI => {
+        // SAFETY: row ni * 8 + g < NI * 8 rows of `sb`, 4 words at a 16-byte boundary.
         f.b[ni] = unsafe { load_u4(sb.add((ni * MMA_N + g) * ROW_WORDS + lane_col)) };
     });
     f
@@ -222,13 +229,13 @@ unsafe fn load_fragments<const MI: usize, const NI: usize>(
 /// The `STEPS x MI x NI` mma of one staged k-tile.
 #[inline(always)]
 fn mma_fragments<const MI: usize, const NI: usize>(acc: &mut [[[f32; 4]; NI]; MI], f: &Fragments<MI, NI>) {
-    unroll_below!(s < STEPS => {
+    unroll!(s < STEPS => {
         // Slots (2t, 2t+1) of this step are word 2s, slots (2t+8, 2t+9) word 2s+1.
         let (lo, hi) = (2 * s, 2 * s + 1);
-        unroll_below!(mi < MI => {
+        unroll!(mi < MI => {
             let [top, bottom] = f.a[mi];
             let a = [top[lo], bottom[lo], top[hi], bottom[hi]];
-            unroll_below!(ni < NI => {
+            unroll!(ni < NI => {
                 acc[mi][ni] = mma_m16n8k16_bf16(a, [f.b[ni][lo], f.b[ni][hi]], acc[mi][ni]);
             });
         });
@@ -275,7 +282,7 @@ unsafe fn matmul_bf16_body<
     let (warp_m, warp_n) = (warp % (BM / WM), warp / (BM / WM));
     let (g, t) = (lane / LANES_PER_ROW, lane % LANES_PER_ROW);
 
-    // SAFETY (whole body): the launch provides the shared memory and buffer
+    // SAFETY: (whole body) the launch provides the shared memory and buffer
     // sizes stated in the contract; every global access is bounds-guarded.
     // Shared layout (`layout_bytes`): f32 `inp` slabs, bf16 `W` slabs, bf16
     // A tiles; every part a multiple of 16 bytes, so all stay aligned.
@@ -283,10 +290,15 @@ unsafe fn matmul_bf16_body<
     let inp_slab_bytes = BM * BK * size_of::<f32>();
     let w_slab_bytes = BN * BK * size_of::<u16>();
     let a_tile_bytes = BM * BK * size_of::<u16>();
+    // SAFETY: stage < STAGES: inside the `inp` slabs of the `layout_bytes` layout.
     let inp_slab = |stage: usize| unsafe { smem.add(stage * inp_slab_bytes) }.cast::<f32>();
+    // SAFETY: stage < STAGES: inside the `W` slabs, which follow the `inp` slabs.
     let w_slab = |stage: usize| unsafe { smem.add(STAGES * inp_slab_bytes + stage * w_slab_bytes) }.cast::<u16>();
     let a_tile =
+        // SAFETY: i < A_TILES: inside the A tiles, after both slab rings.
         |i: usize| unsafe { smem.add(STAGES * (inp_slab_bytes + w_slab_bytes) + i * a_tile_bytes) }.cast::<u32>();
+    // SAFETY: the slabs are in the layout and aligned; `inp`/`weight` are the launch's
+    // n x c and oc x c matrices, 16-byte aligned with c % 8 == 0.
     let load_stage = |stage: usize, kt: usize| unsafe {
         load_slab::<f32, BM, THREADS>(inp_slab(stage), p.inp, m0, kt * BK, n, c, tid);
         load_slab::<u16, BN, THREADS>(w_slab(stage), p.weight, n0, kt * BK, oc, c, tid);
@@ -310,13 +322,19 @@ unsafe fn matmul_bf16_body<
         // round its `inp` chunks to bf16, once, into this k-tile's A tile
         // (last read at kt - 2: every warp has passed kt - 1's barrier since).
         let a = a_tile(kt % A_TILES);
+        // SAFETY: `read_stage`'s copies by this thread have landed (the wait above); the
+        // A tile was last read at kt - 2, before the last barrier.
         unsafe { convert_slab::<BM, THREADS>(a, inp_slab(read_stage), tid) };
         // Tile kt (converted) is visible to all; and every warp is done with
         // the stage consumed last iteration, which the prefetch overwrites.
         sync_threads();
 
+        // SAFETY: warp_m * WM + WM <= BM rows of the A tile.
         let sa = unsafe { a.add(warp_m * WM * ROW_WORDS) };
+        // SAFETY: warp_n * WN + WN <= BN rows of the W slab of this stage.
         let sb = unsafe { w_slab(read_stage).cast::<u32>().add(warp_n * WN * ROW_WORDS) };
+        // SAFETY: `sa`/`sb` cover MI * 16 and NI * 8 rows, aligned; the barrier above
+        // published the converted A tile and the landed W slab.
         let frags = unsafe { load_fragments::<MI, NI>(sa, sb, g, t) };
         // The prefetch of tile kt + STAGES - 1 goes out between the fragment
         // loads and the mma, so its copy instructions issue while the loads
@@ -340,9 +358,13 @@ unsafe fn matmul_bf16_body<
     sync_threads(); // all warps done reading the pipeline's shared memory
     let tile = smem.cast::<f32>();
     let ldo = BN + EPI_PAD;
+    // SAFETY: after the wait and barrier no one reads the pipeline's memory; the
+    // BM x (BN + EPI_PAD) f32 tile fits in it (`layout_bytes`).
     unsafe { park_fragments::<MI, NI>(&acc, tile, ldo, warp_m * WM, warp_n * WN, g, t) };
     sync_threads();
 
+    // SAFETY: the barrier above published the whole tile; `out`/`bias` hold n x oc
+    // and oc floats per the launch contract, and `store_tile` guards the edges.
     unsafe {
         store_tile(
             tile,
@@ -379,6 +401,8 @@ macro_rules! matmul_bf16_kernel {
                     S.shared_bytes() as usize == layout_bytes(S.bm as usize, S.bn as usize, S.stages as usize)
                 )
             };
+            // SAFETY: the host launches this kernel by its `Bf16TileShape`, which is
+            // `matmul_bf16_body`'s contract for these parameters.
             unsafe {
                 matmul_bf16_body::<
                     { S.bm as usize },

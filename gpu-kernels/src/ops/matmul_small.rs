@@ -24,6 +24,7 @@ use crate::device::math::fma;
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::sync::{atomic_add_acq_rel_u32, thread_fence};
+use crate::device::unroll;
 use crate::device::{block_idx_x, block_idx_y, block_idx_z, grid_dim_x, sync_threads, thread_idx_x};
 use crate::params::matmul::{
     MATMUL_SMALL_BLOCK, MATMUL_SMALL_PAD, MATMUL_SMALL_PARTIAL_FLOATS, MATMUL_SMALL_STAGES, MATMUL_SMALL_THREAD_M,
@@ -67,7 +68,7 @@ const FIXUP_PASSES: usize = TM / FIXUP_VECS;
 const FIXUP_DEPTH: usize = 11;
 
 const _: () = assert!(THREADS == (BM / TM) * LANES_N && TN == VEC && STAGES >= 2);
-const _: () = assert!(TK % VEC == 0 && LDS % VEC == 0 && ROWS * CHUNKS_K == LOADS * THREADS);
+const _: () = assert!(TK.is_multiple_of(VEC) && LDS.is_multiple_of(VEC) && ROWS * CHUNKS_K == LOADS * THREADS);
 // Load round `l` covers rows `l * THREADS / CHUNKS_K ..`: round 0 is all A
 // rows, round 1 all W rows.
 const _: () = assert!(LOADS == 2 && BM == THREADS / CHUNKS_K && BN == BM);
@@ -186,12 +187,12 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
                 let av: [[f32; VEC]; TM] = core::array::from_fn(|i| unsafe {
                     load4(buf.add(a_off + i * (BM / TM) * LDS + $q * VEC))
                 });
-                // SAFETY: rows BM + tx + 16 j < ROWS of the slice.
                 let bv: [[f32; VEC]; TN] =
+                    // SAFETY: rows BM + tx + 16 j < ROWS of the slice.
                     core::array::from_fn(|j| unsafe { load4(buf.add(b_off + j * LANES_N * LDS + $q * VEC)) });
                 // Written out per k (LLVM leaves the whole nest rolled,
                 // and `acc` in local memory, otherwise).
-                unroll_below!(kk < VEC => {
+                unroll!(kk < VEC => {
                     for i in 0..TM {
                         for j in 0..TN {
                             acc[i][j] = fma(av[i][kk], bv[j][kk], acc[i][j]);
@@ -209,8 +210,8 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
     // partials rather than after it.
     let bias: [f32; TN] = core::array::from_fn(|j| {
         let col = n0 + tx + j * LANES_N;
-        // SAFETY: col < oc, and a non-null bias holds oc floats.
         if col < oc && !p.bias.is_null() {
+            // SAFETY: col < oc, and a non-null bias holds oc floats.
             unsafe { *p.bias.add(col) }
         } else {
             0.0
@@ -220,7 +221,7 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
     // patch's columns are 16 apart). Called with constant `i` only.
     let store_row = |i: usize, vals: [f32; TN]| {
         let row = m0 + ty + i * (BM / TM);
-        unroll_below!(j < TN => {
+        unroll!(j < TN => {
             let col = n0 + tx + j * LANES_N;
             if row < n && col < oc {
                 let v = vals[j] + bias[j];
@@ -237,7 +238,7 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
         // SAFETY: the workspace holds tiles * splits partials (the contract).
         let tile_base = unsafe { p.partial.add(tile * splits * PATCH * THREADS) };
         let at = |s: usize, i: usize| (s * THREADS * TM + i * THREADS + tid) * VEC;
-        unroll_below!(i < TM => {
+        unroll!(i < TM => {
             // SAFETY: partial z of this tile, inside the workspace; 16-byte
             // aligned (the workspace is, and every offset is a multiple of 4).
             unsafe { store4(tile_base.add(at(z, i)), acc[i]) };
@@ -276,23 +277,23 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
         // The sum in passes of FIXUP_VECS of the patch's TM vectors, each
         // step loading FIXUP_DEPTH partials at once (one L2 round trip per
         // step), added in split order.
-        unroll_below!(h < FIXUP_PASSES => {
+        unroll!(h < FIXUP_PASSES => {
             let mut sum = [[0.0f32; VEC]; FIXUP_VECS];
             let mut s = 0;
             while s < splits {
                 let mut parts = [[[0.0f32; VEC]; FIXUP_VECS]; FIXUP_DEPTH];
-                unroll_below!(d < FIXUP_DEPTH => {
+                unroll!(d < FIXUP_DEPTH => {
                     if s + d < splits {
-                        unroll_below!(v < FIXUP_VECS => {
+                        unroll!(v < FIXUP_VECS => {
                             // SAFETY: partial s + d < splits of this tile
                             // (all written: every split arrived).
                             parts[d][v] = unsafe { load4(tile_base.add(at(s + d, h * FIXUP_VECS + v))) };
                         });
                     }
                 });
-                unroll_below!(d < FIXUP_DEPTH => {
+                unroll!(d < FIXUP_DEPTH => {
                     if s + d < splits {
-                        unroll_below!(v < FIXUP_VECS => {
+                        unroll!(v < FIXUP_VECS => {
                             sum[v] = add4(sum[v], parts[d][v]);
                         });
                     }
@@ -301,7 +302,7 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
             }
             // Stored pass by pass: nothing of the sum stays live across
             // passes (registers for the loads in flight instead).
-            unroll_below!(v < FIXUP_VECS => {
+            unroll!(v < FIXUP_VECS => {
                 store_row(h * FIXUP_VECS + v, sum[v]);
             });
         });
@@ -309,9 +310,9 @@ pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
     }
 
     // Unsplit: the accumulators are the result. Every loop over `acc` here
-    // and above is written out (`unroll_below!`): one run-time index
+    // and above is written out (`unroll!`): one run-time index
     // anywhere puts the whole array in local memory.
-    unroll_below!(i < TM => {
+    unroll!(i < TM => {
         store_row(i, acc[i]);
     });
 }

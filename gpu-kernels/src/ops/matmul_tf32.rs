@@ -25,11 +25,13 @@
 //! one kernel per shape in [`crate::params::matmul_tf32::MATMUL_TF32_VARIANTS`].
 
 use super::gelu::gelu;
+use crate::device::Vec4;
 use crate::device::bf16::f32_to_bf16;
 use crate::device::mma::{
     cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, pack_bf16x2, to_tf32,
 };
 use crate::device::shared::dynamic_shared;
+use crate::device::{UNROLL_MAX, unroll};
 use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
 use crate::params::matmul_tf32::*;
 
@@ -66,10 +68,6 @@ const _: () = assert!(K_PER_LANE * LANES_PER_ROW == BK && VECS_PER_LANE * STEPS_
 /// aligned, which `cp.async` of 16 bytes needs.
 #[repr(C, align(16))]
 struct Align16([f32; CHUNK]);
-/// Four floats moved as one 16-byte access (`ld/st.v4.f32`).
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; CHUNK]);
 /// Two floats moved as one 8-byte access.
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
@@ -122,7 +120,7 @@ unsafe fn load_slab<const ROWS: usize, const THREADS: usize>(
     c: usize,
     tid: usize,
 ) {
-    const { assert!((ROWS * CHUNKS_PER_ROW) % THREADS == 0) };
+    const { assert!((ROWS * CHUNKS_PER_ROW).is_multiple_of(THREADS)) };
     for i in 0..(ROWS * CHUNKS_PER_ROW) / THREADS {
         let chunk = tid + i * THREADS;
         let row = chunk / CHUNKS_PER_ROW;
@@ -131,16 +129,19 @@ unsafe fn load_slab<const ROWS: usize, const THREADS: usize>(
         let inside = gr < rows && gk < c;
         // Outside: copy 0 bytes (zero-fill) from an address that is valid anyway.
         let (from, bytes) = if inside {
+            // SAFETY: inside: gr < rows and gk < c, so element (gr, gk) is in `src`.
             (unsafe { src.add(gr * c + gk) }, 16)
         } else {
             (src, 0)
         };
+        // SAFETY: row < ROWS and col + 4 <= BK <= LDS: 16 bytes inside the caller's slab,
+        // aligned (LDS and col are multiples of 4); `from` is readable for `bytes`.
         unsafe { cp_async_16_zfill(dst.add(row * LDS + col), from, bytes) };
     }
 }
 
 /// Most 16-byte chunks one thread rounds per stage ([`round_stage`]).
-const ROUND_MAX_CHUNKS: usize = super::UNROLL_MAX * ROUND_BATCH;
+const ROUND_MAX_CHUNKS: usize = UNROLL_MAX * ROUND_BATCH;
 /// Chunks [`round_stage`] loads before it stores any: enough loads in flight
 /// to cover most of the shared-memory latency, few enough registers (16)
 /// not to raise the kernels' register counts (8 raised 64x64's from 119 to
@@ -166,19 +167,24 @@ unsafe fn round_stage<const THREADS: usize>(stage: *mut f32, rows: usize, tid: u
     let n = rows * CHUNKS_PER_ROW / THREADS;
     let at = |i: usize| {
         let chunk = tid + i * THREADS;
-        unsafe { stage.add((chunk / CHUNKS_PER_ROW) * LDS + (chunk % CHUNKS_PER_ROW) * CHUNK) }.cast::<F4>()
+        // SAFETY: chunk < rows * CHUNKS_PER_ROW (callers check `first + j < n`), so the
+        // row's chunk lies inside the stage; its offset is a multiple of 4 floats.
+        unsafe { stage.add((chunk / CHUNKS_PER_ROW) * LDS + (chunk % CHUNKS_PER_ROW) * CHUNK) }.cast::<Vec4<f32>>()
     };
-    unroll_below!(batch < n.div_ceil(ROUND_BATCH) => {
+    unroll!(batch < n.div_ceil(ROUND_BATCH) => {
         let first = batch * ROUND_BATCH;
-        let mut v = [F4([0.0; CHUNK]); ROUND_BATCH];
-        unroll_below!(j < ROUND_BATCH => {
+        let mut v = [Vec4([0.0; CHUNK]); ROUND_BATCH];
+        unroll!(j < ROUND_BATCH => {
             if first + j < n {
+                // SAFETY: i < n: a chunk of this thread's landed slab, 16-byte aligned (`at`).
                 v[j] = unsafe { *at(first + j) };
             }
         });
-        unroll_below!(j < ROUND_BATCH => {
+        unroll!(j < ROUND_BATCH => {
             if first + j < n {
-                unsafe { *at(first + j) = F4(v[j].0.map(|x| f32::from_bits(to_tf32(x)))) };
+                // SAFETY: the same chunk: this thread's own, nobody reads it before the barrier
+                // that follows the caller's rounding.
+                unsafe { *at(first + j) = Vec4(v[j].0.map(|x| f32::from_bits(to_tf32(x)))) };
             }
         });
     });
@@ -191,7 +197,9 @@ unsafe fn round_stage<const THREADS: usize>(stage: *mut f32, rows: usize, tid: u
 /// `p` is 16-byte aligned and points to 4 readable floats.
 #[inline(always)]
 unsafe fn load_u4(p: *const f32) -> [u32; CHUNK] {
-    unsafe { *p.cast::<F4>() }.0.map(f32::to_bits)
+    // SAFETY: the caller gives `p` 16-byte aligned with 4 readable floats, `Vec4`'s
+    // size and alignment.
+    unsafe { *p.cast::<Vec4<f32>>() }.0.map(f32::to_bits)
 }
 
 /// One 16-byte vector of k per fragment row: loads it for the warp's MI A
@@ -209,24 +217,28 @@ unsafe fn mma_vector<const MI: usize, const NI: usize>(
     g: usize,
     k: usize,
 ) {
-    const { assert!(MI <= super::UNROLL_MAX && NI <= super::UNROLL_MAX) };
+    const { assert!(MI <= UNROLL_MAX && NI <= UNROLL_MAX) };
     // a[mi] = (row g, row g+8) of mma tile mi; b[ni] = row g of tile ni.
     let mut a = [[[0u32; CHUNK]; 2]; MI];
-    unroll_below!(mi < MI => {
+    unroll!(mi < MI => {
+        // SAFETY: mi * 16 + g < MI * 16: a row of the warp's A rows; k < BK (caller).
         let base = unsafe { sa.add((mi * MMA_M + g) * LDS + k) };
+        // SAFETY: `base` and the row 8 below are A rows of the staged tile; k + 4 <= BK
+        // and k % 4 == 0 keep the 16-byte load aligned inside the row.
         unsafe { a[mi] = [load_u4(base), load_u4(base.add(FRAG_ROW_HALF * LDS))] };
     });
     let mut b = [[0u32; CHUNK]; NI];
-    unroll_below!(ni < NI => {
+    unroll!(ni < NI => {
+        // SAFETY: ni * 8 + g < NI * 8: a B row of the staged tile, k + 4 <= BK, aligned.
         b[ni] = unsafe { load_u4(sb.add((ni * MMA_N + g) * LDS + k)) };
     });
-    unroll_below!(s < STEPS_PER_VEC => {
+    unroll!(s < STEPS_PER_VEC => {
         // Slot t of this step is word 2s of the vector, slot t+4 word 2s+1.
         let (lo, hi) = (2 * s, 2 * s + 1);
-        unroll_below!(mi < MI => {
+        unroll!(mi < MI => {
             let [top, bottom] = a[mi];
             let af = [top[lo], bottom[lo], top[hi], bottom[hi]];
-            unroll_below!(ni < NI => {
+            unroll!(ni < NI => {
                 acc[mi][ni] = mma_m16n8k8_tf32(af, [b[ni][lo], b[ni][hi]], acc[mi][ni]);
             });
         });
@@ -256,7 +268,7 @@ unsafe fn matmul_tf32_body<
 ) {
     const {
         assert!(WM == MI * MMA_M && WN == NI * MMA_N);
-        assert!(BM % WM == 0 && BN % WN == 0);
+        assert!(BM.is_multiple_of(WM) && BN.is_multiple_of(WN));
         assert!(THREADS == (BM / WM) * (BN / WN) * WARP_SIZE as usize);
         assert!(STAGES >= 2 && STAGES <= 5);
         // The epilogue reuses the pipeline's shared memory for the output tile.
@@ -273,10 +285,12 @@ unsafe fn matmul_tf32_body<
     let (warp_m, warp_n) = (warp % (BM / WM), warp / (BM / WM));
     let (g, t) = (lane / 4, lane % 4);
 
-    // SAFETY (whole body): the launch provides the shared memory and buffer
+    // SAFETY: (whole body) the launch provides the shared memory and buffer
     // sizes stated in the contract; every global access is bounds-guarded.
     let smem: *mut f32 = unsafe { dynamic_shared::<Align16>() }.cast();
     let stage_floats = (BM + BN) * LDS;
+    // SAFETY: stage < STAGES, both slabs inside the stage ring; `inp`/`weight` are the
+    // launch's n x c and oc x c matrices, 16-byte aligned with c % 4 == 0.
     let load_stage = |stage: usize, kt: usize| unsafe {
         let sa = smem.add(stage * stage_floats);
         let sb = sa.add(BM * LDS);
@@ -285,9 +299,11 @@ unsafe fn matmul_tf32_body<
     };
 
     const {
-        assert!((BM * CHUNKS_PER_ROW) % THREADS == 0);
+        assert!((BM * CHUNKS_PER_ROW).is_multiple_of(THREADS));
         assert!((BM + BN) * CHUNKS_PER_ROW <= ROUND_MAX_CHUNKS * THREADS);
     };
+    // SAFETY: stage < STAGES; (BM + BN) rows fit the round's chunk bound (the const
+    // asserts above), and callers only round landed stages.
     let round_stage = |stage: usize| unsafe { round_stage::<THREADS>(smem.add(stage * stage_floats), BM + BN, tid) };
 
     let ktiles = c.div_ceil(BK);
@@ -311,7 +327,9 @@ unsafe fn matmul_tf32_body<
         // stage consumed last iteration, which the prefetch below overwrites.
         sync_threads();
 
+        // SAFETY: warp_m * WM + WM <= BM: the warp's A rows of the read stage.
         let sa = unsafe { smem.add(read_stage * stage_floats + warp_m * WM * LDS) };
+        // SAFETY: warp_n * WN + WN <= BN: the warp's B rows, after the stage's BM A rows.
         let sb = unsafe { smem.add(read_stage * stage_floats + BM * LDS + warp_n * WN * LDS) };
         // Each lane reads its own K_PER_LANE consecutive words of a row as
         // 16-byte vectors; vector `h` feeds mma steps 2h and 2h+1 (see
@@ -322,11 +340,15 @@ unsafe fn matmul_tf32_body<
         // first fragment loads go out right after the barrier, and the copy
         // instructions issue while the tensor cores work.
         const { assert!(VECS_PER_LANE == 2) };
+        // SAFETY: `sa`/`sb` are the warp's rows of the read stage, landed, rounded and
+        // published by the barrier above; t < 4 lanes per row, so the lane's
+        // K_PER_LANE = 2 * CHUNK words stay inside the row, 16-byte aligned.
         unsafe { mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE) };
         if kt + STAGES - 1 < ktiles {
             load_stage(write_stage, kt + STAGES - 1);
         }
         cp_async_commit();
+        // SAFETY: as above, the lane's second vector (VECS_PER_LANE == 2).
         unsafe { mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE + CHUNK) };
         read_stage = if read_stage + 1 == STAGES { 0 } else { read_stage + 1 };
         write_stage = if write_stage + 1 == STAGES { 0 } else { write_stage + 1 };
@@ -341,9 +363,13 @@ unsafe fn matmul_tf32_body<
     cp_async_wait_group::<0>();
     sync_threads(); // all warps done reading the pipeline stages
     let ldo = BN + EPI_PAD;
+    // SAFETY: after the wait and barrier nobody reads the stages; the parked tile
+    // (BM rows of BN + EPI_PAD) fits in them (`layout_bytes`).
     unsafe { park_fragments::<MI, NI>(&acc, smem, ldo, warp_m * WM, warp_n * WN, g, t) };
     sync_threads();
 
+    // SAFETY: the barrier above published the parked tile; `out`/`bias` are sized by
+    // the launch contract and `store_tile` guards every edge.
     unsafe {
         store_tile(
             smem,
@@ -386,8 +412,8 @@ pub(crate) unsafe fn park_fragments<const MI: usize, const NI: usize>(
     g: usize,
     t: usize,
 ) {
-    unroll_below!(mi < MI => {
-        unroll_below!(ni < NI => {
+    unroll!(mi < MI => {
+        unroll!(ni < NI => {
             let frag = acc[mi][ni];
             let r = row0 + mi * MMA_M + g;
             let col = col0 + ni * MMA_N + 2 * t;
@@ -408,6 +434,8 @@ pub(crate) enum TileOut {
     F32 { out: *mut f32, round_tf32: bool },
     /// bf16 bits `[n, oc]`, rounded to nearest even (the result feeds a bf16
     /// matmul, which would round it the same way).
+    // Only the sm90a module's wgmma kernels write bf16 tiles.
+    #[cfg_attr(not(feature = "sm90a"), allow(dead_code))]
     Bf16(*mut u16),
 }
 
@@ -441,8 +469,9 @@ pub(crate) unsafe fn store_tile(
 ) {
     let has_bias = !bias.is_null();
     // Vector stores need every output row to start aligned.
-    let vector_ok = oc % CHUNK == 0;
+    let vector_ok = oc.is_multiple_of(CHUNK);
     let finish = |v: f32, col: usize| {
+        // SAFETY: callers pass col < oc, and a non-null `bias` holds oc floats.
         let v = if has_bias { v + unsafe { *bias.add(col) } } else { v };
         if gelu_on { gelu(v) } else { v }
     };
@@ -453,7 +482,9 @@ pub(crate) unsafe fn store_tile(
         let cl = (chunk % chunks_per_row) * CHUNK;
         let (row, col) = (m0 + r, n0 + cl);
         if row < n && col < oc {
-            let v = unsafe { *tile.add(r * ldo + cl).cast::<F4>() }.0;
+            // SAFETY: r < bm rows and cl + 4 <= bn <= ldo: inside the parked tile, aligned
+            // (ldo and cl multiples of 4), published by the caller's barrier.
+            let v = unsafe { *tile.add(r * ldo + cl).cast::<Vec4<f32>>() }.0;
             let at = row * oc + col;
             match out {
                 TileOut::F32 { out, round_tf32 } => {
@@ -461,32 +492,40 @@ pub(crate) unsafe fn store_tile(
                         let x = finish(x, col);
                         if round_tf32 { f32::from_bits(to_tf32(x)) } else { x }
                     };
+                    // SAFETY: row < n, col < oc: inside `out`'s n * oc elements.
                     let dst = unsafe { out.add(at) };
                     if vector_ok {
-                        let o = F4([
+                        let o = Vec4([
                             fin(v[0], col),
                             fin(v[1], col + 1),
                             fin(v[2], col + 2),
                             fin(v[3], col + 3),
                         ]);
-                        unsafe { *dst.cast::<F4>() = o };
+                        // SAFETY: vector_ok: oc % 4 == 0, col % 4 == 0, so col + 4 <= oc and the 16-byte
+                        // store is aligned (out is 16-byte aligned per the contract).
+                        unsafe { *dst.cast::<Vec4<f32>>() = o };
                     } else {
                         for (j, &x) in v.iter().enumerate() {
                             if col + j < oc {
+                                // SAFETY: col + j < oc: inside the row.
                                 unsafe { *dst.add(j) = fin(x, col + j) };
                             }
                         }
                     }
                 }
                 TileOut::Bf16(out) => {
+                    // SAFETY: row < n, col < oc: inside `out`'s n * oc elements.
                     let dst = unsafe { out.add(at) };
                     if vector_ok {
                         let lo = pack_bf16x2(finish(v[0], col), finish(v[1], col + 1));
                         let hi = pack_bf16x2(finish(v[2], col + 2), finish(v[3], col + 3));
+                        // SAFETY: vector_ok: col + 4 <= oc and `dst` is 8-byte aligned (oc % 4 == 0, col
+                        // % 4 == 0, out 8-byte aligned), as the `U2` store needs.
                         unsafe { *dst.cast::<U2>() = U2([lo, hi]) };
                     } else {
                         for (j, &x) in v.iter().enumerate() {
                             if col + j < oc {
+                                // SAFETY: col + j < oc: inside the row.
                                 unsafe { *dst.add(j) = f32_to_bf16(finish(x, col + j)) };
                             }
                         }
@@ -512,6 +551,8 @@ macro_rules! matmul_tf32_kernel {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fn_name(p: MatmulTf32Params) {
             const S: TileShape = $shape;
+            // SAFETY: the host launches this kernel by its `TileShape`, which is
+            // `matmul_tf32_body`'s contract for these parameters.
             unsafe {
                 matmul_tf32_body::<
                     { S.bm as usize },

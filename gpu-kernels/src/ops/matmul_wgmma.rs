@@ -44,6 +44,7 @@
 //!   store sequences per thread (which made the 128x256 kernel 16k
 //!   instructions long, and slow).
 
+use crate::device::Vec4;
 use crate::device::mma::{shared_addr, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::tma::{
@@ -133,10 +134,6 @@ struct Gemm {
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
 struct F2([f32; 2]);
-/// Four floats moved as one 16-byte access.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; 4]);
 /// Bytes of one 16-byte chunk of a staged row.
 const CHUNK_BYTES: usize = 16;
 /// Chunks [`round_stage`] loads before it stores any (latency vs registers).
@@ -160,18 +157,22 @@ unsafe fn round_stage(stage: *mut u8, bytes: usize, tid: usize, consumers: usize
     let chunks = bytes / CHUNK_BYTES;
     let mut first = tid;
     while first < chunks {
-        let mut v = [F4([0.0; 4]); ROUND_BATCH];
+        let mut v = [Vec4([0.0; 4]); ROUND_BATCH];
         for (j, x) in v.iter_mut().enumerate() {
             let chunk = first + j * consumers;
             if chunk < chunks {
-                *x = unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<F4>() };
+                // SAFETY: chunk < chunks = bytes / 16: inside the caller's landed stage; the
+                // stage base is 16-byte aligned (a swizzle atom), so the `Vec4` read is too.
+                *x = unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() };
             }
         }
         for (j, x) in v.iter().enumerate() {
             let chunk = first + j * consumers;
             if chunk < chunks {
-                let rounded = F4(x.0.map(|f| f32::from_bits(to_tf32(f))));
-                unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<F4>() = rounded };
+                let rounded = Vec4(x.0.map(|f| f32::from_bits(to_tf32(f))));
+                // SAFETY: the same in-bounds, aligned chunk this thread read; nobody else touches
+                // it until the participants' barrier (the caller's contract).
+                unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() = rounded };
             }
         }
         first += ROUND_BATCH * consumers;
@@ -202,7 +203,7 @@ unsafe fn matmul_wgmma_body<
     let bk = Op::BK;
     const {
         assert!(Acc::N == BN);
-        assert!(BM % WG_ROWS == 0 && CONSUMERS == BM / WG_ROWS * WG_THREADS);
+        assert!(BM.is_multiple_of(WG_ROWS) && CONSUMERS == BM / WG_ROWS * WG_THREADS);
         // One to three consumer warpgroups (their barrier ids below).
         assert!(BM / WG_ROWS <= 3);
         assert!(2 * STAGES as u32 * MBARRIER_BYTES <= WGMMA_BARRIER_BYTES);
@@ -214,14 +215,17 @@ unsafe fn matmul_wgmma_body<
     let (m0, n0) = (tile_m * BM, tile_n * BN);
     let tid = thread_idx_x() as usize;
 
-    // SAFETY (whole body): the launch provides `shared_bytes()` of dynamic
+    // SAFETY: (whole body) the launch provides `shared_bytes()` of dynamic
     // shared memory: `WGMMA_SMEM_ALIGN` bytes of slack to align the first
     // stage to a swizzle atom, `STAGES` stages, then the barriers.
     let raw = unsafe { dynamic_shared_align16::<u8>() };
+    // SAFETY: `raw` is a pointer into this block's shared memory.
     let raw_addr = unsafe { shared_addr(raw) };
     let skip = (WGMMA_SMEM_ALIGN - raw_addr % WGMMA_SMEM_ALIGN) % WGMMA_SMEM_ALIGN;
     let smem = raw_addr + skip;
     // The same memory as a generic pointer, for ordinary loads and stores.
+    // SAFETY: skip < WGMMA_SMEM_ALIGN, the slack `shared_bytes()` reserves before the
+    // stages.
     let smem_ptr = unsafe { raw.add(skip as usize) };
     let a_bytes = BM as u32 * SWIZZLE_ROW_BYTES;
     let stage_bytes = (BM + BN) as u32 * SWIZZLE_ROW_BYTES;
@@ -233,6 +237,8 @@ unsafe fn matmul_wgmma_body<
 
     if tid == 0 {
         for s in 0..STAGES {
+            // SAFETY: thread 0 alone initialises the barriers, in the block's shared memory
+            // after the stages; the fence and block barrier below come before any use.
             unsafe {
                 mbarrier_init(full(s), 1);
                 mbarrier_init(empty(s), consumer_groups);
@@ -255,6 +261,7 @@ unsafe fn matmul_wgmma_body<
     let ktiles = (first + per_split).min(ktiles_all) - first;
     let out = match p.out {
         TileOut::F32 { out, round_tf32 } => TileOut::F32 {
+            // SAFETY: a split launch's `out` holds splits * n * oc floats (the launch contract).
             out: unsafe { out.add(split * n * oc) },
             round_tf32,
         },
@@ -270,9 +277,14 @@ unsafe fn matmul_wgmma_body<
                 let round = kt / STAGES;
                 if round > 0 {
                     // Wait until the consumers released this buffer's previous tile.
+                    // SAFETY: `empty(s)` was initialised above (fence and barrier since); the
+                    // consumer groups arrive on it once per round, so the phase completes.
                     unsafe { mbarrier_wait_parity(empty(s), ((round - 1) & 1) as u32) };
                 }
                 let k = ((first + kt) * bk) as i32;
+                // SAFETY: the producer alone arms `full(s)` with the stage's bytes, then loads
+                // into stage `s`, which every consumer released (the wait above); the maps
+                // and boxes are the launch contract's.
                 unsafe {
                     mbarrier_arrive_expect_tx(full(s), stage_bytes);
                     tma_load_2d(stage(s), inp_map, k, m0 as i32, full(s));
@@ -285,7 +297,7 @@ unsafe fn matmul_wgmma_body<
 
     // Consumers.
     let warpgroup = tid / WG_THREADS;
-    let leader = tid % WG_THREADS == 0;
+    let leader = tid.is_multiple_of(WG_THREADS);
     let mut acc = Acc::zeroed();
     // The last wait sits inside `ktiles > 0`: were it where the zero-tile path
     // (a split with no k-tiles) joins, ptxas would see plain `mov`s define
@@ -294,12 +306,18 @@ unsafe fn matmul_wgmma_body<
     if ktiles > 0 {
         for kt in 0..ktiles {
             let s = kt % STAGES;
+            // SAFETY: `full(s)` is initialised; the producer armed this phase with its TMA
+            // loads, which complete it.
             unsafe { mbarrier_wait_parity(full(s), ((kt / STAGES) & 1) as u32) };
             if p.round_inp {
                 // Round this warpgroup's rows of `inp` (its A operand) in place.
+                // SAFETY: s < STAGES, and this warpgroup's WG_ROWS rows lie inside the stage's
+                // A part (BM rows).
                 let a_rows = unsafe {
                     smem_ptr.add(s * stage_bytes as usize + warpgroup * WG_ROWS * SWIZZLE_ROW_BYTES as usize)
                 };
+                // SAFETY: the stage landed (the `full` wait above); its rows here are this
+                // warpgroup's alone until the named barrier below.
                 unsafe {
                     round_stage(
                         a_rows,
@@ -336,6 +354,8 @@ unsafe fn matmul_wgmma_body<
             // Keep this tile's group in flight; the previous one is done now.
             acc.wait::<1>();
             if kt > 0 && leader {
+                // SAFETY: `empty` barriers are initialised; the leader arrives once per tile for
+                // its warpgroup, as the init count (consumer_groups) expects.
                 unsafe { mbarrier_arrive(empty((kt - 1) % STAGES)) };
             }
         }
@@ -357,9 +377,14 @@ unsafe fn matmul_wgmma_body<
         let pair = pair as usize;
         let row = row0 + HALF_ROWS * (pair % 2);
         let col = GROUP_COLS * (pair / 2) + 2 * t;
+        // SAFETY: row < BM and col + 2 <= BN < ldo: inside the tile parked over the
+        // stages (all consumers are past the barrier above); col is even, so the
+        // 8-byte `F2` store is aligned.
         unsafe { *tile.add(row * ldo + col).cast::<F2>() = F2(v) };
     });
     named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+    // SAFETY: every consumer's fragments are parked (the named barrier above); `out`
+    // and `bias` are sized by the launch contract and store_tile guards edges.
     unsafe { store_tile(tile, ldo, BM, BN, tid, CONSUMERS, (m0, n0), out, p.bias, n, oc, p.gelu) };
 }
 
@@ -374,6 +399,8 @@ macro_rules! matmul_wgmma_kernel {
         pub unsafe extern "ptx-kernel" fn $fn_name(p: $params) {
             const S: TileShape = $shape;
             const { assert!(matches!(S.engine, TileEngine::Wgmma)) };
+            // SAFETY: the host launches this kernel by its `TileShape` on sm_90a, which is
+            // `matmul_wgmma_body`'s contract for these parameters.
             unsafe {
                 matmul_wgmma_body::<
                     $op,

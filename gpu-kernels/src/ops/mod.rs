@@ -1,23 +1,6 @@
 //! GPT-2 kernels, one module per op. Each kernel takes one parameter struct
 //! from [`crate::params`] and is exported under the name in [`crate::params::names`].
 
-/// Most iterations [`unroll_below!`] writes out.
-pub(crate) const UNROLL_MAX: usize = 16;
-
-/// Repeat `$body` for `$i` = 0, 1, ... while `$i < $n` (a constant, at most
-/// `UNROLL_MAX`), with `$i` a constant each time. The fragment and
-/// accumulator arrays (and rows held in registers) must be indexed by constants to stay in registers, and
-/// LLVM's unroller gives up on the larger nests (it leaves a loop over a
-/// local-memory array).
-macro_rules! unroll_below {
-    ($i:ident < $n:expr => $body:block) => {
-        unroll_below!(@ $i $n, $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
-    };
-    (@ $i:ident $n:expr, $body:block; $($k:literal)*) => {
-        $( if $k < $n { let $i: usize = $k; $body } )*
-    };
-}
-
 pub mod flash_attention;
 pub mod saxpy;
 

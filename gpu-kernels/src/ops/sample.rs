@@ -52,6 +52,7 @@ use core::arch::asm;
 
 use crate::device::mma::shared_addr;
 use crate::device::warp::{shfl_idx_u32, shfl_xor_f32, shfl_xor_u32, warp_reduce_max_u32};
+use crate::device::{UNROLL_MAX, unroll};
 use crate::device::{
     WARP_SIZE, block_idx_x, dynamic_shared, lane_id, sync_threads, sync_threads_count, thread_idx_x, warp_id,
 };
@@ -77,9 +78,9 @@ const NAN_RANK: u32 = u32::MAX;
 /// The id half of a limit that keeps every id of its rank.
 const ALL_IDS: u64 = u32::MAX as u64;
 
-const _: () = assert!(THREADS % WARP_SIZE == 0 && WARPS <= WARP_SIZE);
-const _: () = assert!(BUCKETS % THREADS == 0 && BUCKETS_PER_THREAD <= crate::ops::UNROLL_MAX);
-const _: () = assert!(UNROLL <= crate::ops::UNROLL_MAX);
+const _: () = assert!(THREADS.is_multiple_of(WARP_SIZE) && WARPS <= WARP_SIZE);
+const _: () = assert!(BUCKETS.is_multiple_of(THREADS) && BUCKETS_PER_THREAD <= UNROLL_MAX);
+const _: () = assert!(UNROLL <= UNROLL_MAX);
 const _: () = assert!(SAMPLE_SCRATCH_WORDS == WARPS && SAMPLE_BROADCAST_WORDS >= 4);
 // The layout `Smem::get` carves.
 const _: () = assert!(
@@ -255,14 +256,14 @@ unsafe fn for_each(x: *const f32, first: u32, end: u32, step: u32, mut f: impl F
     let mut j = first;
     while j < end {
         let mut l = [0f32; UNROLL];
-        unroll_below!(u < UNROLL => {
+        unroll!(u < UNROLL => {
             let jj = j + u as u32 * step;
             if jj < end {
                 // SAFETY: jj < end.
                 l[u] = unsafe { *x.add(jj as usize) };
             }
         });
-        unroll_below!(u < UNROLL => {
+        unroll!(u < UNROLL => {
             let jj = j + u as u32 * step;
             if jj < end {
                 f(jj, l[u]);
@@ -384,8 +385,8 @@ unsafe fn search(row: &Row, sm: Smem, f: impl Fn(u32, f32) -> u64, goal_of: impl
     loop {
         if len <= THREADS {
             let j = lo + tid;
-            // SAFETY: j < lo + len <= v.
             let w = if tid < len {
+                // SAFETY: j < lo + len <= v.
                 f(j, unsafe { *row.x.add(j as usize) })
             } else {
                 0
@@ -425,7 +426,7 @@ unsafe fn search(row: &Row, sm: Smem, f: impl Fn(u32, f32) -> u64, goal_of: impl
         sync_threads();
         let mut sums = [0u64; WARPS as usize];
         let mut total = 0u64;
-        unroll_below!(w < WARPS as usize => {
+        unroll!(w < WARPS as usize => {
             // SAFETY: written before the barrier.
             sums[w] = unsafe { *sm.scratch.add(w) };
             total += sums[w];
@@ -434,7 +435,7 @@ unsafe fn search(row: &Row, sm: Smem, f: impl Fn(u32, f32) -> u64, goal_of: impl
         let mut g = goal.unwrap_or_else(|| goal_of(total));
         // The first sixteenth whose sum exceeds what is left of the goal.
         let mut pick = WARPS;
-        unroll_below!(w < WARPS as usize => {
+        unroll!(w < WARPS as usize => {
             if pick == WARPS {
                 if g < sums[w] {
                     pick = w as u32;
@@ -477,6 +478,9 @@ enum Measure {
 /// # Safety
 /// As for [`greedy`]; `goal_of` is the same function in every thread.
 #[inline(always)]
+// `!(l >= cut)` is meant: a NaN logit fails `>=` and is skipped, as NaN is
+// in no kept set; `l < cut` would let it through.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 unsafe fn select(row: &Row, sm: Smem, limit: u64, measure: Measure, goal_of: impl Fn(u64) -> Option<u64>) -> u64 {
     let tid = thread_idx_x();
     let rmax = (limit >> 32) as u32;
@@ -527,7 +531,7 @@ unsafe fn select(row: &Row, sm: Smem, limit: u64, measure: Measure, goal_of: imp
         let first = tid as usize * BUCKETS_PER_THREAD;
         let mut vals = [0u64; BUCKETS_PER_THREAD];
         let mut local = 0u64;
-        unroll_below!(i < BUCKETS_PER_THREAD => {
+        unroll!(i < BUCKETS_PER_THREAD => {
             // SAFETY: first + i < BUCKETS.
             vals[i] = unsafe {
                 match measure {
@@ -550,7 +554,7 @@ unsafe fn select(row: &Row, sm: Smem, limit: u64, measure: Measure, goal_of: imp
         // The bucket where base + (measure so far) first reaches g; the goal
         // is at most base + total, so exactly one thread finds it.
         let mut acc = base + before;
-        unroll_below!(i < BUCKETS_PER_THREAD => {
+        unroll!(i < BUCKETS_PER_THREAD => {
             let below = acc;
             acc += vals[i];
             if below < g && acc >= g {
@@ -638,6 +642,9 @@ fn max_rank_of_kth(mine: u32, kmax: u32, rmax: u32, k: u32) -> u32 {
 /// # Safety
 /// As for [`greedy`].
 #[inline(always)]
+// `!(l >= cut)` is meant: a NaN logit fails `>=` and is skipped (NaN is in
+// no kept set); `l < cut` would count it.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 unsafe fn sampled(x: *const f32, v: u32, cfg: &SampleRow, random: u64, sm: Smem) -> u32 {
     // This thread's largest key (0: none, or only NaN).
     let mut mine = 0u32;
@@ -721,10 +728,10 @@ pub unsafe extern "ptx-kernel" fn sample_forward(p: SampleParams) {
         // SAFETY: every thread is here; x[0..v) readable.
         unsafe { greedy(x, p.v, sm) }
     } else {
-        // SAFETY: counter holds n words where not null.
         let counter = if p.counter.is_null() {
             0
         } else {
+            // SAFETY: counter holds n words where not null.
             unsafe { *p.counter.add(row as usize) }
         };
         let random = row_random(cfg.seed, counter, row);

@@ -10,6 +10,7 @@ pub unsafe extern "ptx-kernel" fn saxpy(p: SaxpyParams) {
     let mut i = global_idx_x();
     while i < p.n {
         let i_ = i as usize;
+        // SAFETY: i < n, and the launch contract gives `out`, `x`, `y` n floats each.
         unsafe { *p.out.add(i_) = p.a * *p.x.add(i_) + *p.y.add(i_) };
         i += grid_stride_x();
     }

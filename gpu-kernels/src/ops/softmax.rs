@@ -30,6 +30,8 @@ pub unsafe extern "ptx-kernel" fn softmax_forward(p: SoftmaxParams) {
         m = m.max(unsafe { *x.add(j) });
         j += threads;
     }
+    // SAFETY: `scratch` is the launch's 32 floats of dynamic shared memory; the whole
+    // block gets here (the early return is per block) with SOFTMAX_THREADS threads.
     let m = unsafe { block_reduce_max(m, scratch) };
     let mut s = 0.0f32;
     let mut j = tid;
@@ -38,6 +40,8 @@ pub unsafe extern "ptx-kernel" fn softmax_forward(p: SoftmaxParams) {
         s += exp_fast(unsafe { *x.add(j) } - m);
         j += threads;
     }
+    // SAFETY: as for the max: 32 floats of scratch, the whole block calls (the max's
+    // closing barrier frees the scratch).
     let inv = 1.0 / unsafe { block_reduce_sum(s, scratch) };
     let mut j = tid;
     while j < vp {

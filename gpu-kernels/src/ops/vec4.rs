@@ -4,10 +4,7 @@
 //! four scalar ones; reading through a 16-byte-aligned type tells it the
 //! address is aligned and yields one vector instruction.
 
-/// Four floats, 16-byte aligned.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; 4]);
+use crate::device::Vec4;
 
 /// Floats per vector.
 pub const VEC: usize = 4;
@@ -18,7 +15,9 @@ pub const VEC: usize = 4;
 /// `p` is 16-byte aligned and 16 bytes at it are readable.
 #[inline(always)]
 pub unsafe fn load4(p: *const f32) -> [f32; 4] {
-    unsafe { (*(p as *const F4)).0 }
+    // SAFETY: the caller gives `p` 16-byte aligned with 16 readable bytes, which is
+    // `Vec4`'s size and alignment.
+    unsafe { (*(p as *const Vec4<f32>)).0 }
 }
 
 /// Write 4 floats at `p`.
@@ -27,13 +26,15 @@ pub unsafe fn load4(p: *const f32) -> [f32; 4] {
 /// `p` is 16-byte aligned and 16 bytes at it are writable.
 #[inline(always)]
 pub unsafe fn store4(p: *mut f32, v: [f32; 4]) {
-    unsafe { *(p as *mut F4) = F4(v) }
+    // SAFETY: the caller gives `p` 16-byte aligned with 16 writable bytes, which is
+    // `Vec4`'s size and alignment.
+    unsafe { *(p as *mut Vec4<f32>) = Vec4(v) }
 }
 
 /// Whether `p` may be used with [`load4`]/[`store4`].
 #[inline(always)]
 pub fn aligned16<T>(p: *const T) -> bool {
-    p as usize % (VEC * 4) == 0
+    (p as usize).is_multiple_of(VEC * 4)
 }
 
 /// [`load4`] through L2 only (`ld.global.cg.v4.f32`): for data another
@@ -44,7 +45,6 @@ pub fn aligned16<T>(p: *const T) -> bool {
 /// As [`load4`], in global memory.
 #[inline(always)]
 pub unsafe fn load4_cg(p: *const f32) -> [f32; 4] {
-    let v: [f32; 4];
     let (a, b, c, d): (f32, f32, f32, f32);
     // SAFETY: the caller's contract.
     unsafe {
@@ -58,8 +58,7 @@ pub unsafe fn load4_cg(p: *const f32) -> [f32; 4] {
             options(nostack, readonly),
         )
     };
-    v = [a, b, c, d];
-    v
+    [a, b, c, d]
 }
 
 /// One float through L2 only (see [`load4_cg`]).

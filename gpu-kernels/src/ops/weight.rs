@@ -83,7 +83,11 @@ impl Weight for u16 {
     #[inline(always)]
     fn value(raw: &[u32; 4], e: usize) -> f32 {
         let w = raw[e / 2];
-        if e % 2 == 0 { bf16x2_lo(w) } else { bf16x2_hi(w) }
+        if e.is_multiple_of(2) {
+            bf16x2_lo(w)
+        } else {
+            bf16x2_hi(w)
+        }
     }
 
     #[inline(always)]
