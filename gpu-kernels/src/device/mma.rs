@@ -2,9 +2,9 @@
 //!
 //! Fragment layout of `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`
 //! (PTX ISA), with `g = lane / 4` and `t = lane % 4`:
-//! - A (16x8, row-major): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
-//! - B (8x8, "col", i.e. B[k][n] read as column n): b0 = B[t][g], b1 = B[t+4][g]
-//! - C/D (16x8): c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+//! - A (16x8, row-major): a0 = A\[g\]\[t\], a1 = A\[g+8\]\[t\], a2 = A\[g\]\[t+4\], a3 = A\[g+8\]\[t+4\]
+//! - B (8x8, "col", i.e. B\[k\]\[n\] read as column n): b0 = B\[t\]\[g\], b1 = B\[t+4\]\[g\]
+//! - C/D (16x8): c0 = C\[g\]\[2t\], c1 = C\[g\]\[2t+1\], c2 = C\[g+8\]\[2t\], c3 = C\[g+8\]\[2t+1\]
 //!
 //! GPT-2's linear weights are stored (out, in), so `W[n][k]` is exactly the
 //! "col" B operand of `out = inp · Wᵀ`.
@@ -12,8 +12,8 @@
 //! Fragment layout of `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`:
 //! each A/B register holds two bf16 of consecutive k, the lower k in the
 //! lower 16 bits (as two consecutive bf16 of a K-contiguous row load):
-//! - A (16x16): a0 = A[g][2t..2t+2], a1 = A[g+8][2t..2t+2], a2 = A[g][2t+8..2t+10], a3 = A[g+8][2t+8..2t+10]
-//! - B (16x8, "col"): b0 = B[2t..2t+2][g], b1 = B[2t+8..2t+10][g]
+//! - A (16x16): a0 = A\[g\]\[2t..2t+2\], a1 = A\[g+8\]\[2t..2t+2\], a2 = A\[g\]\[2t+8..2t+10\], a3 = A\[g+8\]\[2t+8..2t+10\]
+//! - B (16x8, "col"): b0 = B\[2t..2t+2\]\[g\], b1 = B\[2t+8..2t+10\]\[g\]
 //! - C/D: as for m16n8k8 above.
 
 use core::arch::asm;

@@ -608,7 +608,7 @@ unsafe fn decode_gemv_rows<W: Weight, const R: usize>(p: DecodeGemvParams<W>) {
 
 macro_rules! decode_gemv_entry {
     ($name:ident, $w:ty, $rows:expr) => {
-        /// [`decode_gemv_rows`] for up to this many rows, weights of this type.
+        /// `decode_gemv_rows` for up to this many rows, weights of this type.
         ///
         /// # Safety
         /// `DecodeGemvParams`' contract, with the launch it describes.
@@ -945,7 +945,7 @@ unsafe fn decode_gemv_mma_rows<W: MmaWeight>(p: DecodeGemvParams<W>) {
     }
 }
 
-/// [`decode_gemv_mma_rows`] over bf16 weights.
+/// `decode_gemv_mma_rows` over bf16 weights.
 ///
 /// # Safety
 /// `DecodeGemvParams`' contract for this kernel, with the launch it describes.
@@ -955,7 +955,7 @@ pub unsafe extern "ptx-kernel" fn decode_gemv_bf16_mma(p: DecodeGemvParams<u16>)
     unsafe { decode_gemv_mma_rows(p) }
 }
 
-/// [`decode_gemv_mma_rows`] over f32 weights (3xTF32).
+/// `decode_gemv_mma_rows` over f32 weights (3xTF32).
 ///
 /// # Safety
 /// `DecodeGemvParams`' contract for this kernel, with the launch it describes.

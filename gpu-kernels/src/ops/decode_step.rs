@@ -1329,7 +1329,7 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
 
 macro_rules! decode_step_entry {
     ($name:ident, $w:ty, $rows:expr, $trace:expr) => {
-        /// [`decode_step_body`] for up to this many rows, weights of this
+        /// `decode_step_body` for up to this many rows, weights of this
         /// type; the `_traced` entries also write `DecodeStepParams::trace`.
         ///
         /// # Safety

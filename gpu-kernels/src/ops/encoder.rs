@@ -44,20 +44,20 @@ unsafe fn encoder_vec4<W: Weight>(p: EncoderParams<W>) {
     }
 }
 
-/// [`encoder_vec4`] over an f32 `wte`.
+/// `encoder_vec4` over an f32 `wte`.
 ///
 /// # Safety
-/// As [`encoder_vec4`].
+/// As `encoder_vec4`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn encoder_forward(p: EncoderParams<f32>) {
     // SAFETY: forwarded.
     unsafe { encoder_vec4(p) }
 }
 
-/// [`encoder_vec4`] over a bf16 `wte` (the bf16 engine's).
+/// `encoder_vec4` over a bf16 `wte` (the bf16 engine's).
 ///
 /// # Safety
-/// As [`encoder_vec4`].
+/// As `encoder_vec4`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn encoder_forward_bf16(p: EncoderParams<u16>) {
     // SAFETY: forwarded.

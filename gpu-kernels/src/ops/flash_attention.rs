@@ -39,8 +39,8 @@
 //!   PV: the key is the contraction index, k-slot t = key 2t and t+4 = key 2t+1
 //!   of each 8-key step, exactly what the S C-fragment holds, so P feeds the
 //!   MMA from registers; the output column n of n-tile dt is dim 4n + dt
-//!   (dt < 4) or 32 + 4n + dt - 4, so lane g reads V[key][4g..4g+4] and
-//!   V[key][32+4g..36+4g], and each lane ends up holding 8 contiguous output
+//!   (dt < 4) or 32 + 4n + dt - 4, so lane g reads V\[key\]\[4g..4g+4\] and
+//!   V\[key\]\[32+4g..36+4g\], and each lane ends up holding 8 contiguous output
 //!   dims twice (16-byte stores).
 //!
 //! FP32 prefill (`attention_forward_flash_fp32`, the exact path): 4 warps and
@@ -51,7 +51,7 @@
 //! few queries over a long cache: a block reduces one 64-key chunk for one
 //! (query, head); 8 lanes share a key (8 dimensions each, 16-byte loads, so a
 //! warp reads 4 whole K rows per instruction pair), each warp merges its 4 key
-//! groups with shuffles and writes one partial (max, sum, acc[64]); the combine
+//! groups with shuffles and writes one partial (max, sum, acc\[64\]); the combine
 //! kernel merges the partials of each (query, head).
 
 use crate::device::Vec4;

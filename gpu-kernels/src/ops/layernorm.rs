@@ -291,7 +291,7 @@ fn warp_row(n: u32) -> Option<usize> {
     (row < n).then_some(row as usize)
 }
 
-/// One warp per row ([`layernorm_row`]).
+/// One warp per row (`layernorm_row`).
 ///
 /// # Safety
 /// Buffers as documented on [`LayernormParams`].
@@ -316,7 +316,7 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward(p: LayernormParams) {
 }
 
 /// `residual = inp1 + inp2` and `out = layernorm(residual)`, one warp per
-/// row ([`layernorm_row`]): one launch and one pass where a residual add and
+/// row (`layernorm_row`): one launch and one pass where a residual add and
 /// the next layernorm took two.
 ///
 /// # Safety

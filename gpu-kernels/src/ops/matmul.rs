@@ -285,7 +285,7 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
     }
 }
 
-/// Tiled matmul, `MATMUL_TILE_M x MATMUL_TILE_N` block tile (see [`tiled`]).
+/// Tiled matmul, `MATMUL_TILE_M x MATMUL_TILE_N` block tile (see `tiled`).
 ///
 /// Launch: grid `(ceil(oc / TILE_N), ceil(n / TILE_M), splits)`,
 /// `MATMUL_BLOCK` threads, `matmul_shared_bytes(MATMUL_TILE_M)` bytes of

@@ -1,7 +1,7 @@
 //! TF32 and bf16 matmuls on Hopper's warpgroup tensor cores (sm_90a):
 //! `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias) (GELU)`, the contracts of
 //! `ops::matmul_tf32` and `ops::matmul_bf16` (whose `mma.sync` kernels run
-//! on any GPU). One body serves both ([`WgmmaOperands`]): a staged row of
+//! on any GPU). One body serves both (`WgmmaOperands`): a staged row of
 //! k is 128 bytes either way (32 f32 or 64 bf16), and one `wgmma` step reads
 //! 32 bytes of it (k = 8 TF32 or 16 bf16), so the layout, descriptors and
 //! pipeline are the same; only the instruction and the depth of a stage in

@@ -4,11 +4,11 @@
 pub mod flash_attention;
 pub mod saxpy;
 
-// Issue 4: the forward pass.
+// The forward pass.
 pub mod argmax;
 pub mod attention;
 pub mod convert;
-// Issue 13: the decode step's fused kernels.
+// The decode step's fused kernels.
 pub mod decode;
 pub mod encoder;
 pub mod gelu;
@@ -25,9 +25,9 @@ pub mod decode_step;
 pub mod residual;
 pub mod softmax;
 pub mod vec4;
-// Issue 14: f32 or bf16 weights through one generic kernel body.
+// f32 or bf16 weights through one generic kernel body.
 pub mod weight;
 // GPU sampling (the rule is in `params::sample`).
 pub mod sample;
-// Issue 14: bf16.
+// bf16.
 pub mod matmul_bf16;

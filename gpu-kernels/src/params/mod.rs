@@ -55,7 +55,7 @@ pub mod names {
 }
 pub mod flash_attention;
 
-// Issue 4: the forward pass (one file per op; import as `params::<op>::*`).
+// The forward pass (one file per op; import as `params::<op>::*`).
 pub mod argmax;
 pub mod attention;
 pub mod convert;
@@ -73,5 +73,5 @@ pub mod softmax;
 // counter-based generator both draw from (host and device).
 pub mod philox;
 pub mod sample;
-// Issue 14: bf16.
+// bf16.
 pub mod matmul_bf16;
