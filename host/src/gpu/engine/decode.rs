@@ -120,8 +120,8 @@ pub struct DecodeTuning {
     /// (0.650 against 0.638 ms a step; docs/performance.md, decode step 6).
     pub persistent_max_rows: usize,
     /// The same for bf16 weights. Default 8: at 8 rows the persistent step
-    /// measured faster than the chain on an H100 (0.435 against 0.470 ms a
-    /// step; decode step 6, and the CLI check of decode step 7).
+    /// measured faster than the chain on an H100 (0.434 against 0.468 ms a
+    /// step; docs/performance.md, decode steps 6 and 7).
     pub persistent_max_rows_bf16: usize,
     /// The persistent step records when each block's phases start, get
     /// their inputs and end (`GpuEngine::decode_step_trace`): a diagnostic
