@@ -11,6 +11,8 @@
 #   bin/<name>.gz   the workspace's binaries, gzipped (the CLI `host`, and bench/tune/
 #                   perplexity where they exist), and examples/outside-consumer's
 #   scripts/        scripts/*.py and gpu-runner.sh, so the bundle is whole
+#   wheels/         the openai client and its dependencies for the GPU
+#                   machine's Python (the server test installs them offline)
 #   tests.list      '<test file> <package dir>': where each test runs from
 #   BUILD_INFO      commit, toolchain, GPU_KERNELS_ARCH, file list
 #
@@ -113,6 +115,16 @@ fi
 gzip -9 -n "$BUNDLE"/tests/* "$BUNDLE"/bin/*
 
 cp scripts/gpu-runner.sh "$BUNDLE/scripts/"
+# The official openai client and its dependencies, as wheels for the GPU
+# machine's Python (3.12, x86-64 Linux: device/KINDS.md), which has no
+# internet: the runner's server test installs them offline.
+OPENAI_VERSION="$(sed -n 's/^OPENAI_VERSION="\${OPENAI_VERSION:-\([^}]*\)}"$/\1/p' scripts/serve_openai_test.sh)"
+GPU_PYTHON="${GPU_PYTHON:-3.12}"
+mkdir -p "$BUNDLE/wheels"
+python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+    --python-version "$GPU_PYTHON" --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$BUNDLE/wheels" "openai==$OPENAI_VERSION"
 shopt -s nullglob
 for py in scripts/*.py; do cp "$py" "$BUNDLE/scripts/"; done
 shopt -u nullglob

@@ -79,6 +79,11 @@
 #   SANITIZER_TIMEOUT=300       seconds per sanitizer tool (racecheck took 190 s on an H200)
 #   ORACLE=1                    0 skips step 2 (the oracle tests are then not run)
 #   ORACLE_TIMEOUT=240
+#   SERVE=1                     0 skips step 3c (the server on the GPU)
+#   SERVE_SLOTS=128             the load test's --max-running
+#   SERVE_LOAD_CLIENTS="1 8 32 64 128"  concurrency levels of the load test
+#   SERVE_LOAD_ROUNDS=2         requests per client at each level
+#   SERVE_LOAD_MIN_REQUESTS=4   at least this many requests a level
 #   BENCH=0                     1 runs step 5
 #   BENCH_TIMEOUT=420
 #   BENCH_RUST_ARGS="all --json $OUT/bench-rust.json"   arguments for gpu-out/bin/bench
@@ -244,6 +249,11 @@ ORACLE_TESTS="${ORACLE_TESTS-oracle::cpu_logits_match_transformers forward::tran
 ORACLE="${ORACLE:-1}"
 ORACLE_TIMEOUT="${ORACLE_TIMEOUT:-240}"
 BENCH="${BENCH:-0}"
+SERVE="${SERVE:-1}"
+SERVE_SLOTS="${SERVE_SLOTS:-128}"
+SERVE_LOAD_CLIENTS="${SERVE_LOAD_CLIENTS:-1 8 32 64 128}"
+SERVE_LOAD_ROUNDS="${SERVE_LOAD_ROUNDS:-2}"
+SERVE_LOAD_MIN_REQUESTS="${SERVE_LOAD_MIN_REQUESTS:-4}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-420}"
 BENCH_RUST_ARGS="${BENCH_RUST_ARGS:-all --json $OUT/bench-rust.json}"
 
@@ -445,6 +455,66 @@ if (( ORACLE_OK )) && [[ -x "$GPU_OUT/bin/host" ]]; then
         run_prog "perplexity gpu bf16" "$GPU_OUT/bin/perplexity" "$ROOT/tests/data/perplexity_sample.txt" --weights "$W" --window 256 --stride 128 --precision bf16
     fi
     grep -E 'tokens generated|perplexity|PPL' "$PROG_LOG" | tee -a "$SUMMARY"
+fi
+
+# ---------------------------------------------------------------- 3c. serve
+# The server on the GPU engine: the real-client test (openai from the
+# bundle's wheels, curl) on its tiny checkpoint, then (with the oracle's
+# 124M checkpoint) the load test at rising concurrency, FP32 greedy,
+# 256-token completions of ~32-token prompts; its JSON lines go to the
+# summary. Logged to programs.log (the files that come back are few).
+if [[ "$SERVE" == 1 ]]; then
+    banner "serve: real clients and the load test on the GPU"
+    PROG_LOG="$OUT/programs.log"
+    if [[ ! -x "$GPU_OUT/bin/serve" || ! -d "$GPU_OUT/wheels" ]]; then
+        fail "serve: gpu-out/bin/serve or gpu-out/wheels missing (rebuild the bundle)"
+    else
+        { echo "######## serve_openai_test (GPU)"; } >>"$PROG_LOG"
+        if (cd "$ROOT" && SERVE_BIN_DIR="$GPU_OUT/bin" SERVE_BACKEND_ARGS="" OPENAI_WHEELS="$GPU_OUT/wheels" \
+            timeout "$TEST_TIMEOUT" bash scripts/serve_openai_test.sh) >>"$PROG_LOG" 2>&1; then
+            note "serve openai+curl test (GPU): ok"
+        else
+            fail "serve openai+curl test (GPU): exit $? (see programs.log)"
+        fi
+    fi
+    if (( ORACLE_OK )) && [[ -x "$GPU_OUT/bin/serve_load" ]]; then
+        W="$ORACLE_DIR/model.safetensors"
+        SERVE_ERR="$(mktemp)"
+        SERVE_OUTF="$(mktemp)"
+        "$GPU_OUT/bin/serve" --weights "$W" --port 0 --max-running "$SERVE_SLOTS" --max-queue 4096 \
+            >"$SERVE_OUTF" 2>"$SERVE_ERR" &
+        SPID=$!
+        URL=""
+        for _ in $(seq 120); do
+            URL="$(head -n 1 "$SERVE_OUTF")"
+            [[ -n "$URL" ]] && break
+            kill -0 "$SPID" 2>/dev/null || break
+            sleep 1
+        done
+        if [[ -z "$URL" ]]; then
+            cat "$SERVE_ERR" >>"$PROG_LOG"
+            fail "serve load: the server did not start (see programs.log)"
+        else
+            # ~32 tokens of prompt (serve_load appends " (i)").
+            LOAD_PROMPT="The history of the city begins in the early years of the nineteenth century, when a small group of farmers and traders settled on the banks of the river"
+            for clients in $SERVE_LOAD_CLIENTS; do
+                requests=$(( clients * SERVE_LOAD_ROUNDS ))
+                (( requests < SERVE_LOAD_MIN_REQUESTS )) && requests=$SERVE_LOAD_MIN_REQUESTS
+                echo "######## serve_load clients $clients requests $requests" >>"$PROG_LOG"
+                if line="$(timeout "$TEST_TIMEOUT" "$GPU_OUT/bin/serve_load" --url "$URL" --clients "$clients" \
+                        --requests "$requests" --max-tokens 256 --prompt "$LOAD_PROMPT" --duration 120 2>>"$PROG_LOG")"; then
+                    echo "$line" >>"$PROG_LOG"
+                    note "serve load: {\"clients\": $clients, \"result\": $line}"
+                else
+                    fail "serve load at $clients clients: exit $? (see programs.log)"
+                fi
+            done
+            kill -TERM "$SPID" 2>/dev/null
+            timeout 60 tail --pid="$SPID" -f /dev/null
+            wait "$SPID" && note "serve load: server exited 0" || fail "serve load: server exit $?"
+        fi
+        { echo "######## serve stderr"; tail -n 20 "$SERVE_ERR"; } >>"$PROG_LOG"
+    fi
 fi
 
 # ---------------------------------------------------------------- 4. sanitizer

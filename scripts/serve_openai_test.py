@@ -30,13 +30,14 @@ import urllib.parse
 LLMC_MAGIC = 20240326
 LLMC_VERSION_F32 = 3
 LLMC_HEADER_INTS = 256
-# The tiny model: GPT-2's vocabulary, small everything else.
+# The tiny model: GPT-2's vocabulary and head size (64, which the GPU
+# engine's decode kernels need), small everything else.
 MAX_SEQ_LEN = 64
 VOCAB = 50257
 PADDED_VOCAB = 50304
 LAYERS = 1
-HEADS = 2
-CHANNELS = 16
+HEADS = 1
+CHANNELS = 64
 WEIGHT_STD = 0.02
 SEED = 7
 

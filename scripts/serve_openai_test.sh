@@ -9,7 +9,11 @@
 #   bash scripts/serve_openai_test.sh
 #
 # Environment: SERVE_TEST_DIR (scratch directory, default a new temp dir),
-# OPENAI_VERSION (default pinned below).
+# OPENAI_VERSION (default pinned below). On the GPU machine (no Rust, no
+# internet; scripts/gpu-runner.sh): SERVE_BIN_DIR (prebuilt `serve` and
+# `host`: no cargo build), SERVE_BACKEND_ARGS (flags of both, default
+# `--cpu`; empty: the GPU engine), OPENAI_WHEELS (a directory of wheels:
+# install offline from it).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +21,8 @@ cd "$ROOT"
 
 # The client version the test is known to pass with.
 OPENAI_VERSION="${OPENAI_VERSION:-1.109.1}"
+# The backend: the CPU reference unless told otherwise.
+read -r -a BACKEND <<<"${SERVE_BACKEND_ARGS---cpu}"
 # Bounds, in seconds: server start, the Python test, one curl request, exit.
 START_TIMEOUT=120
 SCRIPT_TIMEOUT=300
@@ -59,15 +65,25 @@ if ! python3 -m venv "$VENV" 2>"$WORK/venv.err"; then
     rm -rf "$VENV"
     python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
+if [[ -n "${OPENAI_WHEELS:-}" ]]; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \
+        --find-links "$OPENAI_WHEELS" "openai==$OPENAI_VERSION"
+else
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
+fi
 
-echo "== build serve and host"
-cargo build --quiet --locked --profile test -p host --bin serve --bin host
-BIN="$ROOT/target/debug"
+if [[ -n "${SERVE_BIN_DIR:-}" ]]; then
+    BIN="$(cd "$SERVE_BIN_DIR" && pwd)"
+else
+    echo "== build serve and host"
+    cargo build --quiet --locked --profile test -p host --bin serve --bin host
+    BIN="$ROOT/target/debug"
+fi
+echo "backend flags: ${BACKEND[*]:-(none: the GPU engine)}"
 
 echo "== checkpoint and the CLI's greedy reference"
 "$VENV/bin/python" scripts/serve_openai_test.py write-checkpoint "$WORK/model.bin"
-HF_ENDPOINT=http://127.0.0.1:9 "$BIN/host" --cpu --weights "$WORK/model.bin" \
+HF_ENDPOINT=http://127.0.0.1:9 "$BIN/host" "${BACKEND[@]}" --weights "$WORK/model.bin" \
     --temperature 0 -n "$MAX_TOKENS" "$PROMPT" > "$WORK/cli.txt" 2>"$WORK/cli.err"
 # The CLI prints the prompt, the continuation and a newline.
 "$VENV/bin/python" - "$WORK/cli.txt" "$WORK/expected.txt" "$PROMPT" <<'PY'
@@ -79,7 +95,7 @@ open(sys.argv[2], "w", encoding="utf-8").write(text[len(prompt):-1])
 PY
 
 echo "== start the server"
-HF_ENDPOINT=http://127.0.0.1:9 "$BIN/serve" --cpu --weights "$WORK/model.bin" --port 0 \
+HF_ENDPOINT=http://127.0.0.1:9 "$BIN/serve" "${BACKEND[@]}" --weights "$WORK/model.bin" --port 0 \
     > "$WORK/serve.out" 2> "$WORK/serve.err" &
 SERVER_PID=$!
 URL=""

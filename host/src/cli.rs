@@ -76,7 +76,7 @@ impl WeightsArgs {
 }
 
 /// `--cpu`, `--precision`, `--device`: where the model runs.
-#[derive(Args, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct BackendArgs {
     /// Run on the CPU reference instead of the GPU.
     #[arg(long)]

@@ -646,14 +646,29 @@ fn load_tool_reports_json() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
 }
 
+/// The GPU server refuses what it cannot serve with a clear message, exit
+/// code 1 and nothing on stdout: on a machine without a GPU (CI), for want
+/// of one; on the GPU machine, a model whose heads are not GPT-2's 64
+/// channels (the decode attention kernel's size). The serving itself on the
+/// GPU: tests/gpu/serve.rs and the GPU runner's real-client test.
 #[test]
 fn gpu_path_refuses_clearly() {
     let Some(bin) = serve_bin() else { return };
-    let out = Command::new(bin).args(["--port", "0"]).output().unwrap();
+    let dir = Scratch::new("serve-gpu-refuses");
+    let weights = dir.path().join("heads16.bin");
+    // Four heads of 16 channels.
+    let cfg = host::model::fixtures::tiny_config();
+    write_llmc(&weights, &cfg, 3, DType::F32).unwrap();
+    let out = Command::new(bin)
+        .args(["--port", "0", "--weights"])
+        .arg(&weights)
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("does not implement continuous batching yet; use --cpu"),
+        err.contains("use --cpu") && (err.contains("CUDA") || err.contains("heads of 64 channels")),
         "{err}"
     );
     assert!(out.stdout.is_empty());

@@ -464,15 +464,18 @@ fn decode_past_the_row_limit_falls_back() {
 
 /// Decode attention with every row at its own position (the state a
 /// scheduler batching requests of different ages would hand it), against a
-/// plain softmax attention on the CPU; unwritten output is NaN-poisoned.
+/// plain softmax attention on the CPU; unwritten output is NaN-poisoned. The
+/// last row is idle (at `max_t`: a free slot of a server's batch): its
+/// output stays untouched.
 #[test]
 #[ignore = "needs a GPU"]
 fn decode_attention_rows_at_different_positions() {
     let Some(gpu) = crate::kernels::skip::gpu() else { return };
-    let (n, nh, hs, max_t) = (5usize, 3usize, 64usize, 300usize);
+    let (n, nh, hs, max_t) = (6usize, 3usize, 64usize, 300usize);
     let c = nh * hs;
+    let idle = n - 1;
     for window in [0usize, 70] {
-        let pos: Vec<u32> = vec![0, 63, 64, 200, 299];
+        let pos: Vec<u32> = vec![0, 63, 64, 200, 299, max_t as u32];
         let q = random_vec(n * c, 1.0);
         let kc = random_vec(n * nh * max_t * hs, 1.0);
         let vc = random_vec(n * nh * max_t * hs, 1.0);
@@ -501,8 +504,13 @@ fn decode_attention_rows_at_different_positions() {
             )
             .unwrap();
             let got = down(&gpu, &out);
-            let mut want = vec![0f32; n * c];
-            for r in 0..n {
+            assert!(
+                got[idle * c..].iter().all(|x| x.is_nan()),
+                "the idle row's output was written"
+            );
+            let got = &got[..idle * c];
+            let mut want = vec![0f32; idle * c];
+            for r in 0..idle {
                 let p = pos[r] as usize;
                 let lo = if window > 0 { (p + 1).saturating_sub(window) } else { 0 };
                 for h in 0..nh {
@@ -523,7 +531,7 @@ fn decode_attention_rows_at_different_positions() {
             }
             check(
                 &format!("decode attention, window {window}, pdl {pdl}"),
-                &got,
+                got,
                 &want,
                 1e-5,
                 0.0,

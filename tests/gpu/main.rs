@@ -22,3 +22,4 @@ mod matmul_tf32;
 mod perplexity;
 mod pipeline;
 mod sampling;
+mod serve;

@@ -188,12 +188,13 @@ impl WorkspaceSizes {
 }
 
 impl DecodeWorkspace {
+    /// Scratch for up to `max_rows` rows: the GEMV and the persistent step
+    /// serve at most `DECODE_MAX_ROWS` of them, the attention kernel any
+    /// number (a server's decode step over more rows runs the prefill
+    /// path's matmuls around it).
     pub fn new(gpu: &Gpu, max_rows: usize, nh: usize, max_t: usize) -> Result<Self, OpError> {
-        if max_rows == 0 || max_rows > DECODE_MAX_ROWS as usize {
-            return Err(OpError::shape(
-                OP_GEMV,
-                format!("{max_rows} rows: the decode kernels serve 1..={DECODE_MAX_ROWS}"),
-            ));
+        if max_rows == 0 {
+            return Err(OpError::shape(OP_GEMV, "a workspace for no rows"));
         }
         let z = WorkspaceSizes::new(gpu.sm_count(), max_rows, nh, max_t);
         Ok(Self {
@@ -518,10 +519,13 @@ where
 {
     let kernels = &W::KERNELS;
     let weight_ptr = W::ptr(gpu, weight).ok_or_else(|| OpError::shape(OP_GEMV, "weight format mismatch"))?;
-    if n == 0 || n > ws.max_rows {
+    if n == 0 || n > ws.max_rows || n > DECODE_MAX_ROWS as usize {
         return Err(OpError::shape(
             OP_GEMV,
-            format!("{n} rows: the workspace serves 1..={}", ws.max_rows),
+            format!(
+                "{n} rows: the workspace serves 1..={}, the GEMV 1..={DECODE_MAX_ROWS}",
+                ws.max_rows
+            ),
         ));
     }
     let cm = kernels.c_multiple;

@@ -1,4 +1,7 @@
-//! `encoder_forward`: token plus position embeddings (twin of `cpu::ops::encoder_forward`).
+//! `encoder_forward`: token plus position embeddings (twin of
+//! `cpu::ops::encoder_forward`); `encoder_forward_rows`: the same with a
+//! position per row, read from the device (twin of
+//! `cpu::ops::encoder_forward_rows`).
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::encoder::{
@@ -7,6 +10,7 @@ use gpu_kernels::params::encoder::{
 use half::bf16;
 
 use super::args::{OpError, Variant, aligned16, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use super::weight::WeightRef;
 use crate::Gpu;
 
 const OP: &str = "encoder_forward";
@@ -59,6 +63,12 @@ pub fn encoder_forward_bf16(
     let Some((params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, wte.len()), wpe, b, t, c, pos0)? else {
         return Ok(());
     };
+    launch_bf16(gpu, OP, params, total)
+}
+
+/// Launch the bf16 kernel with checked `params` over `total` elements.
+fn launch_bf16(gpu: &Gpu, op: &'static str, params: EncoderParams<u16>, total: u32) -> Result<(), OpError> {
+    let c = params.c as usize;
     // 4 bf16 per thread: 8-byte aligned rows.
     const WTE_ALIGN: usize = VEC * size_of::<u16>();
     if !c.is_multiple_of(VEC)
@@ -66,14 +76,14 @@ pub fn encoder_forward_bf16(
         || !(params.wte as usize).is_multiple_of(WTE_ALIGN)
     {
         return Err(OpError::shape(
-            OP,
+            op,
             format!("c = {c} must be a multiple of {VEC}, with aligned buffers"),
         ));
     }
     // SAFETY: lengths checked by encoder_params (out b*t*c, inp b*t, wpe
-    // (pos0+t)*c, wte wte_rows*c bf16, ids guarded against wte_rows); c % 4
-    // == 0, out and wpe 16-byte, wte 8-byte aligned (rows of c bf16 keep
-    // that alignment).
+    // (pos0+t)*c or per-row positions clamped to its rows, wte wte_rows*c
+    // bf16, ids guarded against wte_rows); c % 4 == 0, out and wpe
+    // 16-byte, wte 8-byte aligned (rows of c bf16 keep that alignment).
     unsafe { gpu.launch(ENCODER_FORWARD_BF16, launch_config(total / VEC as u32), params)? };
     Ok(())
 }
@@ -101,6 +111,7 @@ fn encoder_params<W>(
     if c == 0 || total == 0 {
         return Ok(None);
     }
+    let wpe_rows = to_u32(op, "rows of wpe", wpe.len() / c)?;
     let params = EncoderParams {
         out: out_ptr(gpu, out),
         inp: in_ptr(gpu, inp),
@@ -110,9 +121,67 @@ fn encoder_params<W>(
         t: t as u32,
         c: c as u32,
         pos0: to_u32(op, "pos0", pos0)?,
+        pos: std::ptr::null(),
         wte_rows: to_u32(op, "rows of wte", wte.1 / c)?,
+        wpe_rows,
     };
     Ok(Some((params, total)))
+}
+
+/// `out[r,:] = wte[inp[r],:] + wpe[pos[r],:]` for `n` rows, each at its own
+/// position (a decode step over sequences at different positions), read
+/// from the device so a captured graph serves every step. A position at or
+/// past `wpe`'s rows reads its last row (an idle row, whose output nobody
+/// reads), never out of bounds; token ids as in [`encoder_forward`].
+#[allow(clippy::too_many_arguments)]
+pub fn encoder_forward_rows(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<f32>,
+    inp: &impl DevicePtr<u32>,
+    pos: &impl DevicePtr<u32>,
+    wte: WeightRef<'_>,
+    wpe: &impl DevicePtr<f32>,
+    n: usize,
+    c: usize,
+) -> Result<(), OpError> {
+    const OP: &str = "encoder_forward_rows";
+    check_len(OP, "pos", pos.len(), n)?;
+    if wpe.len() < c {
+        return Err(OpError::shape(OP, "the position table is empty"));
+    }
+    let pos = in_ptr(gpu, pos);
+    match wte {
+        WeightRef::F32(w) => {
+            let wte_ptr = in_ptr(gpu, w);
+            let Some((mut params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, w.len()), wpe, n, 1, c, 0)?
+            else {
+                return Ok(());
+            };
+            params.pos = pos;
+            let vec =
+                c.is_multiple_of(VEC) && aligned16(&[params.out as usize, params.wte as usize, params.wpe as usize]);
+            let (name, cfg) = if vec {
+                (ENCODER_FORWARD, launch_config(total / VEC as u32))
+            } else {
+                (ENCODER_FORWARD_NAIVE, launch_config(total))
+            };
+            // SAFETY: lengths checked by encoder_params (out n*c, inp n, wte
+            // wte_rows*c, ids guarded against wte_rows) and above (pos n
+            // entries, clamped by the kernel to wpe's rows, at least one); the
+            // vector kernel only runs with c % 4 == 0 and aligned buffers.
+            unsafe { gpu.launch(name, cfg, params)? };
+            Ok(())
+        }
+        WeightRef::Bf16(w) => {
+            let wte_ptr = in_ptr(gpu, w) as *const u16;
+            let Some((mut params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, w.len()), wpe, n, 1, c, 0)?
+            else {
+                return Ok(());
+            };
+            params.pos = pos;
+            launch_bf16(gpu, OP, params, total)
+        }
+    }
 }
 
 /// [`encoder_forward`] on the baseline kernel.

@@ -55,6 +55,26 @@ pub fn sample_forward<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
     v: usize,
     row_stride: usize,
 ) -> Result<(), OpError> {
+    let streams: Option<&C> = None;
+    sample_forward_streams(gpu, out, logits, rows, counter, streams, next_tokens, n, v, row_stride)
+}
+
+/// [`sample_forward`] where row `i` draws from stream `streams[i]` instead
+/// of stream `i` (a server's sequences sit in any row of a step, yet each
+/// draws what it would alone: `cpu::sample::sample_row`'s `stream`).
+#[allow(clippy::too_many_arguments)]
+pub fn sample_forward_streams<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<u32>,
+    logits: &impl DevicePtr<f32>,
+    rows: &impl DevicePtr<DeviceSampleRow>,
+    counter: Option<&C>,
+    streams: Option<&C>,
+    next_tokens: Option<&mut N>,
+    n: usize,
+    v: usize,
+    row_stride: usize,
+) -> Result<(), OpError> {
     if v == 0 {
         return Err(OpError::shape(OP, "empty vocabulary"));
     }
@@ -69,6 +89,9 @@ pub fn sample_forward<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
     check_len(OP, "rows", rows.len(), n)?;
     if let Some(c) = counter {
         check_len(OP, "counter", c.len(), n)?;
+    }
+    if let Some(s) = streams {
+        check_len(OP, "streams", s.len(), n)?;
     }
     if let Some(t) = &next_tokens {
         check_len(OP, "next_tokens", t.len(), n)?;
@@ -91,12 +114,13 @@ pub fn sample_forward<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
         rows: in_ptr(gpu, rows).cast(),
         counter: counter.map_or(std::ptr::null(), |c| in_ptr(gpu, c)),
         next_tokens: next_tokens.map_or(std::ptr::null_mut(), |t| out_ptr(gpu, t)),
+        streams: streams.map_or(std::ptr::null(), |s| in_ptr(gpu, s)),
         n: to_u32(OP, "n", n)?,
         v: v as u32,
         row_stride: to_u32(OP, "row_stride", row_stride)?,
     };
-    // SAFETY: out, rows and (where given) counter and next_tokens hold n
-    // entries, logits every row's first v entries (checked above, the row
+    // SAFETY: out, rows and (where given) counter, streams and next_tokens
+    // hold n entries, logits every row's first v entries (checked above, the row
     // offsets in 64 bits as the kernel computes them); 1 <= v <= 2^31; the
     // launch gives one block of SAMPLE_BLOCK threads per row and
     // sample_shared_bytes() of shared memory (under the 48 KB default).

@@ -1002,8 +1002,12 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     let chunk = block_idx_x() as usize;
     let h = block_idx_y() as usize;
     let r = block_idx_z() as usize;
-    // SAFETY: pos holds n entries; clamped so no key index reaches max_t.
-    let pos = (unsafe { *p.pos.add(r) } as usize).min(max_t - 1);
+    // SAFETY: pos holds n entries.
+    let pos = unsafe { *p.pos.add(r) } as usize;
+    // An idle row (a free slot of a server's batch) attends to nothing.
+    if pos >= max_t {
+        return;
+    }
     let key_lo = if window > 0 {
         (pos + 1).saturating_sub(window)
     } else {

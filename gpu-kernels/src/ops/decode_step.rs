@@ -973,14 +973,21 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
     while i < total {
         let (item, head) = (div32(i, heads), rem32(i, heads));
         let (r, h) = (div32(head, nh), rem32(head, nh));
-        // SAFETY: r < n; clamped so no key index reaches max_t.
-        let pos = (unsafe { *sm.pos.add(r) } as usize).min(max_t - 1);
+        // SAFETY: r < n.
+        let raw = unsafe { *sm.pos.add(r) } as usize;
+        // Clamped so no key index reaches max_t; an idle row (at or past
+        // max_t: a free slot of a server's batch) has no items.
+        let pos = raw.min(max_t - 1);
         let key_lo = if window > 0 {
             (pos + 1).saturating_sub(window)
         } else {
             0
         };
-        let items = (pos + 1 - key_lo).div_ceil(ATT_ITEM_KEYS);
+        let items = if raw < max_t {
+            (pos + 1 - key_lo).div_ceil(ATT_ITEM_KEYS)
+        } else {
+            0
+        };
         // The same answer in the whole block.
         if item < items {
             let first = key_lo + item * ATT_ITEM_KEYS + warp * ATT_KEYS;

@@ -12,6 +12,21 @@ fn wte_row<W>(p: &EncoderParams<W>, id: u32) -> Option<usize> {
     (id < p.wte_rows).then(|| id as usize * p.c as usize)
 }
 
+/// The position of flat row `bt` (of `b * t`): `pos0 + bt % t`, or the row's own
+/// (`EncoderParams::pos`), clamped into `wpe`.
+///
+/// # Safety
+/// `bt < b * t`; `pos`, where not null, holds `b * t` entries.
+#[inline(always)]
+unsafe fn position<W>(p: &EncoderParams<W>, bt: u32) -> u32 {
+    if p.pos.is_null() {
+        p.pos0 + bt % p.t
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { *p.pos.add(bt as usize) }.min(p.wpe_rows - 1)
+    }
+}
+
 /// `out[b,t,:] = wte[inp[b,t],:] + wpe[pos0+t,:]`, 4 channels per thread,
 /// `wte` of either weight type.
 ///
@@ -26,10 +41,10 @@ unsafe fn encoder_vec4<W: Weight>(p: EncoderParams<W>) {
     let mut i = global_idx_x();
     while i < total {
         let (bt, k) = (i / c4, (i % c4) as usize * VEC);
-        let pos = p.pos0 + bt % p.t;
-        // SAFETY: bt < b*t; the wte row is checked; pos < max_t (host
-        // checks); alignment promised by the caller.
+        // SAFETY: bt < b*t; the wte row is checked; pos < wpe_rows (host
+        // checks, or clamped); alignment promised by the caller.
         unsafe {
+            let pos = position(&p, bt);
             let w = match wte_row(&p, *p.inp.add(bt as usize)) {
                 Some(r) => W::load4_f32(p.wte, r + k),
                 None => [f32::NAN; 4],
@@ -74,9 +89,9 @@ pub unsafe extern "ptx-kernel" fn encoder_forward_naive(p: EncoderParams<f32>) {
     let mut i = global_idx_x();
     while i < total {
         let (bt, ch) = (i / p.c, (i % p.c) as usize);
-        let pos = p.pos0 + bt % p.t;
         // SAFETY: as above.
         unsafe {
+            let pos = position(&p, bt);
             let w = match wte_row(&p, *p.inp.add(bt as usize)) {
                 Some(r) => *p.wte.add(r + ch),
                 None => f32::NAN,

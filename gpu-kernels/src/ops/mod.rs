@@ -12,6 +12,7 @@ pub mod convert;
 pub mod decode;
 pub mod encoder;
 pub mod gelu;
+pub mod kv_cache;
 pub mod layernorm;
 pub mod matmul;
 pub mod matmul_small;

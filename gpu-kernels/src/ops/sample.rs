@@ -709,8 +709,8 @@ unsafe fn sampled(x: *const f32, v: u32, cfg: &SampleRow, random: u64, sm: Smem)
 /// `sample_shared_bytes()` bytes of dynamic shared memory.
 ///
 /// # Safety
-/// Buffers as documented on [`SampleParams`] (`out`, `rows`, `counter` and
-/// `next_tokens` hold `n` entries where not null, every row's first `v`
+/// Buffers as documented on [`SampleParams`] (`out`, `rows`, `counter`,
+/// `next_tokens` and `streams` hold `n` entries where not null, every row's first `v`
 /// logits are readable, `1 <= v <= SAMPLE_MAX_VOCAB`); launch as above.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn sample_forward(p: SampleParams) {
@@ -734,7 +734,13 @@ pub unsafe extern "ptx-kernel" fn sample_forward(p: SampleParams) {
             // SAFETY: counter holds n words where not null.
             unsafe { *p.counter.add(row as usize) }
         };
-        let random = row_random(cfg.seed, counter, row);
+        let stream = if p.streams.is_null() {
+            row
+        } else {
+            // SAFETY: streams holds n words where not null.
+            unsafe { *p.streams.add(row as usize) }
+        };
+        let random = row_random(cfg.seed, counter, stream);
         // SAFETY: as above.
         unsafe { sampled(x, p.v, &cfg, random, sm) }
     };

@@ -257,8 +257,9 @@ pub struct DecodeAttentionParams {
     /// `[max_batch][nh][max_t][HS]`; row `r` of the call is cache row `r`.
     pub k_cache: *const f32,
     pub v_cache: *const f32,
-    /// `[n]` positions; a row with `pos[r] >= max_t` attends to keys
-    /// `0..max_t` (never read out of bounds; the host never sends one).
+    /// `[n]` positions; a row with `pos[r] >= max_t` is idle (a free slot
+    /// of a server's batch): nothing is read for it and its `out` row is
+    /// left as it was.
     pub pos: *const u32,
     /// `[n * nh * parts_stride * HS]` and `[n * nh * parts_stride * 2]`.
     pub part_acc: *mut f32,

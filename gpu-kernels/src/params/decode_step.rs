@@ -251,7 +251,9 @@ pub const fn decode_step_smem(
 }
 
 /// The decode step (see the module docs): `n` rows, each at its own
-/// position `pos[r]`, feeding `tokens[r]`.
+/// position `pos[r]`, feeding `tokens[r]`. A row at or past `max_t` is
+/// idle (a free slot of a server's batch): it stores no key or value and
+/// attends to nothing; its outputs mean nothing.
 ///
 /// Launch: one block of [`DECODE_STEP_THREADS`] per SM (`gridDim.x` blocks,
 /// all resident at once: the grid barriers wait for every block),

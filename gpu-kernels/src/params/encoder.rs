@@ -1,4 +1,6 @@
-//! Encoder: `out[b,t,:] = wte[inp[b,t],:] + wpe[pos0 + t,:]`.
+//! Encoder: `out[b,t,:] = wte[inp[b,t],:] + wpe[pos0 + t,:]`, or with
+//! per-row positions `wpe[pos[b*t]]` (a server's sequences, each at its own
+//! position: `EncoderParams::pos`).
 
 /// Vectorised kernel: one thread per 4 consecutive channels (needs `c % 4 == 0`
 /// and 16-byte aligned buffers, which the host checks before choosing it).
@@ -21,8 +23,14 @@ pub struct EncoderParams<W = f32> {
     pub inp: *const u32,
     /// `[wte_rows * c]`: f32, or bf16 bits (`W = u16`).
     pub wte: *const W,
-    /// `[max_t * c]`, `pos0 + t <= max_t` (the host checks).
+    /// `[wpe_rows * c]`; with `pos` null, `pos0 + t <= wpe_rows` (the host
+    /// checks).
     pub wpe: *const f32,
+    /// Null: row `(b, t)` takes position `pos0 + t`. Else `[b * t]`
+    /// per-row positions; one at or past `wpe_rows` reads the last row of
+    /// `wpe` (an idle row of a decode step, whose output nobody reads),
+    /// never out of bounds.
+    pub pos: *const u32,
     pub b: u32,
     pub t: u32,
     pub c: u32,
@@ -30,6 +38,8 @@ pub struct EncoderParams<W = f32> {
     /// Rows of `wte`: a token id at or past it yields a NaN row instead of
     /// an out-of-bounds read (the engine rejects such ids before upload).
     pub wte_rows: u32,
+    /// Rows of `wpe`.
+    pub wpe_rows: u32,
 }
 
 // SAFETY: repr(C) structs of plain numbers and device pointers, the same

@@ -63,6 +63,7 @@ pub mod decode;
 pub mod decode_step;
 pub mod encoder;
 pub mod gelu;
+pub mod kv_cache;
 pub mod layernorm;
 pub mod matmul;
 pub mod matmul_tf32;

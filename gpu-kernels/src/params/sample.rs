@@ -120,6 +120,11 @@ pub struct SampleParams {
     /// Null, or `[n]` that also receives each row's chosen id (the next
     /// decode step's input ids).
     pub next_tokens: *mut u32,
+    /// Null, or `[n]` per-row stream indices, the second word of the random
+    /// numbers' counter ([`row_random`]'s `row`); null means the row index.
+    /// A server's sequences sit in any row of a step, yet each draws from
+    /// its own stream, as the same prompt would alone.
+    pub streams: *const u32,
     /// Rows.
     pub n: u32,
     /// Real vocabulary size, 1 ..= [`SAMPLE_MAX_VOCAB`].

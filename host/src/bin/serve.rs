@@ -1,7 +1,7 @@
 //! `serve`: an OpenAI-compatible completions server with continuous batching.
 //!
 //! ```text
-//! cargo run --release -p host --bin serve -- --cpu --port 8000
+//! cargo run --release -p host --bin serve -- --port 8000
 //! curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \
 //!     -d '{"prompt": "The meaning of life is", "max_tokens": 20}'
 //! ```
@@ -22,6 +22,8 @@ use clap::Parser;
 
 use host::cli::{BackendArgs, WeightsArgs, main_with};
 use host::cpu::CpuModel;
+use host::gpu::Gpu;
+use host::gpu::engine::GpuEngine;
 use host::serve::backend::SlotBackend;
 use host::serve::engine::SchedulerConfig;
 use host::serve::http::AppState;
@@ -86,9 +88,6 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    if !cli.backend.cpu {
-        bail!("the GPU engine does not implement continuous batching yet; use --cpu");
-    }
     ensure!(cli.max_running > 0, "--max-running must be at least 1");
     ensure!(cli.max_queue > 0, "--max-queue must be at least 1");
     ensure!(cli.prefill_chunk > 0, "--prefill-chunk must be at least 1");
@@ -100,13 +99,30 @@ fn run(cli: Cli) -> Result<()> {
     }
     let tokenizer = Arc::new(Gpt2Tokenizer::default_files().context("loading the GPT-2 tokenizer")?);
     let (_, checkpoint) = cli.weights.open()?;
-    let (slots, window, attention_window) = (cli.max_running, cli.max_seq_len, cli.backend.attention_window);
+    let (slots, window, prefill_chunk) = (cli.max_running, cli.max_seq_len, cli.prefill_chunk);
+    let backend = cli.backend.clone();
     let factory = move || -> Result<Box<dyn SlotBackend>> {
         let weights = checkpoint.weights()?;
         let max_seq_len = window.unwrap_or(weights.config.max_seq_len);
-        let mut model = CpuModel::new(&weights, slots, max_seq_len)?;
-        model.set_attention_window(attention_window);
-        Ok(Box::new(model))
+        if max_seq_len > weights.config.max_seq_len {
+            bail!(
+                "--max-seq-len {max_seq_len} exceeds the model's context window of {} positions",
+                weights.config.max_seq_len
+            );
+        }
+        if backend.cpu {
+            let mut model = CpuModel::new(&weights, slots, max_seq_len)?;
+            model.set_attention_window(backend.attention_window);
+            return Ok(Box::new(model));
+        }
+        // Activations for one prefill chunk or one decode step over every
+        // slot, whichever is larger: the cache holds the sequences.
+        let rows = prefill_chunk.min(max_seq_len).max(slots);
+        let gpu = Gpu::new(backend.device)?;
+        let mut engine = GpuEngine::with_rows(gpu, &weights, slots, max_seq_len, rows, backend.precision.into())?;
+        engine.set_attention_window(backend.attention_window);
+        engine.check_slots()?;
+        Ok(Box::new(engine))
     };
     let scheduler = SchedulerConfig {
         prefill_chunk: cli.prefill_chunk,

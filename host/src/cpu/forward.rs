@@ -399,6 +399,14 @@ impl SlotBackend for CpuModel {
             .map(|(r, d)| sample_row(&self.slot_logits[r * vp..r * vp + v], &d.settings, d.counter, d.stream))
             .collect())
     }
+
+    fn slot_logits(&mut self) -> Result<Vec<f32>> {
+        ensure!(
+            self.slot_rows > 0,
+            "logits() called before a successful prefill or decode"
+        );
+        Ok(self.slot_logits.clone())
+    }
 }
 
 /// Index of the largest value (the lowest index among ties).

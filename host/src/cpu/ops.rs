@@ -53,6 +53,59 @@ pub fn encoder_forward(
         });
 }
 
+/// Token plus position embedding with a position per row: `out[r, :] =
+/// wte[inp[r], :] + wpe[min(pos[r], maxT - 1), :]` for `n` rows (a decode
+/// step over sequences at different positions; a position past the table
+/// is an idle row, clamped as the kernel does).
+#[allow(clippy::too_many_arguments)]
+pub fn encoder_forward_rows(out: &mut [f32], inp: &[u32], pos: &[u32], wte: &[f32], wpe: &[f32], n: usize, c: usize) {
+    assert!(out.len() >= n * c && inp.len() >= n && pos.len() >= n && wpe.len() >= c);
+    let max_pos = wpe.len() / c;
+    out[..n * c].par_chunks_mut(c).enumerate().for_each(|(r, out_r)| {
+        let token = inp[r] as usize;
+        let p = (pos[r] as usize).min(max_pos - 1);
+        let wte_ix = &wte[token * c..(token + 1) * c];
+        let wpe_p = &wpe[p * c..(p + 1) * c];
+        for i in 0..c {
+            out_r[i] = wte_ix[i] + wpe_p[i];
+        }
+    });
+}
+
+/// A decode step's keys and values into the cache, each row at its own
+/// position: row `r` of `qkv` (`[n, 3C]`) gives its query to `q[r]`, its
+/// key and value to cache row `r` (`[rows][NH][maxT][HS]`) at `pos[r]`; a
+/// row at or past `max_t` is idle (nothing cached).
+#[allow(clippy::too_many_arguments)]
+pub fn kv_cache_store(
+    q: &mut [f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    qkv: &[f32],
+    pos: &[u32],
+    n: usize,
+    c: usize,
+    nh: usize,
+    max_t: usize,
+) {
+    assert!(q.len() >= n * c && qkv.len() >= n * 3 * c && pos.len() >= n);
+    assert!(k_cache.len() >= n * c * max_t && v_cache.len() >= n * c * max_t);
+    let hs = c / nh;
+    for r in 0..n {
+        let row = &qkv[r * 3 * c..(r + 1) * 3 * c];
+        q[r * c..(r + 1) * c].copy_from_slice(&row[..c]);
+        let p = pos[r] as usize;
+        if p >= max_t {
+            continue;
+        }
+        for h in 0..nh {
+            let at = ((r * nh + h) * max_t + p) * hs;
+            k_cache[at..at + hs].copy_from_slice(&row[c + h * hs..c + (h + 1) * hs]);
+            v_cache[at..at + hs].copy_from_slice(&row[2 * c + h * hs..2 * c + (h + 1) * hs]);
+        }
+    }
+}
+
 /// Layer normalisation of each of the `n` rows of `c` channels:
 /// `out = (inp - mean) / sqrt(var + eps) * weight + bias`, biased variance,
 /// eps = [`LAYERNORM_EPS`].

@@ -13,7 +13,7 @@
 //! runs for head sizes the flash kernels were not built for.
 
 use anyhow::{Context, Result, ensure};
-use cudarc::driver::{CudaSlice, CudaViewMut, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
@@ -27,9 +27,11 @@ use crate::gpu::ops::args::OpError;
 use crate::gpu::ops::attention::attention_forward;
 use crate::gpu::ops::convert::{convert_to_bf16, convert_to_f32};
 use crate::gpu::ops::convert::{f32_to_bf16, round_tf32};
-use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16};
+use crate::gpu::ops::decode::{DecodeLaunch, decode_attention};
+use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_forward_rows};
 use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use crate::gpu::ops::gelu::gelu_forward;
+use crate::gpu::ops::kv_cache::kv_cache_store;
 use crate::gpu::ops::layernorm::{
     layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
     residual_layernorm_forward_bf16,
@@ -43,8 +45,10 @@ use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, Layer, ModelConfig, Tensor, Weights};
 
 mod decode;
+mod slots;
 use decode::{Chosen, DecodeState};
 pub use decode::{DecodePath, DecodeTuning, PREFETCH_AHEAD_TRY_BYTES};
+use slots::SlotState;
 
 /// Arithmetic of the matmuls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -201,6 +205,18 @@ struct Last {
     rows: usize,
 }
 
+/// Where a forward call's rows sit in the KV cache, at which positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// `b` sequences in cache rows `row0..row0 + b`, all at positions
+    /// `pos0..pos0 + t` (a batch, or one slot's prefill).
+    Shared { row0: usize, pos0: usize },
+    /// One token a row (`t = 1`): row `r` is cache row `r`, at its own
+    /// position in the slot state's `pos` (on the device); a row at or past
+    /// `max_seq_len` is idle.
+    PerRow,
+}
+
 /// GPT-2 on one GPU.
 pub struct GpuEngine {
     gpu: Gpu,
@@ -208,6 +224,9 @@ pub struct GpuEngine {
     precision: Precision,
     max_batch: usize,
     max_seq_len: usize,
+    /// Positions a forward call may hold in all (`b * t`): the activations'
+    /// rows ([`GpuEngine::with_rows`]).
+    max_rows: usize,
     /// Attention window (0 = unlimited, GPT-2's own behaviour).
     window: usize,
     /// Attention kernels asked for (see [`GpuEngine::attention_in_use`] for what runs).
@@ -233,6 +252,9 @@ pub struct GpuEngine {
     decode: Option<DecodeState>,
     /// Per-row settings and draw counters of the device sampler.
     sampling: SamplingState,
+    /// The slot interface's state ([`crate::serve::backend::SlotBackend`]),
+    /// made by its first call.
+    slots: Option<SlotState>,
 }
 
 /// The device sampler's inputs (`sample_forward`), made with the engine.
@@ -300,8 +322,28 @@ impl GpuEngine {
         max_seq_len: usize,
         precision: Precision,
     ) -> Result<GpuEngine> {
+        Self::with_rows(gpu, weights, max_batch, max_seq_len, max_batch * max_seq_len, precision)
+    }
+
+    /// [`GpuEngine::new`] with activations for forward calls of up to
+    /// `max_rows` positions in all (`b * t`), instead of `max_batch *
+    /// max_seq_len`. A server holds many sequences in the KV cache but
+    /// prefills one chunk at a time and decodes one token a row: at 64
+    /// sequences of 1024 positions the full-size logits alone would take 13 GB.
+    pub fn with_rows(
+        gpu: Gpu,
+        weights: &Weights,
+        max_batch: usize,
+        max_seq_len: usize,
+        max_rows: usize,
+        precision: Precision,
+    ) -> Result<GpuEngine> {
         let config = weights.config;
         ensure!(max_batch > 0, "the batch size must be at least 1");
+        ensure!(
+            max_rows >= max_batch,
+            "activations for {max_rows} positions cannot hold a decode step of {max_batch} rows"
+        );
         ensure!(max_seq_len > 0, "the sequence length must be at least 1");
         ensure!(
             max_seq_len <= config.max_seq_len,
@@ -324,6 +366,7 @@ impl GpuEngine {
             &config,
             max_batch,
             max_seq_len,
+            max_rows,
             gpu.sm_count(),
             gpu.has_wgmma(),
             precision,
@@ -344,7 +387,7 @@ impl GpuEngine {
         );
         let params = upload_params(&gpu, weights, format).with_context(|| oom("the weights"))?;
         let (c, l) = (config.channels, config.num_layers);
-        let rows = max_batch * max_seq_len;
+        let rows = max_rows.min(max_batch * max_seq_len);
         let cache_len = max_batch * max_seq_len * c;
         let kv_cache = (0..l)
             .map(|_| Ok((gpu.alloc::<f32>(cache_len)?, gpu.alloc::<f32>(cache_len)?)))
@@ -415,6 +458,7 @@ impl GpuEngine {
             precision,
             max_batch,
             max_seq_len,
+            max_rows: rows,
             window: 0,
             attention: AttentionKind::default(),
             flash,
@@ -426,29 +470,33 @@ impl GpuEngine {
             last: None,
             decode,
             sampling,
+            slots: None,
         })
     }
 
     /// Device memory the engine allocates on a GPU of `sms` SMs, in bytes
-    /// (weights padded to Vp); with `wgmma` (a Hopper GPU) also the TF32
+    /// (weights padded to Vp), with activations for `max_rows` positions
+    /// ([`GpuEngine::with_rows`]; [`GpuEngine::new`]: `max_batch *
+    /// max_seq_len`); with `wgmma` (a Hopper GPU) also the TF32
     /// split-K scratch and, when created in `precision` TF32, the
     /// TF32-rounded weight copies (a later switch to TF32 adds those).
     pub fn device_bytes(
         config: &ModelConfig,
         max_batch: usize,
         max_seq_len: usize,
+        max_rows: usize,
         sms: usize,
         wgmma: bool,
         precision: Precision,
     ) -> usize {
         let (c, l, vp) = (config.channels, config.num_layers, config.padded_vocab_size);
-        let rows = max_batch * max_seq_len;
+        let rows = max_rows.min(max_batch * max_seq_len);
         // The matrices (qkv, attproj, fc, fcproj: 12 C² per layer; wte
         // padded to Vp) in the precision's format, every other parameter f32.
         let matrices = l * 12 * c * c + vp * c;
         let others = config.num_parameters() - matrices;
         let weight_bytes = matrices * precision.weight_format().bytes() + others * F32_BYTES;
-        let kv = 2 * l * rows * c;
+        let kv = 2 * l * max_batch * max_seq_len * c;
         // residual, residual2, ln, atty, proj (C each), qkv (3C), fch, fch_gelu (4C each)
         let acts = rows * (5 * c + 3 * c + 8 * c) + rows * vp + max_batch * c;
         let flash = if flash_supported(config, max_batch, max_seq_len) {
@@ -672,7 +720,8 @@ fn head_rows<'a, T: DeviceRepr>(
     t: usize,
     c: usize,
 ) -> Result<&'a CudaSlice<T>> {
-    if want == LogitsWanted::All {
+    // One position a row: every row is its last.
+    if want == LogitsWanted::All || t == 1 {
         return Ok(ln);
     }
     for bi in 0..b {
@@ -716,8 +765,8 @@ fn attention(
     flash: Option<&mut FlashWorkspace>,
     precision: Precision,
     out: &mut CudaSlice<f32>,
-    k_cache: &mut CudaSlice<f32>,
-    v_cache: &mut CudaSlice<f32>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &CudaSlice<f32>,
     b: usize,
     t: usize,
@@ -743,26 +792,25 @@ fn attention(
     Ok(())
 }
 
-impl Backend for GpuEngine {
-    fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
-    fn max_seq_len(&self) -> usize {
-        self.max_seq_len
-    }
-
-    fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
+impl GpuEngine {
+    /// The forward pass proper (`Backend::forward` after its checks and
+    /// the fused decode dispatch): `b * t` positions placed as `place` says.
+    fn forward_placed(
+        &mut self,
+        tokens: &[u32],
+        b: usize,
+        t: usize,
+        place: Placement,
+        want: LogitsWanted,
+    ) -> Result<()> {
         let cfg = self.config;
-        let (c, nh, v, vp) = (cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size);
-        self.last = None;
-        self.mark_ids_stale();
-        check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "engine")?;
-        if t == 1 && want == LogitsWanted::Last && self.decode_path_in_use(b) != DecodePath::Unfused {
-            return self.decode_forward(tokens, b, pos0);
-        }
-
+        let (c, nh, vp) = (cfg.channels, cfg.num_heads, cfg.padded_vocab_size);
         let n = b * t;
+        ensure!(
+            n <= self.max_rows,
+            "a forward call of {n} positions exceeds the {} this engine holds activations for",
+            self.max_rows
+        );
         let (gpu, prec, p, a) = (&self.gpu, self.precision, &self.params, &mut self.acts);
         // The TF32 matmuls' weights (rounded copies where the kernels need them).
         let tf32 = self.tf32_weights.as_ref().filter(|_| prec == Precision::Tf32);
@@ -780,8 +828,13 @@ impl Backend for GpuEngine {
         // one, so it may skip rounding them (a cached prefix from a decode
         // step, written by the FP32 GEMV, would not be).
         if let Some(ws) = flash.as_deref_mut() {
-            ws.set_kv_rounded(round_acts && pos0 == 0);
+            ws.set_kv_rounded(round_acts && matches!(place, Placement::Shared { pos0: 0, .. }));
         }
+        // Per-row positions live in the slot state (uploaded by the caller).
+        let mut per_row = match place {
+            Placement::PerRow => Some(self.slots.as_mut().context("the slot state is missing")?),
+            Placement::Shared { .. } => None,
+        };
         gpu.memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
             .ctx("uploading token ids")?;
 
@@ -792,9 +845,17 @@ impl Backend for GpuEngine {
         };
         let round_head = tf32.is_some() && takes_tf32_path(prec, rows, c);
 
-        match p.wte.as_ref() {
-            WeightRef::F32(wte) => encoder_forward(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?,
-            WeightRef::Bf16(wte) => encoder_forward_bf16(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?,
+        match (place, p.wte.as_ref(), per_row.as_deref()) {
+            (Placement::Shared { pos0, .. }, WeightRef::F32(wte), _) => {
+                encoder_forward(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?
+            }
+            (Placement::Shared { pos0, .. }, WeightRef::Bf16(wte), _) => {
+                encoder_forward_bf16(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?
+            }
+            (Placement::PerRow, wte, Some(s)) => {
+                encoder_forward_rows(gpu, &mut a.residual, &a.tokens, &s.pos, wte, &p.wpe, n, c)?
+            }
+            (Placement::PerRow, _, None) => anyhow::bail!("the slot state is missing"),
         }
         // Each residual add is fused with the layernorm after it (`ln2` of its
         // layer, then `ln1` of the next, `lnf` after the last); only the
@@ -830,22 +891,50 @@ impl Backend for GpuEngine {
                     3 * c,
                 )?,
             }
-            attention(
-                gpu,
-                flash.as_deref_mut(),
-                prec,
-                &mut a.atty,
-                k_cache,
-                v_cache,
-                &a.qkv,
-                b,
-                t,
-                pos0,
-                self.max_seq_len,
-                c,
-                nh,
-                self.window,
-            )?;
+            match (place, per_row.as_deref_mut()) {
+                (Placement::Shared { row0, pos0 }, _) => {
+                    // The call's rows are cache rows row0..row0 + b.
+                    let rows = row0 * c * self.max_seq_len..(row0 + b) * c * self.max_seq_len;
+                    attention(
+                        gpu,
+                        flash.as_deref_mut(),
+                        prec,
+                        &mut a.atty,
+                        &mut k_cache.slice_mut(rows.clone()),
+                        &mut v_cache.slice_mut(rows),
+                        &a.qkv,
+                        b,
+                        t,
+                        pos0,
+                        self.max_seq_len,
+                        c,
+                        nh,
+                        self.window,
+                    )?
+                }
+                (Placement::PerRow, Some(s)) => {
+                    // Row r is cache row r, at its own position.
+                    let max_t = self.max_seq_len;
+                    kv_cache_store(gpu, &mut s.q, k_cache, v_cache, &a.qkv, &s.pos, n, c, nh, max_t)?;
+                    let launch = DecodeLaunch::new(false);
+                    let (k, v) = (&*k_cache, &*v_cache);
+                    decode_attention(
+                        gpu,
+                        &mut s.ws,
+                        launch,
+                        &mut a.atty,
+                        &s.q,
+                        k,
+                        v,
+                        &s.pos,
+                        n,
+                        c,
+                        nh,
+                        self.window,
+                    )?;
+                }
+                (Placement::PerRow, None) => anyhow::bail!("the slot state is missing"),
+            }
             match a16.as_deref_mut() {
                 Some(x) => {
                     f32_to_bf16(gpu, &mut x.atty, &a.atty, n * c)?;
@@ -975,6 +1064,28 @@ impl Backend for GpuEngine {
         }
         self.last = Some(Last { b, rows });
         Ok(())
+    }
+}
+
+impl Backend for GpuEngine {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
+        let cfg = self.config;
+        let v = cfg.vocab_size;
+        self.last = None;
+        self.mark_ids_stale();
+        check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "engine")?;
+        if t == 1 && want == LogitsWanted::Last && self.decode_path_in_use(b) != DecodePath::Unfused {
+            return self.decode_forward(tokens, b, pos0);
+        }
+        self.forward_placed(tokens, b, t, Placement::Shared { row0: 0, pos0 }, want)
     }
 
     fn logits(&mut self) -> Result<Vec<f32>> {

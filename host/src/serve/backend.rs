@@ -63,6 +63,12 @@ pub trait SlotBackend {
     /// [`SlotBackend::decode`] (`draws[r]` for row `r`; greedy settings pick
     /// the argmax), over the real vocabulary only.
     fn choose(&mut self, draws: &[Draw]) -> Result<Vec<u32>>;
+
+    /// The logits of each row of the last [`SlotBackend::prefill`] or
+    /// [`SlotBackend::decode`], in [`SlotBackend::choose`]'s order, each
+    /// row the padded vocabulary long (for tests and diagnostics: a server
+    /// reads ids).
+    fn slot_logits(&mut self) -> Result<Vec<f32>>;
 }
 
 /// The argument checks every [`SlotBackend::prefill`] and

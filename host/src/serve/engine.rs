@@ -414,14 +414,21 @@ fn fail(s: &mut Seq<'_>, e: &anyhow::Error) {
     s.done = true;
 }
 
-/// Removes finished sequences, returning their slots.
+/// Removes finished sequences, returning their slots. `free` stays sorted
+/// from the highest slot to the lowest, so admission (`pop`) hands out the
+/// lowest free slot: a GPU decode step runs the rows up to the highest busy
+/// slot, so low slots keep it short.
 fn release(seqs: &mut Vec<Seq<'_>>, free: &mut Vec<usize>) {
+    let before = free.len();
     seqs.retain(|s| {
         if s.done {
             free.push(s.slot);
         }
         !s.done
     });
+    if free.len() != before {
+        free.sort_unstable_by(|a, b| b.cmp(a));
+    }
 }
 
 #[cfg(test)]
@@ -507,6 +514,9 @@ mod tests {
                 .iter()
                 .map(|d| self.script[d.counter as usize - PROMPT_LEN])
                 .collect())
+        }
+        fn slot_logits(&mut self) -> anyhow::Result<Vec<f32>> {
+            anyhow::bail!("the scripted backend has no logits")
         }
     }
 

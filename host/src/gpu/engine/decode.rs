@@ -68,7 +68,8 @@ pub(super) struct DecodeState {
     capture_failed: bool,
     /// What `ids` holds for the last `forward`.
     ids_hold: Chosen,
-    /// Host staging of the positions a `forward` step uploads.
+    /// Host staging of the positions a `forward` step uploads (so a step
+    /// allocates nothing).
     host_pos: Vec<u32>,
     /// The position the next device-driven step decodes at (the state the
     /// last fused step left on the device).
@@ -359,10 +360,35 @@ impl GpuEngine {
 
     /// One fused decode step: `tokens[r]` at position `pos0` of every row.
     pub(super) fn decode_forward(&mut self, tokens: &[u32], b: usize, pos0: usize) -> Result<()> {
+        let d = self.decode.as_mut().context("the fused decode state is missing")?;
+        let mut pos = std::mem::take(&mut d.host_pos);
+        pos.clear();
+        pos.resize(b, u32::try_from(pos0).context("position beyond u32")?);
+        let done = self.decode_forward_at(tokens, &pos);
+        if let Some(d) = self.decode.as_mut() {
+            d.host_pos = pos;
+            if done.is_ok() {
+                d.next_pos = pos0 + 1;
+            }
+        }
+        done
+    }
+
+    /// One fused decode step: `tokens[r]` at position `pos[r]` of row `r`,
+    /// where a position at or past `max_seq_len` makes the row idle (it
+    /// stores nothing in the cache; its outputs mean nothing). The rows'
+    /// positions need not agree, so the device-fed continuation
+    /// (`choose_and_step`, `decode_on_device`) is off until the next
+    /// [`GpuEngine::decode_forward`].
+    pub(super) fn decode_forward_at(&mut self, tokens: &[u32], pos: &[u32]) -> Result<()> {
+        let b = tokens.len();
+        anyhow::ensure!(pos.len() == b, "{} positions for {b} rows", pos.len());
         let path = self.decode_path_in_use(b);
         let (mut step, d) = self.split_for_step(b)?;
         d.ids_hold = Chosen::Nothing;
-        upload_state(step.gpu, d, tokens, pos0)?;
+        // Not a shared position: nothing may continue from it on the device.
+        d.next_pos = step.max_t;
+        upload_state(step.gpu, d, tokens, pos)?;
         match path {
             DecodePath::Graph => {
                 let key = (b, step.window, d.pdl, step.sample.is_some());
@@ -372,7 +398,7 @@ impl GpuEngine {
                     // Its results are those of this step, so the replay
                     // below only repeats them.
                     step.enqueue(d, b)?;
-                    upload_state(step.gpu, d, tokens, pos0)?;
+                    upload_state(step.gpu, d, tokens, pos)?;
                     step.gpu.synchronize()?;
                     match capture(&mut step, d, b) {
                         Ok(g) => {
@@ -395,7 +421,6 @@ impl GpuEngine {
             DecodePath::Unfused => anyhow::bail!("decode_forward called on the unfused path"),
         }
         d.ids_hold = step.chosen();
-        d.next_pos = pos0 + 1;
         self.last = Some(Last { b, rows: b });
         Ok(())
     }
@@ -434,16 +459,13 @@ impl GpuEngine {
     }
 }
 
-/// Write the step state of rows `0..tokens.len()`: their tokens, all at
-/// position `pos0` (staged in a host buffer the state keeps, so a step
-/// allocates nothing).
-fn upload_state(gpu: &Gpu, d: &mut DecodeState, tokens: &[u32], pos0: usize) -> Result<()> {
+/// Write the step state of rows `0..tokens.len()`: their tokens and
+/// positions.
+fn upload_state(gpu: &Gpu, d: &mut DecodeState, tokens: &[u32], pos: &[u32]) -> Result<()> {
     let b = tokens.len();
-    d.host_pos.clear();
-    d.host_pos.resize(b, pos0 as u32);
     gpu.memcpy_htod(tokens, &mut d.tokens.slice_mut(0..b))
         .ctx("uploading token ids")?;
-    gpu.memcpy_htod(&d.host_pos, &mut d.pos.slice_mut(0..b))
+    gpu.memcpy_htod(pos, &mut d.pos.slice_mut(0..b))
         .ctx("uploading positions")?;
     Ok(())
 }

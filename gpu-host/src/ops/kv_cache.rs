@@ -1,0 +1,75 @@
+//! `kv_cache_store`: a decode step's keys and values into the KV cache at
+//! each row's own position, its queries into `[n, c]` (twin of
+//! `cpu::ops::kv_cache_store`).
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::kv_cache::{KV_CACHE_STORE, KV_CACHE_STORE_BLOCK, KV_CACHE_STORE_VEC, KvCacheStoreParams};
+
+use super::args::{OpError, aligned16, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use crate::Gpu;
+
+const OP: &str = "kv_cache_store";
+
+/// Launch configuration: a grid-stride loop over `items` (4 channels each).
+fn launch_config(items: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks_for(items, KV_CACHE_STORE_BLOCK), 1, 1),
+        block_dim: (KV_CACHE_STORE_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Row `r` of `qkv` (`[n, 3c]`): its query to `q[r]`, its key and value to
+/// cache row `r` (`[rows][nh][max_t][c / nh]`, `rows >= n`) at position
+/// `pos[r]`. A row whose position is at or past `max_t` is idle: nothing
+/// of it enters the cache. `pos` is read on the device, so a captured graph
+/// serves every step.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_cache_store(
+    gpu: &Gpu,
+    q: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
+    pos: &impl DevicePtr<u32>,
+    n: usize,
+    c: usize,
+    nh: usize,
+    max_t: usize,
+) -> Result<(), OpError> {
+    let vec = KV_CACHE_STORE_VEC as usize;
+    if nh == 0 || !c.is_multiple_of(nh) || !(c / nh).is_multiple_of(vec) {
+        return Err(OpError::shape(
+            OP,
+            format!("c = {c}, nh = {nh}: the head size must be a multiple of {vec}"),
+        ));
+    }
+    let total = count_u32(OP, "n * 3 * c", &[n, 3, c])?;
+    check_len(OP, "q", q.len(), n * c)?;
+    check_len(OP, "qkv", qkv.len(), n * 3 * c)?;
+    check_len(OP, "pos", pos.len(), n)?;
+    check_len(OP, "k_cache", k_cache.len(), n * c * max_t)?;
+    check_len(OP, "v_cache", v_cache.len(), n * c * max_t)?;
+    if total == 0 {
+        return Ok(());
+    }
+    let p = KvCacheStoreParams {
+        q: out_ptr(gpu, q),
+        k_cache: out_ptr(gpu, k_cache),
+        v_cache: out_ptr(gpu, v_cache),
+        qkv: in_ptr(gpu, qkv),
+        pos: in_ptr(gpu, pos),
+        n: n as u32,
+        c: c as u32,
+        nh: nh as u32,
+        max_t: to_u32(OP, "max_t", max_t)?,
+    };
+    if !aligned16(&[p.q as usize, p.k_cache as usize, p.v_cache as usize, p.qkv as usize]) {
+        return Err(OpError::shape(OP, "buffers must be 16-byte aligned"));
+    }
+    // SAFETY: q holds n*c floats, qkv n*3c, pos n, the caches n rows of nh x
+    // max_t x c/nh (checked above); c and c/nh are multiples of 4 and the
+    // buffers 16-byte aligned; n*3*c < 2^32.
+    unsafe { gpu.launch(KV_CACHE_STORE, launch_config(total / KV_CACHE_STORE_VEC), p)? };
+    Ok(())
+}

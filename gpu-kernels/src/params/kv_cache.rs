@@ -1,0 +1,42 @@
+//! `kv_cache_store`: one decode step's keys and values into the KV cache,
+//! each row at its own position (a server's sequences, each at its own
+//! position), and its queries into a buffer of their own.
+//!
+//! The fused decode step writes K and V from its qkv GEMV's epilogue; a
+//! decode step over more rows than the fused kernels serve runs the qkv
+//! matmul of the prefill path, then this, then `decode_attention` (which
+//! reads the queries `[n, c]` and the cache).
+
+/// One thread per 4 consecutive channels of a row's `3 * c` (q, k, v).
+pub const KV_CACHE_STORE: &str = "kv_cache_store";
+/// Threads per block (elementwise work).
+pub const KV_CACHE_STORE_BLOCK: u32 = 256;
+/// Channels per thread (16-byte loads and stores).
+pub const KV_CACHE_STORE_VEC: u32 = 4;
+
+/// Arguments of [`KV_CACHE_STORE`]. Launch: a grid-stride loop over
+/// `n * 3 * c / 4` items, [`KV_CACHE_STORE_BLOCK`] threads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvCacheStoreParams {
+    /// `[n, c]`: row `r`'s query (the first `c` of its qkv row).
+    pub q: *mut f32,
+    /// `[rows][nh][max_t][c / nh]` each, `rows >= n`: row `r` of the call
+    /// writes cache row `r`, position `pos[r]`.
+    pub k_cache: *mut f32,
+    pub v_cache: *mut f32,
+    /// `[n, 3 * c]`: q, k, v of each row (the qkv matmul's output).
+    pub qkv: *const f32,
+    /// `[n]` positions; a row at or past `max_t` is idle: its keys and
+    /// values are not stored (its query still is).
+    pub pos: *const u32,
+    pub n: u32,
+    /// Channels, a multiple of 4 and of `nh`; `c / nh` a multiple of 4.
+    pub c: u32,
+    pub nh: u32,
+    pub max_t: u32,
+}
+
+// SAFETY: repr(C) structs of plain numbers and device pointers, the same
+// layout on host and device.
+crate::kernel_params!(unsafe KvCacheStoreParams);

@@ -1,0 +1,277 @@
+//! The GPU engine as a [`SlotBackend`]: the KV cache's batch rows are a
+//! server's slots, each sequence at its own position.
+//!
+//! - A prefill runs the forward pass on one slot's cache rows
+//!   ([`Placement::Shared`] at that row).
+//! - A decode step runs rows `0..n`, `n` one past the highest slot that
+//!   steps (the scheduler hands out the lowest free slot, so `n` stays near
+//!   the number of running sequences); the rows in between that do not step
+//!   are idle (position `max_seq_len`: no cache write, no attention). Up to
+//!   the fused kernels' rows it is the fused step (graph, persistent kernel)
+//!   with per-row positions; beyond, the prefill path's matmuls with
+//!   per-row embedding, K/V stores and decode attention
+//!   ([`Placement::PerRow`]).
+//! - [`SlotBackend::choose`] samples every row on the device in one launch,
+//!   each row with its own settings, draw counter and stream, and reads back
+//!   one id per row; all-greedy steps on the fused path reuse the LM head's
+//!   argmax.
+
+use anyhow::{Context, Result, ensure};
+use cudarc::driver::CudaSlice;
+use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
+use gpu_kernels::params::sample::{SampleRow, is_greedy};
+
+use super::{Chosen, DecodePath, GpuEngine, Placement};
+use crate::generate::{LogitsWanted, check_forward_args};
+use crate::gpu::Gpu;
+use crate::gpu::ops::decode::DecodeWorkspace;
+use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward_streams};
+use crate::gpu::runtime::CudaContextExt;
+use crate::model::ModelConfig;
+use crate::serve::backend::{Draw, SlotBackend, SlotToken, check_slot_rows};
+
+/// The settings of a row nobody draws for (an idle row): greedy.
+const IDLE_DRAW: SampleRow = SampleRow {
+    temperature: 0.0,
+    top_k: 0,
+    top_p: 1.0,
+    _pad: 0,
+    seed: 0,
+};
+
+/// The token an idle row feeds (any id inside the vocabulary).
+const IDLE_TOKEN: u32 = 0;
+
+/// The slot interface's device buffers and host staging, sized for every
+/// slot (the engine's `max_batch` rows), made by the first slot call.
+pub(super) struct SlotState {
+    /// `[slots]`: each row's position in a per-row step (idle rows at
+    /// `max_seq_len`).
+    pub(super) pos: CudaSlice<u32>,
+    /// `[slots, C]`: the queries of a per-row step.
+    pub(super) q: CudaSlice<f32>,
+    /// Decode attention's scratch for every slot.
+    pub(super) ws: DecodeWorkspace,
+    /// `[slots]` each: the sampler's per-row settings, draw counters,
+    /// streams, and the ids it chose.
+    settings: CudaSlice<DeviceSampleRow>,
+    counter: CudaSlice<u32>,
+    streams: CudaSlice<u32>,
+    ids: CudaSlice<u32>,
+    /// Host staging, so a step allocates nothing once warm.
+    host_tokens: Vec<u32>,
+    host_pos: Vec<u32>,
+    host_settings: Vec<DeviceSampleRow>,
+    host_counter: Vec<u32>,
+    host_streams: Vec<u32>,
+    host_ids: Vec<u32>,
+    /// The logits row of each row of the last prefill or decode, in the
+    /// order [`SlotBackend::choose`] answers.
+    rows: Vec<usize>,
+}
+
+impl SlotState {
+    fn new(gpu: &Gpu, config: &ModelConfig, slots: usize, max_t: usize) -> Result<Self> {
+        Ok(SlotState {
+            pos: gpu.alloc(slots)?,
+            q: gpu.alloc(slots * config.channels)?,
+            ws: DecodeWorkspace::new(gpu, slots, config.num_heads, max_t)?,
+            settings: gpu.alloc(slots)?,
+            counter: gpu.alloc(slots)?,
+            streams: gpu.alloc(slots)?,
+            ids: gpu.alloc(slots)?,
+            host_tokens: Vec::with_capacity(slots),
+            host_pos: Vec::with_capacity(slots),
+            host_settings: Vec::with_capacity(slots),
+            host_counter: Vec::with_capacity(slots),
+            host_streams: Vec::with_capacity(slots),
+            host_ids: Vec::with_capacity(slots),
+            rows: Vec::with_capacity(slots),
+        })
+    }
+}
+
+impl GpuEngine {
+    /// Whether this engine can serve as a [`SlotBackend`]: a step past the
+    /// fused kernels' rows runs decode attention, built for GPT-2's head
+    /// size only.
+    pub fn check_slots(&self) -> Result<()> {
+        let (c, nh) = (self.config.channels, self.config.num_heads);
+        ensure!(
+            nh > 0 && c == nh * DECODE_HEAD_SIZE as usize,
+            "the GPU server needs heads of {DECODE_HEAD_SIZE} channels (GPT-2's); this model has {nh} heads over {c} channels (use --cpu)"
+        );
+        Ok(())
+    }
+
+    /// The slot state, made on first use.
+    fn slot_state(&mut self) -> Result<&mut SlotState> {
+        if self.slots.is_none() {
+            self.check_slots()?;
+            let state = SlotState::new(&self.gpu, &self.config, self.max_batch, self.max_seq_len)
+                .context("allocating the slot state")?;
+            self.slots = Some(state);
+        }
+        self.slots.as_mut().context("the slot state is missing")
+    }
+}
+
+impl SlotBackend for GpuEngine {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn slots(&self) -> usize {
+        self.max_batch
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<()> {
+        self.last = None;
+        self.mark_ids_stale();
+        ensure!(
+            slot < self.max_batch,
+            "slot {slot} is beyond the {} slots",
+            self.max_batch
+        );
+        let v = self.config.vocab_size;
+        check_forward_args(tokens, 1, tokens.len(), pos0, 1, self.max_seq_len, v, "engine")?;
+        let s = self.slot_state()?;
+        s.rows.clear();
+        s.rows.push(0);
+        let place = Placement::Shared { row0: slot, pos0 };
+        self.forward_placed(tokens, 1, tokens.len(), place, LogitsWanted::Last)
+    }
+
+    fn decode(&mut self, rows: &[SlotToken]) -> Result<()> {
+        self.last = None;
+        self.mark_ids_stale();
+        let (max_t, v) = (self.max_seq_len, self.config.vocab_size);
+        check_slot_rows(rows, self.max_batch, max_t, v)?;
+        let n = rows.iter().map(|r| r.slot).max().map_or(0, |m| m + 1);
+        let idle_pos = u32::try_from(max_t).context("max_seq_len beyond u32")?;
+        let s = self.slot_state()?;
+        s.host_tokens.clear();
+        s.host_tokens.resize(n, IDLE_TOKEN);
+        s.host_pos.clear();
+        s.host_pos.resize(n, idle_pos);
+        s.rows.clear();
+        for r in rows {
+            s.host_tokens[r.slot] = r.token;
+            // Below max_t (checked), so it fits.
+            s.host_pos[r.slot] = r.pos as u32;
+            s.rows.push(r.slot);
+        }
+        // The slot interface samples in `choose`, not inside the step.
+        self.sampling.prepared = false;
+        if self.decode_path_in_use(n) != DecodePath::Unfused {
+            let s = self.slots.as_mut().context("the slot state is missing")?;
+            let (tokens, pos) = (std::mem::take(&mut s.host_tokens), std::mem::take(&mut s.host_pos));
+            let done = self.decode_forward_at(&tokens, &pos);
+            let s = self.slots.as_mut().context("the slot state is missing")?;
+            (s.host_tokens, s.host_pos) = (tokens, pos);
+            return done;
+        }
+        let s = self.slots.as_mut().context("the slot state is missing")?;
+        self.gpu
+            .memcpy_htod(&s.host_pos, &mut s.pos.slice_mut(0..n))
+            .ctx("uploading positions")?;
+        let tokens = std::mem::take(&mut s.host_tokens);
+        let done = self.forward_placed(&tokens, n, 1, Placement::PerRow, LogitsWanted::Last);
+        if let Some(s) = self.slots.as_mut() {
+            s.host_tokens = tokens;
+        }
+        done
+    }
+
+    fn choose(&mut self, draws: &[Draw]) -> Result<Vec<u32>> {
+        let last = self
+            .last
+            .context("choose() called before a successful prefill or decode")?;
+        let n = last.rows;
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        let Some(s) = self.slots.as_mut() else {
+            anyhow::bail!("choose() called before a successful prefill or decode");
+        };
+        ensure!(
+            draws.len() == s.rows.len(),
+            "choose(): {} draws for the {} rows of the last prefill or decode step",
+            draws.len(),
+            s.rows.len()
+        );
+        let mut host_ids = std::mem::take(&mut s.host_ids);
+        host_ids.clear();
+        host_ids.resize(n, 0);
+        // The fused step's LM head chose every row's argmax already.
+        let fused = match self.fresh_ids(Chosen::Argmax) {
+            Some(ids) if draws.iter().all(|d| is_greedy(&d.settings)) => {
+                self.gpu
+                    .memcpy_dtoh(&ids.slice(0..n), &mut host_ids)
+                    .ctx("reading the chosen ids")?;
+                true
+            }
+            _ => false,
+        };
+        let s = self.slots.as_mut().context("the slot state is missing")?;
+        if !fused {
+            s.host_settings.clear();
+            s.host_settings.resize(n, DeviceSampleRow(IDLE_DRAW));
+            s.host_counter.clear();
+            s.host_counter.resize(n, 0);
+            s.host_streams.clear();
+            s.host_streams.resize(n, 0);
+            for (d, &row) in draws.iter().zip(&s.rows) {
+                s.host_settings[row] = DeviceSampleRow(d.settings);
+                s.host_counter[row] = d.counter;
+                s.host_streams[row] = d.stream;
+            }
+            let gpu = &self.gpu;
+            gpu.memcpy_htod(&s.host_settings, &mut s.settings.slice_mut(0..n))
+                .ctx("uploading the sampling settings")?;
+            gpu.memcpy_htod(&s.host_counter, &mut s.counter.slice_mut(0..n))
+                .ctx("uploading the draw counters")?;
+            gpu.memcpy_htod(&s.host_streams, &mut s.streams.slice_mut(0..n))
+                .ctx("uploading the draw streams")?;
+            let (counter, streams) = (s.counter.slice(0..n), s.streams.slice(0..n));
+            sample_forward_streams(
+                gpu,
+                &mut s.ids.slice_mut(0..n),
+                &self.acts.logits,
+                &s.settings.slice(0..n),
+                Some(&counter),
+                Some(&streams),
+                None::<&mut CudaSlice<u32>>,
+                n,
+                v,
+                vp,
+            )?;
+            gpu.memcpy_dtoh(&s.ids.slice(0..n), &mut host_ids)
+                .ctx("reading the chosen ids")?;
+        }
+        let chosen = s.rows.iter().map(|&r| host_ids[r]).collect();
+        s.host_ids = host_ids;
+        Ok(chosen)
+    }
+
+    fn slot_logits(&mut self) -> Result<Vec<f32>> {
+        let last = self
+            .last
+            .context("slot_logits() called before a successful prefill or decode")?;
+        let vp = self.config.padded_vocab_size;
+        let s = self
+            .slots
+            .as_ref()
+            .context("slot_logits() called before a successful prefill or decode")?;
+        let mut all = vec![0f32; last.rows * vp];
+        self.gpu
+            .memcpy_dtoh(&self.acts.logits.slice(0..last.rows * vp), &mut all)
+            .ctx("reading the logits")?;
+        Ok(s.rows
+            .iter()
+            .flat_map(|&r| all[r * vp..(r + 1) * vp].iter().copied())
+            .collect())
+    }
+}

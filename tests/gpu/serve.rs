@@ -1,0 +1,260 @@
+//! The GPU engine as a server's backend (`SlotBackend`): sequences in
+//! scattered slots, at different positions, prefilled in chunks and decoded
+//! together, on both decode paths (the fused step up to its rows, the
+//! prefill path's kernels with per-row positions beyond), against the CPU
+//! reference doing the same; the device sampler with per-row streams
+//! against its CPU twin on the same logits.
+
+use gpu_kernels::params::decode::DECODE_MAX_ROWS;
+use gpu_kernels::params::sample::SampleRow;
+use half::bf16;
+use host::cpu::CpuModel;
+use host::cpu::sample::{argmax, sample_row};
+use host::gpu::engine::{GpuEngine, Precision};
+use host::gpu::ops::encoder::encoder_forward_rows;
+use host::gpu::ops::kv_cache::kv_cache_store;
+use host::gpu::ops::weight::WeightRef;
+use host::model::checkpoint::Checkpoint;
+use host::model::fixtures::llmc_bytes;
+use host::model::{DType, ModelConfig};
+use host::serve::backend::{Draw, SlotBackend, SlotToken};
+use rand::Rng;
+use rand::rngs::StdRng;
+
+use crate::kernels::{check, down, poisoned, random_vec};
+
+/// The FP32 bar against the CPU reference.
+const FP32_TOL: f32 = 1e-3;
+/// TF32 and bf16 against the FP32 CPU reference (their error is the
+/// matmuls' rounding: docs/accuracy.md).
+const LOW_PRECISION_TOL: f32 = 5e-2;
+/// Slots: more than the fused kernels' rows, so steps whose highest slot is
+/// past them take the per-row prefill path.
+const SLOTS: usize = DECODE_MAX_ROWS as usize + 4;
+/// Positions per slot.
+const MAX_T: usize = 96;
+/// Activation rows: a prefill chunk.
+const CHUNK: usize = 24;
+
+/// GPT-2's head size (64), which the fused kernels need: L=2, NH=3, C=192,
+/// V=1000 (padded to 1024), maxT=160.
+fn head64_config() -> ModelConfig {
+    let vocab_size = 1000;
+    ModelConfig {
+        max_seq_len: 160,
+        vocab_size,
+        padded_vocab_size: ModelConfig::pad_vocab(vocab_size),
+        num_layers: 2,
+        num_heads: 3,
+        channels: 192,
+    }
+}
+
+/// One sequence of the schedule: its slot and what it holds so far.
+struct Seq {
+    slot: usize,
+    prompt: Vec<u32>,
+    /// Positions in the cache.
+    len: usize,
+    /// The token it feeds next (after its prompt).
+    next: Option<u32>,
+}
+
+/// A greedy draw, or a sampled one whose stream is not the row index.
+fn draw(rng: &mut StdRng, sampled: bool, counter: usize, stream: u32) -> Draw {
+    let settings = if sampled {
+        SampleRow {
+            temperature: 0.8,
+            top_k: 50,
+            top_p: 0.95,
+            _pad: 0,
+            seed: rng.random(),
+        }
+    } else {
+        SampleRow {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            _pad: 0,
+            seed: 0,
+        }
+    };
+    Draw {
+        settings,
+        counter: counter as u32,
+        stream,
+    }
+}
+
+/// Runs one schedule on both backends and compares every step's logits
+/// (`tol`), and each chosen id against the CPU sampler over the GPU's own
+/// logits (the sampler is exact on equal logits).
+fn schedule_matches_cpu(precision: Precision, tol: f32) {
+    let Some(gpu) = crate::kernels::skip::gpu() else { return };
+    let mut rng = crate::seed::rng();
+    let cfg = head64_config();
+    let bytes = llmc_bytes(&cfg, rng.random(), DType::F32).unwrap();
+    let ckpt = Checkpoint::from_bytes(bytes, "random.bin", Some(cfg.num_heads)).unwrap();
+    let w = ckpt.weights().unwrap();
+    let mut gpu = GpuEngine::with_rows(gpu, &w, SLOTS, MAX_T, CHUNK, precision).unwrap();
+    let mut cpu = if precision == Precision::Bf16 {
+        CpuModel::new_bf16(&w, SLOTS, MAX_T).unwrap()
+    } else {
+        CpuModel::new(&w, SLOTS, MAX_T).unwrap()
+    };
+    let (v, vp) = (cfg.vocab_size, cfg.padded_vocab_size);
+    // Slot 0 at one row; slot 3 prefilled in two chunks; the last slots
+    // past the fused rows; one-token prompts.
+    let plan = [(0, 7), (3, CHUNK + 9), (SLOTS - 3, 5), (SLOTS - 1, 1), (5, 2)];
+    let mut seqs: Vec<Seq> = plan
+        .iter()
+        .map(|&(slot, len)| Seq {
+            slot,
+            prompt: (0..len).map(|_| rng.random_range(0..v as u32)).collect(),
+            len: 0,
+            next: None,
+        })
+        .collect();
+    let compare = |what: &str, gpu: &mut GpuEngine, cpu: &mut CpuModel, draws: &[Draw]| -> Vec<u32> {
+        let (got, want) = (gpu.slot_logits().unwrap(), cpu.slot_logits().unwrap());
+        assert_eq!(got.len(), draws.len() * vp, "{what}: logits rows");
+        check(&format!("{what} {precision:?}"), &got, &want, tol, 0.0);
+        let ids = gpu.choose(draws).unwrap();
+        for (r, (d, &id)) in draws.iter().zip(&ids).enumerate() {
+            let row = &got[r * vp..r * vp + v];
+            let twin = sample_row(row, &d.settings, d.counter, d.stream);
+            assert_eq!(
+                id, twin,
+                "{what}: row {r} chose {id}, the CPU sampler {twin} on the same logits"
+            );
+        }
+        ids
+    };
+    // Prefill every prompt, in chunks of at most CHUNK.
+    for (i, s) in seqs.iter_mut().enumerate() {
+        while s.len < s.prompt.len() {
+            let end = (s.len + CHUNK).min(s.prompt.len());
+            let chunk = &s.prompt[s.len..end];
+            gpu.prefill(s.slot, chunk, s.len).unwrap();
+            cpu.prefill(s.slot, chunk, s.len).unwrap();
+            s.len = end;
+            let d = [draw(&mut rng, i % 2 == 1, s.len, s.slot as u32 * 7 + 1)];
+            let ids = compare(&format!("prefill slot {} to {end}", s.slot), &mut gpu, &mut cpu, &d);
+            if s.len == s.prompt.len() {
+                // The CPU's greedy choice feeds both (so they stay on one path).
+                s.next = Some(ids[0].min(v as u32 - 1));
+            }
+        }
+    }
+    // Decode steps over changing subsets (indices into `seqs`): slots 0, 3
+    // and 5 (the fused step, idle rows between), every slot (the per-row
+    // path), a slot past the fused rows alone (per-row, mostly idle rows),
+    // slot 0 alone (one fused row), slot 3 alone (fused, idle rows first).
+    let subsets: [&[usize]; 5] = [&[0, 1, 4], &[0, 1, 2, 3, 4], &[2], &[0], &[1]];
+    for (step, subset) in subsets.iter().cycle().take(10).enumerate() {
+        let rows: Vec<SlotToken> = subset
+            .iter()
+            .map(|&i| SlotToken {
+                slot: seqs[i].slot,
+                token: seqs[i].next.unwrap(),
+                pos: seqs[i].len,
+            })
+            .collect();
+        gpu.decode(&rows).unwrap();
+        cpu.decode(&rows).unwrap();
+        let draws: Vec<Draw> = subset
+            .iter()
+            .map(|&i| draw(&mut rng, step % 2 == 1, seqs[i].len + 1, seqs[i].slot as u32 * 7 + 1))
+            .collect();
+        let slots: Vec<usize> = rows.iter().map(|r| r.slot).collect();
+        compare(
+            &format!("decode step {step} slots {slots:?}"),
+            &mut gpu,
+            &mut cpu,
+            &draws,
+        );
+        let want = cpu.slot_logits().unwrap();
+        for (r, &i) in subset.iter().enumerate() {
+            seqs[i].len += 1;
+            seqs[i].next = Some(argmax(&want[r * vp..r * vp + v]));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn slot_backend_fp32_matches_cpu() {
+    schedule_matches_cpu(Precision::Fp32, FP32_TOL);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn slot_backend_tf32_matches_cpu() {
+    schedule_matches_cpu(Precision::Tf32, LOW_PRECISION_TOL);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn slot_backend_bf16_matches_cpu_bf16() {
+    schedule_matches_cpu(Precision::Bf16, LOW_PRECISION_TOL);
+}
+
+/// `encoder_forward_rows` (f32 and bf16 tables) against its CPU twin, rows
+/// at scattered positions, one past the table (an idle row: clamped, never
+/// out of bounds).
+#[test]
+#[ignore = "needs a GPU"]
+fn encoder_rows_matches_cpu() {
+    let Some(gpu) = crate::kernels::skip::gpu() else { return };
+    let mut rng = crate::seed::rng();
+    let (n, c, vocab, max_pos) = (7usize, 96usize, 50usize, 40usize);
+    let wte = random_vec(vocab * c, 1.0);
+    let wpe = random_vec(max_pos * c, 1.0);
+    let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab as u32)).collect();
+    let mut pos: Vec<u32> = (0..n).map(|_| rng.random_range(0..max_pos as u32)).collect();
+    pos[n - 1] = max_pos as u32;
+    let mut want = vec![0f32; n * c];
+    host::cpu::ops::encoder_forward_rows(&mut want, &tokens, &pos, &wte, &wpe, n, c);
+    let (dt, dp, dwpe) = (
+        gpu.upload(&tokens).unwrap(),
+        gpu.upload(&pos).unwrap(),
+        gpu.upload(&wpe).unwrap(),
+    );
+    let dwte = gpu.upload(&wte).unwrap();
+    let mut out = poisoned(&gpu, n * c);
+    encoder_forward_rows(&gpu, &mut out, &dt, &dp, WeightRef::F32(&dwte), &dwpe, n, c).unwrap();
+    check("encoder rows, f32 wte", &down(&gpu, &out), &want, 0.0, 0.0);
+    // bf16: the CPU twin over the table rounded to bf16 and widened (exact).
+    let wte16: Vec<bf16> = wte.iter().map(|&x| bf16::from_f32(x)).collect();
+    let wide: Vec<f32> = wte16.iter().map(|x| x.to_f32()).collect();
+    host::cpu::ops::encoder_forward_rows(&mut want, &tokens, &pos, &wide, &wpe, n, c);
+    let dwte16 = gpu.upload(&wte16).unwrap();
+    let mut out = poisoned(&gpu, n * c);
+    encoder_forward_rows(&gpu, &mut out, &dt, &dp, WeightRef::Bf16(&dwte16), &dwpe, n, c).unwrap();
+    check("encoder rows, bf16 wte", &down(&gpu, &out), &want, 0.0, 0.0);
+}
+
+/// `kv_cache_store` against its CPU twin: queries out, keys and values at
+/// each row's position, an idle row caching nothing; the rest of the cache
+/// keeps its (random) contents.
+#[test]
+#[ignore = "needs a GPU"]
+fn kv_cache_store_matches_cpu() {
+    let Some(gpu) = crate::kernels::skip::gpu() else { return };
+    let mut rng = crate::seed::rng();
+    let (n, nh, hs, max_t) = (5usize, 3usize, 64usize, 20usize);
+    let c = nh * hs;
+    let qkv = random_vec(n * 3 * c, 1.0);
+    let mut pos: Vec<u32> = (0..n).map(|_| rng.random_range(0..max_t as u32)).collect();
+    pos[2] = max_t as u32;
+    let (mut kc, mut vc) = (random_vec(n * c * max_t, 1.0), random_vec(n * c * max_t, 1.0));
+    let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
+    let (dqkv, dpos) = (gpu.upload(&qkv).unwrap(), gpu.upload(&pos).unwrap());
+    let mut dq = poisoned(&gpu, n * c);
+    kv_cache_store(&gpu, &mut dq, &mut dk, &mut dv, &dqkv, &dpos, n, c, nh, max_t).unwrap();
+    let mut q = vec![0f32; n * c];
+    host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, &pos, n, c, nh, max_t);
+    check("kv_cache_store q", &down(&gpu, &dq), &q, 0.0, 0.0);
+    check("kv_cache_store k", &down(&gpu, &dk), &kc, 0.0, 0.0);
+    check("kv_cache_store v", &down(&gpu, &dv), &vc, 0.0, 0.0);
+}
