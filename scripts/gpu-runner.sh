@@ -477,43 +477,49 @@ if [[ "$SERVE" == 1 ]]; then
             fail "serve openai+curl test (GPU): exit $? (see programs.log)"
         fi
     fi
-    if (( ORACLE_OK )) && [[ -x "$GPU_OUT/bin/serve_load" ]]; then
-        W="$ORACLE_DIR/model.safetensors"
-        SERVE_ERR="$(mktemp)"
-        SERVE_OUTF="$(mktemp)"
-        "$GPU_OUT/bin/serve" --weights "$W" --port 0 --max-running "$SERVE_SLOTS" --max-queue 4096 \
-            >"$SERVE_OUTF" 2>"$SERVE_ERR" &
-        SPID=$!
-        URL=""
+    # One load sweep: the server started with extra flags "$@", every
+    # concurrency level of SERVE_LOAD_CLIENTS, then SIGTERM (exit 0 expected).
+    load_sweep() {  # label, serve flags...
+        local label="$1"; shift
+        local W="$ORACLE_DIR/model.safetensors" err outf spid url=""
+        err="$(mktemp)"; outf="$(mktemp)"
+        "$GPU_OUT/bin/serve" --weights "$W" --port 0 --max-running "$SERVE_SLOTS" --max-queue 4096 "$@" \
+            >"$outf" 2>"$err" &
+        spid=$!
         for _ in $(seq 120); do
-            URL="$(head -n 1 "$SERVE_OUTF")"
-            [[ -n "$URL" ]] && break
-            kill -0 "$SPID" 2>/dev/null || break
+            url="$(head -n 1 "$outf")"
+            [[ -n "$url" ]] && break
+            kill -0 "$spid" 2>/dev/null || break
             sleep 1
         done
-        if [[ -z "$URL" ]]; then
-            cat "$SERVE_ERR" >>"$PROG_LOG"
-            fail "serve load: the server did not start (see programs.log)"
-        else
-            # ~32 tokens of prompt (serve_load appends " (i)").
-            LOAD_PROMPT="The history of the city begins in the early years of the nineteenth century, when a small group of farmers and traders settled on the banks of the river"
-            for clients in $SERVE_LOAD_CLIENTS; do
-                requests=$(( clients * SERVE_LOAD_ROUNDS ))
-                (( requests < SERVE_LOAD_MIN_REQUESTS )) && requests=$SERVE_LOAD_MIN_REQUESTS
-                echo "######## serve_load clients $clients requests $requests" >>"$PROG_LOG"
-                if line="$(timeout "$TEST_TIMEOUT" "$GPU_OUT/bin/serve_load" --url "$URL" --clients "$clients" \
-                        --requests "$requests" --max-tokens 256 --prompt "$LOAD_PROMPT" --duration 120 2>>"$PROG_LOG")"; then
-                    echo "$line" >>"$PROG_LOG"
-                    note "serve load: {\"clients\": $clients, \"result\": $line}"
-                else
-                    fail "serve load at $clients clients: exit $? (see programs.log)"
-                fi
-            done
-            kill -TERM "$SPID" 2>/dev/null
-            timeout 60 tail --pid="$SPID" -f /dev/null
-            wait "$SPID" && note "serve load: server exited 0" || fail "serve load: server exit $?"
+        if [[ -z "$url" ]]; then
+            cat "$err" >>"$PROG_LOG"
+            fail "serve load ($label): the server did not start (see programs.log)"
+            return
         fi
-        { echo "######## serve stderr"; tail -n 20 "$SERVE_ERR"; } >>"$PROG_LOG"
+        # ~32 tokens of prompt (serve_load appends " (i)").
+        local prompt="The history of the city begins in the early years of the nineteenth century, when a small group of farmers and traders settled on the banks of the river"
+        local clients requests line
+        for clients in $SERVE_LOAD_CLIENTS; do
+            requests=$(( clients * SERVE_LOAD_ROUNDS ))
+            (( requests < SERVE_LOAD_MIN_REQUESTS )) && requests=$SERVE_LOAD_MIN_REQUESTS
+            echo "######## serve_load ($label) clients $clients requests $requests" >>"$PROG_LOG"
+            if line="$(timeout "$TEST_TIMEOUT" "$GPU_OUT/bin/serve_load" --url "$url" --clients "$clients" \
+                    --requests "$requests" --max-tokens 256 --prompt "$prompt" --duration 120 2>>"$PROG_LOG")"; then
+                echo "$line" >>"$PROG_LOG"
+                note "serve load ($label): $line"
+            else
+                fail "serve load ($label) at $clients clients: exit $? (see programs.log)"
+            fi
+        done
+        kill -TERM "$spid" 2>/dev/null
+        timeout 60 tail --pid="$spid" -f /dev/null
+        if wait "$spid"; then note "serve load ($label): server exited 0"; else fail "serve load ($label): server exit $?"; fi
+        { echo "######## serve stderr ($label)"; tail -n 20 "$err"; } >>"$PROG_LOG"
+    }
+    if (( ORACLE_OK )) && [[ -x "$GPU_OUT/bin/serve_load" ]]; then
+        load_sweep "defaults"
+        load_sweep "prefill-chunk 64" --prefill-chunk 64
     fi
 fi
 

@@ -51,7 +51,7 @@ pub use decode::{DecodePath, DecodeTuning, PREFETCH_AHEAD_TRY_BYTES};
 use slots::SlotState;
 
 /// Arithmetic of the matmuls.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Precision {
     /// FP32 on the CUDA cores: logits within 1e-3 of the CPU reference.
     #[default]
@@ -97,7 +97,7 @@ impl WeightFormat {
 }
 
 /// Which attention kernels the engine runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum AttentionKind {
     /// Flash attention (`gpu::ops::flash_attention`): prefill in 64x64 tiles
     /// that never materialise the T x T scores (TF32 tensor cores under
@@ -211,9 +211,10 @@ enum Placement {
     /// `b` sequences in cache rows `row0..row0 + b`, all at positions
     /// `pos0..pos0 + t` (a batch, or one slot's prefill).
     Shared { row0: usize, pos0: usize },
-    /// One token a row (`t = 1`): row `r` is cache row `r`, at its own
-    /// position in the slot state's `pos` (on the device); a row at or past
-    /// `max_seq_len` is idle.
+    /// One token a row (`t = 1`): row `r` is cache row `r`, feeding the
+    /// token in `acts.tokens[r]` at its own position in the slot state's
+    /// `pos`, both uploaded by the caller (so the call is kernels only, and
+    /// capturable); a row at or past `max_seq_len` is idle.
     PerRow,
 }
 
@@ -835,8 +836,12 @@ impl GpuEngine {
             Placement::PerRow => Some(self.slots.as_mut().context("the slot state is missing")?),
             Placement::Shared { .. } => None,
         };
-        gpu.memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
-            .ctx("uploading token ids")?;
+        // A per-row step's caller uploads its tokens (with the positions),
+        // so the step itself holds only kernels: a graph can capture it.
+        if place != Placement::PerRow {
+            gpu.memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
+                .ctx("uploading token ids")?;
+        }
 
         // LM head (tied to wte, no bias) over the padded vocabulary, on the wanted rows only.
         let rows = match want {

@@ -16,12 +16,15 @@
 //!   one id per row; all-greedy steps on the fused path reuse the LM head's
 //!   argmax.
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result, ensure};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
 use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
 use gpu_kernels::params::sample::{SampleRow, is_greedy};
 
-use super::{Chosen, DecodePath, GpuEngine, Placement};
+use super::{AttentionKind, Chosen, DecodePath, GpuEngine, Last, Placement, Precision};
 use crate::generate::{LogitsWanted, check_forward_args};
 use crate::gpu::Gpu;
 use crate::gpu::ops::decode::DecodeWorkspace;
@@ -68,7 +71,19 @@ pub(super) struct SlotState {
     /// The logits row of each row of the last prefill or decode, in the
     /// order [`SlotBackend::choose`] answers.
     rows: Vec<usize>,
+    /// Captured per-row steps, by (rows, precision, window, attention):
+    /// they hold the addresses of the engine's buffers, which never move.
+    graphs: HashMap<GraphKey, CudaGraph>,
+    /// Set when a capture failed once: per-row steps stay eager.
+    capture_failed: bool,
 }
+
+/// What a captured per-row step depends on.
+type GraphKey = (usize, Precision, usize, AttentionKind);
+
+/// Per-row steps run rows in multiples of this (idle rows pad them), so a
+/// handful of graphs serves every batch size.
+const ROW_BUCKET: usize = 8;
 
 impl SlotState {
     fn new(gpu: &Gpu, config: &ModelConfig, slots: usize, max_t: usize) -> Result<Self> {
@@ -87,8 +102,35 @@ impl SlotState {
             host_streams: Vec::with_capacity(slots),
             host_ids: Vec::with_capacity(slots),
             rows: Vec::with_capacity(slots),
+            graphs: HashMap::new(),
+            capture_failed: false,
         })
     }
+}
+
+/// Whether capturing the per-row step failed once (the engine then stays
+/// on eager launches).
+fn s_capture_failed(e: &GpuEngine) -> bool {
+    e.slots.as_ref().is_none_or(|s| s.capture_failed)
+}
+
+/// Capture one per-row step of `rows` rows into a graph (the stream must be
+/// idle; the inputs are on the device already).
+fn capture_per_row(e: &mut GpuEngine, rows: usize) -> Result<CudaGraph> {
+    e.gpu
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .ctx("cuStreamBeginCapture")?;
+    let queued = e.forward_placed(&[], rows, 1, Placement::PerRow, LogitsWanted::Last);
+    // End the capture whatever happened, so the stream is usable again.
+    let graph = e
+        .gpu
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    queued?;
+    let graph = graph
+        .ctx("cuStreamEndCapture")?
+        .context("the capture recorded no graph")?;
+    graph.upload().ctx("cuGraphUpload")?;
+    Ok(graph)
 }
 
 impl GpuEngine {
@@ -175,16 +217,47 @@ impl SlotBackend for GpuEngine {
             (s.host_tokens, s.host_pos) = (tokens, pos);
             return done;
         }
+        // Rows in buckets of ROW_BUCKET (idle rows pad them): one graph per
+        // bucket serves every step of that size.
+        let rows_run = n.next_multiple_of(ROW_BUCKET).min(self.max_batch);
         let s = self.slots.as_mut().context("the slot state is missing")?;
+        s.host_tokens.resize(rows_run, IDLE_TOKEN);
+        s.host_pos.resize(rows_run, idle_pos);
         self.gpu
-            .memcpy_htod(&s.host_pos, &mut s.pos.slice_mut(0..n))
+            .memcpy_htod(&s.host_pos, &mut s.pos.slice_mut(0..rows_run))
             .ctx("uploading positions")?;
-        let tokens = std::mem::take(&mut s.host_tokens);
-        let done = self.forward_placed(&tokens, n, 1, Placement::PerRow, LogitsWanted::Last);
-        if let Some(s) = self.slots.as_mut() {
-            s.host_tokens = tokens;
+        self.gpu
+            .memcpy_htod(&s.host_tokens, &mut self.acts.tokens.slice_mut(0..rows_run))
+            .ctx("uploading token ids")?;
+        let key = (rows_run, self.precision, self.window, self.attention);
+        if let Some(g) = s.graphs.get(&key) {
+            g.launch().ctx("cuGraphLaunch")?;
+            self.last = Some(Last {
+                b: rows_run,
+                rows: rows_run,
+            });
+            return Ok(());
         }
-        done
+        // No graph yet: one eager step (it also loads the kernels and sets
+        // their attributes, which a capture must not do), then capture.
+        self.forward_placed(&[], rows_run, 1, Placement::PerRow, LogitsWanted::Last)?;
+        if !s_capture_failed(self) {
+            self.gpu.synchronize().context("the per-row decode step")?;
+            let graph = capture_per_row(self, rows_run);
+            let s = self.slots.as_mut().context("the slot state is missing")?;
+            match graph {
+                Ok(g) => {
+                    s.graphs.insert(key, g);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "warning: capturing the per-row decode step into a CUDA graph failed ({e:#}); decoding with one launch per kernel"
+                    );
+                    s.capture_failed = true;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn choose(&mut self, draws: &[Draw]) -> Result<Vec<u32>> {
