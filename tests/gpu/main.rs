@@ -17,6 +17,7 @@ mod flash_attention;
 mod forward;
 mod kernels;
 mod matmul_bf16;
+mod matmul_fp32_tc;
 mod matmul_small;
 mod matmul_tf32;
 mod perplexity;

@@ -249,7 +249,8 @@ fn matmul_tf32_awkward_shapes_every_variant() {
 #[ignore = "needs a GPU"]
 fn matmul_tf32_blocks_per_sm_matches_driver() {
     let Some(gpu) = skip::gpu() else { return };
-    for s in &tf32_variants(gpu.has_wgmma()) {
+    let fp32_tc = gpu_kernels::params::matmul_tf32::MATMUL_3XTF32_VARIANTS;
+    for s in tf32_variants(gpu.has_wgmma()).iter().chain(&fp32_tc) {
         gpu.set_max_dynamic_shared(s.name, s.shared_bytes()).unwrap();
         let f = gpu.function(s.name).unwrap();
         let got = f

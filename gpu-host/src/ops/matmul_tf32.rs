@@ -14,8 +14,8 @@ use std::sync::OnceLock;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul::MatmulSplitReduceParams;
 use gpu_kernels::params::matmul_tf32::{
-    MATMUL_TF32_BK, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params, MatmulTf32WgmmaParams,
-    TileEngine, TileShape,
+    MATMUL_3XTF32_VARIANTS, MATMUL_TF32_BK, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params,
+    MatmulTf32WgmmaParams, TileEngine, TileShape,
 };
 
 use crate::ops::matmul::launch_split_reduce;
@@ -39,6 +39,8 @@ pub enum MatmulTf32Error {
     TooLarge(usize),
     #[error("matmul_forward_tf32: tile {0} needs the sm_90a (wgmma) kernels, which this GPU's module lacks")]
     NoWgmma(&'static str),
+    #[error("matmul_forward_fp32_tc: {0} is not a 3xTF32 tile")]
+    NotFp32Tc(&'static str),
     #[error(transparent)]
     Gpu(#[from] GpuError),
 }
@@ -234,8 +236,8 @@ pub fn tf32_splits(shape: &TileShape, n: usize, c: usize, oc: usize, sms: usize)
         .clamp(1, TF32_MAX_SPLITS)
 }
 
-/// [`matmul_forward_tf32_with`] (a `wgmma` tile) split over `c` in `splits`
-/// parts: partial sums into `workspace` (`splits * n * oc` floats), then
+/// [`matmul_forward_tf32_with`] split over `c` in `splits` parts: partial
+/// sums into `workspace` (`splits * n * oc` floats), then
 /// `matmul_split_reduce` adds them in order, with the bias and GELU.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_tf32_split_with<O, I, W, B>(
@@ -259,9 +261,6 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    if shape.engine != TileEngine::Wgmma {
-        return Err(MatmulTf32Error::NoWgmma(shape.name));
-    }
     let ktiles = c.div_ceil(MATMUL_TF32_BK as usize);
     let per_split = ktiles.div_ceil(splits.max(1)).max(1);
     let splits = ktiles.div_ceil(per_split).max(1);
@@ -323,6 +322,105 @@ where
     // wrote (same stream).
     unsafe { launch_split_reduce(gpu, params)? };
     Ok(())
+}
+
+/// Fewest k-tiles a 3xTF32 split-K part should have: the partial sums'
+/// round trip costs about as much as this many k-tiles of 3xTF32 work.
+pub const FP32_TC_MIN_KTILES_PER_SPLIT: usize = 4;
+/// Most parts a 3xTF32 matmul cuts `c` into.
+pub const FP32_TC_MAX_SPLITS: usize = 8;
+
+/// The 3xTF32 tile and split-K parts for an `n x oc` output of depth `c`:
+/// the tile of least [`predicted_cost`]; then, where its blocks fill less
+/// than a wave of resident blocks, enough parts to bring them to about one
+/// (each at least [`FP32_TC_MIN_KTILES_PER_SPLIT`] k-tiles), as many as
+/// `workspace_floats` holds partial outputs of.
+pub fn fp32_tc_plan(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: usize) -> (TileShape, usize) {
+    let key = |s: &TileShape| {
+        let running = tf32_blocks(s, n, oc).min(sms * s.blocks_per_sm as usize);
+        (predicted_cost(s, n, oc, sms), std::cmp::Reverse(running), s.bm * s.bn)
+    };
+    let shape = MATMUL_3XTF32_VARIANTS
+        .iter()
+        .copied()
+        .min_by_key(key)
+        .expect("variant lists are not empty");
+    let blocks = tf32_blocks(&shape, n, oc).max(1);
+    let wave = sms * shape.blocks_per_sm as usize;
+    let ktiles = c.div_ceil(MATMUL_TF32_BK as usize);
+    let fit = workspace_floats / (n * oc).max(1);
+    let splits = (wave / blocks)
+        .min(ktiles / FP32_TC_MIN_KTILES_PER_SPLIT)
+        .min(fit)
+        .clamp(1, FP32_TC_MAX_SPLITS);
+    (shape, splits)
+}
+
+/// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
+/// `gelu`, at FP32's accuracy on the TF32 tensor cores: each product as
+/// three TF32 products of the operands' big and small halves (3xTF32; the
+/// dropped small·small term is ~2^-22 of the product). Inputs and weights
+/// are plain f32 (no rounded copies). Split over `c` ([`fp32_tc_plan`])
+/// where the output has too few tiles to fill the GPU, the partial sums in
+/// `workspace`. `c` must be a multiple of 4. Twin of
+/// `cpu::ops::matmul_forward`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_fp32_tc<O, I, W, B>(
+    gpu: &Gpu,
+    workspace: Option<&mut CudaSlice<f32>>,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+) -> Result<(), MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
+    let floats = workspace.as_ref().map_or(0, |w| w.len());
+    let (shape, splits) = fp32_tc_plan(n, c, oc, gpu.sm_count(), floats);
+    matmul_forward_fp32_tc_with(gpu, &shape, splits, workspace, out, inp, weight, bias, n, c, oc, gelu)
+}
+
+/// [`matmul_forward_fp32_tc`] with an explicit 3xTF32 tile (one of
+/// `MATMUL_3XTF32_VARIANTS`) and split count (1: none; more needs
+/// `workspace` of `splits * n * oc` floats), for the bench's sweeps.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_fp32_tc_with<O, I, W, B>(
+    gpu: &Gpu,
+    shape: &TileShape,
+    splits: usize,
+    workspace: Option<&mut CudaSlice<f32>>,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    n: usize,
+    c: usize,
+    oc: usize,
+    gelu: bool,
+) -> Result<(), MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
+    if !MATMUL_3XTF32_VARIANTS.iter().any(|v| v.name == shape.name) {
+        return Err(MatmulTf32Error::NotFp32Tc(shape.name));
+    }
+    match workspace {
+        Some(ws) if splits > 1 => {
+            matmul_forward_tf32_split_with(gpu, shape, splits, ws, out, inp, weight, bias, n, c, oc, gelu, false)
+        }
+        _ => launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, false, None, false),
+    }
 }
 
 /// The size checks of every TF32 launch (`out_len`: floats of one output).
@@ -628,9 +726,6 @@ where
         unsafe { gpu.launch(shape.name, cfg, params)? };
         return Ok(());
     }
-    if splits > 1 {
-        return Err(MatmulTf32Error::NoWgmma(shape.name));
-    }
     let params = MatmulTf32Params {
         out: out_p as *mut f32,
         inp: inp_p as *const f32,
@@ -640,13 +735,15 @@ where
         c: c as u32,
         oc: oc as u32,
         gelu: gelu as u32,
+        k_tiles_per_split: per_split as u32,
     };
     // SAFETY: `shape.name` is the kernel compiled for `shape`, whose
     // parameter type is MatmulTf32Params (a wgmma one only when the sm_90a
     // module is loaded, checked above); the sizes of all four buffers were
     // checked above, inp/weight/out are 16-byte aligned and c % 4 == 0 (the
     // kernels' cp.async contract); grid, block and shared memory come from
-    // the same TileShape the kernel was compiled with.
+    // the same TileShape the kernel was compiled with; with `splits` grid
+    // rows `out` holds splits*n*oc floats (checked).
     unsafe { gpu.launch(shape.name, cfg, params)? };
     Ok(())
 }

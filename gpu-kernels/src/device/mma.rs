@@ -28,6 +28,16 @@ pub fn to_tf32(x: f32) -> u32 {
     r
 }
 
+/// `v` as a sum of two TF32 values (big, small): the small one carries the
+/// 13 bits TF32 drops, rounded to 11. Three TF32 products of such halves
+/// (small·big + big·small + big·big; small·small, ~2^-22 of the product,
+/// dropped) keep FP32's accuracy on the tensor cores ("3xTF32").
+#[inline(always)]
+pub fn split_tf32(v: f32) -> (u32, u32) {
+    let big = to_tf32(v);
+    (big, to_tf32(v - f32::from_bits(big)))
+}
+
 /// D = A·B + C on one 16x8x8 tile, TF32 inputs, f32 accumulate. Fragments as
 /// in the module docs; every lane of the warp must call it together.
 #[inline(always)]

@@ -22,7 +22,7 @@ use super::gelu::gelu;
 use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
-use crate::device::mma::{mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, to_tf32};
+use crate::device::mma::{mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, split_tf32};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::{shfl_xor_f32, shfl_xor_u32, warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{UNROLL_MAX, unroll};
@@ -687,14 +687,6 @@ impl MmaWeight for u16 {
         let acc = mma_m16n8k16_bf16([lo[0], hi[0], lo[1], hi[1]], [b[0], b[1]], acc);
         mma_m16n8k16_bf16([lo[2], hi[2], lo[3], hi[3]], [b[2], b[3]], acc)
     }
-}
-
-/// `v` as a sum of two TF32 values (big, small): the small one carries the
-/// 13 bits TF32 drops, rounded to 11.
-#[inline(always)]
-fn split_tf32(v: f32) -> (u32, u32) {
-    let big = to_tf32(v);
-    (big, to_tf32(v - f32::from_bits(big)))
 }
 
 impl MmaWeight for f32 {

@@ -28,11 +28,11 @@ use super::gelu::gelu;
 use crate::device::Vec4;
 use crate::device::bf16::f32_to_bf16;
 use crate::device::mma::{
-    cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, pack_bf16x2, to_tf32,
+    cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k8_tf32, pack_bf16x2, split_tf32, to_tf32,
 };
 use crate::device::shared::dynamic_shared;
 use crate::device::{UNROLL_MAX, unroll};
-use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
+use crate::device::{WARP_SIZE, block_idx_x, block_idx_y, sync_threads, thread_idx_x};
 use crate::params::matmul_tf32::*;
 
 const BK: usize = MATMUL_TF32_BK as usize;
@@ -205,12 +205,15 @@ unsafe fn load_u4(p: *const f32) -> [u32; CHUNK] {
 /// One 16-byte vector of k per fragment row: loads it for the warp's MI A
 /// tiles (rows g and g+8) and NI B tiles (row g), at word `k` of each row,
 /// and runs the `STEPS_PER_VEC` mma steps it holds (see `K_PER_LANE`).
+/// `SPLIT3`: the staged values are f32, each product runs as three TF32
+/// ones (`split_tf32`: FP32's accuracy); else they are TF32 already.
 ///
 /// # Safety
-/// `sa`/`sb` point to the warp's A and B rows of a staged, TF32-rounded
-/// tile (row stride `LDS`), and `k + CHUNK <= BK`, `k % CHUNK == 0`.
+/// `sa`/`sb` point to the warp's A and B rows of a staged tile (row stride
+/// `LDS`; TF32-rounded unless `SPLIT3`), and `k + CHUNK <= BK`, `k % CHUNK
+/// == 0`.
 #[inline(always)]
-unsafe fn mma_vector<const MI: usize, const NI: usize>(
+unsafe fn mma_vector<const MI: usize, const NI: usize, const SPLIT3: bool>(
     acc: &mut [[[f32; 4]; NI]; MI],
     sa: *const f32,
     sb: *const f32,
@@ -235,24 +238,47 @@ unsafe fn mma_vector<const MI: usize, const NI: usize>(
     unroll!(s < STEPS_PER_VEC => {
         // Slot t of this step is word 2s of the vector, slot t+4 word 2s+1.
         let (lo, hi) = (2 * s, 2 * s + 1);
-        unroll!(mi < MI => {
-            let [top, bottom] = a[mi];
-            let af = [top[lo], bottom[lo], top[hi], bottom[hi]];
+        if SPLIT3 {
+            // B's halves once per step, A's per tile; small terms first.
+            let mut bb = [[0u32; 2]; NI];
+            let mut bs = [[0u32; 2]; NI];
             unroll!(ni < NI => {
-                acc[mi][ni] = mma_m16n8k8_tf32(af, [b[ni][lo], b[ni][hi]], acc[mi][ni]);
+                let (b0, b1) = (split_tf32(f32::from_bits(b[ni][lo])), split_tf32(f32::from_bits(b[ni][hi])));
+                bb[ni] = [b0.0, b1.0];
+                bs[ni] = [b0.1, b1.1];
             });
-        });
+            unroll!(mi < MI => {
+                let [top, bottom] = a[mi];
+                let h = [top[lo], bottom[lo], top[hi], bottom[hi]].map(|x| split_tf32(f32::from_bits(x)));
+                let (ab, as_) = (h.map(|x| x.0), h.map(|x| x.1));
+                unroll!(ni < NI => {
+                    let d = mma_m16n8k8_tf32(as_, bb[ni], acc[mi][ni]);
+                    let d = mma_m16n8k8_tf32(ab, bs[ni], d);
+                    acc[mi][ni] = mma_m16n8k8_tf32(ab, bb[ni], d);
+                });
+            });
+        } else {
+            unroll!(mi < MI => {
+                let [top, bottom] = a[mi];
+                let af = [top[lo], bottom[lo], top[hi], bottom[hi]];
+                unroll!(ni < NI => {
+                    acc[mi][ni] = mma_m16n8k8_tf32(af, [b[ni][lo], b[ni][hi]], acc[mi][ni]);
+                });
+            });
+        }
     });
 }
 
 /// The kernel body for one tile shape. `MI`/`NI` are `WM/16` and `WN/8`
 /// (passed explicitly: array lengths cannot be computed from generics).
+/// `SPLIT3`: FP32 accuracy as 3xTF32 (see [`mma_vector`]), the stages left
+/// unrounded.
 ///
 /// # Safety
-/// Launched with `THREADS` threads, a 1-D grid of
-/// `ceil(n/BM) * ceil(oc/BN)` blocks and `STAGES * (BM+BN) * LDS * 4` bytes
-/// of dynamic shared memory; the pointers of `p` hold the sizes its fields
-/// say, `inp`/`weight` 16-byte aligned, `c % 4 == 0`.
+/// Launched with `THREADS` threads, a grid of `ceil(n/BM) * ceil(oc/BN)`
+/// blocks by the splits (`p.k_tiles_per_split`) and `STAGES * (BM+BN) * LDS
+/// * 4` bytes of dynamic shared memory; the pointers of `p` hold the sizes
+/// its fields say, `inp`/`weight` 16-byte aligned, `c % 4 == 0`.
 #[inline(always)]
 unsafe fn matmul_tf32_body<
     const BM: usize,
@@ -263,6 +289,7 @@ unsafe fn matmul_tf32_body<
     const MI: usize,
     const NI: usize,
     const THREADS: usize,
+    const SPLIT3: bool,
 >(
     p: MatmulTf32Params,
 ) {
@@ -278,6 +305,18 @@ unsafe fn matmul_tf32_body<
 
     let (tile_m, tile_n) = grouped_tile(block_idx_x() as usize, n.div_ceil(BM), oc.div_ceil(BN));
     let (m0, n0) = (tile_m * BM, tile_n * BN);
+    // Split-K: grid row y sums k-tiles [kt0, kt0 + ktiles) into partial
+    // output y of the workspace `out`.
+    let all_ktiles = c.div_ceil(BK);
+    let (kt0, ktiles, out) = if p.k_tiles_per_split == 0 {
+        (0, all_ktiles, p.out)
+    } else {
+        let y = block_idx_y() as usize;
+        let kt0 = (y * p.k_tiles_per_split as usize).min(all_ktiles);
+        let end = (kt0 + p.k_tiles_per_split as usize).min(all_ktiles);
+        // SAFETY: with splits, `out` holds gridDim.y partial outputs of n * oc.
+        (kt0, end - kt0, unsafe { p.out.add(y * n * oc) })
+    };
 
     let tid = thread_idx_x() as usize;
     let warp = tid / WARP_SIZE as usize;
@@ -294,8 +333,8 @@ unsafe fn matmul_tf32_body<
     let load_stage = |stage: usize, kt: usize| unsafe {
         let sa = smem.add(stage * stage_floats);
         let sb = sa.add(BM * LDS);
-        load_slab::<BM, THREADS>(sa, p.inp, m0, kt * BK, n, c, tid);
-        load_slab::<BN, THREADS>(sb, p.weight, n0, kt * BK, oc, c, tid);
+        load_slab::<BM, THREADS>(sa, p.inp, m0, (kt0 + kt) * BK, n, c, tid);
+        load_slab::<BN, THREADS>(sb, p.weight, n0, (kt0 + kt) * BK, oc, c, tid);
     };
 
     const {
@@ -306,7 +345,6 @@ unsafe fn matmul_tf32_body<
     // asserts above), and callers only round landed stages.
     let round_stage = |stage: usize| unsafe { round_stage::<THREADS>(smem.add(stage * stage_floats), BM + BN, tid) };
 
-    let ktiles = c.div_ceil(BK);
     // Prologue: fill STAGES-1 stages (always commit, so group counts line up).
     for s in 0..STAGES - 1 {
         if s < ktiles {
@@ -321,8 +359,11 @@ unsafe fn matmul_tf32_body<
     for kt in 0..ktiles {
         wait_for_oldest_stage::<STAGES>();
         // This thread's copies of tile kt have landed (visible to it alone):
-        // round them to TF32 in place, once, instead of at every fragment read.
-        round_stage(read_stage);
+        // round them to TF32 in place, once, instead of at every fragment
+        // read (3xTF32 splits the f32 values as it reads them).
+        if !SPLIT3 {
+            round_stage(read_stage);
+        }
         // Tile kt (rounded) is visible to all; and every warp is done with the
         // stage consumed last iteration, which the prefetch below overwrites.
         sync_threads();
@@ -343,13 +384,13 @@ unsafe fn matmul_tf32_body<
         // SAFETY: `sa`/`sb` are the warp's rows of the read stage, landed, rounded and
         // published by the barrier above; t < 4 lanes per row, so the lane's
         // K_PER_LANE = 2 * CHUNK words stay inside the row, 16-byte aligned.
-        unsafe { mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE) };
+        unsafe { mma_vector::<MI, NI, SPLIT3>(&mut acc, sa, sb, g, t * K_PER_LANE) };
         if kt + STAGES - 1 < ktiles {
             load_stage(write_stage, kt + STAGES - 1);
         }
         cp_async_commit();
         // SAFETY: as above, the lane's second vector (VECS_PER_LANE == 2).
-        unsafe { mma_vector::<MI, NI>(&mut acc, sa, sb, g, t * K_PER_LANE + CHUNK) };
+        unsafe { mma_vector::<MI, NI, SPLIT3>(&mut acc, sa, sb, g, t * K_PER_LANE + CHUNK) };
         read_stage = if read_stage + 1 == STAGES { 0 } else { read_stage + 1 };
         write_stage = if write_stage + 1 == STAGES { 0 } else { write_stage + 1 };
     }
@@ -379,10 +420,7 @@ unsafe fn matmul_tf32_body<
             tid,
             THREADS,
             (m0, n0),
-            TileOut::F32 {
-                out: p.out,
-                round_tf32: false,
-            },
+            TileOut::F32 { out, round_tf32: false },
             p.bias,
             n,
             oc,
@@ -546,6 +584,9 @@ struct U2([u32; 2]);
 /// host's launch configuration and the kernel are always the same shape.
 macro_rules! matmul_tf32_kernel {
     ($fn_name:ident, $shape:expr) => {
+        matmul_tf32_kernel!($fn_name, $shape, false);
+    };
+    ($fn_name:ident, $shape:expr, $split3:expr) => {
         /// # Safety
         /// As for `matmul_tf32_body`, with this kernel's tile shape.
         #[unsafe(no_mangle)]
@@ -563,6 +604,7 @@ macro_rules! matmul_tf32_kernel {
                     { (S.wm / 16) as usize },
                     { (S.wn / 8) as usize },
                     { S.threads() as usize },
+                    $split3,
                 >(p)
             }
         }
@@ -574,3 +616,7 @@ matmul_tf32_kernel!(matmul_forward_tf32_128x128, MATMUL_TF32_128X128);
 matmul_tf32_kernel!(matmul_forward_tf32_128x64, MATMUL_TF32_128X64);
 matmul_tf32_kernel!(matmul_forward_tf32_64x64, MATMUL_TF32_64X64);
 matmul_tf32_kernel!(matmul_forward_tf32_32x64, MATMUL_TF32_32X64);
+// FP32 accuracy on the tensor cores (3xTF32).
+matmul_tf32_kernel!(matmul_forward_3xtf32_128x64, MATMUL_3XTF32_128X64, true);
+matmul_tf32_kernel!(matmul_forward_3xtf32_64x64, MATMUL_3XTF32_64X64, true);
+matmul_tf32_kernel!(matmul_forward_3xtf32_32x64, MATMUL_3XTF32_32X64, true);

@@ -166,6 +166,32 @@ pub const MATMUL_TF32_32X64: TileShape = TileShape {
     blocks_per_sm: 4,
 };
 
+/// FP32 matmuls on the TF32 tensor cores at FP32's accuracy ("3xTF32":
+/// each product as three TF32 ones of the operands' big and small halves,
+/// split as the fragments are read; the stages stay f32). The `mma.sync`
+/// tiles' shapes, each with its own kernel; for the rows where the FP32
+/// kernels on the CUDA cores are issue-bound (the server's decode steps of
+/// many rows, short prompts, prefill). Resident blocks from ptxas 13 for
+/// sm_90 (246-255, 134-140 and 96-97 registers: 2, 3 and 4 blocks).
+pub const MATMUL_3XTF32_128X64: TileShape = TileShape {
+    name: "matmul_forward_3xtf32_128x64",
+    blocks_per_sm: 2,
+    ..MATMUL_TF32_128X64
+};
+pub const MATMUL_3XTF32_64X64: TileShape = TileShape {
+    name: "matmul_forward_3xtf32_64x64",
+    blocks_per_sm: 3,
+    ..MATMUL_TF32_64X64
+};
+pub const MATMUL_3XTF32_32X64: TileShape = TileShape {
+    name: "matmul_forward_3xtf32_32x64",
+    blocks_per_sm: 4,
+    ..MATMUL_TF32_32X64
+};
+
+/// Every 3xTF32 tile shape (in every module).
+pub const MATMUL_3XTF32_VARIANTS: [TileShape; 3] = [MATMUL_3XTF32_128X64, MATMUL_3XTF32_64X64, MATMUL_3XTF32_32X64];
+
 /// Every `mma.sync` tile shape (in every module), for tuning sweeps.
 pub const MATMUL_TF32_VARIANTS: [TileShape; 5] = [
     MATMUL_TF32_128X192,
@@ -236,6 +262,12 @@ pub struct MatmulTf32Params {
     pub oc: u32,
     /// Nonzero: apply GELU (tanh approximation) after the bias.
     pub gelu: u32,
+    /// Split-K: 0 for none (grid y = 1, `out` is the result); else the
+    /// `MATMUL_TF32_BK`-deep k-tiles each of the grid's y splits sums, block
+    /// row `y` writing its partial tile to `out + y * n * oc` (`out` holds
+    /// `splits * n * oc` floats, `bias` is null, `gelu` 0: the split reduce
+    /// kernel of `params::matmul` finishes the sum).
+    pub k_tiles_per_split: u32,
 }
 
 // SAFETY: repr(C) structs of plain numbers and device pointers, the same

@@ -16,6 +16,8 @@ use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::decode_step::DECODE_STEP_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
 use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
+use gpu_kernels::params::matmul_tf32::MATMUL_3XTF32_VARIANTS;
+use gpu_kernels::params::sample::SampleRow;
 use host::bench::step_trace::{PHASE_KINDS, PhaseTimes, by_kind, phase_times};
 use host::bench::{
     AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random,
@@ -39,8 +41,8 @@ use host::gpu::ops::matmul_bf16::{
     Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_with,
 };
 use host::gpu::ops::matmul_tf32::{
-    MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32, matmul_forward_tf32_opts,
-    matmul_forward_tf32_with,
+    MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, fp32_tc_plan, matmul_forward_fp32_tc, matmul_forward_fp32_tc_with,
+    matmul_forward_tf32, matmul_forward_tf32_opts, matmul_forward_tf32_with,
 };
 use host::gpu::ops::weight::WeightRef;
 use host::gpu::runtime::dptr_mut;
@@ -196,7 +198,8 @@ fn main() -> anyhow::Result<()> {
             "e2e" => bench_e2e(&gpu, &args, &mut report)?,
             "trace" => bench_trace(&args, &mut report)?,
             "step" => bench_step(&args, &mut report)?,
-            other => anyhow::bail!("unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, all)"),
+            "slots" => bench_slots(&args, &mut report)?,
+            other => anyhow::bail!("unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, all)"),
         }
     }
     if let Some(path) = &args.json {
@@ -796,6 +799,53 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
         })?;
         res.push((name.to_string(), t));
     }
+    // FP32 on the tensor cores (3xTF32), as the engine calls it (its split
+    // partials in the same workspace), then each tile with its plan's
+    // split count.
+    let floats = ws.floats();
+    let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
+        let GemmSets { inp, w, out, .. } = &mut *sets;
+        let bias = None::<&CudaSlice<f32>>;
+        matmul_forward_fp32_tc(
+            gpu,
+            Some(ws.partial_mut()),
+            &mut out[i],
+            &inp[i],
+            &w[i],
+            bias,
+            m,
+            k,
+            n,
+            false,
+        )?;
+        Ok(())
+    })?;
+    res.push(("ours_fp32_tc_auto".to_string(), t));
+    let (_, splits) = fp32_tc_plan(m, k, n, gpu.sm_count(), floats);
+    for shape in &MATMUL_3XTF32_VARIANTS {
+        let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
+            let GemmSets { inp, w, out, .. } = &mut *sets;
+            let bias = None::<&CudaSlice<f32>>;
+            let part = Some(ws.partial_mut());
+            matmul_forward_fp32_tc_with(
+                gpu,
+                shape,
+                splits,
+                part,
+                &mut out[i],
+                &inp[i],
+                &w[i],
+                bias,
+                m,
+                k,
+                n,
+                false,
+            )?;
+            Ok(())
+        })?;
+        let tile = shape.name.trim_start_matches("matmul_forward_");
+        res.push((format!("ours_fp32_tc_{tile}_s{splits}"), t));
+    }
     if m <= FP32_EACH_TILE_MAX_M {
         for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
             let plan = TiledPlan::unsplit(tile, k);
@@ -1007,6 +1057,90 @@ fn time_forward(
     Ok((median(&mut samples), samples.len()))
 }
 
+/// Slots of the server's engine in `bench slots`.
+const SLOTS_MAX: usize = 128;
+/// Rows of the decode steps `bench slots` times.
+const SLOTS_ROWS: [usize; 7] = [1, 8, 9, 16, 32, 64, 128];
+/// Prompt tokens each slot holds before the timed steps (the load test's ~32).
+const SLOTS_PROMPT: usize = 32;
+/// Activation rows of that engine (the server's default prefill chunk).
+const SLOTS_CHUNK: usize = 256;
+
+/// The server's decode step without HTTP (`SlotBackend` on `GpuEngine`,
+/// GPT-2 124M random weights, FP32 and bf16, `SLOTS_MAX` slots each holding
+/// a `SLOTS_PROMPT`-token prompt): one greedy step of `n` rows, `decode` then
+/// `choose` (which reads the ids back), in rows `0..n`, as the scheduler
+/// runs it. Wall-clock per step (host work, launches, the read-back: what a
+/// stream's inter-token gap is made of), median of `--samples` after
+/// `--warmup`; FP32 also with its matmuls on the CUDA cores (`Fp32cc`).
+fn bench_slots(args: &Args, report: &mut Report) -> anyhow::Result<()> {
+    use host::serve::backend::{Draw, SlotBackend, SlotToken};
+    let config = ModelConfig::GPT2_124M;
+    println!(
+        "\n== server decode steps (SlotBackend), GPT-2 124M random weights, {SLOTS_MAX} slots, wall-clock median of {} steps",
+        args.samples
+    );
+    println!("{:>6} {:>5} {:>12} {:>12}", "prec", "rows", "ms/step", "tokens/s");
+    let bytes = llmc_bytes(&config, E2E_SEED, DType::F32)?;
+    let weights = host::model::llmc::parse(&bytes)?;
+    let greedy = SampleRow {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        _pad: 0,
+        seed: 0,
+    };
+    for (label, precision, tc) in [
+        ("Fp32", Precision::Fp32, true),
+        ("Fp32cc", Precision::Fp32, false),
+        ("Bf16", Precision::Bf16, true),
+    ] {
+        let gpu = Gpu::new(args.device)?;
+        let mut engine = GpuEngine::with_rows(gpu, &weights, SLOTS_MAX, config.max_seq_len, SLOTS_CHUNK, precision)?;
+        engine.set_fp32_tensor_cores(tc);
+        let mut rng = rand::rng();
+        for slot in 0..SLOTS_MAX {
+            let prompt: Vec<u32> = (0..SLOTS_PROMPT)
+                .map(|_| rng.random_range(0..config.vocab_size as u32))
+                .collect();
+            engine.prefill(slot, &prompt, 0)?;
+        }
+        for n in SLOTS_ROWS {
+            let mut samples = Vec::with_capacity(args.samples);
+            for i in 0..args.warmup + args.samples {
+                // Every step at the same positions: the cache rows past the
+                // prompt are rewritten, the work per step stays the same.
+                let pos = SLOTS_PROMPT + i % 2;
+                let rows: Vec<SlotToken> = (0..n)
+                    .map(|slot| SlotToken {
+                        slot,
+                        token: rng.random_range(0..config.vocab_size as u32),
+                        pos,
+                    })
+                    .collect();
+                let draws: Vec<Draw> = (0..n)
+                    .map(|slot| Draw {
+                        settings: greedy,
+                        counter: pos as u32 + 1,
+                        stream: slot as u32,
+                    })
+                    .collect();
+                let start = std::time::Instant::now();
+                engine.decode(&rows)?;
+                engine.choose(&draws)?;
+                let ms = start.elapsed().as_secs_f64() * 1e3;
+                if i >= args.warmup {
+                    samples.push(ms);
+                }
+            }
+            let med = median(&mut samples);
+            println!("{label:>6} {n:>5} {med:>12.3} {:>12.0}", n as f64 / (med * 1e-3));
+            report.e2e.push(serde_json::json!({"precision": label, "what": "slot_step", "b": n, "median_ms": med, "samples": samples.len()}));
+        }
+    }
+    Ok(())
+}
+
 /// End to end on `GpuEngine` with a random GPT-2 124M checkpoint: prefill
 /// latency per (B, T) and decode tokens/s at batch 1 and 8, for both
 /// precisions, on the engine's default (flash) attention; prefill of
@@ -1062,6 +1196,25 @@ fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
         }
         engine.set_attention_kind(AttentionKind::Flash);
         engine.set_attention_window(0);
+        if precision == Precision::Fp32 {
+            // The FP32 matmuls on the CUDA cores (`Fp32cc`), as before they
+            // ran as 3xTF32 on the tensor cores by default.
+            engine.set_fp32_tensor_cores(false);
+            for &(b, t) in &E2E_PREFILL {
+                let toks = tokens(b * t);
+                let (med, n) = time_forward(&mut engine, args, |e, _| e.forward(&toks, b, t, 0, LogitsWanted::Last))?;
+                let attn = format!("{:?}", engine.attention_in_use());
+                println!(
+                    "{:>6} {attn:>8} {:>7} {b:>6} {t:>6} {:>6} {med:>12.3} {:>12.0}",
+                    "Fp32cc",
+                    "prefill",
+                    0,
+                    (b * t) as f64 / (med * 1e-3)
+                );
+                report.e2e.push(serde_json::json!({"precision": "Fp32cc", "attention": attn, "what": "prefill", "b": b, "t": t, "window": 0, "median_ms": med, "samples": n}));
+            }
+            engine.set_fp32_tensor_cores(true);
+        }
         let attn = format!("{:?}", engine.attention_in_use());
         bench_decode_paths(&mut engine, args, &prec, report, &mut tokens)?;
         engine.set_decode_path(DecodePath::Graph, true);

@@ -38,7 +38,9 @@ use crate::gpu::ops::layernorm::{
 };
 use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
 use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma};
-use crate::gpu::ops::matmul_tf32::{TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_tf32_opts};
+use crate::gpu::ops::matmul_tf32::{
+    TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_fp32_tc, matmul_forward_tf32_opts,
+};
 use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
 use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
 use crate::gpu::runtime::CudaContextExt;
@@ -442,6 +444,7 @@ impl GpuEngine {
         };
         let matmul_ws = MatmulScratch {
             fp32: fp32_ws,
+            fp32_tensor_cores: true,
             tf32_split,
         };
         let tf32_weights = if precision == Precision::Tf32 && gpu.has_wgmma() {
@@ -525,6 +528,15 @@ impl GpuEngine {
             + max_batch * 4
             + DecodeState::device_bytes(config, max_batch, max_seq_len, sms)
             + SamplingState::device_bytes(max_batch)
+    }
+
+    /// Run FP32 matmuls beyond the GEMV's rows on the tensor cores as
+    /// 3xTF32 (`true`, the default: FP32's accuracy, several times the CUDA
+    /// cores' rate at the server's and the prefill's row counts;
+    /// docs/performance.md) or on the CUDA cores (`false`: the FP32 kernels
+    /// before it, for comparison). The fused decode step is not affected.
+    pub fn set_fp32_tensor_cores(&mut self, on: bool) {
+        self.matmul_ws.fp32_tensor_cores = on;
     }
 
     /// Choose the attention kernels (no allocation: the flash workspace
@@ -623,6 +635,10 @@ fn fp32_matmul_workspace_floats(config: &ModelConfig, rows: usize, sms: usize) -
 struct MatmulScratch {
     /// FP32 split-K partial sums.
     fp32: MatmulWorkspace,
+    /// FP32 matmuls beyond the GEMV's rows on the tensor cores as 3xTF32
+    /// (`matmul_forward_fp32_tc`, FP32's accuracy; the default), else on the
+    /// CUDA cores (`matmul_forward_ws`). See [`GpuEngine::set_fp32_tensor_cores`].
+    fp32_tensor_cores: bool,
     /// TF32 (wgmma) split-K partial sums, on GPUs with the wgmma kernels:
     /// [`TF32_MAX_SPLITS`] outputs of up to [`TF32_SPLIT_MAX_ROWS`] rows by
     /// `C` columns (the deep-`c` projection; larger calls run unsplit).
@@ -693,6 +709,11 @@ fn matmul(
         let w = weight_tf32.unwrap_or(weight);
         return matmul_forward_tf32_opts(gpu, opts, out, inp, w, bias, n, c, oc)
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
+    }
+    if ws.fp32_tensor_cores && choose(n) != MatmulKernel::Gemv && c.is_multiple_of(TF32_C_MULTIPLE) {
+        let partial = Some(ws.fp32.partial_mut());
+        return matmul_forward_fp32_tc(gpu, partial, out, inp, weight, bias, n, c, oc, false)
+            .map_err(|e| OpError::shape("matmul_forward_fp32_tc", e.to_string()));
     }
     matmul_forward_ws(
         gpu,

@@ -62,4 +62,11 @@ impl MatmulWorkspace {
     pub fn floats(&self) -> usize {
         self.floats
     }
+
+    /// The partial-sum buffer, for other kernels' split-K (the 3xTF32
+    /// matmul's: `matmul_tf32::matmul_forward_fp32_tc`), which leave the
+    /// counters alone.
+    pub fn partial_mut(&mut self) -> &mut CudaSlice<f32> {
+        &mut self.partial
+    }
 }
