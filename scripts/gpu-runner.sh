@@ -82,7 +82,8 @@
 #   SERVE=1                     0 skips step 3c (the server on the GPU)
 #   SERVE_SLOTS=128             the load test's --max-running
 #   SERVE_LOAD_CLIENTS="1 8 32 64 128"  concurrency levels of the load test
-#   SERVE_LOAD_ROUNDS=2         requests per client at each level
+#   SERVE_LOAD_ROUNDS=4         requests per client at each level (the first
+#                               round arrives at once: more rounds weigh it less)
 #   SERVE_LOAD_MIN_REQUESTS=4   at least this many requests a level
 #   BENCH=0                     1 runs step 5
 #   BENCH_TIMEOUT=420
@@ -252,7 +253,7 @@ BENCH="${BENCH:-0}"
 SERVE="${SERVE:-1}"
 SERVE_SLOTS="${SERVE_SLOTS:-128}"
 SERVE_LOAD_CLIENTS="${SERVE_LOAD_CLIENTS:-1 8 32 64 128}"
-SERVE_LOAD_ROUNDS="${SERVE_LOAD_ROUNDS:-2}"
+SERVE_LOAD_ROUNDS="${SERVE_LOAD_ROUNDS:-4}"
 SERVE_LOAD_MIN_REQUESTS="${SERVE_LOAD_MIN_REQUESTS:-4}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-420}"
 BENCH_RUST_ARGS="${BENCH_RUST_ARGS:-all --json $OUT/bench-rust.json}"

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
-use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS};
+use gpu_kernels::params::matmul_tf32::{MATMUL_3XTF32_VARIANTS, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS};
 use gpu_kernels::params::{SaxpyParams, names};
 use host::gpu::runtime::{dptr, dptr_mut};
 use rand::Rng;
@@ -45,7 +45,7 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
             }
         }
     }
-    for s in &MATMUL_TF32_VARIANTS {
+    for s in MATMUL_TF32_VARIANTS.iter().chain(&MATMUL_3XTF32_VARIANTS) {
         names.insert(s.name.to_string());
     }
     // Kernels of the sm_90a module only: the wgmma matmuls, and the
