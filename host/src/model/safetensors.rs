@@ -27,7 +27,7 @@ pub const IGNORED_LAYER_BUFFERS: [&str; 2] = ["attn.bias", "attn.masked_bias"];
 /// Head counts of the published GPT-2 sizes, by width C.
 pub const STANDARD_HEAD_COUNTS: [(usize, usize); 4] = [(768, 12), (1024, 16), (1280, 20), (1600, 25)];
 
-/// Per-layer parameter names (after `h.{i}.`), in [`LayerWeights`] order.
+/// Per-layer parameter names (after `h.{i}.`), in [`Layer`] order.
 pub const LAYER_TENSORS: [&str; 12] = [
     "ln_1.weight",
     "ln_1.bias",
