@@ -9,6 +9,7 @@ use gpu_kernels::params::sample::SampleRow;
 use crate::cpu::sample::sample_row;
 use crate::model::ModelConfig;
 use crate::model::config::EOT_TOKEN;
+use crate::prompt::{PromptLimits, check_prompts, first_out_of_vocab};
 use crate::sample::Sampler;
 
 /// Which logits a forward call must produce.
@@ -122,7 +123,7 @@ pub fn check_forward_args(
         "{} tokens given for b = {b}, t = {t}",
         tokens.len()
     );
-    if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= vocab_size) {
+    if let Some((_, bad)) = first_out_of_vocab(tokens, vocab_size) {
         bail!("token id {bad} is outside the vocabulary of {vocab_size}");
     }
     Ok(())
@@ -187,6 +188,9 @@ impl Generation {
 /// pipelines where the backend can (`choose_and_step`): the device runs
 /// step k+1 while the host reads and streams step k's tokens (a row that
 /// just finished costs one step that is thrown away).
+///
+/// The prompts are checked first ([`check_prompts`], against the backend's
+/// positions and vocabulary), so a bad one fails before any forward call.
 pub fn generate<B: Backend + ?Sized>(
     backend: &mut B,
     prompts: &[Vec<u32>],
@@ -196,20 +200,11 @@ pub fn generate<B: Backend + ?Sized>(
 ) -> Result<Generation> {
     let b = prompts.len();
     let max_seq_len = backend.max_seq_len();
-    if b == 0 {
-        bail!("no prompt given");
-    }
-    for (row, p) in prompts.iter().enumerate() {
-        if p.is_empty() {
-            bail!("prompt {row} is empty");
-        }
-        if p.len() > max_seq_len {
-            bail!(
-                "prompt {row} has {} tokens, more than the context window of {max_seq_len}",
-                p.len()
-            );
-        }
-    }
+    let limits = PromptLimits {
+        context: max_seq_len,
+        vocab_size: backend.config().vocab_size,
+    };
+    check_prompts(prompts, Some(limits))?;
     let mut result = Generation {
         tokens: vec![Vec::new(); b],
         stop: vec![StopReason::MaxTokens; b],

@@ -7,6 +7,7 @@ pub mod gpu;
 pub mod hub;
 pub mod model;
 pub mod perplexity;
+pub mod prompt;
 pub mod sample;
 pub mod serve;
 pub mod tokenizer;

@@ -24,6 +24,7 @@ use anyhow::{Context, Result, bail, ensure};
 use rayon::prelude::*;
 
 use crate::generate::{Backend, LogitsWanted};
+use crate::prompt::first_out_of_vocab;
 
 /// One window of the evaluation: the backend reads tokens `begin..end` at
 /// positions `0..end - begin` and the window scores the targets
@@ -180,7 +181,7 @@ pub fn perplexity_with<B: Backend + ?Sized>(
         window <= max_seq_len,
         "a window of {window} tokens is larger than the context of {max_seq_len} tokens"
     );
-    if let Some((i, &bad)) = tokens.iter().enumerate().find(|(_, id)| **id as usize >= v) {
+    if let Some((i, bad)) = first_out_of_vocab(tokens, v) {
         bail!("token {i} of the text is id {bad}, outside the vocabulary of {v}");
     }
     let windows = plan_windows(tokens.len(), window, stride)?;

@@ -17,6 +17,7 @@ mod hub;
 mod oracle;
 mod parser_props;
 mod perplexity;
+mod prompt;
 mod sample_twin;
 mod sampling;
 mod serve;

@@ -17,7 +17,8 @@
 //! by shuffles), with the position read from the device and the combine done
 //! by the chunk block that arrives last.
 
-use super::flash_attention::{decode_query, key_lanes_sum, key_score_part, merge_state, softmax_base};
+use super::flash_attention::decode::{decode_query, key_lanes_sum, key_score_part, merge_state};
+use super::flash_attention::softmax_base;
 use super::gelu::gelu;
 use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;

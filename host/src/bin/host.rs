@@ -20,6 +20,7 @@ use clap::Parser;
 use host::cli::{BackendArgs, WeightsArgs, main_with};
 use host::generate::{StopReason, generate};
 use host::model::ModelConfig;
+use host::prompt::{PromptLimits, check_prompts, positions_needed};
 use host::sample::{Sampler, SamplingParams};
 use host::tokenizer::Gpt2Tokenizer;
 
@@ -79,9 +80,6 @@ fn run(cli: Cli) -> Result<()> {
     if texts.is_empty() {
         bail!("no prompt given: pass the prompt as an argument (see --help)");
     }
-    if let Some(i) = texts.iter().position(|t| t.is_empty()) {
-        bail!("prompt {} is empty", i + 1);
-    }
     let mut sampler = Sampler::new(SamplingParams {
         temperature: cli.temperature,
         top_k: cli.top_k,
@@ -94,30 +92,15 @@ fn run(cli: Cli) -> Result<()> {
         .map(|t| tokenizer.encode(t))
         .collect::<Result<_, _>>()
         .context("tokenizing the prompt")?;
+    // An empty prompt fails here, before the checkpoint (maybe a download).
+    check_prompts(&prompts, None)?;
 
     let (_, checkpoint) = cli.weights.open()?;
     let weights = checkpoint.weights()?;
     let config = weights.config;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    for (i, p) in prompts.iter().enumerate() {
-        if p.len() > config.max_seq_len {
-            bail!(
-                "prompt {} is {} tokens long, more than the model's context window of {} tokens",
-                i + 1,
-                p.len(),
-                config.max_seq_len
-            );
-        }
-        if let Some(&bad) = p.iter().find(|&&id| id as usize >= config.vocab_size) {
-            bail!(
-                "prompt {} has token {bad}, outside this model's vocabulary of {}",
-                i + 1,
-                config.vocab_size
-            );
-        }
-    }
+    check_prompts(&prompts, Some(PromptLimits::of(&config)))?;
     // The KV cache only needs room for the longest prompt and its continuation.
-    let max_seq_len = (longest + cli.max_tokens).min(config.max_seq_len);
+    let max_seq_len = positions_needed(&prompts, cli.max_tokens, config.max_seq_len);
     let mut backend = cli.backend.backend(&weights, prompts.len(), max_seq_len)?;
     drop(weights);
     if cli.seed.is_none() && !sampler.is_greedy() {

@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use host::cli::{BackendArgs, WeightsArgs, main_with};
 use host::perplexity::{MIN_TOKENS, PerplexityConfig, perplexity_with, plan_windows};
+use host::prompt::first_out_of_vocab;
 use host::tokenizer::Gpt2Tokenizer;
 
 /// Windows per forward call on the GPU unless `--batch` says otherwise.
@@ -79,7 +80,7 @@ fn run(cli: Cli) -> Result<()> {
     let (path, checkpoint) = cli.weights.open()?;
     let weights = checkpoint.weights()?;
     let vocab = weights.config.vocab_size;
-    if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= vocab) {
+    if let Some((_, bad)) = first_out_of_vocab(&tokens, vocab) {
         bail!(
             "{} tokenizes to id {bad}, outside the vocabulary of {vocab} of {} (the GPT-2 tokenizer needs a model with {} tokens)",
             cli.file.display(),

@@ -1,5 +1,6 @@
 //! Opening a checkpoint file: memory-map it, detect its format (llm.c `.bin`
-//! or Hugging Face safetensors) and hand out zero-copy [`Weights`] views.
+//! or Hugging Face safetensors), parse and validate it once into a
+//! [`Layout`], and hand out zero-copy [`Weights`] views from that layout.
 //!
 //! The parsers themselves work on `&[u8]` ([`super::llmc::parse`],
 //! [`super::safetensors::parse`]) so they can be fuzzed without files.
@@ -12,7 +13,7 @@ use super::config::ModelConfig;
 pub use super::format::FormatError;
 use super::llmc;
 use super::safetensors as st;
-use super::weights::{DType, Weights};
+use super::weights::{DType, Layout, Weights};
 
 /// Which on-disk format a checkpoint is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,15 +69,13 @@ fn map_file(file: &File) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(file) }
 }
 
-/// An opened checkpoint: its bytes, format and validated config.
+/// An opened checkpoint: its bytes, format and validated layout (config
+/// and where every tensor lies).
 pub struct Checkpoint {
     path: PathBuf,
     bytes: Bytes,
     format: Format,
-    /// Head count from a `config.json` beside a safetensors file.
-    num_heads: Option<usize>,
-    config: ModelConfig,
-    dtype: DType,
+    layout: Layout,
 }
 
 impl fmt::Debug for Checkpoint {
@@ -84,8 +83,8 @@ impl fmt::Debug for Checkpoint {
         f.debug_struct("Checkpoint")
             .field("path", &self.path)
             .field("format", &self.format)
-            .field("config", &self.config)
-            .field("dtype", &self.dtype)
+            .field("config", &self.layout.config)
+            .field("dtype", &self.layout.dtype())
             .field("len", &self.bytes.as_slice().len())
             .finish()
     }
@@ -132,18 +131,15 @@ impl Checkpoint {
     }
 
     fn build(path: PathBuf, bytes: Bytes, num_heads: Option<usize>) -> Result<Checkpoint, CheckpointError> {
-        let (format, config, dtype) = match parse_any(bytes.as_slice(), num_heads) {
-            Ok((format, w)) => (format, w.config, w.wte.dtype),
-            Err(kind) => return Err(CheckpointError { path, kind }),
-        };
-        Ok(Checkpoint {
-            path,
-            bytes,
-            format,
-            num_heads,
-            config,
-            dtype,
-        })
+        match parse_any_layout(bytes.as_slice(), num_heads) {
+            Ok((format, layout)) => Ok(Checkpoint {
+                path,
+                bytes,
+                format,
+                layout,
+            }),
+            Err(kind) => Err(CheckpointError { path, kind }),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -155,12 +151,17 @@ impl Checkpoint {
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.config
+        &self.layout.config
     }
 
     /// The dtype shared by all tensors.
     pub fn dtype(&self) -> DType {
-        self.dtype
+        self.layout.dtype()
+    }
+
+    /// Where every tensor lies in [`Checkpoint::bytes`], as opening found it.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// The raw bytes of the whole file.
@@ -168,28 +169,28 @@ impl Checkpoint {
         self.bytes.as_slice()
     }
 
-    /// Zero-copy views of every parameter.
+    /// Zero-copy views of every parameter, from the layout that opening
+    /// the checkpoint validated: nothing is parsed again, so this never
+    /// fails (the `Result` keeps callers' error paths as they were).
     pub fn weights(&self) -> Result<Weights<'_>, CheckpointError> {
-        let bytes = self.bytes.as_slice();
-        let parsed = match self.format {
-            Format::Llmc => llmc::parse(bytes),
-            Format::Safetensors => st::parse(bytes, self.num_heads),
-        };
-        parsed.map_err(|kind| CheckpointError {
-            path: self.path.clone(),
-            kind,
-        })
+        Ok(self.layout.weights(self.bytes.as_slice()))
     }
 }
 
 /// Detects the format of `bytes` and parses it. llm.c files are recognised
 /// by their magic number; anything else must be safetensors.
 pub fn parse_any(bytes: &[u8], num_heads: Option<usize>) -> Result<(Format, Weights<'_>), FormatError> {
+    let (format, layout) = parse_any_layout(bytes, num_heads)?;
+    Ok((format, layout.weights(bytes)))
+}
+
+/// [`parse_any`], giving where the tensors lie (owned) instead of views.
+pub fn parse_any_layout(bytes: &[u8], num_heads: Option<usize>) -> Result<(Format, Layout), FormatError> {
     if bytes.is_empty() {
         return Err(FormatError::Empty);
     }
     match llmc::first_int(bytes) {
-        Some(llmc::MAGIC) => return Ok((Format::Llmc, llmc::parse(bytes)?)),
+        Some(llmc::MAGIC) => return Ok((Format::Llmc, llmc::parse_layout(bytes)?)),
         Some(llmc::STATE_MAGIC) => {
             return Err(FormatError::WrongLlmcFile { what: "debug state" });
         }
@@ -198,8 +199,8 @@ pub fn parse_any(bytes: &[u8], num_heads: Option<usize>) -> Result<(Format, Weig
         }
         _ => {}
     }
-    match st::parse(bytes, num_heads) {
-        Ok(w) => Ok((Format::Safetensors, w)),
+    match st::parse_layout(bytes, num_heads) {
+        Ok(layout) => Ok((Format::Safetensors, layout)),
         Err(FormatError::Safetensors(e)) => Err(FormatError::UnrecognizedFormat(llmc::MAGIC, e)),
         Err(e) => Err(e),
     }

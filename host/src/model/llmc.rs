@@ -6,7 +6,7 @@
 
 use super::config::ModelConfig;
 use super::format::{FormatError, validate_config};
-use super::weights::{DType, LayerWeights, Tensor, Weights};
+use super::weights::{DType, Layer, Layout, TensorLayout, Weights};
 
 /// First int32 of an llm.c model file.
 pub const MAGIC: i32 = 20240326;
@@ -181,31 +181,34 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, FormatError> {
     Ok(Header { config, dtype })
 }
 
-/// Hands out consecutive tensors of one dtype from the parameter bytes.
-struct Cursor<'a> {
-    bytes: &'a [u8],
+/// Lays out consecutive tensors of one dtype in a file of `file_len` bytes.
+struct Cursor {
+    file_len: usize,
     pos: usize,
     dtype: DType,
 }
 
-impl<'a> Cursor<'a> {
-    fn take(&mut self, shape: [usize; 2]) -> Result<Tensor<'a>, FormatError> {
+impl Cursor {
+    fn take(&mut self, shape: [usize; 2]) -> Result<TensorLayout, FormatError> {
         let overflow = FormatError::Overflow("a tensor's offset");
         let len = shape[0]
             .checked_mul(shape[1])
             .and_then(|n| n.checked_mul(self.dtype.size()))
             .ok_or(FormatError::Overflow("a tensor's size"))?;
         let end = self.pos.checked_add(len).ok_or(overflow)?;
-        let bytes = self.bytes.get(self.pos..end).ok_or(FormatError::LengthMismatch {
-            expected: end as u64,
-            actual: self.bytes.len() as u64,
-        })?;
+        if end > self.file_len {
+            return Err(FormatError::LengthMismatch {
+                expected: end as u64,
+                actual: self.file_len as u64,
+            });
+        }
+        let range = self.pos..end;
         self.pos = end;
-        Ok(Tensor {
+        Ok(TensorLayout {
             shape,
             dtype: self.dtype,
             transposed: false,
-            bytes,
+            range,
         })
     }
 }
@@ -213,6 +216,12 @@ impl<'a> Cursor<'a> {
 /// Parses a whole llm.c checkpoint held in `bytes` into zero-copy views.
 /// The length must match the header exactly.
 pub fn parse(bytes: &[u8]) -> Result<Weights<'_>, FormatError> {
+    Ok(parse_layout(bytes)?.weights(bytes))
+}
+
+/// Parses and validates a whole llm.c checkpoint held in `bytes`, as
+/// [`parse`], into where its tensors lie (owned: no borrow of `bytes`).
+pub fn parse_layout(bytes: &[u8]) -> Result<Layout, FormatError> {
     let header = parse_header(bytes)?;
     let expected = header.file_len()?;
     if bytes.len() != expected {
@@ -223,21 +232,21 @@ pub fn parse(bytes: &[u8]) -> Result<Weights<'_>, FormatError> {
     }
     let cfg = header.config;
     let mut cur = Cursor {
-        bytes,
+        file_len: bytes.len(),
         pos: HEADER_BYTES,
         dtype: header.dtype,
     };
-    let mut stacks: Vec<Vec<Tensor<'_>>> = Vec::with_capacity(TENSOR_NAMES.len());
+    let mut stacks: Vec<Vec<TensorLayout>> = Vec::with_capacity(TENSOR_NAMES.len());
     for (count, shape) in tensor_shapes(&cfg) {
         let stack = (0..count).map(|_| cur.take(shape)).collect::<Result<Vec<_>, _>>()?;
         stacks.push(stack);
     }
     debug_assert_eq!(cur.pos, bytes.len());
-    let single = |i: usize| stacks[i][0];
-    let layer_stack = |k: usize, l: usize| stacks[2 + k][l];
+    let single = |i: usize| stacks[i][0].clone();
+    let layer_stack = |k: usize, l: usize| stacks[2 + k][l].clone();
     debug_assert_eq!(stacks.len(), 2 + PER_LAYER_TENSORS + 2);
     let layers = (0..cfg.num_layers)
-        .map(|l| LayerWeights {
+        .map(|l| Layer {
             ln1w: layer_stack(0, l),
             ln1b: layer_stack(1, l),
             qkvw: layer_stack(2, l),
@@ -252,7 +261,7 @@ pub fn parse(bytes: &[u8]) -> Result<Weights<'_>, FormatError> {
             fcprojb: layer_stack(11, l),
         })
         .collect();
-    Ok(Weights {
+    Ok(Layout {
         config: cfg,
         wte: single(0),
         wpe: single(1),

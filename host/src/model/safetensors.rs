@@ -8,12 +8,14 @@
 //! pad it to `padded_vocab_size` (see [`Weights::wte`]).
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use safetensors::tensor::TensorInfo;
+use safetensors::{Dtype, SafeTensors};
 
 use super::config::ModelConfig;
 use super::format::{FormatError, MAX_VOCAB_LIMIT, validate_config};
-use super::weights::{DType, LayerWeights, Tensor, Weights};
+use super::weights::{DType, Layer, Layout, TensorLayout, Weights};
 
 /// Optional prefix of every parameter name (GPT2LMHeadModel's submodule).
 pub const PREFIX: &str = "transformer.";
@@ -25,7 +27,7 @@ pub const IGNORED_LAYER_BUFFERS: [&str; 2] = ["attn.bias", "attn.masked_bias"];
 /// Head counts of the published GPT-2 sizes, by width C.
 pub const STANDARD_HEAD_COUNTS: [(usize, usize); 4] = [(768, 12), (1024, 16), (1280, 20), (1600, 25)];
 
-/// Per-layer parameter names (after `h.{i}.`), in [`LayerWeights`] order.
+/// Per-layer parameter names (after `h.{i}.`), in [`Layer`] order.
 pub const LAYER_TENSORS: [&str; 12] = [
     "ln_1.weight",
     "ln_1.bias",
@@ -128,15 +130,33 @@ fn layer_name(name: &str) -> Option<(usize, &str)> {
 
 /// Parses a whole safetensors GPT-2 checkpoint held in `bytes`.
 /// `num_heads` overrides the standard-size table (from a `config.json`).
-pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a>, FormatError> {
-    check_offsets(bytes)?;
-    let file = SafeTensors::deserialize(bytes).map_err(FormatError::Safetensors)?;
+pub fn parse(bytes: &[u8], num_heads: Option<usize>) -> Result<Weights<'_>, FormatError> {
+    Ok(parse_layout(bytes, num_heads)?.weights(bytes))
+}
 
-    // Canonical name (prefix stripped) -> view; the file's own name kept for errors.
-    let mut params: BTreeMap<String, (String, TensorView<'a>)> = BTreeMap::new();
+/// Parses and validates a whole safetensors GPT-2 checkpoint held in
+/// `bytes`, as [`parse`], into where its tensors lie (owned: no borrow of
+/// `bytes`).
+pub fn parse_layout(bytes: &[u8], num_heads: Option<usize>) -> Result<Layout, FormatError> {
+    check_offsets(bytes)?;
+    // What `SafeTensors::deserialize` checks (header, offsets, length), with
+    // the offsets kept rather than turned into borrowed views.
+    let (header_len, metadata) = SafeTensors::read_metadata(bytes).map_err(FormatError::Safetensors)?;
+    let data_start = LEN_BYTES + header_len;
+    let range_of = |info: &TensorInfo| -> Range<usize> {
+        let (begin, end) = info.data_offsets;
+        data_start + begin..data_start + end
+    };
+
+    // Canonical name (prefix stripped) -> tensor; the file's own name kept for errors.
+    let mut params: BTreeMap<String, (String, &TensorInfo)> = BTreeMap::new();
     let mut layer_indices: BTreeMap<usize, ()> = BTreeMap::new();
-    let mut lm_head: Option<(String, TensorView<'a>)> = None;
-    for (name, view) in file.iter() {
+    let mut lm_head: Option<(String, &TensorInfo)> = None;
+    // In file order (by offset), so the first bad name is the same every run.
+    let names = metadata.offset_keys();
+    for name in &names {
+        let Some(view) = metadata.info(name) else { continue };
+        let name = name.as_str();
         if name == LM_HEAD {
             lm_head = Some((name.to_string(), view));
             continue;
@@ -161,15 +181,15 @@ pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a
         }
     }
 
-    let get = |key: &str| -> Result<&(String, TensorView<'a>), FormatError> {
+    let get = |key: &str| -> Result<&(String, &TensorInfo), FormatError> {
         params
             .get(key)
             .ok_or_else(|| FormatError::MissingTensor(key.to_string()))
     };
     let (wte_name, wte) = get("wte.weight")?;
-    let dtype = dtype_of(wte_name, wte.dtype())?;
+    let dtype = dtype_of(wte_name, wte.dtype)?;
     for (name, view) in params.values() {
-        let found = dtype_of(name, view.dtype())?;
+        let found = dtype_of(name, view.dtype)?;
         if found != dtype {
             return Err(FormatError::MixedDtypes {
                 name: name.clone(),
@@ -180,8 +200,8 @@ pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a
         }
     }
 
-    let two_d = |name: &str, view: &TensorView<'_>| -> Result<[usize; 2], FormatError> {
-        match *view.shape() {
+    let two_d = |name: &str, view: &TensorInfo| -> Result<[usize; 2], FormatError> {
+        match view.shape[..] {
             [rows, cols] => Ok([rows, cols]),
             ref s => Err(FormatError::TensorRank {
                 name: name.to_string(),
@@ -197,7 +217,7 @@ pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a
         return Err(FormatError::TensorShape {
             name: wpe_name.clone(),
             expected: vec![max_seq_len, channels],
-            actual: wpe.shape().to_vec(),
+            actual: wpe.shape.clone(),
         });
     }
 
@@ -232,24 +252,24 @@ pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a
     validate_config(&config)?;
 
     if let Some((name, view)) = &lm_head
-        && view.shape() != wte.shape()
+        && view.shape != wte.shape
     {
         return Err(FormatError::TensorShape {
             name: name.clone(),
-            expected: wte.shape().to_vec(),
-            actual: view.shape().to_vec(),
+            expected: wte.shape.clone(),
+            actual: view.shape.clone(),
         });
     }
 
     let c = channels;
     // Checks the stored shape and builds the logical (out, in) view.
-    let view_of = |key: &str, stored: &[usize]| -> Result<Tensor<'a>, FormatError> {
+    let view_of = |key: &str, stored: &[usize]| -> Result<TensorLayout, FormatError> {
         let (name, view) = get(key)?;
-        if view.shape() != stored {
+        if view.shape != stored {
             return Err(FormatError::TensorShape {
                 name: name.clone(),
                 expected: stored.to_vec(),
-                actual: view.shape().to_vec(),
+                actual: view.shape.clone(),
             });
         }
         let (shape, transposed) = match *stored {
@@ -264,18 +284,18 @@ pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a
                 });
             }
         };
-        Ok(Tensor {
+        Ok(TensorLayout {
             shape,
             dtype,
             transposed,
-            bytes: view.data(),
+            range: range_of(view),
         })
     };
     let shapes = layer_tensor_shapes(c);
     let mut layers = Vec::with_capacity(num_layers);
     for l in 0..num_layers {
         let t = |k: usize| view_of(&format!("h.{l}.{}", LAYER_TENSORS[k]), &shapes[k]);
-        layers.push(LayerWeights {
+        layers.push(Layer {
             ln1w: t(0)?,
             ln1b: t(1)?,
             qkvw: t(2)?,
@@ -290,13 +310,13 @@ pub fn parse<'a>(bytes: &'a [u8], num_heads: Option<usize>) -> Result<Weights<'a
             fcprojb: t(11)?,
         });
     }
-    let plain = |shape: [usize; 2], view: &TensorView<'a>| Tensor {
+    let plain = |shape: [usize; 2], view: &TensorInfo| TensorLayout {
         shape,
         dtype,
         transposed: false,
-        bytes: view.data(),
+        range: range_of(view),
     };
-    Ok(Weights {
+    Ok(Layout {
         config,
         wte: plain([vocab_size, channels], wte),
         wpe: plain([max_seq_len, channels], wpe),

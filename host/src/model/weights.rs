@@ -7,6 +7,8 @@
 //! never copies the mapped weights on the host.
 
 use std::borrow::Cow;
+use std::convert::Infallible;
+use std::ops::Range;
 
 use super::ModelConfig;
 
@@ -159,6 +161,20 @@ impl<V, M> Layer<V, M> {
         }
     }
 
+    /// Each field through `vec` (vectors) or `mat` (matrices), which also
+    /// get the field's name: [`Layer::try_map`] for conversions that cannot fail.
+    pub fn map<V2, M2>(
+        self,
+        mut vec: impl FnMut(&'static str, V) -> V2,
+        mut mat: impl FnMut(&'static str, M) -> M2,
+    ) -> Layer<V2, M2> {
+        let mapped = self.try_map::<_, _, Infallible>(|name, v| Ok(vec(name, v)), |name, m| Ok(mat(name, m)));
+        match mapped {
+            Ok(layer) => layer,
+            Err(never) => match never {},
+        }
+    }
+
     /// The four matrices: qkv, attention projection, fc, fc projection.
     pub fn matrices_mut(&mut self) -> [&mut M; 4] {
         [&mut self.qkvw, &mut self.attprojw, &mut self.fcw, &mut self.fcprojw]
@@ -201,4 +217,69 @@ pub struct Weights<'a> {
     pub layers: Vec<LayerWeights<'a>>,
     pub lnfw: Tensor<'a>, // (1, C)
     pub lnfb: Tensor<'a>, // (1, C)
+}
+
+/// Where one parameter tensor lies in a checkpoint: a [`Tensor`] with the
+/// byte range of its data in place of the borrowed bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorLayout {
+    /// As [`Tensor::shape`].
+    pub shape: [usize; 2],
+    pub dtype: DType,
+    /// As [`Tensor::transposed`].
+    pub transposed: bool,
+    /// The data's bytes within the checkpoint.
+    pub range: Range<usize>,
+}
+
+impl TensorLayout {
+    /// The view of this tensor in `bytes`, the checkpoint it was found in.
+    ///
+    /// # Panics
+    /// If the range lies past the end of `bytes` (another, shorter buffer).
+    pub fn view<'a>(&self, bytes: &'a [u8]) -> Tensor<'a> {
+        Tensor {
+            shape: self.shape,
+            dtype: self.dtype,
+            transposed: self.transposed,
+            bytes: &bytes[self.range.clone()],
+        }
+    }
+}
+
+/// Every parameter's place in a checkpoint, owned: what parsing and
+/// validating the file found, kept so that views of it ([`Weights`]) are
+/// handed out without parsing it again.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub config: ModelConfig,
+    pub wte: TensorLayout,
+    pub wpe: TensorLayout,
+    pub layers: Vec<Layer<TensorLayout>>,
+    pub lnfw: TensorLayout,
+    pub lnfb: TensorLayout,
+}
+
+impl Layout {
+    /// The dtype shared by all tensors (the parsers reject mixed ones).
+    pub fn dtype(&self) -> DType {
+        self.wte.dtype
+    }
+
+    /// Zero-copy views of every parameter in `bytes`, the checkpoint this
+    /// layout was parsed from.
+    ///
+    /// # Panics
+    /// If a tensor's range lies past the end of `bytes` (another, shorter buffer).
+    pub fn weights<'a>(&self, bytes: &'a [u8]) -> Weights<'a> {
+        let view = |_: &'static str, t: &TensorLayout| t.view(bytes);
+        Weights {
+            config: self.config,
+            wte: self.wte.view(bytes),
+            wpe: self.wpe.view(bytes),
+            layers: self.layers.iter().map(|l| l.as_ref().map(view, view)).collect(),
+            lnfw: self.lnfw.view(bytes),
+            lnfb: self.lnfb.view(bytes),
+        }
+    }
 }
