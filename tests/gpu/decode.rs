@@ -40,8 +40,9 @@ const BF16_TOL: f32 = 5e-2;
 const PREFETCH_SMALL_BYTES: usize = 64 << 10;
 
 /// A small model with GPT-2's head size (64), which the fused kernels need:
-/// L=2, NH=3, C=192, V=1000 (padded to 1024), maxT=160.
-fn head64_config() -> ModelConfig {
+/// L=2, NH=3, C=192, V=1000 (padded to 1024), maxT=160. (Also the
+/// server tests' model: `serve.rs`.)
+pub(crate) fn head64_config() -> ModelConfig {
     let vocab_size = 1000;
     ModelConfig {
         max_seq_len: 160,

@@ -14,13 +14,14 @@ use host::gpu::engine::{GpuEngine, Precision};
 use host::gpu::ops::encoder::encoder_forward_rows;
 use host::gpu::ops::kv_cache::kv_cache_store;
 use host::gpu::ops::weight::WeightRef;
+use host::model::DType;
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::llmc_bytes;
-use host::model::{DType, ModelConfig};
 use host::serve::backend::{Draw, SlotBackend, SlotToken};
 use rand::Rng;
 use rand::rngs::StdRng;
 
+use crate::decode::head64_config;
 use crate::kernels::{check, down, poisoned, random_vec};
 
 /// The FP32 bar against the CPU reference.
@@ -35,20 +36,6 @@ const SLOTS: usize = DECODE_MAX_ROWS as usize + 4;
 const MAX_T: usize = 96;
 /// Activation rows: a prefill chunk.
 const CHUNK: usize = 24;
-
-/// GPT-2's head size (64), which the fused kernels need: L=2, NH=3, C=192,
-/// V=1000 (padded to 1024), maxT=160.
-fn head64_config() -> ModelConfig {
-    let vocab_size = 1000;
-    ModelConfig {
-        max_seq_len: 160,
-        vocab_size,
-        padded_vocab_size: ModelConfig::pad_vocab(vocab_size),
-        num_layers: 2,
-        num_heads: 3,
-        channels: 192,
-    }
-}
 
 /// One sequence of the schedule: its slot and what it holds so far.
 struct Seq {

@@ -158,19 +158,7 @@ pub fn encoder_forward_rows(
                 return Ok(());
             };
             params.pos = pos;
-            let vec =
-                c.is_multiple_of(VEC) && aligned16(&[params.out as usize, params.wte as usize, params.wpe as usize]);
-            let (name, cfg) = if vec {
-                (ENCODER_FORWARD, launch_config(total / VEC as u32))
-            } else {
-                (ENCODER_FORWARD_NAIVE, launch_config(total))
-            };
-            // SAFETY: lengths checked by encoder_params (out n*c, inp n, wte
-            // wte_rows*c, ids guarded against wte_rows) and above (pos n
-            // entries, clamped by the kernel to wpe's rows, at least one); the
-            // vector kernel only runs with c % 4 == 0 and aligned buffers.
-            unsafe { gpu.launch(name, cfg, params)? };
-            Ok(())
+            launch_f32(gpu, Variant::Best, params, total)
         }
         WeightRef::Bf16(w) => {
             let wte_ptr = in_ptr(gpu, w) as *const u16;
@@ -218,6 +206,14 @@ pub fn encoder_forward_variant(
     let Some((params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, wte.len()), wpe, b, t, c, pos0)? else {
         return Ok(());
     };
+    launch_f32(gpu, variant, params, total)
+}
+
+/// Launch the f32 kernel `variant` asks for with checked `params` over
+/// `total` elements: the vectorised one where `c % 4 == 0` and the buffers
+/// are aligned, else the naive one.
+fn launch_f32(gpu: &Gpu, variant: Variant, params: EncoderParams<f32>, total: u32) -> Result<(), OpError> {
+    let c = params.c as usize;
     let vec = variant == Variant::Best
         && c.is_multiple_of(VEC)
         && aligned16(&[params.out as usize, params.wte as usize, params.wpe as usize]);
@@ -226,9 +222,11 @@ pub fn encoder_forward_variant(
     } else {
         (ENCODER_FORWARD_NAIVE, launch_config(total))
     };
-    // SAFETY: lengths checked by encoder_params (out b*t*c, inp b*t, wpe (pos0+t)*c, wte
-    // wte_rows*c, and the kernel guards ids against wte_rows); the vector
-    // kernel only runs with c % 4 == 0 and aligned buffers.
+    // SAFETY: `encoder_params` checked the lengths (out b*t*c, inp b*t, wpe
+    // (pos0+t)*c or, with per-row positions, at least one row, which the
+    // kernel clamps them to; wte wte_rows*c, the kernel guards ids against
+    // wte_rows); the vector kernel only runs with c % 4 == 0 and aligned
+    // buffers.
     unsafe { gpu.launch(name, cfg, params)? };
     Ok(())
 }
