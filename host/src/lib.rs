@@ -11,3 +11,4 @@ pub mod prompt;
 pub mod sample;
 pub mod serve;
 pub mod tokenizer;
+pub mod tp;

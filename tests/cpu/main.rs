@@ -21,6 +21,7 @@ mod prompt;
 mod sample_twin;
 mod sampling;
 mod serve;
+mod tensor_parallel;
 mod tiny_oracle;
 mod tokenizer;
 mod tune_cache;
