@@ -11,6 +11,8 @@
 //!   bf16, flash attention, softmax, GELU, residual, ...): each checks the
 //!   buffer sizes, computes its launch configuration in one place and
 //!   launches.
+//! - `nccl` (feature `nccl`): collectives (all-reduce, all-gather) across
+//!   the GPUs of one process, on their [`Gpu`]s' streams.
 //!
 //! The PTX of `gpu-kernels` is compiled by this crate's build script
 //! (through `kernel-builder`) and embedded: [`GPU_KERNELS_PTX`] for any GPU
@@ -34,6 +36,8 @@
 //! launches, tensor maps). The op wrappers call those after checking every
 //! buffer's length against what the kernel will touch.
 
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod ops;
 pub mod runtime;
 

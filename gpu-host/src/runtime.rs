@@ -199,6 +199,11 @@ impl Gpu {
         self.wgmma
     }
 
+    /// The device's ordinal (as given to [`Gpu::new`]).
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
     /// Number of multiprocessors (SMs) of the device.
     pub fn sm_count(&self) -> usize {
         self.sm_count

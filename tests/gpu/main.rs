@@ -24,3 +24,4 @@ mod perplexity;
 mod pipeline;
 mod sampling;
 mod serve;
+mod tensor_parallel;

@@ -48,9 +48,11 @@ use crate::model::{DType, Layer, ModelConfig, Tensor, Weights};
 
 mod decode;
 mod slots;
+mod tp;
 use decode::{Chosen, DecodeState};
 pub use decode::{DecodePath, DecodeTuning, PREFETCH_AHEAD_TRY_BYTES};
 use slots::SlotState;
+pub use tp::TpEngine;
 
 /// Arithmetic of the matmuls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

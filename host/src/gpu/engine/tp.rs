@@ -1,0 +1,418 @@
+//! GPT-2 split over several GPUs of one process: tensor parallelism
+//! (Megatron-style, [`crate::tp`] says how the parameters split), the
+//! partial projections summed by NCCL all-reduces.
+//!
+//! Per layer and rank: the (replicated) layernorm, the rank's qkv columns,
+//! attention over its heads with a KV cache of those heads, its partial
+//! attention projection; one all-reduce; the residual add and layernorm,
+//! its MLP units, its partial MLP projection; one more all-reduce. The LM
+//! head leaves each rank the logits of its vocabulary range: `logits`
+//! gathers them on the host, `argmax` compares the ranks' best candidates.
+//!
+//! One host thread queues every rank's kernels and the collectives (NCCL
+//! groups), each rank on its own GPU's stream, so the GPUs run side by side
+//! while the thread moves on. Every forward call runs eagerly (no CUDA
+//! graphs, no fused decode step): FP32 weights and the engine's FP32 kernels
+//! (3xTF32 tensor cores beyond the GEMV's rows, as [`GpuEngine`] by
+//! default). See docs/performance.md for where it pays.
+
+use anyhow::{Context, Result, ensure};
+use cudarc::driver::CudaSlice;
+use gpu_host::nccl::Collective;
+
+use super::{MatmulScratch, Precision, attention, flash_supported, matmul};
+use crate::cpu::forward::CpuParams;
+use crate::generate::{Backend, LogitsWanted, check_forward_args};
+use crate::gpu::Gpu;
+use crate::gpu::ops::argmax::argmax_forward;
+use crate::gpu::ops::encoder::encoder_forward;
+use crate::gpu::ops::flash_attention::FlashWorkspace;
+use crate::gpu::ops::gelu::gelu_forward;
+use crate::gpu::ops::layernorm::{layernorm_forward, residual_layernorm_forward};
+use crate::gpu::ops::matmul::{MatmulWorkspace, split_k_workspace_floats};
+use crate::gpu::ops::weight::WeightRef;
+use crate::gpu::runtime::CudaContextExt;
+use crate::model::{Layer, ModelConfig, Weights};
+use crate::tp::{RankParams, RankShard, pick_best, plan, shard_params};
+
+/// One rank's parameters on its GPU (shapes as [`RankParams`]).
+struct DeviceRankParams {
+    wte: CudaSlice<f32>,
+    head: CudaSlice<f32>,
+    wpe: CudaSlice<f32>,
+    layers: Vec<Layer<CudaSlice<f32>>>,
+    lnfw: CudaSlice<f32>,
+    lnfb: CudaSlice<f32>,
+}
+
+/// One rank's activations for up to `rows` positions.
+struct RankActs {
+    tokens: CudaSlice<u32>,
+    residual: CudaSlice<f32>,
+    residual2: CudaSlice<f32>,
+    ln: CudaSlice<f32>,
+    /// `[rows, 3 Cr]`
+    qkv: CudaSlice<f32>,
+    /// `[rows, Cr]`
+    atty: CudaSlice<f32>,
+    /// `[rows, C]`: a partial projection, then (after the all-reduce) the whole.
+    proj: CudaSlice<f32>,
+    /// `[rows, Hr]` each
+    fch: CudaSlice<f32>,
+    fch_gelu: CudaSlice<f32>,
+    head_in: CudaSlice<f32>,
+    /// `[rows, Vr]`: the logits of the rank's vocabulary range.
+    logits: CudaSlice<f32>,
+    ids: CudaSlice<u32>,
+}
+
+/// One GPU's share.
+struct Rank {
+    gpu: Gpu,
+    shard: RankShard,
+    params: DeviceRankParams,
+    /// Per layer: K and V caches of the rank's heads, `[max_batch][NHr][max_seq_len][HS]`.
+    kv_cache: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
+    acts: RankActs,
+    flash: Option<FlashWorkspace>,
+    matmul_ws: MatmulScratch,
+}
+
+/// What the last successful `forward` produced.
+#[derive(Clone, Copy, Debug)]
+struct Last {
+    b: usize,
+    rows: usize,
+}
+
+/// GPT-2 split over several GPUs with NCCL.
+pub struct TpEngine {
+    config: ModelConfig,
+    ranks: Vec<Rank>,
+    collective: Collective,
+    max_batch: usize,
+    max_seq_len: usize,
+    last: Option<Last>,
+}
+
+/// Split-K scratch floats for every matmul of a rank's forward call of
+/// `rows` positions.
+fn rank_workspace_floats(config: &ModelConfig, shard: &RankShard, rows: usize, sms: usize) -> usize {
+    let (c, cr, hr, vr) = (config.channels, shard.channels(), shard.hidden.len(), shard.vocab.len());
+    [(c, 3 * cr), (cr, c), (c, hr), (hr, c), (c, vr)]
+        .iter()
+        .map(|&(k, n)| split_k_workspace_floats(rows, k, n, sms))
+        .max()
+        .unwrap_or(0)
+}
+
+impl Rank {
+    fn new(
+        gpu: Gpu,
+        config: &ModelConfig,
+        shard: RankShard,
+        p: &RankParams,
+        max_batch: usize,
+        max_seq_len: usize,
+    ) -> Result<Rank> {
+        let (c, vp) = (config.channels, config.padded_vocab_size);
+        let (cr, hr, vr) = (shard.channels(), shard.hidden.len(), shard.vocab.len());
+        let rows = max_batch * max_seq_len;
+        let name = gpu.name();
+        let oom = |what: &str| format!("allocating {what} of rank {} on {name} (device {})", shard.rank, gpu.ordinal());
+        let up = |v: &Vec<f32>| gpu.upload(v);
+        let params = (|| {
+            Ok::<_, crate::gpu::GpuError>(DeviceRankParams {
+                wte: up(&p.wte)?,
+                head: up(&p.head)?,
+                wpe: up(&p.wpe)?,
+                layers: p
+                    .layers
+                    .iter()
+                    .map(|l| l.as_ref().try_map(|_, v| up(v), |_, m| up(m)))
+                    .collect::<Result<_, _>>()?,
+                lnfw: up(&p.lnfw)?,
+                lnfb: up(&p.lnfb)?,
+            })
+        })()
+        .with_context(|| oom("the weights"))?;
+        debug_assert_eq!(p.wte.len(), vp * c);
+        let cache = max_batch * max_seq_len * cr;
+        let kv_cache = (0..config.num_layers)
+            .map(|_| Ok((gpu.alloc::<f32>(cache)?, gpu.alloc::<f32>(cache)?)))
+            .collect::<Result<Vec<_>, crate::gpu::GpuError>>()
+            .with_context(|| oom("the KV cache"))?;
+        let alloc = |n: usize| gpu.alloc::<f32>(n);
+        let acts = (|| {
+            Ok::<_, crate::gpu::GpuError>(RankActs {
+                tokens: gpu.alloc::<u32>(rows)?,
+                residual: alloc(rows * c)?,
+                residual2: alloc(rows * c)?,
+                ln: alloc(rows * c)?,
+                qkv: alloc(rows * 3 * cr)?,
+                atty: alloc(rows * cr)?,
+                proj: alloc(rows * c)?,
+                fch: alloc(rows * hr)?,
+                fch_gelu: alloc(rows * hr)?,
+                head_in: alloc(max_batch * c)?,
+                logits: alloc(rows * vr)?,
+                ids: gpu.alloc::<u32>(max_batch)?,
+            })
+        })()
+        .with_context(|| oom("the activations"))?;
+        let rank_config = ModelConfig {
+            num_heads: shard.num_heads(),
+            channels: cr,
+            ..*config
+        };
+        let flash = match flash_supported(&rank_config, max_batch, max_seq_len) {
+            true => Some(
+                FlashWorkspace::new(&gpu, max_batch, shard.num_heads(), max_seq_len)
+                    .with_context(|| oom("the flash-attention workspace"))?,
+            ),
+            false => None,
+        };
+        let floats = rank_workspace_floats(config, &shard, rows, gpu.sm_count());
+        let matmul_ws = MatmulScratch {
+            fp32: MatmulWorkspace::new(&gpu, floats).with_context(|| oom("the matmul workspace"))?,
+            fp32_tensor_cores: true,
+            tf32_split: None,
+        };
+        Ok(Rank {
+            gpu,
+            shard,
+            params,
+            kv_cache,
+            acts,
+            flash,
+            matmul_ws,
+        })
+    }
+
+    /// A linear layer of this rank: `out[n, oc] = inp[n, k] · w[oc, k]ᵀ (+ bias)`.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        gpu: &Gpu,
+        ws: &mut MatmulScratch,
+        out: &mut CudaSlice<f32>,
+        inp: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        bias: Option<&CudaSlice<f32>>,
+        n: usize,
+        k: usize,
+        oc: usize,
+    ) -> Result<()> {
+        let weight = (WeightRef::F32(w), None, false);
+        matmul(gpu, Precision::Fp32, ws, out, inp, weight, false, bias, n, k, oc)?;
+        Ok(())
+    }
+}
+
+impl TpEngine {
+    /// Split `weights` over `gpus` (distinct devices, rank `i` on `gpus[i]`)
+    /// and allocate each rank's activations and KV cache for batches of up
+    /// to `max_batch` rows of `max_seq_len` positions. FP32 only.
+    pub fn new(
+        gpus: Vec<Gpu>,
+        weights: &Weights,
+        max_batch: usize,
+        max_seq_len: usize,
+        precision: Precision,
+    ) -> Result<TpEngine> {
+        let config = weights.config;
+        ensure!(
+            precision == Precision::Fp32,
+            "tensor parallelism runs FP32 only for now ({precision:?} was asked for)"
+        );
+        ensure!(max_batch > 0 && max_seq_len > 0, "empty batch or sequence length");
+        ensure!(
+            max_seq_len <= config.max_seq_len,
+            "a sequence length of {max_seq_len} exceeds the model's context window of {} positions",
+            config.max_seq_len
+        );
+        let shards = plan(&config, gpus.len())?;
+        let collective = Collective::new(&gpus.iter().collect::<Vec<_>>()).context("starting NCCL")?;
+        let params = CpuParams::from_weights(weights).context("converting the checkpoint")?;
+        // One rank's share on the host at a time.
+        let ranks = gpus
+            .into_iter()
+            .zip(shards)
+            .map(|(gpu, shard)| {
+                let p = shard_params(&config, &params, &shard);
+                Rank::new(gpu, &config, shard, &p, max_batch, max_seq_len)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for r in &ranks {
+            r.gpu.synchronize().context("uploading the weights")?;
+        }
+        Ok(TpEngine {
+            config,
+            ranks,
+            collective,
+            max_batch,
+            max_seq_len,
+            last: None,
+        })
+    }
+
+    /// Number of ranks (GPUs).
+    pub fn world(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Each rank's GPU, in rank order.
+    pub fn gpus(&self) -> impl Iterator<Item = &Gpu> {
+        self.ranks.iter().map(|r| &r.gpu)
+    }
+
+    /// Wait until every rank's queued work is done.
+    pub fn synchronize(&self) -> Result<()> {
+        for r in &self.ranks {
+            r.gpu.synchronize().context("waiting for a rank")?;
+        }
+        Ok(())
+    }
+
+    /// The all-reduce of every rank's `proj[..len]`.
+    fn all_reduce_proj(&mut self, len: usize) -> Result<()> {
+        let mut bufs: Vec<&mut CudaSlice<f32>> = self.ranks.iter_mut().map(|r| &mut r.acts.proj).collect();
+        self.collective
+            .all_reduce_sum(&mut bufs, len)
+            .context("all-reduce of the projections")
+    }
+
+    /// The forward pass after the argument checks.
+    fn run(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
+        let cfg = self.config;
+        let (c, n, max_t) = (cfg.channels, b * t, self.max_seq_len);
+        for r in &mut self.ranks {
+            let (gpu, p, a) = (&r.gpu, &r.params, &mut r.acts);
+            gpu.memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
+                .ctx("uploading token ids")?;
+            encoder_forward(gpu, &mut a.residual, &a.tokens, &p.wte, &p.wpe, b, t, c, pos0)?;
+            let first = p.layers.first().context("the model has no layers")?;
+            layernorm_forward(gpu, &mut a.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?;
+        }
+        for li in 0..cfg.num_layers {
+            // Attention over each rank's heads, then its share of the projection.
+            for r in &mut self.ranks {
+                let (gpu, lw, a, ws) = (&r.gpu, &r.params.layers[li], &mut r.acts, &mut r.matmul_ws);
+                let (cr, nhr) = (r.shard.channels(), r.shard.num_heads());
+                Rank::linear(gpu, ws, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * cr)?;
+                let (k, v) = &mut r.kv_cache[li];
+                let cache = 0..b * cr * max_t;
+                let (mut k, mut v) = (k.slice_mut(cache.clone()), v.slice_mut(cache));
+                let flash = r.flash.as_mut();
+                let out = &mut a.atty;
+                attention(gpu, flash, Precision::Fp32, out, &mut k, &mut v, &a.qkv, b, t, pos0, max_t, cr, nhr, 0)?;
+                Rank::linear(gpu, ws, &mut a.proj, &a.atty, &lw.attprojw, Some(&lw.attprojb), n, cr, c)?;
+            }
+            self.all_reduce_proj(n * c)?;
+            // The residual add and ln2, then each rank's MLP units and its share of their projection.
+            for r in &mut self.ranks {
+                let (gpu, lw, a, ws) = (&r.gpu, &r.params.layers[li], &mut r.acts, &mut r.matmul_ws);
+                let hr = r.shard.hidden.len();
+                let (res, ln) = (&mut a.residual2, &mut a.ln);
+                residual_layernorm_forward(gpu, false, res, ln, &a.residual, &a.proj, &lw.ln2w, &lw.ln2b, n, c)?;
+                Rank::linear(gpu, ws, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, hr)?;
+                gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * hr)?;
+                Rank::linear(gpu, ws, &mut a.proj, &a.fch_gelu, &lw.fcprojw, Some(&lw.fcprojb), n, hr, c)?;
+            }
+            self.all_reduce_proj(n * c)?;
+            // The residual stream, and the layernorm that reads it next.
+            for r in &mut self.ranks {
+                let (gpu, p, a) = (&r.gpu, &r.params, &mut r.acts);
+                let (w, bias) = match p.layers.get(li + 1) {
+                    Some(next) => (&next.ln1w, &next.ln1b),
+                    None => (&p.lnfw, &p.lnfb),
+                };
+                let (res, ln) = (&mut a.residual, &mut a.ln);
+                residual_layernorm_forward(gpu, false, res, ln, &a.residual2, &a.proj, w, bias, n, c)?;
+            }
+        }
+        let rows = match want {
+            LogitsWanted::All => n,
+            LogitsWanted::Last => b,
+        };
+        for r in &mut self.ranks {
+            let (gpu, p, a, ws) = (&r.gpu, &r.params, &mut r.acts, &mut r.matmul_ws);
+            let head_in = super::head_rows(gpu, want, &a.ln, &mut a.head_in, b, t, c)?;
+            let vr = r.shard.vocab.len();
+            Rank::linear(gpu, ws, &mut a.logits, head_in, &p.head, None, rows, c, vr)?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for TpEngine {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
+        self.last = None;
+        let v = self.config.vocab_size;
+        check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "engine")?;
+        self.run(tokens, b, t, pos0, want)?;
+        let rows = match want {
+            LogitsWanted::All => b * t,
+            LogitsWanted::Last => b,
+        };
+        self.last = Some(Last { b, rows });
+        Ok(())
+    }
+
+    fn logits(&mut self) -> Result<Vec<f32>> {
+        let Last { rows, .. } = self.last.context("logits() called before a successful forward()")?;
+        let vp = self.config.padded_vocab_size;
+        let mut out = vec![0f32; rows * vp];
+        for r in &self.ranks {
+            let vocab = r.shard.vocab.clone();
+            let mut local = vec![0f32; rows * vocab.len()];
+            r.gpu
+                .memcpy_dtoh(&r.acts.logits.slice(0..rows * vocab.len()), &mut local)
+                .ctx("reading a rank's logits")?;
+            for (row, part) in local.chunks_exact(vocab.len()).enumerate() {
+                out[row * vp + vocab.start..row * vp + vocab.end].copy_from_slice(part);
+            }
+        }
+        Ok(out)
+    }
+
+    fn argmax(&mut self) -> Result<Vec<u32>> {
+        let Last { b, rows } = self.last.context("argmax() called before a successful forward()")?;
+        let v = self.config.vocab_size;
+        let per_row = rows / b;
+        // Each rank's best among its real ids (on its GPU), with its logit.
+        let mut best: Vec<Vec<Option<(f32, u32)>>> = Vec::with_capacity(self.ranks.len());
+        for r in &mut self.ranks {
+            let (vocab, vr) = (r.shard.vocab.clone(), r.shard.vocab.len());
+            let real = v.saturating_sub(vocab.start).min(vr);
+            if real == 0 {
+                best.push(vec![None; b]);
+                continue;
+            }
+            let a = &mut r.acts;
+            let first = (per_row - 1) * vr;
+            argmax_forward(&r.gpu, &mut a.ids, &a.logits.slice(first..), b, real, per_row * vr)?;
+            let mut ids = vec![0u32; b];
+            r.gpu.memcpy_dtoh(&a.ids.slice(0..b), &mut ids).ctx("reading a rank's argmax")?;
+            let mut rank_best = Vec::with_capacity(b);
+            for (bi, &id) in ids.iter().enumerate() {
+                let at = (bi * per_row + per_row - 1) * vr + id as usize;
+                let mut value = [0f32];
+                r.gpu.memcpy_dtoh(&a.logits.slice(at..at + 1), &mut value).ctx("reading a logit")?;
+                let value = value[0];
+                rank_best.push(Some((value, vocab.start as u32 + id)));
+            }
+            best.push(rank_best);
+        }
+        (0..b)
+            .map(|bi| pick_best(best.iter().map(|rank| rank[bi])).context("no rank holds a vocabulary id"))
+            .collect()
+    }
+}

@@ -1,0 +1,162 @@
+//! Tensor parallelism over NCCL (`host::gpu::engine::TpEngine`): two GPUs
+//! against one GPU and the CPU reference, prefill and KV-cache decode; the
+//! collectives themselves; and the refusals a one-GPU machine can check.
+//!
+//! Tests whose names hold `two_gpus` need two GPUs: elsewhere they skip
+//! visibly, or fail where `GPT2_REQUIRE_MULTI_GPU=1` says two are required
+//! (the GPU runner leaves them out on a one-GPU machine, and sets it on a
+//! machine with more).
+
+use cudarc::driver::CudaSlice;
+use host::cpu::CpuModel;
+use host::generate::{Backend, LogitsWanted};
+use host::gpu::Gpu;
+use host::gpu::engine::{GpuEngine, Precision, TpEngine};
+use host::model::checkpoint::Checkpoint;
+use host::model::fixtures::llmc_bytes;
+use host::model::{DType, ModelConfig};
+use rand::Rng;
+
+use crate::decode::head64_config;
+use crate::kernels::skip;
+
+/// Makes a machine with fewer than two GPUs a failure for the `two_gpus` tests.
+pub const REQUIRE_MULTI_GPU_ENV: &str = "GPT2_REQUIRE_MULTI_GPU";
+/// The bar: TP logits against one GPU's, FP32 (both run the same
+/// kinds of kernels; only the projections' inner sums are cut in two).
+const TP_VS_ONE_GPU_TOL: f32 = 1e-5;
+/// The FP32 bar against the CPU reference.
+const FP32_TOL: f32 = 1e-3;
+
+/// GPUs 0 and 1, or `None` after skipping (one GPU) or with no GPU.
+pub fn two_gpus() -> Option<(Gpu, Gpu)> {
+    let first = skip::gpu()?;
+    match Gpu::new(1) {
+        Ok(second) => Some((first, second)),
+        Err(e) => {
+            skip::unless_required(REQUIRE_MULTI_GPU_ENV, format_args!("needs two GPUs ({e})"));
+            None
+        }
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// GPT-2 124M's layer shapes (768 channels, 12 heads, the real vocabulary),
+/// two layers.
+fn gpt2_two_layers() -> ModelConfig {
+    ModelConfig {
+        num_layers: 2,
+        ..ModelConfig::GPT2_124M
+    }
+}
+
+/// Prefill `b` rows of `t` random tokens, then `steps` greedy decode steps,
+/// on TP over two GPUs, one GPU and the CPU; every step's logits compared.
+fn tp_matches(config: ModelConfig, b: usize, t: usize, steps: usize) {
+    let Some((g0, g1)) = two_gpus() else { return };
+    let mut rng = crate::seed::rng();
+    let bytes = llmc_bytes(&config, rng.random(), DType::F32).unwrap();
+    let ckpt = Checkpoint::from_bytes(bytes, "random.bin", Some(config.num_heads)).unwrap();
+    let weights = ckpt.weights().unwrap();
+    let max_t = t + steps;
+    let mut tp = TpEngine::new(vec![g0, g1], &weights, b, max_t, Precision::Fp32).unwrap();
+    assert_eq!(tp.world(), 2);
+    let mut one = GpuEngine::new(Gpu::new(0).unwrap(), &weights, b, max_t, Precision::Fp32).unwrap();
+    let mut cpu = CpuModel::new(&weights, b, max_t).unwrap();
+    let mut tokens: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..config.vocab_size as u32)).collect();
+    let mut history: Vec<Vec<u32>> = tokens.chunks(t).map(<[u32]>::to_vec).collect();
+    let (mut pos, mut len) = (0, t);
+    let mut worst = 0f32;
+    for step in 0..=steps {
+        let want = if step == 0 { LogitsWanted::All } else { LogitsWanted::Last };
+        tp.forward(&tokens, b, len, pos, want).unwrap();
+        one.forward(&tokens, b, len, pos, want).unwrap();
+        cpu.forward(&tokens, b, len, pos, want).unwrap();
+        let got = tp.logits().unwrap();
+        let vs_one = max_abs_diff(&got, &one.logits().unwrap());
+        let vs_cpu = max_abs_diff(&got, &cpu.logits().unwrap());
+        println!("step {step}: TP vs one GPU {vs_one:.3e}, vs CPU {vs_cpu:.3e}");
+        assert!(vs_one <= TP_VS_ONE_GPU_TOL, "step {step}: TP vs one GPU {vs_one:e}");
+        assert!(vs_cpu <= FP32_TOL, "step {step}: TP vs CPU {vs_cpu:e}");
+        worst = worst.max(vs_one);
+        let chosen = one.argmax().unwrap();
+        assert_eq!(tp.argmax().unwrap(), chosen, "step {step}: greedy choice");
+        for (h, &id) in history.iter_mut().zip(&chosen) {
+            h.push(id);
+        }
+        (pos, len, tokens) = (pos + len, 1, chosen);
+    }
+    // KV-cache decoding equals recomputing the whole sequence (without the
+    // last choice, which no step has fed yet).
+    let full: Vec<u32> = history.iter().flat_map(|h| h[..h.len() - 1].to_vec()).collect();
+    let n = t + steps;
+    let decoded = tp.logits().unwrap();
+    tp.forward(&full, b, n, 0, LogitsWanted::Last).unwrap();
+    let recomputed = tp.logits().unwrap();
+    let err = max_abs_diff(&decoded, &recomputed);
+    assert!(err <= TP_VS_ONE_GPU_TOL, "KV-cache decode vs recomputation: {err:e}");
+    println!("worst TP vs one GPU over the run: {worst:.3e}; decode vs recompute {err:.3e}");
+}
+
+#[test]
+#[ignore = "needs two GPUs"]
+fn tensor_parallel_two_gpus_head64_uneven() {
+    // 3 heads over 2 ranks (2 + 1); a vocabulary of 1000 padded to 1024.
+    tp_matches(head64_config(), 3, 37, 5);
+}
+
+#[test]
+#[ignore = "needs two GPUs"]
+fn tensor_parallel_two_gpus_gpt2_shapes() {
+    // GPT-2 124M's widths: 65 tokens a row take the tensor-core matmuls.
+    tp_matches(gpt2_two_layers(), 2, 65, 4);
+}
+
+#[test]
+#[ignore = "needs two GPUs"]
+fn tensor_parallel_two_gpus_collectives() {
+    let Some((g0, g1)) = two_gpus() else { return };
+    let collective = host::gpu::nccl::Collective::new(&[&g0, &g1]).unwrap();
+    assert_eq!(collective.ordinals(), &[0, 1]);
+    let n = 10_001;
+    let (a, b) = (crate::kernels::random_vec(n, 1.0), crate::kernels::random_vec(n, 1.0));
+    let (mut da, mut db) = (g0.upload(&a).unwrap(), g1.upload(&b).unwrap());
+    // Only the first n - 1 values take part: the last stays as it was.
+    collective.all_reduce_sum(&mut [&mut da, &mut db], n - 1).unwrap();
+    let (ra, rb) = (g0.download(&da).unwrap(), g1.download(&db).unwrap());
+    for i in 0..n - 1 {
+        assert_eq!(ra[i], a[i] + b[i], "rank 0, value {i}");
+        assert_eq!(rb[i], a[i] + b[i], "rank 1, value {i}");
+    }
+    assert_eq!((ra[n - 1], rb[n - 1]), (a[n - 1], b[n - 1]), "values past len untouched");
+    let (mut ga, mut gb): (CudaSlice<f32>, CudaSlice<f32>) = (g0.alloc(2 * n).unwrap(), g1.alloc(2 * n).unwrap());
+    collective.all_gather(&[&da, &db], &mut [&mut ga, &mut gb], n).unwrap();
+    let want: Vec<f32> = ra.iter().chain(&rb).copied().collect();
+    assert_eq!(g0.download(&ga).unwrap(), want);
+    assert_eq!(g1.download(&gb).unwrap(), want);
+    // A buffer too short for the call is an error, not a read past its end.
+    let err = collective.all_reduce_sum(&mut [&mut da, &mut db], n + 1).unwrap_err();
+    assert!(err.to_string().contains("needs"), "{err}");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn tensor_parallel_refuses_one_device_twice() {
+    let Some(g0) = skip::gpu() else { return };
+    let config = head64_config();
+    let bytes = llmc_bytes(&config, 1, DType::F32).unwrap();
+    let ckpt = Checkpoint::from_bytes(bytes, "random.bin", Some(config.num_heads)).unwrap();
+    let twice = vec![g0, Gpu::new(0).unwrap()];
+    let err = TpEngine::new(twice, &ckpt.weights().unwrap(), 1, 16, Precision::Fp32)
+        .err()
+        .expect("one device twice");
+    assert!(format!("{err:#}").contains("distinct GPUs"), "{err:#}");
+    let bf16 = TpEngine::new(vec![Gpu::new(0).unwrap()], &ckpt.weights().unwrap(), 1, 16, Precision::Bf16)
+        .err()
+        .expect("bf16");
+    assert!(format!("{bf16:#}").contains("FP32 only"), "{bf16:#}");
+}
