@@ -47,7 +47,7 @@
 #
 # Files written to $OUT (few on purpose: at most 8 come back):
 #   summary.txt tests.log (both passes) sanitizer.log oracle.log programs.log bench.log
-#   bench-torch.json bench-rust.json
+#   bench-torch.json bench-rust.json (bench-multi.json with two or more GPUs)
 #
 # Knobs (environment). Measured on an H200 (2026-11-24): tests of both passes,
 # the programs, memcheck, racecheck and synccheck take ~8-9 minutes; initcheck
@@ -85,6 +85,13 @@
 #   SERVE_LOAD_ROUNDS=4         requests per client at each level (the first
 #                               round arrives at once: more rounds weigh it less)
 #   SERVE_LOAD_MIN_REQUESTS=4   at least this many requests a level
+#   MULTI_GPU_TESTS="two_gpus"  libtest name filter of the tests that need two
+#                               GPUs: left out (--skip) on a one-GPU machine;
+#                               elsewhere GPT2_REQUIRE_MULTI_GPU=1 makes them
+#                               fail rather than skip
+#   MULTI_BENCH=1               on a machine with two or more GPUs, step 3d:
+#                               `bench tp` and `bench replicas` (log: bench.log)
+#   MULTI_BENCH_TIMEOUT=540
 #   BENCH=0                     1 runs step 5
 #   BENCH_TIMEOUT=420
 #   BENCH_RUST_ARGS="all --json $OUT/bench-rust.json"   arguments for gpu-out/bin/bench
@@ -250,6 +257,9 @@ ORACLE_TESTS="${ORACLE_TESTS-oracle::cpu_logits_match_transformers forward::tran
 ORACLE="${ORACLE:-1}"
 ORACLE_TIMEOUT="${ORACLE_TIMEOUT:-240}"
 BENCH="${BENCH:-0}"
+MULTI_GPU_TESTS="${MULTI_GPU_TESTS-two_gpus}"
+MULTI_BENCH="${MULTI_BENCH:-1}"
+MULTI_BENCH_TIMEOUT="${MULTI_BENCH_TIMEOUT:-540}"
 SERVE="${SERVE:-1}"
 SERVE_SLOTS="${SERVE_SLOTS:-128}"
 SERVE_LOAD_CLIENTS="${SERVE_LOAD_CLIENTS:-1 8 32 64 128}"
@@ -263,7 +273,7 @@ TESTS_LOG="$OUT/tests.log"
 SAN_LOG="$OUT/sanitizer.log"
 ORACLE_LOG="$OUT/oracle.log"
 BENCH_LOG="$OUT/bench.log"
-: >"$SUMMARY"; : >"$TESTS_LOG"
+: >"$SUMMARY"; : >"$TESTS_LOG"; : >"$BENCH_LOG"
 FAILED=0
 START=$SECONDS
 
@@ -294,6 +304,28 @@ COMPUTE_CAP="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/n
 note "device: ${DEVICE:-unknown}, compute capability ${COMPUTE_CAP:-unknown}"
 note "bundle: $(grep -m1 '^commit:' "$GPU_OUT/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"
 note "kernels: $(grep -m1 '^GPU_KERNELS_ARCH:' "$GPU_OUT/BUILD_INFO" 2>/dev/null || echo '?')"
+GPU_COUNT="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')"
+note "GPUs: $GPU_COUNT"
+
+# NCCL for the multi-GPU code: cudarc loads "libnccl.so" (not the
+# "libnccl.so.2" that PyTorch's nvidia-nccl wheel ships), so a folder with
+# that name linked to the wheel's library goes on LD_LIBRARY_PATH. NVLink
+# multicast stays off wherever NCCL starts.
+export NCCL_NVLS_ENABLE=0
+NCCL_SO="$(python3 - <<'PY' 2>/dev/null
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+hits = [h for r in roots for h in glob.glob(os.path.join(r, "nvidia", "**", "libnccl.so*"), recursive=True)]
+print(sorted(hits)[0] if hits else "")
+PY
+)"
+if [[ -n "$NCCL_SO" ]]; then
+    mkdir -p /tmp/gpt2-nccl && ln -sf "$NCCL_SO" /tmp/gpt2-nccl/libnccl.so
+    export LD_LIBRARY_PATH="/tmp/gpt2-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    note "NCCL: $NCCL_SO (NCCL_NVLS_ENABLE=0)"
+else
+    note "NCCL: not found in Python's site-packages (the multi-GPU tests will say so)"
+fi
 
 # ---------------------------------------------------------------- 2. oracle
 ORACLE_DIR="$(mktemp -d /tmp/gpt2-oracle.XXXXXX)"
@@ -323,6 +355,12 @@ NOT_HERE=()
 if [[ -n "$COMPUTE_CAP" && "$COMPUTE_CAP" != 9.0 && -n "$WGMMA_TESTS" ]]; then
     for t in $WGMMA_TESTS; do NOT_HERE+=(--skip "$t"); done
     note "not run: $WGMMA_TESTS (the wgmma kernels need compute capability 9.0)"
+fi
+if (( GPU_COUNT < 2 )) && [[ -n "$MULTI_GPU_TESTS" ]]; then
+    for t in $MULTI_GPU_TESTS; do NOT_HERE+=(--skip "$t"); done
+    note "not run: tests matching $MULTI_GPU_TESTS (they need two GPUs; this machine has $GPU_COUNT)"
+elif (( GPU_COUNT >= 2 )); then
+    export GPT2_REQUIRE_MULTI_GPU=1
 fi
 if (( ! ORACLE_OK )) && [[ -n "$ORACLE_TESTS" ]]; then
     for t in $ORACLE_TESTS; do NOT_HERE+=(--skip "$t"); done
@@ -524,6 +562,19 @@ if [[ "$SERVE" == 1 ]]; then
     fi
 fi
 
+# ---------------------------------------------------------------- 3d. several GPUs
+# Tensor parallelism and data-parallel replicas against one GPU, timed in one
+# process (host::bench::tp, host::bench::replicas): appended to bench.log.
+if (( GPU_COUNT >= 2 )) && [[ "$MULTI_BENCH" == 1 ]]; then
+    banner "several GPUs: bench tp replicas"
+    if timeout "$MULTI_BENCH_TIMEOUT" "$GPU_OUT/bin/bench" tp replicas --json "$OUT/bench-multi.json" 2>&1 | tee -a "$BENCH_LOG"; then
+        note "bench tp replicas: ok (bench-multi.json)"
+        grep -E '^ *(prefill|decode|all-reduce| +[0-9]+ +[0-9.]+ +[0-9.]+$)' "$BENCH_LOG" | tail -n 24 | sed 's/^/  /' >>"$SUMMARY"
+    else
+        fail "bench tp replicas: failed (see bench.log)"
+    fi
+fi
+
 # ---------------------------------------------------------------- 4. sanitizer
 if [[ "$SANITIZE" == 1 ]]; then
     SANITIZER="$(command -v compute-sanitizer || true)"
@@ -587,7 +638,6 @@ fi
 
 # ---------------------------------------------------------------- 5. bench
 if [[ "$BENCH" == 1 ]]; then
-    : >"$BENCH_LOG"
     banner "bench: PyTorch reference"
     if PYTHONUNBUFFERED=1 timeout "$BENCH_TIMEOUT" python3 "$SCRIPTS/torch_bench.py" "$OUT/bench-torch.json" 2>&1 | tee -a "$BENCH_LOG"; then
         note "bench torch: ok (bench-torch.json)"

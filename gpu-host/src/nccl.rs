@@ -10,9 +10,11 @@
 //! needs no `unsafe` here). A call covers every rank at once, inside one
 //! NCCL group: one thread cannot issue a blocking collective per rank.
 //!
-//! NVLink multicast (NVLS) should stay off: set `NCCL_NVLS_ENABLE=0` in the
-//! environment before the first [`Collective::new`] (NCCL reads it then).
-//! The programs of this workspace set it at start-up ([`NVLS_ENV`]).
+//! NVLink multicast (NVLS) stays off: on shared multi-GPU hosts a program
+//! that uses it can take the GPUs out of service. [`Collective::new`]
+//! refuses to start NCCL unless `NCCL_NVLS_ENABLE=0` is in the environment
+//! (NCCL reads it then); a program sets it with [`keep_nvls_off`] first
+//! thing in `main`, as this workspace's programs do, or its user exports it.
 
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use cudarc::nccl::{Comm, ReduceOp, result as nccl};
@@ -30,6 +32,11 @@ pub enum CollectiveError {
          or PyTorch's nvidia-nccl wheel) and put the folder with libnccl.so on LD_LIBRARY_PATH"
     )]
     Absent,
+    #[error(
+        "NVLink multicast must stay off: set NCCL_NVLS_ENABLE=0 in the environment (or call \
+         gpu_host::nccl::keep_nvls_off() at the start of main)"
+    )]
+    NvlsOn,
     #[error("a collective needs distinct GPUs, got device {0} twice")]
     SameDevice(usize),
     #[error("a collective needs at least one GPU")]
@@ -40,6 +47,18 @@ pub enum CollectiveError {
     Lengths { rank: usize, have: usize, need: usize },
     #[error("NCCL error in {0}: {1:?}")]
     Nccl(&'static str, nccl::NcclError),
+}
+
+/// Sets [`NVLS_ENV`] to "0" for this process, so NCCL keeps NVLink
+/// multicast off.
+///
+/// # Safety
+/// As [`std::env::set_var`]: no other thread may read or write the
+/// environment meanwhile. Call it at the start of `main`, before any thread
+/// starts.
+pub unsafe fn keep_nvls_off() {
+    // SAFETY: the caller promises no other thread touches the environment.
+    unsafe { std::env::set_var(NVLS_ENV, "0") }
 }
 
 /// One communicator per GPU, rank `i` on the `i`-th GPU given to [`Collective::new`].
@@ -84,6 +103,9 @@ impl Collective {
             if ordinals[..i].contains(o) {
                 return Err(CollectiveError::SameDevice(*o));
             }
+        }
+        if std::env::var(NVLS_ENV).as_deref() != Ok("0") {
+            return Err(CollectiveError::NvlsOn);
         }
         // SAFETY: only tries to dlopen libnccl; no NCCL call is made.
         if !unsafe { cudarc::nccl::sys::is_culib_present() } {

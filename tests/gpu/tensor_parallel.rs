@@ -67,12 +67,18 @@ fn tp_matches(config: ModelConfig, b: usize, t: usize, steps: usize) {
     assert_eq!(tp.world(), 2);
     let mut one = GpuEngine::new(Gpu::new(0).unwrap(), &weights, b, max_t, Precision::Fp32).unwrap();
     let mut cpu = CpuModel::new(&weights, b, max_t).unwrap();
-    let mut tokens: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..config.vocab_size as u32)).collect();
+    let mut tokens: Vec<u32> = (0..b * t)
+        .map(|_| rng.random_range(0..config.vocab_size as u32))
+        .collect();
     let mut history: Vec<Vec<u32>> = tokens.chunks(t).map(<[u32]>::to_vec).collect();
     let (mut pos, mut len) = (0, t);
     let mut worst = 0f32;
     for step in 0..=steps {
-        let want = if step == 0 { LogitsWanted::All } else { LogitsWanted::Last };
+        let want = if step == 0 {
+            LogitsWanted::All
+        } else {
+            LogitsWanted::Last
+        };
         tp.forward(&tokens, b, len, pos, want).unwrap();
         one.forward(&tokens, b, len, pos, want).unwrap();
         cpu.forward(&tokens, b, len, pos, want).unwrap();
@@ -132,7 +138,11 @@ fn tensor_parallel_two_gpus_collectives() {
         assert_eq!(ra[i], a[i] + b[i], "rank 0, value {i}");
         assert_eq!(rb[i], a[i] + b[i], "rank 1, value {i}");
     }
-    assert_eq!((ra[n - 1], rb[n - 1]), (a[n - 1], b[n - 1]), "values past len untouched");
+    assert_eq!(
+        (ra[n - 1], rb[n - 1]),
+        (a[n - 1], b[n - 1]),
+        "values past len untouched"
+    );
     let (mut ga, mut gb): (CudaSlice<f32>, CudaSlice<f32>) = (g0.alloc(2 * n).unwrap(), g1.alloc(2 * n).unwrap());
     collective.all_gather(&[&da, &db], &mut [&mut ga, &mut gb], n).unwrap();
     let want: Vec<f32> = ra.iter().chain(&rb).copied().collect();
@@ -155,8 +165,14 @@ fn tensor_parallel_refuses_one_device_twice() {
         .err()
         .expect("one device twice");
     assert!(format!("{err:#}").contains("distinct GPUs"), "{err:#}");
-    let bf16 = TpEngine::new(vec![Gpu::new(0).unwrap()], &ckpt.weights().unwrap(), 1, 16, Precision::Bf16)
-        .err()
-        .expect("bf16");
+    let bf16 = TpEngine::new(
+        vec![Gpu::new(0).unwrap()],
+        &ckpt.weights().unwrap(),
+        1,
+        16,
+        Precision::Bf16,
+    )
+    .err()
+    .expect("bf16");
     assert!(format!("{bf16:#}").contains("FP32 only"), "{bf16:#}");
 }

@@ -5,6 +5,7 @@
 //! Timing rule of the project: speed is shown here, never by a timed test.
 
 pub mod step_trace;
+pub mod tp;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas_sys};
 use cudarc::driver::{CudaSlice, sys::CUevent_flags};

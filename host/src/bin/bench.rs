@@ -3,7 +3,7 @@
 //! flash), and the end-to-end engine. CUDA-event timing after warm-up, median of
 //! `--samples` (≥ 20) samples, operands rotated among enough sets to exceed L2.
 //!
-//! Usage: `bench [gemm|gemv|attention|e2e|trace|step|all]... [--json PATH] [--samples N] [--quick]`
+//! Usage: `bench [gemm|gemv|attention|e2e|trace|step|slots|tp|all]... [--json PATH] [--samples N] [--quick]`
 //! Prints the device name, then a table per section; `--json` writes every
 //! number (see `host::bench::GemmResult`).
 
@@ -127,7 +127,7 @@ const GEMV_CUBLAS_WORKSPACE: usize = 32 << 20;
 #[derive(Parser)]
 #[command(about = "Benchmarks: GEMM (ours vs cuBLAS), GEMV, attention, end to end")]
 struct Args {
-    /// Sections: gemm, gemv, attention, e2e, trace, step, all (default all: every one but trace and step).
+    /// Sections: gemm, gemv, attention, e2e, trace, step, slots, tp, all (default all: every one but trace, step, slots and tp).
     sections: Vec<String>,
     /// Write all results as JSON here.
     #[arg(long)]
@@ -147,6 +147,9 @@ struct Args {
     /// `gemm` section: only these M (comma-separated), e.g. for a profiler.
     #[arg(long, value_delimiter = ',')]
     gemm_m: Vec<usize>,
+    /// `tp` section: the GPUs of the tensor-parallel engine (rank order).
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    tp_devices: Vec<usize>,
     /// `trace` section: the prefill shape B,T.
     #[arg(long, default_value = "1,1024", value_parser = parse_shape)]
     trace_shape: (usize, usize),
@@ -169,10 +172,14 @@ struct Report {
     copy_bandwidth: Option<serde_json::Value>,
     attention: Vec<serde_json::Value>,
     e2e: Vec<serde_json::Value>,
+    /// The `tp` section's rows (`host::bench::tp`).
+    tp: Vec<serde_json::Value>,
     notes: Vec<String>,
 }
 
 fn main() -> anyhow::Result<()> {
+    // SAFETY: first thing in main, before any thread starts.
+    unsafe { host::gpu::nccl::keep_nvls_off() };
     let args = Args::parse();
     anyhow::ensure!(
         args.samples >= 20,
@@ -199,7 +206,10 @@ fn main() -> anyhow::Result<()> {
             "trace" => bench_trace(&args, &mut report)?,
             "step" => bench_step(&args, &mut report)?,
             "slots" => bench_slots(&args, &mut report)?,
-            other => anyhow::bail!("unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, all)"),
+            "tp" => bench_tp(&args, &mut report)?,
+            other => {
+                anyhow::bail!("unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, tp, all)")
+            }
         }
     }
     if let Some(path) = &args.json {
@@ -207,6 +217,22 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
         println!("results written to {}", path.display());
     }
+    Ok(())
+}
+
+/// `tp` section: tensor parallelism on `--tp-devices` against one GPU
+/// (`host::bench::tp`); skipped, saying so, with fewer than two GPUs.
+fn bench_tp(args: &Args, report: &mut Report) -> anyhow::Result<()> {
+    let count = cudarc::driver::CudaContext::device_count()? as usize;
+    let devices = &args.tp_devices;
+    if count < 2 || devices.len() < 2 || devices.iter().any(|&d| d >= count) {
+        let note =
+            format!("tp: skipped: needs two or more GPUs among --tp-devices {devices:?}; this machine has {count}");
+        println!("\n== {note}");
+        report.notes.push(note);
+        return Ok(());
+    }
+    report.tp = host::bench::tp::bench_tp(devices, args.warmup)?;
     Ok(())
 }
 

@@ -119,7 +119,13 @@ impl Rank {
         let (cr, hr, vr) = (shard.channels(), shard.hidden.len(), shard.vocab.len());
         let rows = max_batch * max_seq_len;
         let name = gpu.name();
-        let oom = |what: &str| format!("allocating {what} of rank {} on {name} (device {})", shard.rank, gpu.ordinal());
+        let oom = |what: &str| {
+            format!(
+                "allocating {what} of rank {} on {name} (device {})",
+                shard.rank,
+                gpu.ordinal()
+            )
+        };
         let up = |v: &Vec<f32>| gpu.upload(v);
         let params = (|| {
             Ok::<_, crate::gpu::GpuError>(DeviceRankParams {
@@ -304,8 +310,33 @@ impl TpEngine {
                 let (mut k, mut v) = (k.slice_mut(cache.clone()), v.slice_mut(cache));
                 let flash = r.flash.as_mut();
                 let out = &mut a.atty;
-                attention(gpu, flash, Precision::Fp32, out, &mut k, &mut v, &a.qkv, b, t, pos0, max_t, cr, nhr, 0)?;
-                Rank::linear(gpu, ws, &mut a.proj, &a.atty, &lw.attprojw, Some(&lw.attprojb), n, cr, c)?;
+                attention(
+                    gpu,
+                    flash,
+                    Precision::Fp32,
+                    out,
+                    &mut k,
+                    &mut v,
+                    &a.qkv,
+                    b,
+                    t,
+                    pos0,
+                    max_t,
+                    cr,
+                    nhr,
+                    0,
+                )?;
+                Rank::linear(
+                    gpu,
+                    ws,
+                    &mut a.proj,
+                    &a.atty,
+                    &lw.attprojw,
+                    Some(&lw.attprojb),
+                    n,
+                    cr,
+                    c,
+                )?;
             }
             self.all_reduce_proj(n * c)?;
             // The residual add and ln2, then each rank's MLP units and its share of their projection.
@@ -316,7 +347,17 @@ impl TpEngine {
                 residual_layernorm_forward(gpu, false, res, ln, &a.residual, &a.proj, &lw.ln2w, &lw.ln2b, n, c)?;
                 Rank::linear(gpu, ws, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, hr)?;
                 gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * hr)?;
-                Rank::linear(gpu, ws, &mut a.proj, &a.fch_gelu, &lw.fcprojw, Some(&lw.fcprojb), n, hr, c)?;
+                Rank::linear(
+                    gpu,
+                    ws,
+                    &mut a.proj,
+                    &a.fch_gelu,
+                    &lw.fcprojw,
+                    Some(&lw.fcprojb),
+                    n,
+                    hr,
+                    c,
+                )?;
             }
             self.all_reduce_proj(n * c)?;
             // The residual stream, and the layernorm that reads it next.
@@ -400,12 +441,16 @@ impl Backend for TpEngine {
             let first = (per_row - 1) * vr;
             argmax_forward(&r.gpu, &mut a.ids, &a.logits.slice(first..), b, real, per_row * vr)?;
             let mut ids = vec![0u32; b];
-            r.gpu.memcpy_dtoh(&a.ids.slice(0..b), &mut ids).ctx("reading a rank's argmax")?;
+            r.gpu
+                .memcpy_dtoh(&a.ids.slice(0..b), &mut ids)
+                .ctx("reading a rank's argmax")?;
             let mut rank_best = Vec::with_capacity(b);
             for (bi, &id) in ids.iter().enumerate() {
                 let at = (bi * per_row + per_row - 1) * vr + id as usize;
                 let mut value = [0f32];
-                r.gpu.memcpy_dtoh(&a.logits.slice(at..at + 1), &mut value).ctx("reading a logit")?;
+                r.gpu
+                    .memcpy_dtoh(&a.logits.slice(at..at + 1), &mut value)
+                    .ctx("reading a logit")?;
                 let value = value[0];
                 rank_best.push(Some((value, vocab.start as u32 + id)));
             }
