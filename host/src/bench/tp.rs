@@ -83,16 +83,14 @@ fn decode_ms(engine: &mut dyn Backend, b: usize, context: usize, steps: usize, r
     let prompt: Vec<u32> = (0..b * context).map(|_| rng.random_range(0..v)).collect();
     engine.forward(&prompt, b, context, 0, LogitsWanted::Last)?;
     let mut ids = engine.argmax()?;
-    let mut pos = context;
     let mut ms = Vec::with_capacity(steps);
-    for i in 0..=steps {
+    for (i, pos) in (context..=context + steps).enumerate() {
         let t0 = Instant::now();
         engine.forward(&ids, b, 1, pos, LogitsWanted::Last)?;
         ids = engine.argmax()?;
         if i > 0 {
             ms.push(t0.elapsed().as_secs_f64() * 1e3);
         }
-        pos += 1;
     }
     Ok(median(&mut ms))
 }
