@@ -11,7 +11,7 @@ pub mod skip;
 use cudarc::driver::CudaSlice;
 use host::cpu::ops as cpu;
 use host::gpu::Gpu;
-use host::gpu::ops::argmax::argmax_forward;
+use host::gpu::ops::argmax::{argmax_forward, argmax_forward_values};
 use host::gpu::ops::args::Variant;
 use host::gpu::ops::attention::attention_forward_variant;
 use host::gpu::ops::convert::convert_to_f32;
@@ -875,6 +875,13 @@ fn argmax_matches_cpu_with_ties_and_padding() {
         let got = gpu.download(&ids).unwrap();
         println!("argmax n={n}: got {got:?}, want {want:?}");
         assert_eq!(got, want);
+        // With the chosen logits too (NaN-poisoned first).
+        let mut ids = gpu.upload(&vec![u32::MAX; n]).unwrap();
+        let mut values = gpu.upload(&vec![f32::NAN; n]).unwrap();
+        argmax_forward_values(&gpu, &mut ids, &mut values, &dl, n, v, vp).unwrap();
+        assert_eq!(gpu.download(&ids).unwrap(), want);
+        let want_values: Vec<f32> = (0..n).map(|r| logits[r * vp + want[r] as usize]).collect();
+        assert_eq!(gpu.download(&values).unwrap(), want_values);
         // strided rows: only the last of every 3 rows
         if n >= 3 {
             let rows = n / 3;

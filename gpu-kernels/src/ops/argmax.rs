@@ -76,11 +76,15 @@ pub unsafe extern "ptx-kernel" fn argmax_forward(p: ArgmaxParams) {
         } else {
             (f32::NEG_INFINITY, NONE)
         };
-        let (_, i) = warp_best(v, i);
+        let (v, i) = warp_best(v, i);
         if lane == 0 {
             // All-NaN rows (never in a sane model) report 0 rather than garbage.
             // SAFETY: row < n.
             unsafe { *p.out.add(row as usize) = if i == NONE { 0 } else { i } };
+            if !p.values.is_null() {
+                // SAFETY: row < n; values holds n entries when not null.
+                unsafe { *p.values.add(row as usize) = v };
+            }
         }
     }
 }

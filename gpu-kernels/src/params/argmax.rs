@@ -11,6 +11,9 @@ pub const ARGMAX_BLOCK: u32 = 512;
 pub struct ArgmaxParams {
     /// `[n]` ids
     pub out: *mut u32,
+    /// `[n]` the chosen logits, or null: not written. (Tensor-parallel ranks
+    /// compare their best candidates by value.)
+    pub values: *mut f32,
     /// Row `i` starts at `logits + i * row_stride` and has at least `v` entries.
     pub logits: *const f32,
     pub n: u32,

@@ -24,7 +24,7 @@ use super::{MatmulScratch, Precision, attention, flash_supported, matmul};
 use crate::cpu::forward::CpuParams;
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::gpu::Gpu;
-use crate::gpu::ops::argmax::argmax_forward;
+use crate::gpu::ops::argmax::argmax_forward_values;
 use crate::gpu::ops::encoder::encoder_forward;
 use crate::gpu::ops::flash_attention::FlashWorkspace;
 use crate::gpu::ops::gelu::gelu_forward;
@@ -63,7 +63,9 @@ struct RankActs {
     head_in: CudaSlice<f32>,
     /// `[rows, Vr]`: the logits of the rank's vocabulary range.
     logits: CudaSlice<f32>,
+    /// `[max_batch]`: each row's best id among the rank's and its logit.
     ids: CudaSlice<u32>,
+    best: CudaSlice<f32>,
 }
 
 /// One GPU's share.
@@ -163,6 +165,7 @@ impl Rank {
                 head_in: alloc(max_batch * c)?,
                 logits: alloc(rows * vr)?,
                 ids: gpu.alloc::<u32>(max_batch)?,
+                best: alloc(max_batch)?,
             })
         })()
         .with_context(|| oom("the activations"))?;
@@ -428,33 +431,40 @@ impl Backend for TpEngine {
         let Last { b, rows } = self.last.context("argmax() called before a successful forward()")?;
         let v = self.config.vocab_size;
         let per_row = rows / b;
-        // Each rank's best among its real ids (on its GPU), with its logit.
-        let mut best: Vec<Vec<Option<(f32, u32)>>> = Vec::with_capacity(self.ranks.len());
+        // Each rank's best among its real ids, with its logit, on its GPU;
+        // all ranks' kernels queued before the first read.
+        let mut real = Vec::with_capacity(self.ranks.len());
         for r in &mut self.ranks {
-            let (vocab, vr) = (r.shard.vocab.clone(), r.shard.vocab.len());
-            let real = v.saturating_sub(vocab.start).min(vr);
-            if real == 0 {
+            let vr = r.shard.vocab.len();
+            let n_real = v.saturating_sub(r.shard.vocab.start).min(vr);
+            real.push(n_real);
+            if n_real > 0 {
+                let a = &mut r.acts;
+                let last = a.logits.slice((per_row - 1) * vr..);
+                argmax_forward_values(&r.gpu, &mut a.ids, &mut a.best, &last, b, n_real, per_row * vr)?;
+            }
+        }
+        let mut best: Vec<Vec<Option<(f32, u32)>>> = Vec::with_capacity(self.ranks.len());
+        for (r, &n_real) in self.ranks.iter().zip(&real) {
+            if n_real == 0 {
                 best.push(vec![None; b]);
                 continue;
             }
-            let a = &mut r.acts;
-            let first = (per_row - 1) * vr;
-            argmax_forward(&r.gpu, &mut a.ids, &a.logits.slice(first..), b, real, per_row * vr)?;
-            let mut ids = vec![0u32; b];
+            let (mut ids, mut values) = (vec![0u32; b], vec![0f32; b]);
             r.gpu
-                .memcpy_dtoh(&a.ids.slice(0..b), &mut ids)
+                .memcpy_dtoh(&r.acts.ids.slice(0..b), &mut ids)
                 .ctx("reading a rank's argmax")?;
-            let mut rank_best = Vec::with_capacity(b);
-            for (bi, &id) in ids.iter().enumerate() {
-                let at = (bi * per_row + per_row - 1) * vr + id as usize;
-                let mut value = [0f32];
-                r.gpu
-                    .memcpy_dtoh(&a.logits.slice(at..at + 1), &mut value)
-                    .ctx("reading a logit")?;
-                let value = value[0];
-                rank_best.push(Some((value, vocab.start as u32 + id)));
-            }
-            best.push(rank_best);
+            r.gpu
+                .memcpy_dtoh(&r.acts.best.slice(0..b), &mut values)
+                .ctx("reading a rank's best logits")?;
+            let start = r.shard.vocab.start as u32;
+            best.push(
+                values
+                    .into_iter()
+                    .zip(ids)
+                    .map(|(x, id)| Some((x, start + id)))
+                    .collect(),
+            );
         }
         (0..b)
             .map(|bi| pick_best(best.iter().map(|rank| rank[bi])).context("no rank holds a vocabulary id"))
