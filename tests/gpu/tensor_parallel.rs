@@ -54,9 +54,10 @@ fn gpt2_two_layers() -> ModelConfig {
     }
 }
 
-/// Prefill `b` rows of `t` random tokens, then `steps` greedy decode steps,
-/// on TP over two GPUs, one GPU and the CPU; every step's logits compared.
-fn tp_matches(config: ModelConfig, b: usize, t: usize, steps: usize) {
+/// Prefill `b` rows of `t` random tokens, then `steps` greedy decode steps
+/// (as CUDA graphs or queued kernels), on TP over two GPUs, one GPU and the
+/// CPU; every step's logits compared.
+fn tp_matches(config: ModelConfig, b: usize, t: usize, steps: usize, graphs: bool) {
     let Some((g0, g1)) = two_gpus() else { return };
     let mut rng = crate::seed::rng();
     let bytes = llmc_bytes(&config, rng.random(), DType::F32).unwrap();
@@ -65,6 +66,7 @@ fn tp_matches(config: ModelConfig, b: usize, t: usize, steps: usize) {
     let max_t = t + steps;
     let mut tp = TpEngine::new(vec![g0, g1], &weights, b, max_t, Precision::Fp32).unwrap();
     assert_eq!(tp.world(), 2);
+    tp.set_decode_graphs(graphs);
     let mut one = GpuEngine::new(Gpu::new(0).unwrap(), &weights, b, max_t, Precision::Fp32).unwrap();
     let mut cpu = CpuModel::new(&weights, b, max_t).unwrap();
     let mut tokens: Vec<u32> = (0..b * t)
@@ -96,6 +98,8 @@ fn tp_matches(config: ModelConfig, b: usize, t: usize, steps: usize) {
         }
         (pos, len, tokens) = (pos + len, 1, chosen);
     }
+    // The graphs really ran (a failed capture falls back to queued kernels).
+    assert_eq!(tp.decode_graph_error(), None, "capturing the decode step");
     // KV-cache decoding equals recomputing the whole sequence (without the
     // last choice, which no step has fed yet).
     let full: Vec<u32> = history.iter().flat_map(|h| h[..h.len() - 1].to_vec()).collect();
@@ -112,14 +116,20 @@ fn tp_matches(config: ModelConfig, b: usize, t: usize, steps: usize) {
 #[ignore = "needs two GPUs"]
 fn tensor_parallel_two_gpus_head64_uneven() {
     // 3 heads over 2 ranks (2 + 1); a vocabulary of 1000 padded to 1024.
-    tp_matches(head64_config(), 3, 37, 5);
+    tp_matches(head64_config(), 3, 37, 5, true);
+}
+
+#[test]
+#[ignore = "needs two GPUs"]
+fn tensor_parallel_two_gpus_queued_decode() {
+    tp_matches(head64_config(), 2, 20, 3, false);
 }
 
 #[test]
 #[ignore = "needs two GPUs"]
 fn tensor_parallel_two_gpus_gpt2_shapes() {
     // GPT-2 124M's widths: 65 tokens a row take the tensor-core matmuls.
-    tp_matches(gpt2_two_layers(), 2, 65, 4);
+    tp_matches(gpt2_two_layers(), 2, 65, 4, true);
 }
 
 #[test]

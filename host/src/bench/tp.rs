@@ -143,14 +143,21 @@ pub fn bench_tp(devices: &[usize], warmup: usize) -> Result<Vec<serde_json::Valu
     for context in DECODE_CONTEXT {
         for b in DECODE_BATCH {
             let one_ms = decode_ms(&mut one, b, context, DECODE_STEPS, &mut rng)?;
+            tp.set_decode_graphs(false);
+            let queued_ms = decode_ms(&mut tp, b, context, DECODE_STEPS, &mut rng)?;
+            tp.set_decode_graphs(true);
             let tp_ms = decode_ms(&mut tp, b, context, DECODE_STEPS, &mut rng)?;
+            if let Some(e) = tp.decode_graph_error() {
+                println!("(TP decode graphs unavailable, queued kernels instead: {e})");
+            }
             println!(
-                "{:>10} {b:>6} {context:>6} {one_ms:>12.3} {tp_ms:>12.3} {:>9.3}",
+                "{:>10} {b:>6} {context:>6} {one_ms:>12.3} {tp_ms:>12.3} {:>9.3}   (TP without graphs {queued_ms:.3} ms)",
                 "decode",
                 tp_ms / one_ms
             );
             rows.push(json!({"kind": "decode", "b": b, "context": context, "world": world,
-                "one_gpu_ms": one_ms, "tp_ms": tp_ms}));
+                "one_gpu_ms": one_ms, "tp_ms": tp_ms, "tp_queued_ms": queued_ms,
+                "tp_graphs": tp.decode_graph_error().is_none()}));
         }
     }
     drop((one, tp));

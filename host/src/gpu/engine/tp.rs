@@ -16,18 +16,24 @@
 //! (3xTF32 tensor cores beyond the GEMV's rows, as [`GpuEngine`] by
 //! default). See docs/performance.md for where it pays.
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result, ensure};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
 use gpu_host::nccl::Collective;
+use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
 
 use super::{MatmulScratch, Precision, attention, flash_supported, matmul};
 use crate::cpu::forward::CpuParams;
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::gpu::Gpu;
 use crate::gpu::ops::argmax::argmax_forward_values;
-use crate::gpu::ops::encoder::encoder_forward;
+use crate::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, decode_attention};
+use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_rows};
 use crate::gpu::ops::flash_attention::FlashWorkspace;
 use crate::gpu::ops::gelu::gelu_forward;
+use crate::gpu::ops::kv_cache::kv_cache_store;
 use crate::gpu::ops::layernorm::{layernorm_forward, residual_layernorm_forward};
 use crate::gpu::ops::matmul::{MatmulWorkspace, split_k_workspace_floats};
 use crate::gpu::ops::weight::WeightRef;
@@ -68,6 +74,28 @@ struct RankActs {
     best: CudaSlice<f32>,
 }
 
+/// A rank's state for decode steps with per-row positions (graph-capturable:
+/// the positions live on the device), where the head size has the decode
+/// kernels.
+struct RankStep {
+    /// `[max_batch]` positions of a step's rows.
+    pos: CudaSlice<u32>,
+    /// `[max_batch, Cr]` queries of a step.
+    q: CudaSlice<f32>,
+    ws: DecodeWorkspace,
+    /// Host staging of `pos`.
+    host_pos: Vec<u32>,
+}
+
+/// Where a forward call's positions come from.
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    /// Every row at positions `pos0..pos0 + t`, a kernel argument.
+    Shared { pos0: usize },
+    /// One token a row at its position in [`RankStep::pos`] (capturable).
+    PerRow,
+}
+
 /// One GPU's share.
 struct Rank {
     gpu: Gpu,
@@ -78,6 +106,7 @@ struct Rank {
     acts: RankActs,
     flash: Option<FlashWorkspace>,
     matmul_ws: MatmulScratch,
+    step: Option<RankStep>,
 }
 
 /// What the last successful `forward` produced.
@@ -95,6 +124,13 @@ pub struct TpEngine {
     max_batch: usize,
     max_seq_len: usize,
     last: Option<Last>,
+    /// Decode steps as CUDA graphs (one a rank, per batch size), made on first use.
+    graphs: HashMap<usize, Vec<CudaGraph>>,
+    /// Whether decode steps run as graphs ([`TpEngine::set_decode_graphs`];
+    /// off after a capture failed).
+    graphs_on: bool,
+    /// Why capturing failed, if it did.
+    graph_error: Option<String>,
 }
 
 /// Split-K scratch floats for every matmul of a rank's forward call of
@@ -187,6 +223,16 @@ impl Rank {
             fp32_tensor_cores: true,
             tf32_split: None,
         };
+        let step = match shard.head_size == DECODE_HEAD_SIZE as usize {
+            true => Some(RankStep {
+                pos: gpu.alloc(max_batch).with_context(|| oom("the decode positions"))?,
+                q: alloc(max_batch * cr).with_context(|| oom("the decode queries"))?,
+                ws: DecodeWorkspace::new(&gpu, max_batch, shard.num_heads(), max_seq_len)
+                    .with_context(|| oom("the decode attention workspace"))?,
+                host_pos: Vec::with_capacity(max_batch),
+            }),
+            false => None,
+        };
         Ok(Rank {
             gpu,
             shard,
@@ -195,6 +241,7 @@ impl Rank {
             acts,
             flash,
             matmul_ws,
+            step,
         })
     }
 
@@ -261,7 +308,22 @@ impl TpEngine {
             max_batch,
             max_seq_len,
             last: None,
+            graphs: HashMap::new(),
+            graphs_on: true,
+            graph_error: None,
         })
+    }
+
+    /// Run decode steps (`t = 1`) as one CUDA graph a rank (`true`, the
+    /// default, where the head size has the decode kernels) or queue every
+    /// kernel (`false`; for comparison).
+    pub fn set_decode_graphs(&mut self, on: bool) {
+        self.graphs_on = on;
+    }
+
+    /// Why decode steps stopped running as graphs (a capture failed), if they did.
+    pub fn decode_graph_error(&self) -> Option<&str> {
+        self.graph_error.as_deref()
     }
 
     /// Number of ranks (GPUs).
@@ -290,15 +352,100 @@ impl TpEngine {
             .context("all-reduce of the projections")
     }
 
-    /// The forward pass after the argument checks.
+    /// The forward pass after the argument checks: a decode step (`t = 1`)
+    /// as each rank's CUDA graph where it can, else every kernel queued.
     fn run(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
+        let n = b * t;
+        let graphs = t == 1 && self.graphs_on && self.ranks.iter().all(|r| r.step.is_some());
+        for r in &mut self.ranks {
+            r.gpu
+                .memcpy_htod(tokens, &mut r.acts.tokens.slice_mut(0..n))
+                .ctx("uploading token ids")?;
+            if let (true, Some(s)) = (graphs, r.step.as_mut()) {
+                let pos = u32::try_from(pos0).context("position past u32")?;
+                s.host_pos.clear();
+                s.host_pos.resize(b, pos);
+                r.gpu
+                    .memcpy_htod(&s.host_pos, &mut s.pos.slice_mut(0..b))
+                    .ctx("uploading positions")?;
+            }
+        }
+        if !graphs {
+            return self.enqueue(b, t, Place::Shared { pos0 }, want);
+        }
+        if !self.graphs.contains_key(&b) {
+            match self.capture(b) {
+                Ok(g) => {
+                    self.graphs.insert(b, g);
+                }
+                // Not capturable here (e.g. an NCCL without graph support):
+                // say why once, and queue the kernels from now on.
+                Err(e) => {
+                    self.graphs_on = false;
+                    self.graph_error = Some(format!("{e:#}"));
+                    return self.enqueue(b, t, Place::Shared { pos0 }, want);
+                }
+            }
+        }
+        for g in &self.graphs[&b] {
+            g.launch().ctx("cuGraphLaunch")?;
+        }
+        Ok(())
+    }
+
+    /// Each rank's decode step of `b` rows captured into a graph (all ranks'
+    /// streams at once: the all-reduces join them).
+    fn capture(&mut self, b: usize) -> Result<Vec<CudaGraph>> {
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        let mut begun = 0;
+        let mut result = Ok(());
+        for r in &self.ranks {
+            if let Err(e) = r.gpu.begin_capture(mode) {
+                result = Err(anyhow::Error::new(e).context("cuStreamBeginCapture"));
+                break;
+            }
+            begun += 1;
+        }
+        if result.is_ok() {
+            result = self.enqueue(b, 1, Place::PerRow, LogitsWanted::Last);
+        }
+        // End every capture that began, whatever happened, so the streams work again.
+        let flags = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+        let ended: Vec<_> = self.ranks[..begun].iter().map(|r| r.gpu.end_capture(flags)).collect();
+        result.context("capturing the tensor-parallel decode step")?;
+        ended
+            .into_iter()
+            .map(|g| {
+                let g = g.ctx("cuStreamEndCapture")?.context("the capture recorded no graph")?;
+                g.upload().ctx("cuGraphUpload")?;
+                Ok(g)
+            })
+            .collect()
+    }
+
+    /// Queue the forward pass of `b` rows of `t` tokens on every rank (token
+    /// ids already uploaded; with [`Place::PerRow`], the positions too).
+    fn enqueue(&mut self, b: usize, t: usize, place: Place, want: LogitsWanted) -> Result<()> {
         let cfg = self.config;
         let (c, n, max_t) = (cfg.channels, b * t, self.max_seq_len);
         for r in &mut self.ranks {
             let (gpu, p, a) = (&r.gpu, &r.params, &mut r.acts);
-            gpu.memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
-                .ctx("uploading token ids")?;
-            encoder_forward(gpu, &mut a.residual, &a.tokens, &p.wte, &p.wpe, b, t, c, pos0)?;
+            match (place, r.step.as_ref()) {
+                (Place::Shared { pos0 }, _) => {
+                    encoder_forward(gpu, &mut a.residual, &a.tokens, &p.wte, &p.wpe, b, t, c, pos0)?
+                }
+                (Place::PerRow, Some(s)) => encoder_forward_rows(
+                    gpu,
+                    &mut a.residual,
+                    &a.tokens,
+                    &s.pos,
+                    WeightRef::F32(&p.wte),
+                    &p.wpe,
+                    n,
+                    c,
+                )?,
+                (Place::PerRow, None) => anyhow::bail!("no per-row decode state"),
+            }
             let first = p.layers.first().context("the model has no layers")?;
             layernorm_forward(gpu, &mut a.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?;
         }
@@ -309,26 +456,23 @@ impl TpEngine {
                 let (cr, nhr) = (r.shard.channels(), r.shard.num_heads());
                 Rank::linear(gpu, ws, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * cr)?;
                 let (k, v) = &mut r.kv_cache[li];
-                let cache = 0..b * cr * max_t;
-                let (mut k, mut v) = (k.slice_mut(cache.clone()), v.slice_mut(cache));
-                let flash = r.flash.as_mut();
-                let out = &mut a.atty;
-                attention(
-                    gpu,
-                    flash,
-                    Precision::Fp32,
-                    out,
-                    &mut k,
-                    &mut v,
-                    &a.qkv,
-                    b,
-                    t,
-                    pos0,
-                    max_t,
-                    cr,
-                    nhr,
-                    0,
-                )?;
+                match (place, r.step.as_mut()) {
+                    (Place::Shared { pos0 }, _) => {
+                        let cache = 0..b * cr * max_t;
+                        let (mut k, mut v) = (k.slice_mut(cache.clone()), v.slice_mut(cache));
+                        let (flash, out) = (r.flash.as_mut(), &mut a.atty);
+                        let prec = Precision::Fp32;
+                        attention(
+                            gpu, flash, prec, out, &mut k, &mut v, &a.qkv, b, t, pos0, max_t, cr, nhr, 0,
+                        )?;
+                    }
+                    (Place::PerRow, Some(s)) => {
+                        kv_cache_store(gpu, &mut s.q, k, v, &a.qkv, &s.pos, n, cr, nhr, max_t)?;
+                        let launch = DecodeLaunch::new(false);
+                        decode_attention(gpu, &mut s.ws, launch, &mut a.atty, &s.q, k, v, &s.pos, n, cr, nhr, 0)?;
+                    }
+                    (Place::PerRow, None) => anyhow::bail!("no per-row decode state"),
+                }
                 Rank::linear(
                     gpu,
                     ws,
