@@ -394,9 +394,11 @@ impl TpEngine {
     }
 
     /// Each rank's decode step of `b` rows captured into a graph (all ranks'
-    /// streams at once: the all-reduces join them).
+    /// streams at once: the all-reduces join them). Relaxed mode: NCCL's
+    /// group end makes calls that the stricter modes forbid while a stream
+    /// of this thread captures (they invalidated the capture, on 2 H200s).
     fn capture(&mut self, b: usize) -> Result<Vec<CudaGraph>> {
-        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         let mut begun = 0;
         let mut result = Ok(());
         for r in &self.ranks {
