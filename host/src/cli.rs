@@ -1,17 +1,18 @@
 //! Command-line pieces shared by the `host` and `perplexity` binaries: their
 //! `main` ([`main_with`]), the `--weights` lookup and the choice of backend
-//! (`--cpu`, `--precision`, `--device`). The flags are clap `Args` structs to
+//! (`--cpu`, `--precision`, `--device`, `--devices`). The flags are clap `Args` structs to
 //! `#[command(flatten)]` into a binary's own `Cli`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Parser, ValueEnum};
 
 use crate::cpu::CpuModel;
 use crate::generate::Backend;
 use crate::gpu::engine::{GpuEngine, Precision};
+use crate::gpu::replicas::{DeviceList, Replicas};
 use crate::hub::{HubOptions, resolve_weights};
 use crate::model::Weights;
 use crate::model::checkpoint::Checkpoint;
@@ -75,7 +76,7 @@ impl WeightsArgs {
     }
 }
 
-/// `--cpu`, `--precision`, `--device`: where the model runs.
+/// `--cpu`, `--precision`, `--device`, `--devices`: where the model runs.
 #[derive(Args, Clone, Debug)]
 pub struct BackendArgs {
     /// Run on the CPU reference instead of the GPU.
@@ -87,6 +88,12 @@ pub struct BackendArgs {
     /// GPU to use.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// GPUs to spread the batch over, one model replica each (data
+    /// parallel): ordinals such as 0,1, or `all`. An ordinal may repeat
+    /// (0,0: two replicas on one GPU, which tests the split on a one-GPU
+    /// machine but gains no speed).
+    #[arg(long, value_name = "LIST", conflicts_with_all = ["device", "cpu"])]
+    pub devices: Option<DeviceList>,
     /// Attend only to the last W positions (sliding-window causal
     /// attention); 0 attends to the whole context, as GPT-2 was trained.
     #[arg(long, value_name = "W", default_value_t = 0)]
@@ -94,15 +101,38 @@ pub struct BackendArgs {
 }
 
 impl BackendArgs {
-    /// The CPU reference (`--cpu`) or the GPU engine on device `--device` at
-    /// `--precision`, sized for `max_batch` rows of `max_seq_len` tokens.
+    /// The GPUs the model runs on: `--devices` (checked against the
+    /// machine's), else `--device`; none with `--cpu`.
+    pub fn gpus(&self) -> Result<Vec<usize>> {
+        match (&self.devices, self.cpu) {
+            (_, true) => Ok(Vec::new()),
+            (Some(list), false) => list.resolve(),
+            (None, false) => Ok(vec![self.device]),
+        }
+    }
+
+    /// The CPU reference (`--cpu`), the GPU engine on device `--device`, or
+    /// with several `--devices` one replica on each ([`Replicas`]), at
+    /// `--precision`, sized for `max_batch` rows (over all replicas) of
+    /// `max_seq_len` tokens.
     pub fn backend(&self, weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<Box<dyn Backend>> {
         if self.cpu {
             let mut model = CpuModel::new(weights, max_batch, max_seq_len)?;
             model.set_attention_window(self.attention_window);
             return Ok(Box::new(model));
         }
-        let gpu = crate::gpu::Gpu::new(self.device)?;
+        let gpus = self.gpus()?;
+        if gpus.len() > 1 {
+            let mut replicas = Replicas::new(&gpus, weights, max_batch, max_seq_len, self.precision.into())?;
+            let window = self.attention_window;
+            replicas.with_each(move |_, e| {
+                e.set_attention_window(window);
+                Ok(())
+            })?;
+            return Ok(Box::new(replicas));
+        }
+        let &device = gpus.first().context("no GPU listed")?;
+        let gpu = crate::gpu::Gpu::new(device)?;
         let mut engine = GpuEngine::new(gpu, weights, max_batch, max_seq_len, self.precision.into())?;
         engine.set_attention_window(self.attention_window);
         Ok(Box::new(engine))
