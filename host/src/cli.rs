@@ -138,3 +138,53 @@ impl BackendArgs {
         Ok(Box::new(engine))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A program with only the backend flags.
+    #[derive(Parser, Debug)]
+    struct Flags {
+        #[command(flatten)]
+        backend: BackendArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BackendArgs, clap::Error> {
+        Flags::try_parse_from(std::iter::once("prog").chain(args.iter().copied())).map(|f| f.backend)
+    }
+
+    #[test]
+    fn devices_parse_and_conflict_with_device_and_cpu() {
+        assert_eq!(
+            parse(&["--devices", "0,1"]).unwrap().devices,
+            Some(DeviceList::List(vec![0, 1]))
+        );
+        assert_eq!(
+            parse(&["--devices", "0,0"]).unwrap().devices,
+            Some(DeviceList::List(vec![0, 0]))
+        );
+        assert_eq!(parse(&["--devices", "all"]).unwrap().devices, Some(DeviceList::All));
+        assert_eq!(parse(&[]).unwrap().devices, None);
+        for bad in [
+            &["--devices", "0,1", "--device", "1"][..],
+            &["--cpu", "--devices", "0,1"],
+            &["--devices", ""],
+            &["--devices", "0,x"],
+            &["--devices", "1,"],
+            &["--devices"],
+        ] {
+            let e = parse(bad).expect_err(&format!("{bad:?}"));
+            assert_ne!(e.kind(), clap::error::ErrorKind::DisplayHelp, "{bad:?}");
+        }
+        let e = parse(&["--devices", "0,x"]).unwrap_err().to_string();
+        assert!(e.contains("`x`") && e.contains("device list"), "{e}");
+    }
+
+    #[test]
+    fn gpus_without_devices_is_the_device_and_none_on_the_cpu() {
+        assert_eq!(parse(&["--device", "3"]).unwrap().gpus().unwrap(), vec![3]);
+        assert_eq!(parse(&[]).unwrap().gpus().unwrap(), vec![0]);
+        assert!(parse(&["--cpu"]).unwrap().gpus().unwrap().is_empty());
+    }
+}

@@ -22,5 +22,6 @@ mod matmul_small;
 mod matmul_tf32;
 mod perplexity;
 mod pipeline;
+mod replicas;
 mod sampling;
 mod serve;
