@@ -4,6 +4,7 @@
 //!
 //! Timing rule of the project: speed is shown here, never by a timed test.
 
+pub mod replicas;
 pub mod step_trace;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas_sys};

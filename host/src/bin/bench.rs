@@ -3,7 +3,7 @@
 //! flash), and the end-to-end engine. CUDA-event timing after warm-up, median of
 //! `--samples` (≥ 20) samples, operands rotated among enough sets to exceed L2.
 //!
-//! Usage: `bench [gemm|gemv|attention|e2e|trace|step|all]... [--json PATH] [--samples N] [--quick]`
+//! Usage: `bench [gemm|gemv|attention|e2e|trace|step|slots|replicas|all]... [--json PATH] [--samples N] [--quick] [--devices LIST]`
 //! Prints the device name, then a table per section; `--json` writes every
 //! number (see `host::bench::GemmResult`).
 
@@ -18,6 +18,7 @@ use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TI
 use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
 use gpu_kernels::params::matmul_tf32::MATMUL_3XTF32_VARIANTS;
 use gpu_kernels::params::sample::SampleRow;
+use host::bench::replicas::bench_replicas;
 use host::bench::step_trace::{PHASE_KINDS, PhaseTimes, by_kind, phase_times};
 use host::bench::{
     AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random,
@@ -45,6 +46,7 @@ use host::gpu::ops::matmul_tf32::{
     matmul_forward_tf32, matmul_forward_tf32_opts, matmul_forward_tf32_with,
 };
 use host::gpu::ops::weight::WeightRef;
+use host::gpu::replicas::DeviceList;
 use host::gpu::runtime::dptr_mut;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
@@ -127,7 +129,7 @@ const GEMV_CUBLAS_WORKSPACE: usize = 32 << 20;
 #[derive(Parser)]
 #[command(about = "Benchmarks: GEMM (ours vs cuBLAS), GEMV, attention, end to end")]
 struct Args {
-    /// Sections: gemm, gemv, attention, e2e, trace, step, all (default all: every one but trace and step).
+    /// Sections: gemm, gemv, attention, e2e, trace, step, slots, replicas, all (default all: every one but trace, step, slots and replicas).
     sections: Vec<String>,
     /// Write all results as JSON here.
     #[arg(long)]
@@ -144,6 +146,10 @@ struct Args {
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// `replicas` section: the GPUs (0,1 or all; one replica each) timed
+    /// against one GPU.
+    #[arg(long, value_name = "LIST", default_value = "all")]
+    devices: DeviceList,
     /// `gemm` section: only these M (comma-separated), e.g. for a profiler.
     #[arg(long, value_delimiter = ',')]
     gemm_m: Vec<usize>,
@@ -169,6 +175,8 @@ struct Report {
     copy_bandwidth: Option<serde_json::Value>,
     attention: Vec<serde_json::Value>,
     e2e: Vec<serde_json::Value>,
+    /// The `replicas` section (`host::bench::replicas`).
+    replicas: Option<serde_json::Value>,
     notes: Vec<String>,
 }
 
@@ -199,7 +207,10 @@ fn main() -> anyhow::Result<()> {
             "trace" => bench_trace(&args, &mut report)?,
             "step" => bench_step(&args, &mut report)?,
             "slots" => bench_slots(&args, &mut report)?,
-            other => anyhow::bail!("unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, all)"),
+            "replicas" => report.replicas = Some(bench_replicas(&args.devices, args.samples, args.warmup)?),
+            other => anyhow::bail!(
+                "unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, replicas, all)"
+            ),
         }
     }
     if let Some(path) = &args.json {
