@@ -83,7 +83,7 @@ fn wall_times(warmup: usize, samples: usize, mut run: impl FnMut() -> Result<()>
 }
 
 /// The section: see the module's documentation. `samples` and `warmup`
-/// apply to the generation runs (perplexity: [`PPL_RUNS`] after one warm-up).
+/// apply to the generation runs (perplexity: `PPL_RUNS` runs after one warm-up).
 pub fn bench_replicas(devices: &DeviceList, samples: usize, warmup: usize) -> Result<serde_json::Value> {
     let listed = devices.resolve()?;
     let (devices, note) = if listed.len() >= 2 {
