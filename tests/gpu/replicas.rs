@@ -470,3 +470,18 @@ fn replicas_on_two_gpus_match_one_gpu() {
     }
     perplexity_matches(&devices);
 }
+
+/// The server's interface over two replicas on GPU 0 (slots interleaved
+/// over them, a decode step split by replica) runs the serve tests'
+/// schedule against the CPU reference at the FP32 bar.
+#[test]
+#[ignore = "needs a GPU"]
+fn slot_replicas_on_one_gpu_match_cpu() {
+    crate::serve::schedule_matches_cpu_on(Precision::Fp32, crate::serve::FP32_TOL, |gpu, w| {
+        drop(gpu);
+        let (slots, max_t, chunk) = (crate::serve::SLOTS, crate::serve::MAX_T, crate::serve::CHUNK);
+        let replicas = Replicas::for_slots(&SAME_GPU, w, slots, max_t, chunk, Precision::Fp32).unwrap();
+        assert_eq!(host::serve::backend::SlotBackend::slots(&replicas), slots);
+        Box::new(replicas)
+    });
+}

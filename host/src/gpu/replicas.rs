@@ -25,6 +25,7 @@ use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::gpu::engine::{GpuEngine, Precision};
 use crate::gpu::{Gpu, GpuError};
 use crate::model::{ModelConfig, Weights};
+use crate::serve::backend::{Draw, SlotBackend, SlotToken, check_slot_rows};
 
 /// Split `b` rows over `n` replicas: contiguous ranges in row order, the
 /// first `b % n` one row longer than the rest (a replica whose range is
@@ -178,6 +179,13 @@ pub struct Replicas {
     /// The settings of `prepare_sampling` (the `choose_and_step` fallback
     /// samples with them).
     prepared: Option<Vec<SampleRow>>,
+    /// Slots of the server interface over all replicas: slot `s` is slot
+    /// `s / n` of replica `s % n` (interleaved, so the lowest free slots
+    /// spread over every GPU).
+    slots: usize,
+    /// The rows of the last slot call: per replica with rows, which rows of
+    /// the call (in its order) it ran.
+    slot_last: Option<Vec<(usize, Vec<usize>)>>,
 }
 
 impl Replicas {
@@ -191,18 +199,52 @@ impl Replicas {
         max_seq_len: usize,
         precision: Precision,
     ) -> Result<Replicas> {
-        ensure!(!devices.is_empty(), "no GPU listed for the replicas");
         ensure!(max_batch > 0, "replicas need a batch of at least 1 row");
+        let per_replica = split_rows(max_batch, devices.len().max(1))[0].len();
+        Self::build(devices, weights, max_batch, max_seq_len, move |gpu, w| {
+            GpuEngine::new(gpu, w, per_replica, max_seq_len, precision)
+        })
+    }
+
+    /// Replicas for a server ([`SlotBackend`]): `slots` sequences over all
+    /// replicas (see [`GpuEngine::with_rows`] for `rows`, the activation
+    /// rows of each), every engine's slot interface checked.
+    pub fn for_slots(
+        devices: &[usize],
+        weights: &Weights,
+        slots: usize,
+        max_seq_len: usize,
+        rows: usize,
+        precision: Precision,
+    ) -> Result<Replicas> {
+        ensure!(slots > 0, "replicas need at least 1 slot");
+        let per_replica = split_rows(slots, devices.len().max(1))[0].len();
+        let rows = rows.max(per_replica);
+        Self::build(devices, weights, slots, max_seq_len, move |gpu, w| {
+            let engine = GpuEngine::with_rows(gpu, w, per_replica, max_seq_len, rows, precision)?;
+            engine.check_slots()?;
+            Ok(engine)
+        })
+    }
+
+    /// One engine per device made by `make` on its own thread (uploads run
+    /// concurrently), each moved to its worker; `max_batch` rows (or slots)
+    /// in all.
+    fn build(
+        devices: &[usize],
+        weights: &Weights,
+        max_batch: usize,
+        max_seq_len: usize,
+        make: impl Fn(Gpu, &Weights) -> Result<GpuEngine> + Sync,
+    ) -> Result<Replicas> {
+        ensure!(!devices.is_empty(), "no GPU listed for the replicas");
         let per_replica = split_rows(max_batch, devices.len())[0].len();
+        let make = &make;
         let engines: Vec<Result<SendEngine>> = std::thread::scope(|scope| {
             let handles: Vec<_> = devices
                 .iter()
                 .map(|&device| {
-                    scope.spawn(move || -> Result<SendEngine> {
-                        let gpu = Gpu::new(device)?;
-                        let engine = GpuEngine::new(gpu, weights, per_replica, max_seq_len, precision)?;
-                        Ok(SendEngine(engine))
-                    })
+                    scope.spawn(move || -> Result<SendEngine> { Ok(SendEngine(make(Gpu::new(device)?, weights)?)) })
                 })
                 .collect();
             handles
@@ -235,6 +277,8 @@ impl Replicas {
             last: None,
             started: None,
             prepared: None,
+            slots: max_batch,
+            slot_last: None,
         })
     }
 
@@ -391,6 +435,7 @@ impl Backend for Replicas {
     /// of the call at `pos0 = 0` it continues (the split follows `b`).
     fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
         self.last = None;
+        self.slot_last = None;
         let (max_batch, v) = (self.max_batch(), self.config.vocab_size);
         check_forward_args(tokens, b, t, pos0, max_batch, self.max_seq_len, v, "set of replicas")?;
         if pos0 == 0 {
@@ -501,6 +546,125 @@ impl Backend for Replicas {
             }
         }
         Ok(Some(out))
+    }
+}
+
+impl Replicas {
+    /// The replica and its own slot of slot `slot` (interleaved).
+    fn slot_home(&self, slot: usize) -> (usize, usize) {
+        let n = self.workers.len();
+        (slot % n, slot / n)
+    }
+
+    /// Run `f(rows, engine)` on each replica of the last slot call with the
+    /// indices of its rows; each answers `per_row` values a row, put back
+    /// in the call's row order.
+    fn on_slot_rows<T, F>(&mut self, what: &str, per_row: usize, f: F) -> Result<Vec<T>>
+    where
+        T: Clone + Default + Send + 'static,
+        F: Fn(&[usize], &mut GpuEngine) -> Result<Vec<T>> + Send + Sync + 'static,
+    {
+        let groups = self
+            .slot_last
+            .clone()
+            .with_context(|| format!("{what}() called before a successful prefill() or decode()"))?;
+        let rows: usize = groups.iter().map(|(_, idx)| idx.len()).sum();
+        let f = Arc::new(f);
+        let jobs = groups
+            .iter()
+            .map(|(i, idx)| {
+                let (f, idx) = (Arc::clone(&f), idx.clone());
+                (*i, move |e: &mut GpuEngine| f(&idx, e))
+            })
+            .collect();
+        let parts: Vec<Vec<T>> = self.dispatch(jobs)?;
+        let mut out = vec![T::default(); rows * per_row];
+        for ((_, idx), part) in groups.iter().zip(parts) {
+            ensure!(
+                part.len() == idx.len() * per_row,
+                "{what}(): a replica answered {} values for {} rows",
+                part.len(),
+                idx.len()
+            );
+            for (k, &r) in idx.iter().enumerate() {
+                out[r * per_row..(r + 1) * per_row].clone_from_slice(&part[k * per_row..(k + 1) * per_row]);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The server's interface: slot `s` lives on replica `s % n` (as its slot
+/// `s / n`); a decode step runs every replica's rows concurrently, and the
+/// choices and logits come back in the step's row order. Sampling follows
+/// each row's [`Draw`] (its own stream), so it needs no offset.
+impl SlotBackend for Replicas {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn slots(&self) -> usize {
+        self.slots
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<()> {
+        self.slot_last = None;
+        self.last = None;
+        ensure!(slot < self.slots, "slot {slot} is beyond the {} slots", self.slots);
+        let (i, local) = self.slot_home(slot);
+        let tokens = tokens.to_vec();
+        self.dispatch(vec![(i, move |e: &mut GpuEngine| {
+            SlotBackend::prefill(e, local, &tokens, pos0)
+        })])?;
+        self.slot_last = Some(vec![(i, vec![0])]);
+        Ok(())
+    }
+
+    fn decode(&mut self, rows: &[SlotToken]) -> Result<()> {
+        self.slot_last = None;
+        self.last = None;
+        check_slot_rows(rows, self.slots, self.max_seq_len, self.config.vocab_size)?;
+        let n = self.workers.len();
+        let mut groups: Vec<(usize, Vec<usize>)> = (0..n).map(|i| (i, Vec::new())).collect();
+        for (r, row) in rows.iter().enumerate() {
+            groups[self.slot_home(row.slot).0].1.push(r);
+        }
+        groups.retain(|(_, idx)| !idx.is_empty());
+        let jobs = groups
+            .iter()
+            .map(|(i, idx)| {
+                let local: Vec<SlotToken> = idx
+                    .iter()
+                    .map(|&r| SlotToken {
+                        slot: rows[r].slot / n,
+                        ..rows[r]
+                    })
+                    .collect();
+                (*i, move |e: &mut GpuEngine| SlotBackend::decode(e, &local))
+            })
+            .collect();
+        self.dispatch(jobs)?;
+        self.slot_last = Some(groups);
+        Ok(())
+    }
+
+    fn choose(&mut self, draws: &[Draw]) -> Result<Vec<u32>> {
+        let rows: usize = self.slot_last.iter().flatten().map(|(_, idx)| idx.len()).sum();
+        ensure!(draws.len() == rows, "choose(): {} draws for {rows} rows", draws.len());
+        let draws = Arc::new(draws.to_vec());
+        self.on_slot_rows("choose", 1, move |idx, e| {
+            let mine: Vec<Draw> = idx.iter().map(|&r| draws[r]).collect();
+            e.choose(&mine)
+        })
+    }
+
+    fn slot_logits(&mut self) -> Result<Vec<f32>> {
+        let vp = self.config.padded_vocab_size;
+        self.on_slot_rows("slot_logits", vp, |_, e| e.slot_logits())
     }
 }
 
