@@ -157,9 +157,11 @@ fn generation_matches(devices: &[usize], b: usize) {
     let dp_forced = forced_logits(&mut dp, &prompts, &dp_greedy);
 
     let ranges = split_rows(b, devices.len());
+    // Built as the replicas are (the first share's rows), so nothing differs.
+    let per_replica = ranges[0].len();
     for (&device, range) in devices.iter().zip(&ranges).filter(|(_, r)| !r.is_empty()) {
         let rows = range.clone();
-        let mut e = engine(device, &w, rows.len(), MAX_T);
+        let mut e = engine(device, &w, per_replica, MAX_T);
         let part = &prompts[rows.clone()];
         assert_eq!(
             generated(&mut e, part, greedy()),
@@ -260,8 +262,9 @@ fn replica_logits_equal_sub_batch_engines_bitwise() {
         let (dp_prefill, dp_prefill_ids, dp_step, dp_step_ids) = run(&mut dp);
         assert_eq!(dp_prefill.len(), b * PROMPT_LEN * vp);
         assert_eq!(dp_step.len(), b * vp);
-        for range in split_rows(b, SAME_GPU.len()).iter().filter(|r| !r.is_empty()) {
-            let mut e = engine(0, &w, range.len(), MAX_T);
+        let ranges = split_rows(b, SAME_GPU.len());
+        for range in ranges.iter().filter(|r| !r.is_empty()) {
+            let mut e = engine(0, &w, ranges[0].len(), MAX_T);
             let part = |all: &[u32], per_row: usize| all[range.start * per_row..range.end * per_row].to_vec();
             let (prompt_r, step_r) = (part(&prompt, PROMPT_LEN), part(&step, 1));
             e.forward(&prompt_r, range.len(), PROMPT_LEN, 0, LogitsWanted::All)
