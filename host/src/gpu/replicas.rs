@@ -141,6 +141,11 @@ struct Worker {
 /// ends the thread; the job's dropped result channel tells the caller.
 fn worker_loop(engine: SendEngine, jobs: mpsc::Receiver<Job>) {
     let mut engine = engine.0;
+    // Make the engine's context current on this thread once (cudarc binds
+    // it before its own calls; this covers any raw driver call that does
+    // not). A failure here shows again in the first job's own calls, which
+    // report it.
+    let _ = engine.gpu().synchronize();
     while let Ok(job) = jobs.recv() {
         job(&mut engine);
     }
