@@ -22,6 +22,7 @@ mod matmul_small;
 mod matmul_tf32;
 mod perplexity;
 mod pipeline;
+mod replicas;
 mod sampling;
 mod serve;
 mod tensor_parallel;

@@ -10,13 +10,14 @@ use gpu_kernels::params::sample::SampleRow;
 use half::bf16;
 use host::cpu::CpuModel;
 use host::cpu::sample::{argmax, sample_row};
+use host::gpu::Gpu;
 use host::gpu::engine::{GpuEngine, Precision};
 use host::gpu::ops::encoder::encoder_forward_rows;
 use host::gpu::ops::kv_cache::kv_cache_store;
 use host::gpu::ops::weight::WeightRef;
-use host::model::DType;
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::llmc_bytes;
+use host::model::{DType, Weights};
 use host::serve::backend::{Draw, SlotBackend, SlotToken};
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -25,17 +26,17 @@ use crate::decode::head64_config;
 use crate::kernels::{check, down, poisoned, random_vec};
 
 /// The FP32 bar against the CPU reference.
-const FP32_TOL: f32 = 1e-3;
+pub(crate) const FP32_TOL: f32 = 1e-3;
 /// TF32 and bf16 against the FP32 CPU reference (their error is the
 /// matmuls' rounding: docs/accuracy.md).
 const LOW_PRECISION_TOL: f32 = 5e-2;
 /// Slots: more than the fused kernels' rows, so steps whose highest slot is
 /// past them take the per-row prefill path.
-const SLOTS: usize = DECODE_MAX_ROWS as usize + 4;
+pub(crate) const SLOTS: usize = DECODE_MAX_ROWS as usize + 4;
 /// Positions per slot.
-const MAX_T: usize = 96;
+pub(crate) const MAX_T: usize = 96;
 /// Activation rows: a prefill chunk.
-const CHUNK: usize = 24;
+pub(crate) const CHUNK: usize = 24;
 
 /// One sequence of the schedule: its slot and what it holds so far.
 struct Seq {
@@ -77,13 +78,26 @@ fn draw(rng: &mut StdRng, sampled: bool, counter: usize, stream: u32) -> Draw {
 /// (`tol`), and each chosen id against the CPU sampler over the GPU's own
 /// logits (the sampler is exact on equal logits).
 fn schedule_matches_cpu(precision: Precision, tol: f32) {
+    schedule_matches_cpu_on(precision, tol, |gpu, w| {
+        Box::new(GpuEngine::with_rows(gpu, w, SLOTS, MAX_T, CHUNK, precision).unwrap())
+    });
+}
+
+/// [`schedule_matches_cpu`] on the slot backend `make(gpu 0, weights)`
+/// builds for [`SLOTS`] slots of [`MAX_T`] positions, [`CHUNK`] rows.
+pub(crate) fn schedule_matches_cpu_on(
+    precision: Precision,
+    tol: f32,
+    make: impl FnOnce(Gpu, &Weights) -> Box<dyn SlotBackend>,
+) {
     let Some(gpu) = crate::kernels::skip::gpu() else { return };
     let mut rng = crate::seed::rng();
     let cfg = head64_config();
     let bytes = llmc_bytes(&cfg, rng.random(), DType::F32).unwrap();
     let ckpt = Checkpoint::from_bytes(bytes, "random.bin", Some(cfg.num_heads)).unwrap();
     let w = ckpt.weights().unwrap();
-    let mut gpu = GpuEngine::with_rows(gpu, &w, SLOTS, MAX_T, CHUNK, precision).unwrap();
+    let mut gpu = make(gpu, &w);
+    let gpu = gpu.as_mut();
     let mut cpu = if precision == Precision::Bf16 {
         CpuModel::new_bf16(&w, SLOTS, MAX_T).unwrap()
     } else {
@@ -102,7 +116,7 @@ fn schedule_matches_cpu(precision: Precision, tol: f32) {
             next: None,
         })
         .collect();
-    let compare = |what: &str, gpu: &mut GpuEngine, cpu: &mut CpuModel, draws: &[Draw]| -> Vec<u32> {
+    let compare = |what: &str, gpu: &mut dyn SlotBackend, cpu: &mut CpuModel, draws: &[Draw]| -> Vec<u32> {
         let (got, want) = (gpu.slot_logits().unwrap(), cpu.slot_logits().unwrap());
         assert_eq!(got.len(), draws.len() * vp, "{what}: logits rows");
         check(&format!("{what} {precision:?}"), &got, &want, tol, 0.0);
@@ -126,7 +140,7 @@ fn schedule_matches_cpu(precision: Precision, tol: f32) {
             cpu.prefill(s.slot, chunk, s.len).unwrap();
             s.len = end;
             let d = [draw(&mut rng, i % 2 == 1, s.len, s.slot as u32 * 7 + 1)];
-            let ids = compare(&format!("prefill slot {} to {end}", s.slot), &mut gpu, &mut cpu, &d);
+            let ids = compare(&format!("prefill slot {} to {end}", s.slot), gpu, &mut cpu, &d);
             if s.len == s.prompt.len() {
                 // The CPU's greedy choice feeds both (so they stay on one path).
                 s.next = Some(ids[0].min(v as u32 - 1));
@@ -154,12 +168,7 @@ fn schedule_matches_cpu(precision: Precision, tol: f32) {
             .map(|&i| draw(&mut rng, step % 2 == 1, seqs[i].len + 1, seqs[i].slot as u32 * 7 + 1))
             .collect();
         let slots: Vec<usize> = rows.iter().map(|r| r.slot).collect();
-        compare(
-            &format!("decode step {step} slots {slots:?}"),
-            &mut gpu,
-            &mut cpu,
-            &draws,
-        );
+        compare(&format!("decode step {step} slots {slots:?}"), gpu, &mut cpu, &draws);
         let want = cpu.slot_logits().unwrap();
         for (r, &i) in subset.iter().enumerate() {
             seqs[i].len += 1;

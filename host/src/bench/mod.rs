@@ -4,6 +4,7 @@
 //!
 //! Timing rule of the project: speed is shown here, never by a timed test.
 
+pub mod replicas;
 pub mod step_trace;
 pub mod tp;
 

@@ -3,7 +3,7 @@
 //! flash), and the end-to-end engine. CUDA-event timing after warm-up, median of
 //! `--samples` (≥ 20) samples, operands rotated among enough sets to exceed L2.
 //!
-//! Usage: `bench [gemm|gemv|attention|e2e|trace|step|slots|tp|all]... [--json PATH] [--samples N] [--quick]`
+//! Usage: `bench [gemm|gemv|attention|e2e|trace|step|slots|replicas|tp|all]... [--json PATH] [--samples N] [--quick] [--devices LIST]`
 //! Prints the device name, then a table per section; `--json` writes every
 //! number (see `host::bench::GemmResult`).
 
@@ -18,6 +18,7 @@ use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TI
 use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
 use gpu_kernels::params::matmul_tf32::MATMUL_3XTF32_VARIANTS;
 use gpu_kernels::params::sample::SampleRow;
+use host::bench::replicas::bench_replicas;
 use host::bench::step_trace::{PHASE_KINDS, PhaseTimes, by_kind, phase_times};
 use host::bench::{
     AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random,
@@ -45,6 +46,7 @@ use host::gpu::ops::matmul_tf32::{
     matmul_forward_tf32, matmul_forward_tf32_opts, matmul_forward_tf32_with,
 };
 use host::gpu::ops::weight::WeightRef;
+use host::gpu::replicas::DeviceList;
 use host::gpu::runtime::dptr_mut;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
@@ -127,7 +129,7 @@ const GEMV_CUBLAS_WORKSPACE: usize = 32 << 20;
 #[derive(Parser)]
 #[command(about = "Benchmarks: GEMM (ours vs cuBLAS), GEMV, attention, end to end")]
 struct Args {
-    /// Sections: gemm, gemv, attention, e2e, trace, step, slots, tp, all (default all: every one but trace, step, slots and tp).
+    /// Sections: gemm, gemv, attention, e2e, trace, step, slots, replicas, tp, all (default all: every one but trace, step, slots, replicas and tp).
     sections: Vec<String>,
     /// Write all results as JSON here.
     #[arg(long)]
@@ -144,12 +146,13 @@ struct Args {
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// `replicas` and `tp` sections: the GPUs (0,1 or all) timed against
+    /// one GPU (one replica each; the tensor-parallel ranks in this order).
+    #[arg(long, value_name = "LIST", default_value = "all")]
+    devices: DeviceList,
     /// `gemm` section: only these M (comma-separated), e.g. for a profiler.
     #[arg(long, value_delimiter = ',')]
     gemm_m: Vec<usize>,
-    /// `tp` section: the GPUs of the tensor-parallel engine (rank order).
-    #[arg(long, value_delimiter = ',', default_value = "0,1")]
-    tp_devices: Vec<usize>,
     /// `trace` section: the prefill shape B,T.
     #[arg(long, default_value = "1,1024", value_parser = parse_shape)]
     trace_shape: (usize, usize),
@@ -172,6 +175,8 @@ struct Report {
     copy_bandwidth: Option<serde_json::Value>,
     attention: Vec<serde_json::Value>,
     e2e: Vec<serde_json::Value>,
+    /// The `replicas` section (`host::bench::replicas`).
+    replicas: Option<serde_json::Value>,
     /// The `tp` section's rows (`host::bench::tp`).
     tp: Vec<serde_json::Value>,
     notes: Vec<String>,
@@ -206,10 +211,11 @@ fn main() -> anyhow::Result<()> {
             "trace" => bench_trace(&args, &mut report)?,
             "step" => bench_step(&args, &mut report)?,
             "slots" => bench_slots(&args, &mut report)?,
+            "replicas" => report.replicas = Some(bench_replicas(&args.devices, args.samples, args.warmup)?),
             "tp" => bench_tp(&args, &mut report)?,
-            other => {
-                anyhow::bail!("unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, tp, all)")
-            }
+            other => anyhow::bail!(
+                "unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, replicas, tp, all)"
+            ),
         }
     }
     if let Some(path) = &args.json {
@@ -220,19 +226,18 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `tp` section: tensor parallelism on `--tp-devices` against one GPU
-/// (`host::bench::tp`); skipped, saying so, with fewer than two GPUs.
+/// `tp` section: tensor parallelism on `--devices` against one GPU
+/// (`host::bench::tp`); skipped, saying so, without two distinct GPUs.
 fn bench_tp(args: &Args, report: &mut Report) -> anyhow::Result<()> {
-    let count = cudarc::driver::CudaContext::device_count()? as usize;
-    let devices = &args.tp_devices;
-    if count < 2 || devices.len() < 2 || devices.iter().any(|&d| d >= count) {
-        let note =
-            format!("tp: skipped: needs two or more GPUs among --tp-devices {devices:?}; this machine has {count}");
+    let devices = args.devices.resolve()?;
+    let distinct = devices.iter().collect::<std::collections::HashSet<_>>().len() == devices.len();
+    if devices.len() < 2 || !distinct {
+        let note = format!("tp: skipped: needs two or more distinct GPUs, --devices gives {devices:?}");
         println!("\n== {note}");
         report.notes.push(note);
         return Ok(());
     }
-    report.tp = host::bench::tp::bench_tp(devices, args.warmup)?;
+    report.tp = host::bench::tp::bench_tp(&devices, args.warmup)?;
     Ok(())
 }
 

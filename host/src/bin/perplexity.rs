@@ -18,7 +18,8 @@ use host::perplexity::{MIN_TOKENS, PerplexityConfig, perplexity_with, plan_windo
 use host::prompt::first_out_of_vocab;
 use host::tokenizer::Gpt2Tokenizer;
 
-/// Windows per forward call on the GPU unless `--batch` says otherwise.
+/// Windows per forward call and GPU unless `--batch` says otherwise (with
+/// several `--devices`, every replica gets this many).
 const DEFAULT_GPU_BATCH: usize = 4;
 /// Windows per forward call on the CPU (batching gains nothing there).
 const DEFAULT_CPU_BATCH: usize = 1;
@@ -39,7 +40,7 @@ struct Cli {
     /// Tokens between window starts (default: half the window).
     #[arg(long, value_name = "N")]
     stride: Option<usize>,
-    /// Windows per forward call (default: 4 on the GPU, 1 on the CPU).
+    /// Windows per forward call (default: 4 per GPU, 1 on the CPU).
     #[arg(long, value_name = "N")]
     batch: Option<usize>,
     #[command(flatten)]
@@ -99,10 +100,11 @@ fn run(cli: Cli) -> Result<()> {
     }
     // Checks window >= 2 and every other combination before any allocation.
     let windows = plan_windows(tokens.len(), window, stride)?;
+    let gpus = cli.backend.gpus()?;
     let default_batch = if cli.backend.cpu {
         DEFAULT_CPU_BATCH
     } else {
-        DEFAULT_GPU_BATCH
+        DEFAULT_GPU_BATCH * gpus.len()
     };
     let batch = cli.batch.unwrap_or(default_batch).min(windows.len());
     // No window is longer than the text, so the cache need not be either.
@@ -120,7 +122,11 @@ fn run(cli: Cli) -> Result<()> {
         } else {
             format!("{batch} windows per call")
         },
-        if cli.backend.cpu { "CPU" } else { "GPU" },
+        match gpus.len() {
+            0 => "CPU".to_string(),
+            1 => "GPU".to_string(),
+            n => format!("{n} GPUs (data parallel)"),
+        },
     );
     let bar = ProgressBar::new(windows.len() as u64);
     bar.set_style(

@@ -24,6 +24,7 @@ use host::cli::{BackendArgs, WeightsArgs, main_with};
 use host::cpu::CpuModel;
 use host::gpu::Gpu;
 use host::gpu::engine::GpuEngine;
+use host::gpu::replicas::Replicas;
 use host::serve::backend::SlotBackend;
 use host::serve::engine::SchedulerConfig;
 use host::serve::http::AppState;
@@ -97,6 +98,10 @@ fn run(cli: Cli) -> Result<()> {
             "--max-seq-len must be at least 2 (a prompt token and a completion token)"
         );
     }
+    ensure!(
+        !cli.backend.tensor_parallel,
+        "the server does not run tensor-parallel yet: use --devices without --tensor-parallel (one replica a GPU)"
+    );
     let tokenizer = Arc::new(Gpt2Tokenizer::default_files().context("loading the GPT-2 tokenizer")?);
     let (_, checkpoint) = cli.weights.open()?;
     let (slots, window, prefill_chunk) = (cli.max_running, cli.max_seq_len, cli.prefill_chunk);
@@ -118,7 +123,20 @@ fn run(cli: Cli) -> Result<()> {
         // Activations for one prefill chunk or one decode step over every
         // slot, whichever is larger: the cache holds the sequences.
         let rows = prefill_chunk.min(max_seq_len).max(slots);
-        let gpu = Gpu::new(backend.device)?;
+        let gpus = backend.gpus()?;
+        if gpus.len() > 1 {
+            // Data parallel: the slots spread over one replica per GPU.
+            let precision = backend.precision.into();
+            let mut replicas = Replicas::for_slots(&gpus, &weights, slots, max_seq_len, rows, precision)?;
+            let window = backend.attention_window;
+            replicas.with_each(move |_, e| {
+                e.set_attention_window(window);
+                Ok(())
+            })?;
+            return Ok(Box::new(replicas));
+        }
+        let &device = gpus.first().context("no GPU listed")?;
+        let gpu = Gpu::new(device)?;
         let mut engine = GpuEngine::with_rows(gpu, &weights, slots, max_seq_len, rows, backend.precision.into())?;
         engine.set_attention_window(backend.attention_window);
         engine.check_slots()?;

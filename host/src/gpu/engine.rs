@@ -41,7 +41,7 @@ use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16
 use crate::gpu::ops::matmul_tf32::{
     TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_fp32_tc, matmul_forward_tf32_opts,
 };
-use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
+use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward_streams};
 use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, Layer, ModelConfig, Tensor, Weights};
@@ -268,6 +268,12 @@ struct SamplingState {
     rows: CudaSlice<DeviceSampleRow>,
     /// `[max_batch]` draw counters of an eager `sample`.
     counter: CudaSlice<u32>,
+    /// `[max_batch]` each row's random stream, `stream_offset + row`: a
+    /// replica holding rows `k..` of a larger batch draws what one engine
+    /// would for those rows ([`GpuEngine::set_sample_stream_offset`]).
+    streams: CudaSlice<u32>,
+    /// What `streams` holds: row `r` draws from stream `stream_offset + r`.
+    stream_offset: usize,
     /// The settings last uploaded.
     uploaded: Vec<SampleRow>,
     /// `prepare_sampling` asked for sampling: fused steps end by sampling.
@@ -277,10 +283,14 @@ struct SamplingState {
 }
 
 impl SamplingState {
-    fn new(gpu: &Gpu, max_batch: usize) -> Result<Self, OpError> {
+    fn new(gpu: &Gpu, max_batch: usize) -> Result<Self> {
+        let mut streams = gpu.alloc(max_batch)?;
+        upload_streams(gpu, &mut streams, 0)?;
         Ok(SamplingState {
             rows: gpu.alloc(max_batch)?,
             counter: gpu.alloc(max_batch)?,
+            streams,
+            stream_offset: 0,
             uploaded: Vec::with_capacity(max_batch),
             prepared: false,
             host_counter: Vec::with_capacity(max_batch),
@@ -289,7 +299,8 @@ impl SamplingState {
 
     /// Device bytes [`SamplingState::new`] allocates.
     fn device_bytes(max_batch: usize) -> usize {
-        max_batch * (size_of::<DeviceSampleRow>() + size_of::<u32>())
+        // Settings, draw counters and streams.
+        max_batch * (size_of::<DeviceSampleRow>() + 2 * size_of::<u32>())
     }
 
     /// Make `rows` the settings on the device (uploads only a change).
@@ -302,6 +313,17 @@ impl SamplingState {
         }
         Ok(())
     }
+}
+
+/// Fill `streams` with `offset, offset + 1, ...` (row `r` draws from
+/// stream `offset + r`).
+fn upload_streams(gpu: &Gpu, streams: &mut CudaSlice<u32>, offset: usize) -> Result<()> {
+    let n = streams.len();
+    let first = u32::try_from(offset).context("sampling stream offset beyond u32")?;
+    let last = u32::try_from(offset + n).context("sampling stream offset beyond u32")?;
+    let host: Vec<u32> = (first..last).collect();
+    gpu.memcpy_htod(&host, streams).ctx("uploading the sampling streams")?;
+    Ok(())
 }
 
 /// Bytes of one f32.
@@ -597,6 +619,20 @@ impl GpuEngine {
     /// The GPU this engine runs on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// Make row `r` of every later sampled choice (`sample`, the fused
+    /// step's sampling) draw from random stream `offset + r` instead of `r`:
+    /// an engine holding rows `offset..` of a batch split over several
+    /// engines ([`crate::gpu::replicas::Replicas`]) then draws what one
+    /// engine would for those rows. Default 0.
+    pub fn set_sample_stream_offset(&mut self, offset: usize) -> Result<()> {
+        let s = &mut self.sampling;
+        if s.stream_offset != offset {
+            upload_streams(&self.gpu, &mut s.streams, offset)?;
+            s.stream_offset = offset;
+        }
+        Ok(())
     }
 }
 
@@ -1197,12 +1233,13 @@ impl Backend for GpuEngine {
         let per_row = last.rows / b;
         let first = (per_row - 1) * vp;
         let a = &mut self.acts;
-        sample_forward(
+        sample_forward_streams(
             &self.gpu,
             &mut a.ids,
             &a.logits.slice(first..),
             &s.rows,
             Some(&s.counter),
+            Some(&s.streams),
             None::<&mut CudaSlice<u32>>,
             b,
             v,

@@ -3,3 +3,4 @@
 //! engine that strings them together is this crate's.
 pub use gpu_host::{Gpu, GpuError, nccl, ops, require_gpu_env, runtime, test_gpu};
 pub mod engine;
+pub mod replicas;

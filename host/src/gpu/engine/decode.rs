@@ -26,7 +26,7 @@ use crate::gpu::ops::decode::{
 use crate::gpu::ops::decode_step::{
     DecodeStepTable, StepBuffers, StepLaunch, StepLayer, StepModel, decode_step, decode_step_config,
 };
-use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward};
+use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward_streams};
 use crate::gpu::ops::weight::WeightRef;
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::ModelConfig;
@@ -343,7 +343,9 @@ impl GpuEngine {
 
     /// The step's inputs and the decode state, borrowed apart.
     fn split_for_step(&mut self, b: usize) -> Result<(Step<'_>, &mut DecodeState)> {
-        let sample = self.step_samples(b).then_some(&self.sampling.rows);
+        let sample = self
+            .step_samples(b)
+            .then_some((&self.sampling.rows, &self.sampling.streams));
         let d = self.decode.as_mut().context("the fused decode state is missing")?;
         let step = Step {
             sample,
@@ -488,8 +490,9 @@ fn capture(step: &mut Step<'_>, d: &mut DecodeState, b: usize) -> Result<CudaGra
 
 /// What one step's kernels read and write.
 struct Step<'a> {
-    /// Per-row sampling settings when the step ends by sampling.
-    sample: Option<&'a CudaSlice<DeviceSampleRow>>,
+    /// Per-row sampling settings and random streams when the step ends by
+    /// sampling.
+    sample: Option<(&'a CudaSlice<DeviceSampleRow>, &'a CudaSlice<u32>)>,
     gpu: &'a Gpu,
     config: &'a ModelConfig,
     params: &'a DeviceParams,
@@ -569,15 +572,16 @@ impl Step<'_> {
             ring_slots: d.tuning.step_ring_slots,
         };
         decode_step(gpu, &mut d.ws, table, launch, &model, layers, bufs)?;
-        if let Some(rows) = self.sample {
+        if let Some((rows, streams)) = self.sample {
             // As after the chain's LM head (see `enqueue`).
             let (v, vp) = (cfg.vocab_size, cfg.padded_vocab_size);
-            sample_forward(
+            sample_forward_streams(
                 gpu,
                 &mut d.ids,
                 &a.logits,
                 rows,
                 Some(&d.pos),
+                Some(streams),
                 Some(&mut d.tokens),
                 b,
                 v,
@@ -763,11 +767,12 @@ impl Step<'_> {
             c,
             vp,
         )?;
-        if let Some(rows) = self.sample {
+        if let Some((rows, streams)) = self.sample {
             // The sampled choice replaces the argmax as the ids and the next
             // step's tokens; the draw counter is the position it will take
             // (the LM head advanced `pos` to it).
-            sample_forward(gpu, ids, &a.logits, rows, Some(&*pos), Some(tokens), b, v, vp)?;
+            let streams = Some(streams);
+            sample_forward_streams(gpu, ids, &a.logits, rows, Some(&*pos), streams, Some(tokens), b, v, vp)?;
         }
         Ok(())
     }
