@@ -10,6 +10,10 @@
 //! needs no `unsafe` here). A call covers every rank at once, inside one
 //! NCCL group: one thread cannot issue a blocking collective per rank.
 //!
+//! Run one [`Collective`]'s calls at a time on a set of GPUs: communicators
+//! used from several threads at once on the same GPUs can deadlock (each
+//! one's kernels wait for their peers while the other's occupy the GPU).
+//!
 //! NVLink multicast (NVLS) stays off: on shared multi-GPU hosts a program
 //! that uses it can take the GPUs out of service. [`Collective::new`]
 //! refuses to start NCCL unless `NCCL_NVLS_ENABLE=0` is in the environment

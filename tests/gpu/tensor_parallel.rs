@@ -7,6 +7,8 @@
 //! (the GPU runner leaves them out on a one-GPU machine, and sets it on a
 //! machine with more).
 
+use std::sync::{Mutex, MutexGuard};
+
 use cudarc::driver::CudaSlice;
 use host::cpu::CpuModel;
 use host::generate::{Backend, LogitsWanted};
@@ -27,6 +29,17 @@ pub const REQUIRE_MULTI_GPU_ENV: &str = "GPT2_REQUIRE_MULTI_GPU";
 const TP_VS_ONE_GPU_TOL: f32 = 1e-5;
 /// The FP32 bar against the CPU reference.
 const FP32_TOL: f32 = 1e-3;
+
+/// Held by every test that starts NCCL. Communicators used from several
+/// threads at once on the same GPUs can deadlock (each one's kernels wait
+/// for their peers while the other's hold the GPU): on two H100s, two of
+/// these tests run side by side hung past the runner's timeout.
+static NCCL: Mutex<()> = Mutex::new(());
+
+/// The NCCL tests' turn (a failed test's poison is no reason to stop the rest).
+fn nccl_turn() -> MutexGuard<'static, ()> {
+    NCCL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// GPUs 0 and 1, or `None` after skipping (one GPU) or with no GPU.
 pub fn two_gpus() -> Option<(Gpu, Gpu)> {
@@ -58,6 +71,7 @@ fn gpt2_two_layers() -> ModelConfig {
 /// (as CUDA graphs or queued kernels), on TP over two GPUs, one GPU and the
 /// CPU; every step's logits compared.
 fn tp_matches(config: ModelConfig, b: usize, t: usize, steps: usize, graphs: bool) {
+    let _turn = nccl_turn();
     let Some((g0, g1)) = two_gpus() else { return };
     let mut rng = crate::seed::rng();
     let bytes = llmc_bytes(&config, rng.random(), DType::F32).unwrap();
@@ -135,6 +149,7 @@ fn tensor_parallel_two_gpus_gpt2_shapes() {
 #[test]
 #[ignore = "needs two GPUs"]
 fn tensor_parallel_two_gpus_collectives() {
+    let _turn = nccl_turn();
     let Some((g0, g1)) = two_gpus() else { return };
     let collective = host::gpu::nccl::Collective::new(&[&g0, &g1]).unwrap();
     assert_eq!(collective.ordinals(), &[0, 1]);
