@@ -534,6 +534,17 @@ impl TpEngine {
     }
 }
 
+impl Drop for TpEngine {
+    /// The decode graphs hold NCCL work of the communicators, so they go
+    /// first, once every rank is idle: destroying the communicators under
+    /// live graphs hung (2 H100s).
+    fn drop(&mut self) {
+        let _ = self.synchronize();
+        self.graphs.clear();
+        let _ = self.synchronize();
+    }
+}
+
 impl Backend for TpEngine {
     fn config(&self) -> &ModelConfig {
         &self.config
