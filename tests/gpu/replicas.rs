@@ -17,7 +17,7 @@ use host::cpu::sample::sample_row;
 use host::generate::{Backend, LogitsWanted, generate};
 use host::gpu::Gpu;
 use host::gpu::engine::{GpuEngine, Precision};
-use host::gpu::replicas::{Replicas, device_count, split_rows};
+use host::gpu::replicas::{Replicas, split_rows};
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, Weights};
@@ -42,8 +42,6 @@ const PPL_REL_TOL: f64 = 1e-5;
 const PROMPT_LEN: usize = 7;
 /// Tokens generated per row.
 const STEPS: usize = 12;
-/// Makes the two-GPU test fail instead of skipping on a machine with fewer.
-const REQUIRE_MULTI_GPU_ENV: &str = "GPT2_REQUIRE_MULTI_GPU";
 /// Two replicas on GPU 0.
 const SAME_GPU: [usize; 2] = [0, 0];
 
@@ -442,29 +440,11 @@ fn replicas_report_misuse_and_a_panicking_worker() {
     assert!(e.contains("replica 1") && e.contains("stopped"), "{e}");
 }
 
-/// Whether this machine has two GPUs; else skips (or fails under
-/// `GPT2_REQUIRE_MULTI_GPU=1`), saying how many it has.
-fn two_gpus() -> bool {
-    match device_count() {
-        Ok(n) if n >= 2 => true,
-        Ok(n) => {
-            skip::unless_required(
-                REQUIRE_MULTI_GPU_ENV,
-                format_args!("needs 2 GPUs, this machine has {n}"),
-            );
-            false
-        }
-        Err(e) => {
-            skip::unless_required(REQUIRE_MULTI_GPU_ENV, format_args!("needs 2 GPUs, found none ({e:#})"));
-            false
-        }
-    }
-}
-
 #[test]
 #[ignore = "needs a GPU"]
 fn replicas_on_two_gpus_match_one_gpu() {
-    if !two_gpus() {
+    // The check (skip, or fail under GPT2_REQUIRE_MULTI_GPU=1) the TP tests make.
+    if crate::tensor_parallel::two_gpus().is_none() {
         return;
     }
     let devices = [0, 1];
