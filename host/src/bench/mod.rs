@@ -26,6 +26,33 @@ pub const DEFAULT_SAMPLES: usize = 25;
 /// Untimed passes first (module load, cuBLAS heuristics, clocks up).
 pub const DEFAULT_WARMUP: usize = 3;
 
+/// Median of `xs` (sorted in place; `xs` must not be empty).
+pub fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Wall-clock seconds of `samples` calls of `run` (at least one), after
+/// `warmup` untimed ones: for work spread over threads or GPUs, which CUDA
+/// events on one stream would not see whole. `run` returns once its GPU
+/// work is done.
+pub fn wall_times(
+    warmup: usize,
+    samples: usize,
+    mut run: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f64>> {
+    for _ in 0..warmup {
+        run()?;
+    }
+    (0..samples.max(1))
+        .map(|_| {
+            let start = std::time::Instant::now();
+            run()?;
+            Ok(start.elapsed().as_secs_f64())
+        })
+        .collect()
+}
+
 /// Median, min and max of the per-call times of one measurement, in microseconds.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Timing {

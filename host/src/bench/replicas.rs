@@ -9,13 +9,12 @@
 //! With fewer than two GPUs it says so and times two replicas on GPU 0:
 //! that exercises the split and the gathering, not a speedup.
 
-use std::time::Instant;
-
 use anyhow::Result;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
+use crate::bench::{median, wall_times};
 use crate::generate::{Backend, generate};
 use crate::gpu::Gpu;
 use crate::gpu::engine::{GpuEngine, Precision};
@@ -47,8 +46,8 @@ const FALLBACK_DEVICES: [usize; 2] = [0, 0];
 
 /// Median, min and max of `times` (seconds).
 fn spread(mut times: Vec<f64>) -> (f64, f64, f64) {
-    times.sort_by(f64::total_cmp);
-    (times[times.len() / 2], times[0], times[times.len() - 1])
+    let med = median(&mut times);
+    (med, times[0], times[times.len() - 1])
 }
 
 /// One GPU (`devices.len() == 1`) or replicas on `devices`.
@@ -65,21 +64,6 @@ fn backend(
     } else {
         Box::new(Replicas::new(devices, config, max_batch, max_seq_len, precision)?)
     })
-}
-
-/// Run `run` `warmup` times untimed, then `samples` times; the wall-clock
-/// times in seconds.
-fn wall_times(warmup: usize, samples: usize, mut run: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
-    for _ in 0..warmup {
-        run()?;
-    }
-    (0..samples.max(1))
-        .map(|_| {
-            let start = Instant::now();
-            run()?;
-            Ok(start.elapsed().as_secs_f64())
-        })
-        .collect()
 }
 
 /// The section: see the module's documentation. `samples` and `warmup`

@@ -14,6 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
+use crate::bench::{median, wall_times};
 use crate::generate::{Backend, LogitsWanted};
 use crate::gpu::Gpu;
 use crate::gpu::engine::{GpuEngine, Precision, TpEngine};
@@ -47,12 +48,6 @@ const DECODE_STEPS: usize = 24;
 /// All-reduces per timed sample (two a layer, one step's worth).
 const REDUCES_PER_SAMPLE: usize = 2 * 48;
 
-/// Median of `xs` (sorted in place).
-fn median(xs: &mut [f64]) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 /// Synchronise every GPU.
 fn sync_all(gpus: &[&Gpu]) -> Result<()> {
     for g in gpus {
@@ -63,17 +58,8 @@ fn sync_all(gpus: &[&Gpu]) -> Result<()> {
 
 /// Median wall-clock ms of `f` over `samples` calls after `warmup`; `f`
 /// returns once its GPU work is done (it synchronises).
-fn time_ms(warmup: usize, samples: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    for _ in 0..warmup {
-        f()?;
-    }
-    let mut ms = Vec::with_capacity(samples);
-    for _ in 0..samples {
-        let t0 = Instant::now();
-        f()?;
-        ms.push(t0.elapsed().as_secs_f64() * 1e3);
-    }
-    Ok(median(&mut ms))
+fn time_ms(warmup: usize, samples: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    Ok(median(&mut wall_times(warmup, samples, f)?) * 1e3)
 }
 
 /// Per-step ms of greedy decoding: `steps` steps after one untimed, each

@@ -21,7 +21,7 @@ use gpu_kernels::params::sample::SampleRow;
 use host::bench::replicas::bench_replicas;
 use host::bench::step_trace::{PHASE_KINDS, PhaseTimes, by_kind, phase_times};
 use host::bench::{
-    AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random,
+    AttnSets, Blas, BlasMode, DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmResult, GemmSets, Timing, fill_random, median,
     tf32_variants, time_calls,
 };
 use host::generate::{Backend, LogitsWanted};
@@ -1565,9 +1565,4 @@ fn bench_trace(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         serde_json::json!({"precision": "Tf32", "what": "trace", "b": b, "t": t, "median_ms": med, "samples": n}),
     );
     Ok(())
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
