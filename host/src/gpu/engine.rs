@@ -241,7 +241,7 @@ pub struct GpuEngine {
     /// head size has no flash kernel.
     flash: Option<FlashWorkspace>,
     /// Split-K partial sums of the matmuls, sized at creation for every
-    /// shape a forward call can run (see [`fp32_matmul_workspace_floats`] and
+    /// shape a forward call can run (see [`model_workspace_floats`] and
     /// [`MatmulScratch::tf32_split`]).
     matmul_ws: MatmulScratch,
     params: DeviceParams,
@@ -455,7 +455,7 @@ impl GpuEngine {
         } else {
             None
         };
-        let fp32_ws = MatmulWorkspace::new(&gpu, fp32_matmul_workspace_floats(&config, rows, gpu.sm_count()))
+        let fp32_ws = MatmulWorkspace::new(&gpu, model_workspace_floats(&config, rows, gpu.sm_count()))
             .with_context(|| oom("the matmul split-K workspace"))?;
         let tf32_split = if gpu.has_wgmma() {
             let floats = TF32_MAX_SPLITS * rows.min(TF32_SPLIT_MAX_ROWS) * config.channels;
@@ -532,7 +532,7 @@ impl GpuEngine {
         } else {
             0
         };
-        let mut matmul_ws = fp32_matmul_workspace_floats(config, rows, sms);
+        let mut matmul_ws = model_workspace_floats(config, rows, sms);
         if wgmma {
             matmul_ws += TF32_MAX_SPLITS * rows.min(TF32_SPLIT_MAX_ROWS) * c;
             if precision == Precision::Tf32 {
@@ -658,15 +658,28 @@ fn flash_workspace_floats(max_batch: usize, nh: usize, max_seq_len: usize) -> us
     max_batch * nh * FLASH_DECODE_MAX_T as usize * parts * (FLASH_HEAD_SIZE as usize + ML_FLOATS)
 }
 
-/// Split-K workspace floats for every FP32 matmul of a forward call with up
-/// to `rows` positions (qkv, attention and MLP projections, LM head).
-fn fp32_matmul_workspace_floats(config: &ModelConfig, rows: usize, sms: usize) -> usize {
-    let (c, vp) = (config.channels, config.padded_vocab_size);
-    [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, vp)]
+/// (inner size, outputs) of a forward call's five matmuls (qkv, attention
+/// projection, MLP up, MLP down, LM head) for `c` channels, `heads_c`
+/// channels of heads, `hidden` MLP units and `vocab` LM-head rows: the
+/// whole model (C, C, 4C, Vp) or a tensor-parallel rank's share.
+fn matmul_shapes(c: usize, heads_c: usize, hidden: usize, vocab: usize) -> [(usize, usize); 5] {
+    [(c, 3 * heads_c), (heads_c, c), (c, hidden), (hidden, c), (c, vocab)]
+}
+
+/// Split-K workspace floats for every FP32 matmul of `shapes` (as
+/// [`matmul_shapes`]) with up to `rows` positions.
+fn fp32_matmul_workspace_floats(shapes: &[(usize, usize)], rows: usize, sms: usize) -> usize {
+    shapes
         .iter()
         .map(|&(k, n)| split_k_workspace_floats(rows, k, n, sms))
         .max()
         .unwrap_or(0)
+}
+
+/// [`fp32_matmul_workspace_floats`] of the whole model.
+fn model_workspace_floats(config: &ModelConfig, rows: usize, sms: usize) -> usize {
+    let (c, vp) = (config.channels, config.padded_vocab_size);
+    fp32_matmul_workspace_floats(&matmul_shapes(c, c, 4 * c, vp), rows, sms)
 }
 
 /// The matmuls' scratch memory, made once with the engine.

@@ -188,7 +188,7 @@ impl Backend for CpuTp {
             .map(|bi| {
                 let row = &self.logits[(bi * per_row + per_row - 1) * vp..][..vp];
                 let candidates = self.ranks.iter().map(|rank| {
-                    let ids = rank.shard.vocab.start.min(v)..rank.shard.vocab.end.min(v);
+                    let ids = rank.shard.real_vocab(v);
                     (!ids.is_empty()).then(|| {
                         let local = argmax(&row[ids.clone()]) as usize;
                         (row[ids.start + local], (ids.start + local) as u32)

@@ -66,6 +66,12 @@ impl RankShard {
         self.heads.len() * self.head_size
     }
 
+    /// The rank's vocabulary rows that are real ids (below `vocab_size`; the
+    /// rest is padding, never chosen). Empty for a rank of padding only.
+    pub fn real_vocab(&self, vocab_size: usize) -> Range<usize> {
+        self.vocab.start.min(vocab_size)..self.vocab.end.min(vocab_size)
+    }
+
     /// The same channels as a range of the model's `C`.
     pub fn channel_range(&self) -> Range<usize> {
         self.heads.start * self.head_size..self.heads.end * self.head_size
@@ -249,6 +255,8 @@ mod tests {
         assert_eq!((p[0].channels(), p[1].channels()), (832, 768));
         assert_eq!((p[0].hidden.clone(), p[1].hidden.clone()), (0..3200, 3200..6400));
         assert_eq!((p[0].vocab.clone(), p[1].vocab.clone()), (0..25152, 25152..50304));
+        assert_eq!((p[0].real_vocab(50257), p[1].real_vocab(50257)), (0..25152, 25152..50257));
+        assert!(p[1].real_vocab(1000).is_empty());
     }
 
     #[test]

@@ -24,7 +24,9 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use gpu_host::nccl::Collective;
 use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
 
-use super::{MatmulScratch, Precision, attention, flash_supported, matmul};
+use super::{
+    MatmulScratch, Precision, attention, flash_supported, fp32_matmul_workspace_floats, matmul, matmul_shapes,
+};
 use crate::cpu::forward::CpuParams;
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::gpu::Gpu;
@@ -35,7 +37,7 @@ use crate::gpu::ops::flash_attention::FlashWorkspace;
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::kv_cache::kv_cache_store;
 use crate::gpu::ops::layernorm::{layernorm_forward, residual_layernorm_forward};
-use crate::gpu::ops::matmul::{MatmulWorkspace, split_k_workspace_floats};
+use crate::gpu::ops::matmul::MatmulWorkspace;
 use crate::gpu::ops::weight::WeightRef;
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{Layer, ModelConfig, Weights};
@@ -133,17 +135,6 @@ pub struct TpEngine {
     graph_error: Option<String>,
 }
 
-/// Split-K scratch floats for every matmul of a rank's forward call of
-/// `rows` positions.
-fn rank_workspace_floats(config: &ModelConfig, shard: &RankShard, rows: usize, sms: usize) -> usize {
-    let (c, cr, hr, vr) = (config.channels, shard.channels(), shard.hidden.len(), shard.vocab.len());
-    [(c, 3 * cr), (cr, c), (c, hr), (hr, c), (c, vr)]
-        .iter()
-        .map(|&(k, n)| split_k_workspace_floats(rows, k, n, sms))
-        .max()
-        .unwrap_or(0)
-}
-
 impl Rank {
     fn new(
         gpu: Gpu,
@@ -217,7 +208,8 @@ impl Rank {
             ),
             false => None,
         };
-        let floats = rank_workspace_floats(config, &shard, rows, gpu.sm_count());
+        let shapes = matmul_shapes(c, cr, hr, vr);
+        let floats = fp32_matmul_workspace_floats(&shapes, rows, gpu.sm_count());
         let matmul_ws = MatmulScratch {
             fp32: MatmulWorkspace::new(&gpu, floats).with_context(|| oom("the matmul workspace"))?,
             fp32_tensor_cores: true,
@@ -590,11 +582,8 @@ impl Backend for TpEngine {
         let per_row = rows / b;
         // Each rank's best among its real ids, with its logit, on its GPU;
         // all ranks' kernels queued before the first read.
-        let mut real = Vec::with_capacity(self.ranks.len());
         for r in &mut self.ranks {
-            let vr = r.shard.vocab.len();
-            let n_real = v.saturating_sub(r.shard.vocab.start).min(vr);
-            real.push(n_real);
+            let (vr, n_real) = (r.shard.vocab.len(), r.shard.real_vocab(v).len());
             if n_real > 0 {
                 let a = &mut r.acts;
                 let last = a.logits.slice((per_row - 1) * vr..);
@@ -602,8 +591,8 @@ impl Backend for TpEngine {
             }
         }
         let mut best: Vec<Vec<Option<(f32, u32)>>> = Vec::with_capacity(self.ranks.len());
-        for (r, &n_real) in self.ranks.iter().zip(&real) {
-            if n_real == 0 {
+        for r in &self.ranks {
+            if r.shard.real_vocab(v).is_empty() {
                 best.push(vec![None; b]);
                 continue;
             }
