@@ -255,7 +255,10 @@ mod tests {
         assert_eq!((p[0].channels(), p[1].channels()), (832, 768));
         assert_eq!((p[0].hidden.clone(), p[1].hidden.clone()), (0..3200, 3200..6400));
         assert_eq!((p[0].vocab.clone(), p[1].vocab.clone()), (0..25152, 25152..50304));
-        assert_eq!((p[0].real_vocab(50257), p[1].real_vocab(50257)), (0..25152, 25152..50257));
+        assert_eq!(
+            (p[0].real_vocab(50257), p[1].real_vocab(50257)),
+            (0..25152, 25152..50257)
+        );
         assert!(p[1].real_vocab(1000).is_empty());
     }
 
