@@ -4,8 +4,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+pub use gpu_kernels::params::crossentropy::IGNORED_TARGET;
 use gpu_kernels::params::sample::SampleRow;
+use rayon::prelude::*;
 
+use crate::cpu::ops::token_nll;
 use crate::cpu::sample::sample_row;
 use crate::model::ModelConfig;
 use crate::model::config::EOT_TOKEN;
@@ -41,6 +44,29 @@ pub trait Backend {
 
     /// Logits of the last `forward`: `[b, 1, Vp]` for `Last`, `[b, t, Vp]` for `All`.
     fn logits(&mut self) -> anyhow::Result<Vec<f32>>;
+
+    /// Each logits row's negative log-likelihood (nats) of its target over
+    /// the real vocabulary: `targets` holds one id per row of the last
+    /// `forward` (`b * t` rows after `All`, `b` after `Last`), or
+    /// [`IGNORED_TARGET`] for a row that is not scored (its loss is 0).
+    /// Errors on a target outside the vocabulary. Default: from
+    /// [`Backend::logits`], in f64 on the host (`cpu::ops::token_nll`).
+    fn crossentropy(&mut self, targets: &[u32]) -> anyhow::Result<Vec<f64>> {
+        let (v, vp) = (self.config().vocab_size, self.config().padded_vocab_size);
+        let logits = self.logits()?;
+        check_targets(targets, logits.len() / vp, v)?;
+        Ok(targets
+            .par_iter()
+            .zip(logits.par_chunks(vp))
+            .map(|(&target, row)| {
+                if target == IGNORED_TARGET {
+                    0.0
+                } else {
+                    token_nll(row, v, target)
+                }
+            })
+            .collect())
+    }
 
     /// Greedy choice at the last position of each row of the last `forward`,
     /// over the real vocabulary only (padded entries are never chosen; ties
@@ -125,6 +151,24 @@ pub fn check_forward_args(
     );
     if let Some((_, bad)) = first_out_of_vocab(tokens, vocab_size) {
         bail!("token id {bad} is outside the vocabulary of {vocab_size}");
+    }
+    Ok(())
+}
+
+/// The argument checks of every [`Backend::crossentropy`]: one target per
+/// row of logits (`rows`), each below `vocab_size` or [`IGNORED_TARGET`].
+pub fn check_targets(targets: &[u32], rows: usize, vocab_size: usize) -> Result<()> {
+    ensure!(
+        targets.len() == rows,
+        "crossentropy(): {} targets for {rows} rows of logits",
+        targets.len()
+    );
+    if let Some((i, &bad)) = targets
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| t != IGNORED_TARGET && t as usize >= vocab_size)
+    {
+        bail!("target {i} is id {bad}, outside the vocabulary of {vocab_size}");
     }
     Ok(())
 }

@@ -15,15 +15,16 @@
 //! exactly once.
 //!
 //! The negative log-likelihood of each token is `logsumexp(logits[..V]) -
-//! logits[target]` in f64 over the real vocabulary only (the padded entries
-//! `V..Vp` are ignored), summed in f64. Perplexity is `exp(mean NLL)`.
+//! logits[target]` over the real vocabulary only (the padded entries `V..Vp`
+//! are ignored), from [`Backend::crossentropy`]: in f64 on the host by
+//! default, in f32 on the GPU (only one float per position comes back).
+//! The sum is taken in f64. Perplexity is `exp(mean NLL)`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use rayon::prelude::*;
 
-use crate::generate::{Backend, LogitsWanted};
+use crate::generate::{Backend, IGNORED_TARGET, LogitsWanted};
 use crate::prompt::first_out_of_vocab;
 
 /// One window of the evaluation: the backend reads tokens `begin..end` at
@@ -140,15 +141,6 @@ pub fn plan_windows(n_tokens: usize, window: usize, stride: usize) -> Result<Vec
     Ok(windows)
 }
 
-/// Negative log-likelihood (nats, f64) of `target` under one row of logits,
-/// over the first `vocab_size` entries only.
-pub fn token_nll(logits: &[f32], vocab_size: usize, target: u32) -> f64 {
-    let real = &logits[..vocab_size];
-    let max = real.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let sum: f64 = real.iter().map(|&x| (x as f64 - max).exp()).sum();
-    max + sum.ln() - real[target as usize] as f64
-}
-
 /// Perplexity of `tokens` with windows of `window` tokens advanced by
 /// `stride`, one window per forward call.
 pub fn perplexity<B: Backend + ?Sized>(
@@ -175,7 +167,7 @@ pub fn perplexity_with<B: Backend + ?Sized>(
 ) -> Result<PerplexityReport> {
     let PerplexityConfig { window, stride, batch } = *config;
     let max_seq_len = backend.max_seq_len();
-    let (v, vp) = (backend.config().vocab_size, backend.config().padded_vocab_size);
+    let v = backend.config().vocab_size;
     ensure!(batch > 0, "the batch size must be at least 1");
     ensure!(
         window <= max_seq_len,
@@ -196,6 +188,7 @@ pub fn perplexity_with<B: Backend + ?Sized>(
     };
     let mut done = 0;
     let mut input = Vec::new();
+    let mut targets = Vec::new();
     while done < windows.len() {
         // A group of consecutive windows of one length (all full ones but the last).
         let t = windows[done].len();
@@ -208,22 +201,24 @@ pub fn perplexity_with<B: Backend + ?Sized>(
         backend
             .forward(&input, rows, t, 0, LogitsWanted::All)
             .with_context(|| format!("forward pass of windows {}..{}", done, done + rows))?;
-        let logits = backend.logits()?;
+        // Position p of window r is scored against token p + 1 where that
+        // token is one the window scores.
+        targets.clear();
+        targets.resize(rows * t, IGNORED_TARGET);
+        for (r, w) in group.iter().enumerate() {
+            for j in w.score_from..w.end {
+                targets[r * t + (j - 1 - w.begin)] = tokens[j];
+            }
+        }
+        let losses = backend
+            .crossentropy(&targets)
+            .with_context(|| format!("scoring windows {}..{}", done, done + rows))?;
         ensure!(
-            logits.len() == rows * t * vp,
-            "the backend returned {} logits, expected {rows} x {t} x {vp}",
-            logits.len()
+            losses.len() == rows * t,
+            "the backend returned {} losses, expected {rows} x {t}",
+            losses.len()
         );
-        // (row of logits, target id) of every token this group scores.
-        let targets: Vec<(usize, u32)> = group
-            .iter()
-            .enumerate()
-            .flat_map(|(r, w)| (w.score_from..w.end).map(move |j| (r * t + (j - 1 - w.begin), tokens[j])))
-            .collect();
-        let nll: f64 = targets
-            .par_iter()
-            .map(|&(row, target)| token_nll(&logits[row * vp..(row + 1) * vp], v, target))
-            .sum();
+        let nll: f64 = losses.iter().sum();
         ensure!(
             nll.is_finite(),
             "the negative log-likelihood of windows {}..{} is not finite ({nll}): the backend produced non-finite logits",
@@ -231,7 +226,7 @@ pub fn perplexity_with<B: Backend + ?Sized>(
             done + rows
         );
         report.total_nll += nll;
-        report.tokens_scored += targets.len();
+        report.tokens_scored += group.iter().map(Window::scored).sum::<usize>();
         report.positions += rows * t;
         done += rows;
         progress(done, windows.len());

@@ -4,11 +4,12 @@
 //! nothing, a random model scores near the uniform bound, bad input errors.
 
 use host::cpu::CpuModel;
-use host::generate::{Backend, LogitsWanted};
+use host::cpu::ops::{crossentropy_forward, token_nll};
+use host::generate::{Backend, IGNORED_TARGET, LogitsWanted};
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::{llmc_bytes, tiny_config};
 use host::model::{DType, ModelConfig};
-use host::perplexity::{PerplexityConfig, perplexity, perplexity_with, plan_windows, token_nll};
+use host::perplexity::{PerplexityConfig, perplexity, perplexity_with, plan_windows};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -58,6 +59,39 @@ fn token_nll_is_log_softmax_over_the_real_vocabulary() {
     // Large logits do not overflow.
     let big = vec![80.0f32; v];
     assert!(token_nll(&big, v, 0).is_finite());
+}
+
+#[test]
+fn crossentropy_scores_each_row_and_skips_ignored_ones() {
+    let cfg = tiny_config();
+    let (v, vp) = (cfg.vocab_size, cfg.padded_vocab_size);
+    let (b, t) = (2, 9);
+    let tokens = random_tokens(b * t, v, 4);
+    let mut model = tiny_model(&cfg, b);
+    model.forward(&tokens, b, t, 0, LogitsWanted::All).unwrap();
+    let logits = model.logits().unwrap();
+    let mut targets = random_tokens(b * t, v, 6);
+    targets[3] = IGNORED_TARGET;
+    targets[b * t - 1] = v as u32 - 1;
+    let got = model.crossentropy(&targets).unwrap();
+    let mut twin = vec![f32::NAN; b * t];
+    crossentropy_forward(&mut twin, &logits, &targets, b * t, v, vp);
+    for (i, &target) in targets.iter().enumerate() {
+        let want = if target == IGNORED_TARGET {
+            0.0
+        } else {
+            naive_nll(&logits[i * vp..(i + 1) * vp], v, target)
+        };
+        assert_rel(got[i].max(1e-300), want.max(1e-300), 1e-12, &format!("row {i}"));
+        // The f32 twin is the f64 value rounded once.
+        assert_eq!(twin[i], want as f32, "twin, row {i}");
+    }
+    // A target outside the vocabulary, or a wrong count, is an error.
+    targets[0] = v as u32;
+    let err = model.crossentropy(&targets).unwrap_err().to_string();
+    assert!(err.contains("outside the vocabulary"), "{err}");
+    let err = model.crossentropy(&targets[1..]).unwrap_err().to_string();
+    assert!(err.contains("targets for"), "{err}");
 }
 
 #[test]

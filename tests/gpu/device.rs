@@ -77,6 +77,7 @@ fn kernel_import_ptx_has_the_intended_instructions() {
     has(MATH, "ex2.approx.ftz.f32");
     has(MATH, "tanh.approx.f32");
     has(MATH, "rsqrt.approx.ftz.f32");
+    has(MATH, "lg2.approx.ftz.f32");
     has(MATH, "cvt.rna.tf32.f32");
     has(DYNAMIC_SHARED, "bar.sync");
     has(MMA_TF32, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32");
@@ -582,6 +583,45 @@ fn math_functions_within_documented_bounds() {
         w.rel_at,
         2f64.powi(-23)
     );
+
+    // log2_approx: abs ≤ 2^-22 on [0.5, 2], rel ≤ 2^-22 elsewhere; ln_fast:
+    // the same abs bound on [0.5, 2] (ln 2 · 2^-22 plus a rounding of at
+    // most 2^-24 · ln 2), rel ≤ 2^-21 elsewhere. Both ftz: a subnormal x
+    // gives -inf.
+    for (name, r, scale, rel) in [
+        ("log2_approx", MATH_LOG2_APPROX, 1.0, 2f64.powi(-22)),
+        ("ln_fast", MATH_LN_FAST, std::f64::consts::LN_2, 2f64.powi(-21)),
+    ] {
+        let abs = 2f64.powi(-22);
+        // Worst abs error on [0.5, 2], worst rel error elsewhere.
+        let (mut worst_abs, mut worst_rel) = (0f64, 0f64);
+        for (&x, &got) in inp.iter().zip(row(r)) {
+            let xf = ftz(x) as f64;
+            let exact = xf.log2() * scale;
+            if exact.is_nan() || exact.is_infinite() {
+                assert!(
+                    got.is_nan() && exact.is_nan() || got as f64 == exact,
+                    "{name}({x:e}) = {got:e}, want {exact:e}"
+                );
+                continue;
+            }
+            let err = (got as f64 - exact).abs();
+            let near_one = (0.5..=2.0).contains(&xf);
+            let bound = if near_one { abs } else { rel * exact.abs() };
+            assert!(
+                err <= bound,
+                "{name}({x:e}) = {got:e}, want {exact:e}: error {err:e} exceeds {bound:e}"
+            );
+            if near_one {
+                worst_abs = worst_abs.max(err);
+            } else {
+                worst_rel = worst_rel.max(err / exact.abs());
+            }
+        }
+        println!(
+            "{name}: max abs error {worst_abs:.3e} on [0.5, 2] (bound 2^-22), max rel error {worst_rel:.3e} elsewhere (bound {rel:.3e})"
+        );
+    }
 
     // Correctly rounded: f64 then one rounding to f32 gives the same bits
     // (53 >= 2*24 + 2, so double rounding is harmless for sqrt and division).

@@ -15,6 +15,7 @@ use host::gpu::ops::argmax::{argmax_forward, argmax_forward_values};
 use host::gpu::ops::args::Variant;
 use host::gpu::ops::attention::attention_forward_variant;
 use host::gpu::ops::convert::convert_to_f32;
+use host::gpu::ops::crossentropy::crossentropy_forward;
 use host::gpu::ops::encoder::encoder_forward_variant;
 use host::gpu::ops::gelu::gelu_forward_variant;
 use host::gpu::ops::layernorm::{
@@ -847,6 +848,76 @@ fn softmax_matches_cpu() {
             );
         }
     }
+}
+
+/// The kernel's loss against the f64 reference rounded to f32: a sum of
+/// ~100 f32 terms per thread (relative error ~100 · 2^-24), `exp_fast`
+/// (2^-21 + |x| 2^-23 relative per term, |x| up to ~40 here) and `ln_fast`
+/// add up to ~1e-5 at the losses of ~10-40 nats drawn here.
+const CROSSENTROPY_ATOL: f32 = 5e-5;
+
+#[test]
+#[ignore = "needs a GPU"]
+fn crossentropy_matches_cpu() {
+    let Some(gpu) = skip::gpu() else { return };
+    let mut rng = crate::seed::rng();
+    for &(n, v, vp) in &[(1, 50257, 50304), (9, 50257, 50304), (5, 517, 640), (3, 7, 7)] {
+        // Logits wide enough that the loss depends on every term's exponent;
+        // the padding is huge so that reading it would show.
+        let mut logits = random_vec(n * vp, 20.0);
+        for r in 0..n {
+            logits[r * vp + v..(r + 1) * vp].fill(1e30);
+        }
+        // Every row scored but one in three ignored; the last row targets
+        // the last real id.
+        let targets: Vec<u32> = (0..n)
+            .map(|r| match r {
+                _ if r + 1 == n => v as u32 - 1,
+                _ if r % 3 == 1 => cpu::IGNORED_TARGET,
+                _ => rng.random_range(0..v as u32),
+            })
+            .collect();
+        let mut want = vec![f32::NAN; n];
+        cpu::crossentropy_forward(&mut want, &logits, &targets, n, v, vp);
+        let (dl, dt) = (gpu.upload(&logits).unwrap(), gpu.upload(&targets).unwrap());
+        let mut out = poisoned(&gpu, n);
+        crossentropy_forward(&gpu, &mut out, &dl, &dt, n, v, vp).unwrap();
+        let got = down(&gpu, &out);
+        check(
+            &format!("crossentropy n={n} v={v} vp={vp}"),
+            &got,
+            &want,
+            CROSSENTROPY_ATOL,
+            0.0,
+        );
+        for (r, &t) in targets.iter().enumerate() {
+            if t == cpu::IGNORED_TARGET {
+                assert_eq!(got[r], 0.0, "row {r}: an ignored target's loss");
+            }
+        }
+    }
+    // A target outside the vocabulary gives NaN (never an index), on both sides.
+    let (v, vp) = (517, 640);
+    let logits = random_vec(2 * vp, 4.0);
+    let targets = [v as u32, 3];
+    let mut want = vec![0f32; 2];
+    cpu::crossentropy_forward(&mut want, &logits, &targets, 2, v, vp);
+    let (dl, dt) = (gpu.upload(&logits).unwrap(), gpu.upload(&targets).unwrap());
+    let mut out = poisoned(&gpu, 2);
+    crossentropy_forward(&gpu, &mut out, &dl, &dt, 2, v, vp).unwrap();
+    let got = down(&gpu, &out);
+    assert!(
+        want[0].is_nan() && got[0].is_nan(),
+        "out-of-vocabulary target: cpu {}, gpu {}",
+        want[0],
+        got[0]
+    );
+    assert!(
+        (got[1] - want[1]).abs() <= CROSSENTROPY_ATOL,
+        "gpu {} cpu {}",
+        got[1],
+        want[1]
+    );
 }
 
 #[test]

@@ -115,6 +115,8 @@ pub unsafe extern "ptx-kernel" fn test_math(p: MathParams) {
             *row(MATH_RCP_RN) = rcp_rn(x);
             *row(MATH_TO_TF32) = f32::from_bits(to_tf32(x));
             *row(MATH_RCP_APPROX) = rcp_approx(x);
+            *row(MATH_LOG2_APPROX) = log2_approx(x);
+            *row(MATH_LN_FAST) = ln_fast(x);
         }
         i += grid_stride_x();
     }

@@ -89,7 +89,9 @@ pub const MATH_SQRT_RN: u32 = 6;
 pub const MATH_RCP_RN: u32 = 7;
 pub const MATH_TO_TF32: u32 = 8;
 pub const MATH_RCP_APPROX: u32 = 9;
-pub const MATH_ROWS: u32 = 10;
+pub const MATH_LOG2_APPROX: u32 = 10;
+pub const MATH_LN_FAST: u32 = 11;
+pub const MATH_ROWS: u32 = 12;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

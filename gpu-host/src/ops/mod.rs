@@ -7,6 +7,7 @@ pub mod argmax;
 pub mod args;
 pub mod attention;
 pub mod convert;
+pub mod crossentropy;
 pub mod decode;
 pub mod decode_step;
 pub mod encoder;

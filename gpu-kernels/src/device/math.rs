@@ -11,6 +11,8 @@ use core::arch::asm;
 
 /// log2(e), to turn `exp(x)` into `2^(x * log2 e)`.
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
+/// ln(2), to turn `ln(x)` into `log2(x) * ln 2`.
+const LN_2: f32 = core::f32::consts::LN_2;
 
 /// Below this |x|, [`tanh_precise`] uses its odd series: there
 /// `1 - 2/(e^{2x}+1)` cancels, losing more bits the smaller x is.
@@ -36,6 +38,12 @@ unary_ptx!(
     /// 2^x, `ex2.approx.ftz.f32`: rel ≤ 2^-21 (the PTX ISA promises 2 ulp;
     /// the tests assert twice that), ftz. 2^-inf = +0, 2^+inf = +inf, NaN stays NaN.
     exp2_approx, "ex2.approx.ftz.f32");
+unary_ptx!(
+    /// log2(x), `lg2.approx.ftz.f32`: abs ≤ 2^-22 for x in [0.5, 2], rel ≤
+    /// 2^-22 elsewhere (the CUDA programming guide's bound for `__log2f`),
+    /// ftz: a subnormal x gives -inf. log2(±0) = -inf, log2(+inf) = +inf,
+    /// x < 0 and NaN give NaN.
+    log2_approx, "lg2.approx.ftz.f32");
 unary_ptx!(
     /// tanh(x), `tanh.approx.f32` (sm_75+): rel error at most 2^-10.987 (PTX
     /// ISA; measured about 1.1e-5). ±inf give ±1, NaN stays NaN.
@@ -72,6 +80,14 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
 #[inline(always)]
 pub fn exp_fast(x: f32) -> f32 {
     exp2_approx(x * LOG2_E)
+}
+
+/// ln(x) as `log2(x) · ln 2` on the SFU: [`log2_approx`]'s error times
+/// ln 2 plus one rounding, so abs ≤ 2^-22 for x in [0.5, 2] and rel ≤ 2^-21
+/// elsewhere; ftz and the special values as for [`log2_approx`].
+#[inline(always)]
+pub fn ln_fast(x: f32) -> f32 {
+    log2_approx(x) * LN_2
 }
 
 /// tanh(x) within 2^-21 absolute (about 4.8e-7) and 2^-18 relative (3.8e-6)

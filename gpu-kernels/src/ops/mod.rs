@@ -8,6 +8,7 @@ pub mod saxpy;
 pub mod argmax;
 pub mod attention;
 pub mod convert;
+pub mod crossentropy;
 // The decode step's fused kernels.
 pub mod decode;
 pub mod encoder;

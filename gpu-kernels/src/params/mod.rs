@@ -59,6 +59,7 @@ pub mod flash_attention;
 pub mod argmax;
 pub mod attention;
 pub mod convert;
+pub mod crossentropy;
 pub mod decode;
 pub mod decode_step;
 pub mod encoder;

@@ -2,8 +2,9 @@
 //! GPU (`--devices`, one replica each), in one process on GPT-2 124M with
 //! random weights, FP32 and bf16: batch generation (greedy, wall clock
 //! from the first forward call to the last token) and perplexity (windows
-//! of the full context, a batch of them per forward call, the NLL summed
-//! on the host as the `perplexity` program does). Prints each rate and the
+//! of the full context, a batch of them per forward call, each position's
+//! NLL from the backend's `crossentropy` and summed on the host, as the
+//! `perplexity` program does). Prints each rate and the
 //! speedup; returns them all as JSON.
 //!
 //! With fewer than two GPUs it says so and times two replicas on GPU 0:

@@ -10,6 +10,7 @@
 //! Sizes are checked with `assert!`: these are internal contracts between the
 //! forward pass and its ops, not user input (the forward pass validates that).
 
+pub use gpu_kernels::params::crossentropy::IGNORED_TARGET;
 use rayon::prelude::*;
 
 use crate::model::config::LAYERNORM_EPS;
@@ -376,6 +377,38 @@ pub fn softmax_forward(probs: &mut [f32], logits: &[f32], n: usize, v: usize, vp
                 *x *= inv;
             }
             p[v..].fill(0.0);
+        });
+}
+
+/// Negative log-likelihood (nats) of `target` under one row of logits,
+/// over its first `v` entries only, in f64 (the oracle of the kernel's f32
+/// and of perplexity's sums): `logsumexp(logits[..v]) - logits[target]`.
+pub fn token_nll(logits: &[f32], v: usize, target: u32) -> f64 {
+    let real = &logits[..v];
+    let max = real.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let sum: f64 = real.iter().map(|&x| (x as f64 - max).exp()).sum();
+    max + sum.ln() - real[target as usize] as f64
+}
+
+/// Cross-entropy of each of the `n` rows of `vp` logits against its
+/// target: `losses[i] = token_nll(row i, v, targets[i])` rounded to f32; 0
+/// where `targets[i]` is `IGNORED_TARGET`, NaN for any other target `>= v`
+/// (as the kernel). The one exception to this file's f32 accumulation: a
+/// loss is a difference of two large numbers, so it is taken in f64.
+pub fn crossentropy_forward(losses: &mut [f32], logits: &[f32], targets: &[u32], n: usize, v: usize, vp: usize) {
+    assert!(v <= vp && losses.len() >= n && targets.len() >= n && logits.len() >= n * vp);
+    losses[..n]
+        .par_iter_mut()
+        .zip(&targets[..n])
+        .zip(logits[..n * vp].par_chunks(vp))
+        .for_each(|((loss, &target), row)| {
+            *loss = if target == IGNORED_TARGET {
+                0.0
+            } else if target as usize >= v {
+                f32::NAN
+            } else {
+                token_nll(row, v, target) as f32
+            };
         });
 }
 

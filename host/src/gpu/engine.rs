@@ -20,13 +20,14 @@ use gpu_kernels::params::flash_attention::{
 use gpu_kernels::params::sample::SampleRow;
 use half::bf16;
 
-use crate::generate::{Backend, LogitsWanted, check_forward_args};
+use crate::generate::{Backend, LogitsWanted, check_forward_args, check_targets};
 use crate::gpu::Gpu;
 use crate::gpu::ops::argmax::argmax_forward;
 use crate::gpu::ops::args::OpError;
 use crate::gpu::ops::attention::attention_forward;
 use crate::gpu::ops::convert::{convert_to_bf16, convert_to_f32};
 use crate::gpu::ops::convert::{f32_to_bf16, round_tf32};
+use crate::gpu::ops::crossentropy::crossentropy_forward;
 use crate::gpu::ops::decode::{DecodeLaunch, decode_attention};
 use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_forward_rows};
 use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
@@ -179,6 +180,9 @@ struct Activations {
     head_in: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     ids: CudaSlice<u32>,
+    /// `[rows]` targets and losses of `crossentropy` (one per logits row).
+    targets: CudaSlice<u32>,
+    losses: CudaSlice<f32>,
     /// A bf16 engine on a Hopper GPU: the matmuls' inputs in bf16.
     bf16: Option<Bf16Acts>,
 }
@@ -435,6 +439,8 @@ impl GpuEngine {
                 head_in: alloc(max_batch * c)?,
                 logits: alloc(rows * config.padded_vocab_size)?,
                 ids: gpu.alloc::<u32>(max_batch)?,
+                targets: gpu.alloc::<u32>(rows)?,
+                losses: alloc(rows)?,
                 bf16: match bf16_acts(format, gpu.has_wgmma()) {
                     true => Some(Bf16Acts {
                         ln: gpu.alloc::<bf16>(rows * c)?,
@@ -525,8 +531,9 @@ impl GpuEngine {
         let others = config.num_parameters() - matrices;
         let weight_bytes = matrices * precision.weight_format().bytes() + others * F32_BYTES;
         let kv = 2 * l * max_batch * max_seq_len * c;
-        // residual, residual2, ln, atty, proj (C each), qkv (3C), fch, fch_gelu (4C each)
-        let acts = rows * (5 * c + 3 * c + 8 * c) + rows * vp + max_batch * c;
+        // residual, residual2, ln, atty, proj (C each), qkv (3C), fch, fch_gelu
+        // (4C each), logits (Vp), and crossentropy's targets and losses (1 each)
+        let acts = rows * (5 * c + 3 * c + 8 * c) + rows * (vp + 2) + max_batch * c;
         let flash = if flash_supported(config, max_batch, max_seq_len) {
             flash_workspace_floats(max_batch, config.num_heads, max_seq_len)
         } else {
@@ -1173,6 +1180,25 @@ impl Backend for GpuEngine {
             .memcpy_dtoh(&self.acts.logits.slice(0..n), &mut out)
             .ctx("reading the logits")?;
         Ok(out)
+    }
+
+    fn crossentropy(&mut self, targets: &[u32]) -> Result<Vec<f64>> {
+        let last = self
+            .last
+            .context("crossentropy() called before a successful forward()")?;
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        let n = last.rows;
+        check_targets(targets, n, v)?;
+        let a = &mut self.acts;
+        self.gpu
+            .memcpy_htod(targets, &mut a.targets.slice_mut(0..n))
+            .ctx("uploading the targets")?;
+        crossentropy_forward(&self.gpu, &mut a.losses, &a.logits, &a.targets, n, v, vp)?;
+        let mut losses = vec![0f32; n];
+        self.gpu
+            .memcpy_dtoh(&a.losses.slice(0..n), &mut losses)
+            .ctx("reading the losses")?;
+        Ok(losses.into_iter().map(f64::from).collect())
     }
 
     fn argmax(&mut self) -> Result<Vec<u32>> {

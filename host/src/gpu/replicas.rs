@@ -469,6 +469,22 @@ impl Backend for Replicas {
         concat(self.on_active("logits", |_, e| e.logits())?)
     }
 
+    /// Each replica scores the targets of its own rows.
+    fn crossentropy(&mut self, targets: &[u32]) -> Result<Vec<f64>> {
+        let last = self.last("crossentropy")?;
+        ensure!(
+            targets.len().is_multiple_of(last.b),
+            "crossentropy(): {} targets for a forward of {} rows",
+            targets.len(),
+            last.b
+        );
+        let per_row = targets.len() / last.b;
+        let targets = Arc::new(targets.to_vec());
+        concat(self.on_active("crossentropy", move |range, e| {
+            e.crossentropy(&targets[range.start * per_row..range.end * per_row])
+        })?)
+    }
+
     fn argmax(&mut self) -> Result<Vec<u32>> {
         concat(self.on_active("argmax", |_, e| e.argmax())?)
     }
