@@ -4,8 +4,14 @@
 //! from the first forward call to the last token) and perplexity (windows
 //! of the full context, a batch of them per forward call, each position's
 //! NLL from the backend's `crossentropy` and summed on the host, as the
-//! `perplexity` program does). Prints each rate and the
-//! speedup; returns them all as JSON.
+//! `perplexity` program does). Prints each rate and the speedup; returns
+//! them all as JSON.
+//!
+//! Two scalings are timed against the one GPU: the same work split over the
+//! replicas ("same total": each GPU gets a smaller batch, which runs less
+//! efficiently), and the same batch on each GPU ("same per GPU": `n` times
+//! the work, as `perplexity` does by default and as a server fills its
+//! replicas).
 //!
 //! With fewer than two GPUs it says so and times two replicas on GPU 0:
 //! that exercises the split and the gathering, not a speedup.
@@ -29,14 +35,14 @@ use crate::sample::{Sampler, SamplingParams};
 const CHECKPOINT_SEED: u64 = 124;
 /// Seed of the prompts and of the perplexity text.
 const TOKEN_SEED: u64 = 7;
-/// Prompts generated for together, one batch row each.
+/// Prompts generated for together on one GPU, one batch row each.
 const GEN_PROMPTS: usize = 16;
 /// Prompt tokens per row.
 const GEN_PROMPT_LEN: usize = 64;
 /// Tokens generated per row.
 const GEN_TOKENS: usize = 64;
-/// Perplexity: windows scored per run (non-overlapping, the full context
-/// each), and windows per forward call over all GPUs.
+/// Perplexity: windows scored per run on one GPU (non-overlapping, the
+/// full context each), and windows per forward call on one GPU.
 const PPL_WINDOWS: usize = 16;
 const PPL_BATCH: usize = 8;
 /// Perplexity runs timed (each scores `PPL_WINDOWS` windows of 1024 tokens,
@@ -82,54 +88,65 @@ pub fn bench_replicas(devices: &DeviceList, samples: usize, warmup: usize) -> Re
         println!("{note}");
         (FALLBACK_DEVICES.to_vec(), Some(note))
     };
+    let n = devices.len();
     let config = ModelConfig::GPT2_124M;
     let bytes = llmc_bytes(&config, CHECKPOINT_SEED, DType::F32)?;
     let weights = crate::model::llmc::parse(&bytes)?;
     let mut rng = StdRng::seed_from_u64(TOKEN_SEED);
     let vocab = config.vocab_size as u32;
-    let prompts: Vec<Vec<u32>> = (0..GEN_PROMPTS)
+    // Enough for the largest run: `n` times one GPU's work.
+    let prompts: Vec<Vec<u32>> = (0..GEN_PROMPTS * n)
         .map(|_| (0..GEN_PROMPT_LEN).map(|_| rng.random_range(0..vocab)).collect())
         .collect();
     let window = config.max_seq_len;
-    let text: Vec<u32> = (0..PPL_WINDOWS * window).map(|_| rng.random_range(0..vocab)).collect();
-    let ppl = PerplexityConfig {
-        window,
-        stride: window,
-        batch: PPL_BATCH,
-    };
+    let text: Vec<u32> = (0..PPL_WINDOWS * n * window)
+        .map(|_| rng.random_range(0..vocab))
+        .collect();
+    println!("\n== replicas: GPT-2 124M random weights, 1 GPU against {n} replicas on GPUs {devices:?}");
     println!(
-        "\n== replicas: GPT-2 124M random weights, 1 GPU against {} replicas on GPUs {devices:?}",
-        devices.len()
+        "   one GPU: generate {GEN_PROMPTS} prompts x {GEN_TOKENS} greedy tokens after {GEN_PROMPT_LEN}, median of {samples} runs; perplexity {PPL_WINDOWS} windows of {window}, {PPL_BATCH} a call, median of {PPL_RUNS} runs"
     );
     println!(
-        "   generate: {GEN_PROMPTS} prompts x {GEN_TOKENS} greedy tokens after {GEN_PROMPT_LEN}, median of {samples} runs; perplexity: {PPL_WINDOWS} windows of {window}, {PPL_BATCH} a call, median of {PPL_RUNS} runs"
+        "   {n} GPUs: the same work (same total), and {n} times it (same per GPU: as many rows a GPU as the one GPU)"
     );
     println!(
-        "{:>6} {:>10} {:>8} {:>12} {:>12} {:>12} {:>9}",
-        "prec", "what", "GPUs", "median s", "min s", "tokens/s", "speedup"
+        "{:>6} {:>10} {:>5} {:>13} {:>10} {:>10} {:>12} {:>9}",
+        "prec", "what", "GPUs", "scaling", "median s", "min s", "tokens/s", "speedup"
     );
     let mut rows = Vec::new();
     for precision in [Precision::Fp32, Precision::Bf16] {
         let prec = format!("{precision:?}");
-        let mut rates: Vec<(&str, f64)> = Vec::new();
-        for set in [&devices[..1], &devices[..]] {
+        let mut one_gpu: Vec<(&str, f64)> = Vec::new();
+        // (GPUs, scaling, work multiple): one GPU, then the replicas both ways.
+        for (set, scaling, times_work) in [
+            (&devices[..1], "one GPU", 1),
+            (&devices[..], "same total", 1),
+            (&devices[..], "same per GPU", n),
+        ] {
             let gpus = set.len();
             // Generation.
-            let mut b = backend(set, &weights, GEN_PROMPTS, GEN_PROMPT_LEN + GEN_TOKENS, precision)?;
+            let batch = &prompts[..GEN_PROMPTS * times_work];
+            let mut b = backend(set, &weights, batch.len(), GEN_PROMPT_LEN + GEN_TOKENS, precision)?;
             let mut generated = 0;
             let times = wall_times(warmup, samples, || {
                 let mut sampler = Sampler::new(SamplingParams::GREEDY)?;
-                generated = generate(b.as_mut(), &prompts, GEN_TOKENS, &mut sampler, |_, _| {})?.generated;
+                generated = generate(b.as_mut(), batch, GEN_TOKENS, &mut sampler, |_, _| {})?.generated;
                 Ok(())
             })?;
             drop(b);
             let (median, min, _) = spread(times);
             let rate = generated as f64 / median;
             // Perplexity.
-            let mut b = backend(set, &weights, PPL_BATCH, window, precision)?;
+            let ppl = PerplexityConfig {
+                window,
+                stride: window,
+                batch: PPL_BATCH * times_work,
+            };
+            let mut b = backend(set, &weights, ppl.batch, window, precision)?;
+            let text = &text[..PPL_WINDOWS * times_work * window];
             let mut scored = 0;
             let times = wall_times(1, PPL_RUNS, || {
-                scored = perplexity_with(b.as_mut(), &text, &ppl, |_, _| {})?.tokens_scored;
+                scored = perplexity_with(b.as_mut(), text, &ppl, |_, _| {})?.tokens_scored;
                 Ok(())
             })?;
             drop(b);
@@ -139,14 +156,16 @@ pub fn bench_replicas(devices: &DeviceList, samples: usize, warmup: usize) -> Re
                 ("generate", median, min, rate),
                 ("perplexity", ppl_median, ppl_min, ppl_rate),
             ] {
-                let one = rates.iter().find(|(w, _)| *w == what).map(|&(_, r)| r);
-                let speedup = one.map_or(1.0, |one| rate / one);
                 if gpus == 1 {
-                    rates.push((what, rate));
+                    one_gpu.push((what, rate));
                 }
-                println!("{prec:>6} {what:>10} {gpus:>8} {med:>12.4} {min:>12.4} {rate:>12.0} {speedup:>8.2}x");
+                let one = one_gpu.iter().find(|(w, _)| *w == what).map(|&(_, r)| r);
+                let speedup = one.map_or(1.0, |one| rate / one);
+                println!(
+                    "{prec:>6} {what:>10} {gpus:>5} {scaling:>13} {med:>10.4} {min:>10.4} {rate:>12.0} {speedup:>8.2}x"
+                );
                 rows.push(json!({
-                    "precision": prec, "what": what, "gpus": gpus, "devices": set,
+                    "precision": prec, "what": what, "gpus": gpus, "devices": set, "scaling": scaling,
                     "median_s": med, "min_s": min, "tokens_per_s": rate, "speedup": speedup,
                 }));
             }
