@@ -684,7 +684,7 @@ fn cpu_slots_choose_as_one_row_forward() {
     use host::cpu::sample::sample_row;
     use host::generate::{Backend, LogitsWanted};
     use host::model::fixtures::tiny_config;
-    use host::serve::backend::{Draw, SlotBackend, SlotToken};
+    use host::serve::backend::{Draw, SlotBackend, SlotChunk, SlotToken};
 
     let dir = Scratch::new("slots");
     let path = dir.path().join("tiny.bin");
@@ -731,13 +731,26 @@ fn cpu_slots_choose_as_one_row_forward() {
         alone.push(out);
     }
 
-    // The slots: sequence 0 prefilled in two chunks, sequence 1 at once.
+    // The slots: sequence 0 prefilled in two chunks, the second in one call
+    // with sequence 1's whole prompt (one row each comes back).
     let mut chosen: Vec<Vec<u32>> = vec![Vec::new(); 2];
     slots.prefill(slot_of[0], &prompts[0][..3], 0).unwrap();
-    slots.prefill(slot_of[0], &prompts[0][3..], 3).unwrap();
-    chosen[0].extend(slots.choose(&[draw(0, 7)]).unwrap());
-    slots.prefill(slot_of[1], &prompts[1], 0).unwrap();
-    chosen[1].extend(slots.choose(&[draw(1, 12)]).unwrap());
+    let chunks = [
+        SlotChunk {
+            slot: slot_of[0],
+            tokens: &prompts[0][3..],
+            pos0: 3,
+        },
+        SlotChunk {
+            slot: slot_of[1],
+            tokens: &prompts[1],
+            pos0: 0,
+        },
+    ];
+    slots.prefill_chunks(&chunks).unwrap();
+    let ids = slots.choose(&[draw(0, 7), draw(1, 12)]).unwrap();
+    chosen[0].push(ids[0]);
+    chosen[1].push(ids[1]);
     for _ in 0..5 {
         // Rows in the opposite order of the slots, at different positions.
         let rows: Vec<SlotToken> = (0..2)
@@ -762,6 +775,19 @@ fn cpu_slots_choose_as_one_row_forward() {
     // Misuse is an error, not a panic.
     assert!(slots.prefill(3, &[1], 0).is_err(), "slot beyond the cache");
     assert!(slots.prefill(0, &[1], max_seq_len).is_err(), "position beyond the slot");
+    assert!(slots.prefill(0, &[], 0).is_err(), "an empty chunk");
+    assert!(slots.prefill_chunks(&[]).is_err(), "no chunk");
+    let one = SlotChunk {
+        slot: 1,
+        tokens: &[1, 2],
+        pos0: 0,
+    };
+    assert!(
+        slots.prefill_chunks(&[one, one]).is_err(),
+        "a slot twice in one prefill"
+    );
+    let bad = SlotChunk { tokens: &[300], ..one };
+    assert!(slots.prefill_chunks(&[one, bad]).is_err(), "id beyond the vocabulary");
     let dup = SlotToken {
         slot: 0,
         token: 1,

@@ -467,7 +467,9 @@ fn decode_past_the_row_limit_falls_back() {
 /// scheduler batching requests of different ages would hand it), against a
 /// plain softmax attention on the CPU; unwritten output is NaN-poisoned. The
 /// last row is idle (at `max_t`: a free slot of a server's batch): its
-/// output stays untouched.
+/// output stays untouched. Mapped: rows read the cache rows `cache_row`
+/// names (two rows share one, as a prefill's tokens do), and the last row
+/// is idle by a cache row past the cache instead.
 #[test]
 #[ignore = "needs a GPU"]
 fn decode_attention_rows_at_different_positions() {
@@ -475,8 +477,17 @@ fn decode_attention_rows_at_different_positions() {
     let (n, nh, hs, max_t) = (6usize, 3usize, 64usize, 300usize);
     let c = nh * hs;
     let idle = n - 1;
-    for window in [0usize, 70] {
-        let pos: Vec<u32> = vec![0, 63, 64, 200, 299, max_t as u32];
+    for (window, mapped) in [(0usize, false), (70, false), (0, true), (70, true)] {
+        let mut pos: Vec<u32> = vec![0, 63, 64, 200, 299, max_t as u32];
+        let cache_row: Vec<u32> = if mapped {
+            vec![3, 0, 0, 4, 1, n as u32]
+        } else {
+            (0..n as u32).collect()
+        };
+        if mapped {
+            pos[idle] = 10;
+        }
+        let dmap = gpu.upload(&cache_row).unwrap();
         let q = random_vec(n * c, 1.0);
         let kc = random_vec(n * nh * max_t * hs, 1.0);
         let vc = random_vec(n * nh * max_t * hs, 1.0);
@@ -498,6 +509,7 @@ fn decode_attention_rows_at_different_positions() {
                 &dk,
                 &dv,
                 &dpos,
+                mapped.then_some(&dmap),
                 n,
                 c,
                 nh,
@@ -514,10 +526,11 @@ fn decode_attention_rows_at_different_positions() {
             for r in 0..idle {
                 let p = pos[r] as usize;
                 let lo = if window > 0 { (p + 1).saturating_sub(window) } else { 0 };
+                let cr = cache_row[r] as usize;
                 for h in 0..nh {
                     let qv = &q[r * c + h * hs..r * c + (h + 1) * hs];
-                    let key = |j: usize| &kc[((r * nh + h) * max_t + j) * hs..][..hs];
-                    let val = |j: usize| &vc[((r * nh + h) * max_t + j) * hs..][..hs];
+                    let key = |j: usize| &kc[((cr * nh + h) * max_t + j) * hs..][..hs];
+                    let val = |j: usize| &vc[((cr * nh + h) * max_t + j) * hs..][..hs];
                     let scores: Vec<f64> = (lo..=p)
                         .map(|j| qv.iter().zip(key(j)).map(|(a, b)| (a * b) as f64).sum::<f64>() / (hs as f64).sqrt())
                         .collect();
@@ -531,7 +544,7 @@ fn decode_attention_rows_at_different_positions() {
                 }
             }
             check(
-                &format!("decode attention, window {window}, pdl {pdl}"),
+                &format!("decode attention, window {window}, mapped {mapped}, pdl {pdl}"),
                 got,
                 &want,
                 1e-5,

@@ -5,6 +5,7 @@
 //! reference doing the same; the device sampler with per-row streams
 //! against its CPU twin on the same logits.
 
+use cudarc::driver::CudaSlice;
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::sample::SampleRow;
 use half::bf16;
@@ -18,7 +19,7 @@ use host::gpu::ops::weight::WeightRef;
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, Weights};
-use host::serve::backend::{Draw, SlotBackend, SlotToken};
+use host::serve::backend::{Draw, SlotBackend, SlotChunk, SlotToken};
 use rand::Rng;
 use rand::rngs::StdRng;
 
@@ -131,22 +132,47 @@ pub(crate) fn schedule_matches_cpu_on(
         }
         ids
     };
-    // Prefill every prompt, in chunks of at most CHUNK.
-    for (i, s) in seqs.iter_mut().enumerate() {
-        while s.len < s.prompt.len() {
-            let end = (s.len + CHUNK).min(s.prompt.len());
-            let chunk = &s.prompt[s.len..end];
-            gpu.prefill(s.slot, chunk, s.len).unwrap();
-            cpu.prefill(s.slot, chunk, s.len).unwrap();
-            s.len = end;
-            let d = [draw(&mut rng, i % 2 == 1, s.len, s.slot as u32 * 7 + 1)];
-            let ids = compare(&format!("prefill slot {} to {end}", s.slot), gpu, &mut cpu, &d);
-            if s.len == s.prompt.len() {
-                // The CPU's greedy choice feeds both (so they stay on one path).
-                s.next = Some(ids[0].min(v as u32 - 1));
+    // Prefill every prompt as the scheduler does: rounds of at most CHUNK
+    // tokens in all, each sequence's next chunk in one call (two rounds: two
+    // chunks, then four, slot 3's prompt continuing beside three others).
+    let mut round = 0;
+    while seqs.iter().any(|s| s.len < s.prompt.len()) {
+        let mut budget = CHUNK;
+        let mut batch: Vec<(usize, usize, usize)> = Vec::new();
+        for (i, s) in seqs.iter().enumerate() {
+            let n = (s.prompt.len() - s.len).min(budget);
+            if n > 0 {
+                batch.push((i, s.len, s.len + n));
+                budget -= n;
             }
         }
+        let chunks: Vec<SlotChunk<'_>> = batch
+            .iter()
+            .map(|&(i, from, to)| SlotChunk {
+                slot: seqs[i].slot,
+                tokens: &seqs[i].prompt[from..to],
+                pos0: from,
+            })
+            .collect();
+        gpu.prefill_chunks(&chunks).unwrap();
+        cpu.prefill_chunks(&chunks).unwrap();
+        let draws: Vec<Draw> = batch
+            .iter()
+            .map(|&(i, _, to)| draw(&mut rng, i % 2 == 1, to, seqs[i].slot as u32 * 7 + 1))
+            .collect();
+        let what = format!("prefill round {round} ({} chunks)", batch.len());
+        let ids = compare(&what, gpu, &mut cpu, &draws);
+        for (&(i, _, to), &id) in batch.iter().zip(&ids) {
+            let s = &mut seqs[i];
+            s.len = to;
+            if s.len == s.prompt.len() {
+                // The CPU's greedy choice feeds both (so they stay on one path).
+                s.next = Some(id.min(v as u32 - 1));
+            }
+        }
+        round += 1;
     }
+    assert_eq!(round, 2, "the plan's prefill rounds");
     // Decode steps over changing subsets (indices into `seqs`): slots 0, 3
     // and 5 (the fused step, idle rows between), every slot (the per-row
     // path), a slot past the fused rows alone (per-row, mostly idle rows),
@@ -247,10 +273,52 @@ fn kv_cache_store_matches_cpu() {
     let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
     let (dqkv, dpos) = (gpu.upload(&qkv).unwrap(), gpu.upload(&pos).unwrap());
     let mut dq = poisoned(&gpu, n * c);
-    kv_cache_store(&gpu, &mut dq, &mut dk, &mut dv, &dqkv, &dpos, n, c, nh, max_t).unwrap();
+    kv_cache_store(
+        &gpu,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+        &dqkv,
+        &dpos,
+        None::<&CudaSlice<u32>>,
+        n,
+        c,
+        nh,
+        max_t,
+    )
+    .unwrap();
     let mut q = vec![0f32; n * c];
-    host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, &pos, n, c, nh, max_t);
+    host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, &pos, None, n, c, nh, max_t);
     check("kv_cache_store q", &down(&gpu, &dq), &q, 0.0, 0.0);
     check("kv_cache_store k", &down(&gpu, &dk), &kc, 0.0, 0.0);
     check("kv_cache_store v", &down(&gpu, &dv), &vc, 0.0, 0.0);
+
+    // Mapped rows, as a prefill of several slots runs them: rows 0 and 1 go
+    // to cache row 3 at two positions, row 4 to a cache row past the cache
+    // (idle); the cache has fewer rows than the call.
+    let rows = 4usize;
+    let map: Vec<u32> = vec![3, 3, 0, 1, rows as u32];
+    let pos: Vec<u32> = vec![7, 8, 0, 19, 5];
+    let (mut kc, mut vc) = (random_vec(rows * c * max_t, 1.0), random_vec(rows * c * max_t, 1.0));
+    let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
+    let (dpos, dmap) = (gpu.upload(&pos).unwrap(), gpu.upload(&map).unwrap());
+    let mut dq = poisoned(&gpu, n * c);
+    kv_cache_store(
+        &gpu,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+        &dqkv,
+        &dpos,
+        Some(&dmap),
+        n,
+        c,
+        nh,
+        max_t,
+    )
+    .unwrap();
+    host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, &pos, Some(&map), n, c, nh, max_t);
+    check("kv_cache_store mapped q", &down(&gpu, &dq), &q, 0.0, 0.0);
+    check("kv_cache_store mapped k", &down(&gpu, &dk), &kc, 0.0, 0.0);
+    check("kv_cache_store mapped v", &down(&gpu, &dv), &vc, 0.0, 0.0);
 }

@@ -719,8 +719,10 @@ where
 }
 
 /// Attention of one query per row over the KV cache, at each row's
-/// position `pos[r]` (keys `0..=pos[r]`, or the last `window`), heads of
-/// size [`DECODE_HEAD_SIZE`]: `out[n, c]` from `q[n, c]`.
+/// position `pos[r]` (keys `0..=pos[r]`, or the last `window`) of its cache
+/// row `cache_row[r]` (`None`: row `r`), heads of size
+/// [`DECODE_HEAD_SIZE`]: `out[n, c]` from `q[n, c]`. A row at or past
+/// `max_t`, or whose cache row is past the caches', is idle.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_attention(
     gpu: &Gpu,
@@ -731,6 +733,7 @@ pub fn decode_attention(
     k_cache: &CudaSlice<f32>,
     v_cache: &CudaSlice<f32>,
     pos: &CudaSlice<u32>,
+    cache_row: Option<&CudaSlice<u32>>,
     n: usize,
     c: usize,
     nh: usize,
@@ -749,15 +752,19 @@ pub fn decode_attention(
     check_len(OP_ATTN, "out", out.len(), n * c)?;
     check_len(OP_ATTN, "q", q.len(), n * c)?;
     check_len(OP_ATTN, "pos", pos.len(), n)?;
-    to_u32(OP_ATTN, "cache", n * c * max_t)?;
-    check_len(OP_ATTN, "k_cache", k_cache.len(), n * c * max_t)?;
-    check_len(OP_ATTN, "v_cache", v_cache.len(), n * c * max_t)?;
+    let cache_rows = k_cache.len().min(v_cache.len()) / (c * max_t);
+    match cache_row {
+        Some(rows) => check_len(OP_ATTN, "cache_row", rows.len(), n)?,
+        None => check_len(OP_ATTN, "cache rows", cache_rows, n)?,
+    }
     let p = DecodeAttentionParams {
         out: out_ptr(gpu, out),
         q: in_ptr(gpu, q),
         k_cache: in_ptr(gpu, k_cache),
         v_cache: in_ptr(gpu, v_cache),
         pos: in_ptr(gpu, pos),
+        cache_row: cache_row.map_or(std::ptr::null(), |r| in_ptr(gpu, r)),
+        cache_rows: to_u32(OP_ATTN, "cache rows", cache_rows)?,
         part_acc: out_ptr(gpu, &mut ws.part_acc),
         part_ml: out_ptr(gpu, &mut ws.part_ml),
         counter: out_ptr(gpu, &mut ws.attn_counters),
@@ -779,8 +786,9 @@ pub fn decode_attention(
         block_dim: (DECODE_ATTN_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: caches hold n rows of nh x max_t x 64 floats, q and out n x c
-    // (checked); the workspace's partials hold n*nh*parts_stride entries,
+    // SAFETY: the caches hold cache_rows rows of nh x max_t x 64 floats and
+    // the kernel reads no row past them (cache_row holds n entries, or is
+    // null and cache_rows >= n), q and out n x c (checked); the workspace's partials hold n*nh*parts_stride entries,
     // parts_stride >= chunks * 2 for this max_t, and its counters n*nh,
     // zero between launches; the kernel keeps the PDL contract; the
     // prefetch ranges lie inside buffers `launch` borrows.

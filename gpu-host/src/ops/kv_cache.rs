@@ -20,10 +20,11 @@ fn launch_config(items: u32) -> LaunchConfig {
 }
 
 /// Row `r` of `qkv` (`[n, 3c]`): its query to `q[r]`, its key and value to
-/// cache row `r` (`[rows][nh][max_t][c / nh]`, `rows >= n`) at position
-/// `pos[r]`. A row whose position is at or past `max_t` is idle: nothing
-/// of it enters the cache. `pos` is read on the device, so a captured graph
-/// serves every step.
+/// cache row `cache_row[r]` (`None`: row `r`; the caches are
+/// `[rows][nh][max_t][c / nh]`) at position `pos[r]`. A row whose position
+/// is at or past `max_t`, or whose cache row is past the caches' rows, is
+/// idle: nothing of it enters the cache. `pos` and `cache_row` are read on
+/// the device, so a captured graph serves every step.
 #[allow(clippy::too_many_arguments)]
 pub fn kv_cache_store(
     gpu: &Gpu,
@@ -32,6 +33,7 @@ pub fn kv_cache_store(
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
     pos: &impl DevicePtr<u32>,
+    cache_row: Option<&impl DevicePtr<u32>>,
     n: usize,
     c: usize,
     nh: usize,
@@ -48,8 +50,11 @@ pub fn kv_cache_store(
     check_len(OP, "q", q.len(), n * c)?;
     check_len(OP, "qkv", qkv.len(), n * 3 * c)?;
     check_len(OP, "pos", pos.len(), n)?;
-    check_len(OP, "k_cache", k_cache.len(), n * c * max_t)?;
-    check_len(OP, "v_cache", v_cache.len(), n * c * max_t)?;
+    let cache_rows = k_cache.len().min(v_cache.len()) / (c * max_t).max(1);
+    match cache_row {
+        Some(rows) => check_len(OP, "cache_row", rows.len(), n)?,
+        None => check_len(OP, "cache rows", cache_rows, n)?,
+    }
     if total == 0 {
         return Ok(());
     }
@@ -59,6 +64,8 @@ pub fn kv_cache_store(
         v_cache: out_ptr(gpu, v_cache),
         qkv: in_ptr(gpu, qkv),
         pos: in_ptr(gpu, pos),
+        cache_row: cache_row.map_or(std::ptr::null(), |r| in_ptr(gpu, r)),
+        cache_rows: to_u32(OP, "cache rows", cache_rows)?,
         n: n as u32,
         c: c as u32,
         nh: nh as u32,
@@ -67,9 +74,10 @@ pub fn kv_cache_store(
     if !aligned16(&[p.q as usize, p.k_cache as usize, p.v_cache as usize, p.qkv as usize]) {
         return Err(OpError::shape(OP, "buffers must be 16-byte aligned"));
     }
-    // SAFETY: q holds n*c floats, qkv n*3c, pos n, the caches n rows of nh x
-    // max_t x c/nh (checked above); c and c/nh are multiples of 4 and the
-    // buffers 16-byte aligned; n*3*c < 2^32.
+    // SAFETY: q holds n*c floats, qkv n*3c, pos n, cache_row n (or is null
+    // and the caches hold n rows), the caches cache_rows rows of nh x max_t
+    // x c/nh, and the kernel writes no row past them (checked above); c and
+    // c/nh are multiples of 4 and the buffers 16-byte aligned; n*3*c < 2^32.
     unsafe { gpu.launch(KV_CACHE_STORE, launch_config(total / KV_CACHE_STORE_VEC), p)? };
     Ok(())
 }

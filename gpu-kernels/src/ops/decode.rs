@@ -995,10 +995,10 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     let chunk = block_idx_x() as usize;
     let h = block_idx_y() as usize;
     let r = block_idx_z() as usize;
-    // SAFETY: pos holds n entries.
-    let pos = unsafe { *p.pos.add(r) } as usize;
+    // SAFETY: pos (and cache_row, when not null) hold n entries.
+    let (pos, cr) = unsafe { (*p.pos.add(r) as usize, super::kv_cache::cache_row(p.cache_row, r)) };
     // An idle row (a free slot of a server's batch) attends to nothing.
-    if pos >= max_t {
+    if pos >= max_t || cr >= p.cache_rows as usize {
         return;
     }
     let key_lo = if window > 0 {
@@ -1016,8 +1016,8 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     // This lane's 8 query dimensions, pre-scaled into log2 units.
     // SAFETY: q holds n*c floats; h*HS + 36 + 4 <= c.
     let q = unsafe { decode_query(p.q.add(r * c + h * HS + VEC * l8), p.scale_log2e) };
-    let plane = (r * nh + h) * max_t * HS + VEC * l8;
-    // SAFETY: cache row r, head h: max_t * HS floats from `plane`.
+    let plane = (cr * nh + h) * max_t * HS + VEC * l8;
+    // SAFETY: cache row cr < cache_rows, head h: max_t * HS floats from `plane`.
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
     // SAFETY: keys below key_end lie in the cache plane.
     let (m, l, acc) = unsafe { attend_keys::<ATT_KEYS_PER_GROUP>(&q, k_g, v_g, key_begin + grp, ATT_GROUPS, key_end) };

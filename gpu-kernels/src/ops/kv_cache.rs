@@ -6,8 +6,23 @@ use super::vec4::{VEC, load4, store4};
 use crate::device::{global_idx_x, grid_stride_x};
 use crate::params::kv_cache::KvCacheStoreParams;
 
-/// Q of row `r` to `q[r]`, K and V to the cache at `pos[r]` (nothing for an
-/// idle row), 4 channels per thread.
+/// The cache row of row `r` of a call: `cache_row[r]`, or `r` where the
+/// call maps rows to themselves (null).
+///
+/// # Safety
+/// `cache_row` is null or holds more than `r` entries.
+#[inline(always)]
+pub(crate) unsafe fn cache_row(cache_row: *const u32, r: usize) -> usize {
+    if cache_row.is_null() {
+        r
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { *cache_row.add(r) as usize }
+    }
+}
+
+/// Q of row `r` to `q[r]`, K and V to its cache row at `pos[r]` (nothing
+/// for an idle row), 4 channels per thread.
 ///
 /// # Safety
 /// Buffers as documented on [`KvCacheStoreParams`], 16-byte aligned; `c`,
@@ -31,15 +46,15 @@ pub unsafe extern "ptx-kernel" fn kv_cache_store(p: KvCacheStoreParams) {
             // SAFETY: r * c + ch + 4 <= n * c.
             unsafe { store4(p.q.add(r * c + ch as usize), x) };
         } else {
-            // SAFETY: pos holds n entries.
-            let pos = unsafe { *p.pos.add(r) } as usize;
-            if pos < max_t {
+            // SAFETY: pos (and cache_row, when not null) hold n entries.
+            let (pos, cr) = unsafe { (*p.pos.add(r) as usize, cache_row(p.cache_row, r)) };
+            if pos < max_t && cr < p.cache_rows as usize {
                 let (h, d) = ((ch / hs) as usize, (ch % hs) as usize);
                 let (nh, hs) = (nh as usize, hs as usize);
                 let cache = if part == 1 { p.k_cache } else { p.v_cache };
-                // SAFETY: cache row r < rows, head h < nh, pos < max_t, d + 4
-                // <= hs (hs % 4 == 0).
-                unsafe { store4(cache.add(((r * nh + h) * max_t + pos) * hs + d), x) };
+                // SAFETY: cache row cr < cache_rows, head h < nh, pos < max_t,
+                // d + 4 <= hs (hs % 4 == 0).
+                unsafe { store4(cache.add(((cr * nh + h) * max_t + pos) * hs + d), x) };
             }
         }
         i += grid_stride_x();

@@ -254,13 +254,21 @@ pub struct DecodeAttentionParams {
     pub out: *mut f32,
     /// `[n, C]` queries.
     pub q: *const f32,
-    /// `[max_batch][nh][max_t][HS]`; row `r` of the call is cache row `r`.
+    /// `[cache_rows][nh][max_t][HS]`; row `r` of the call reads cache row
+    /// `cache_row[r]` (or `r`).
     pub k_cache: *const f32,
     pub v_cache: *const f32,
     /// `[n]` positions; a row with `pos[r] >= max_t` is idle (a free slot
     /// of a server's batch): nothing is read for it and its `out` row is
     /// left as it was.
     pub pos: *const u32,
+    /// `[n]` the cache row of each row of the call (several rows may share
+    /// one: the tokens of a prefill, each at its own position), or null:
+    /// row `r` is cache row `r`. A cache row at or past `cache_rows` makes
+    /// the row idle.
+    pub cache_row: *const u32,
+    /// Rows the caches hold.
+    pub cache_rows: u32,
     /// `[n * nh * parts_stride * HS]` and `[n * nh * parts_stride * 2]`.
     pub part_acc: *mut f32,
     pub part_ml: *mut f32,

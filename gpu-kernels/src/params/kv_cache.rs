@@ -21,8 +21,8 @@ pub const KV_CACHE_STORE_VEC: u32 = 4;
 pub struct KvCacheStoreParams {
     /// `[n, c]`: row `r`'s query (the first `c` of its qkv row).
     pub q: *mut f32,
-    /// `[rows][nh][max_t][c / nh]` each, `rows >= n`: row `r` of the call
-    /// writes cache row `r`, position `pos[r]`.
+    /// `[cache_rows][nh][max_t][c / nh]` each: row `r` of the call writes
+    /// cache row `cache_row[r]` (or `r`), position `pos[r]`.
     pub k_cache: *mut f32,
     pub v_cache: *mut f32,
     /// `[n, 3 * c]`: q, k, v of each row (the qkv matmul's output).
@@ -30,6 +30,12 @@ pub struct KvCacheStoreParams {
     /// `[n]` positions; a row at or past `max_t` is idle: its keys and
     /// values are not stored (its query still is).
     pub pos: *const u32,
+    /// `[n]` the cache row of each row of the call (several rows may share
+    /// one: a prefill's tokens), or null: row `r` is cache row `r`. A cache
+    /// row at or past `cache_rows` is idle like a position past `max_t`.
+    pub cache_row: *const u32,
+    /// Rows the caches hold.
+    pub cache_rows: u32,
     pub n: u32,
     /// Channels, a multiple of 4 and of `nh`; `c / nh` a multiple of 4.
     pub c: u32,

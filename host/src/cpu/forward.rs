@@ -8,7 +8,7 @@ use super::ops::{attention_forward, encoder_forward, layernorm_forward, matmul_f
 use crate::cpu::sample::sample_row;
 use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::model::{Layer, ModelConfig, Tensor, Weights};
-use crate::serve::backend::{Draw, SlotBackend, SlotToken, check_slot_rows};
+use crate::serve::backend::{Draw, SlotBackend, SlotChunk, SlotToken, check_slot_chunks, check_slot_rows};
 
 /// One block's parameters as f32 vectors.
 pub type CpuLayer = Layer<Vec<f32>>;
@@ -354,20 +354,19 @@ impl SlotBackend for CpuModel {
         self.max_seq_len
     }
 
-    fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<()> {
+    /// One chunk after the other, each alone (the oracle of a GPU's
+    /// batched prefill).
+    fn prefill_chunks(&mut self, chunks: &[SlotChunk<'_>]) -> Result<()> {
         self.slot_rows = 0;
         self.last = None;
-        ensure!(
-            slot < self.max_batch,
-            "slot {slot} is beyond the {} slots",
-            self.max_batch
-        );
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
-        check_forward_args(tokens, 1, tokens.len(), pos0, 1, self.max_seq_len, v, "model")?;
-        self.run_rows(tokens, 1, tokens.len(), pos0, LogitsWanted::Last, slot);
+        check_slot_chunks(chunks, self.max_batch, self.max_seq_len, v)?;
         self.slot_logits.clear();
-        self.slot_logits.extend_from_slice(&self.acts.logits[..vp]);
-        self.slot_rows = 1;
+        for ch in chunks {
+            self.run_rows(ch.tokens, 1, ch.tokens.len(), ch.pos0, LogitsWanted::Last, ch.slot);
+            self.slot_logits.extend_from_slice(&self.acts.logits[..vp]);
+        }
+        self.slot_rows = chunks.len();
         Ok(())
     }
 

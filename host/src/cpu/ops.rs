@@ -75,8 +75,9 @@ pub fn encoder_forward_rows(out: &mut [f32], inp: &[u32], pos: &[u32], wte: &[f3
 
 /// A decode step's keys and values into the cache, each row at its own
 /// position: row `r` of `qkv` (`[n, 3C]`) gives its query to `q[r]`, its
-/// key and value to cache row `r` (`[rows][NH][maxT][HS]`) at `pos[r]`; a
-/// row at or past `max_t` is idle (nothing cached).
+/// key and value to cache row `cache_row[r]` (`None`: row `r`; the caches
+/// are `[rows][NH][maxT][HS]`) at `pos[r]`; a row at or past `max_t`, or
+/// whose cache row is past the caches' rows, is idle (nothing cached).
 #[allow(clippy::too_many_arguments)]
 pub fn kv_cache_store(
     q: &mut [f32],
@@ -84,23 +85,27 @@ pub fn kv_cache_store(
     v_cache: &mut [f32],
     qkv: &[f32],
     pos: &[u32],
+    cache_row: Option<&[u32]>,
     n: usize,
     c: usize,
     nh: usize,
     max_t: usize,
 ) {
     assert!(q.len() >= n * c && qkv.len() >= n * 3 * c && pos.len() >= n);
-    assert!(k_cache.len() >= n * c * max_t && v_cache.len() >= n * c * max_t);
+    assert!(cache_row.is_none_or(|m| m.len() >= n));
+    let cache_rows = k_cache.len().min(v_cache.len()) / (c * max_t);
+    assert!(cache_row.is_some() || cache_rows >= n);
     let hs = c / nh;
     for r in 0..n {
         let row = &qkv[r * 3 * c..(r + 1) * 3 * c];
         q[r * c..(r + 1) * c].copy_from_slice(&row[..c]);
         let p = pos[r] as usize;
-        if p >= max_t {
+        let cr = cache_row.map_or(r, |m| m[r] as usize);
+        if p >= max_t || cr >= cache_rows {
             continue;
         }
         for h in 0..nh {
-            let at = ((r * nh + h) * max_t + p) * hs;
+            let at = ((cr * nh + h) * max_t + p) * hs;
             k_cache[at..at + hs].copy_from_slice(&row[c + h * hs..c + (h + 1) * hs]);
             v_cache[at..at + hs].copy_from_slice(&row[2 * c + h * hs..2 * c + (h + 1) * hs]);
         }

@@ -224,6 +224,12 @@ enum Placement {
     /// `pos`, both uploaded by the caller (so the call is kernels only, and
     /// capturable); a row at or past `max_seq_len` is idle.
     PerRow,
+    /// The tokens of several slots' prefills in one call (`t = 1`, `b`
+    /// tokens in all): as `PerRow`, but row `r` is cache row
+    /// `cache_row[r]` of the slot state (rows of one slot share it, each at
+    /// its own position), and the logits are those of the rows listed in
+    /// its `head_rows` (each chunk's last token), in that order.
+    Chunks,
 }
 
 /// GPT-2 on one GPU.
@@ -793,23 +799,53 @@ fn matmul(
 #[allow(clippy::too_many_arguments)]
 fn head_rows<'a, T: DeviceRepr>(
     gpu: &Gpu,
-    want: LogitsWanted,
+    heads: Heads<'_>,
     ln: &'a CudaSlice<T>,
     head_in: &'a mut CudaSlice<T>,
-    b: usize,
-    t: usize,
     c: usize,
 ) -> Result<&'a CudaSlice<T>> {
-    // One position a row: every row is its last.
-    if want == LogitsWanted::All || t == 1 {
-        return Ok(ln);
-    }
-    for bi in 0..b {
-        let last = (bi * t + t - 1) * c;
-        gpu.memcpy_dtod(&ln.slice(last..last + c), &mut head_in.slice_mut(bi * c..(bi + 1) * c))
-            .ctx("gathering the last positions")?;
+    let mut gather = |i: usize, row: usize| {
+        gpu.memcpy_dtod(
+            &ln.slice(row * c..(row + 1) * c),
+            &mut head_in.slice_mut(i * c..(i + 1) * c),
+        )
+        .ctx("gathering the rows the LM head reads")
+    };
+    match heads {
+        // Every row, or one position a row (every row is its last).
+        Heads::All | Heads::Last { t: 1, .. } => return Ok(ln),
+        Heads::Last { b, t } => {
+            for bi in 0..b {
+                gather(bi, bi * t + t - 1)?;
+            }
+        }
+        Heads::Listed(rows) => {
+            for (i, &row) in rows.iter().enumerate() {
+                gather(i, row)?;
+            }
+        }
     }
     Ok(head_in)
+}
+
+/// The rows of the last layernorm's output that the LM head reads.
+#[derive(Clone, Copy)]
+enum Heads<'a> {
+    /// Every position.
+    All,
+    /// The last position of each of `b` rows of `t`.
+    Last { b: usize, t: usize },
+    /// These rows, in this order.
+    Listed(&'a [usize]),
+}
+
+impl Heads<'_> {
+    fn from_want(want: LogitsWanted, b: usize, t: usize) -> Self {
+        match want {
+            LogitsWanted::All => Heads::All,
+            LogitsWanted::Last => Heads::Last { b, t },
+        }
+    }
 }
 
 /// A linear layer on bf16 activations ([`Bf16Acts`]): the bf16 `wgmma`
@@ -910,22 +946,24 @@ impl GpuEngine {
         if let Some(ws) = flash.as_deref_mut() {
             ws.set_kv_rounded(round_acts && matches!(place, Placement::Shared { pos0: 0, .. }));
         }
-        // Per-row positions live in the slot state (uploaded by the caller).
+        // Per-row positions (and cache rows) live in the slot state,
+        // uploaded by the caller.
         let mut per_row = match place {
-            Placement::PerRow => Some(self.slots.as_mut().context("the slot state is missing")?),
+            Placement::PerRow | Placement::Chunks => Some(self.slots.as_mut().context("the slot state is missing")?),
             Placement::Shared { .. } => None,
         };
         // A per-row step's caller uploads its tokens (with the positions),
         // so the step itself holds only kernels: a graph can capture it.
-        if place != Placement::PerRow {
+        if per_row.is_none() {
             gpu.memcpy_htod(tokens, &mut a.tokens.slice_mut(0..n))
                 .ctx("uploading token ids")?;
         }
 
         // LM head (tied to wte, no bias) over the padded vocabulary, on the wanted rows only.
-        let rows = match want {
-            LogitsWanted::All => n,
-            LogitsWanted::Last => b,
+        let rows = match (want, place, per_row.as_deref()) {
+            (_, Placement::Chunks, Some(s)) => s.head_rows.len(),
+            (LogitsWanted::All, ..) => n,
+            (LogitsWanted::Last, ..) => b,
         };
         let round_head = tf32.is_some() && takes_tf32_path(prec, rows, c);
 
@@ -936,10 +974,10 @@ impl GpuEngine {
             (Placement::Shared { pos0, .. }, WeightRef::Bf16(wte), _) => {
                 encoder_forward_bf16(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?
             }
-            (Placement::PerRow, wte, Some(s)) => {
+            (Placement::PerRow | Placement::Chunks, wte, Some(s)) => {
                 encoder_forward_rows(gpu, &mut a.residual, &a.tokens, &s.pos, wte, &p.wpe, n, c)?
             }
-            (Placement::PerRow, _, None) => anyhow::bail!("the slot state is missing"),
+            (Placement::PerRow | Placement::Chunks, _, None) => anyhow::bail!("the slot state is missing"),
         }
         // Each residual add is fused with the layernorm after it (`ln2` of its
         // layer, then `ln1` of the next, `lnf` after the last); only the
@@ -996,10 +1034,12 @@ impl GpuEngine {
                         self.window,
                     )?
                 }
-                (Placement::PerRow, Some(s)) => {
-                    // Row r is cache row r, at its own position.
+                (Placement::PerRow | Placement::Chunks, Some(s)) => {
+                    // Row r is cache row r (or cache_row[r]), at its own position.
                     let max_t = self.max_seq_len;
-                    kv_cache_store(gpu, &mut s.q, k_cache, v_cache, &a.qkv, &s.pos, n, c, nh, max_t)?;
+                    let cache_row = (place == Placement::Chunks).then_some(&s.cache_row);
+                    let pos = &s.pos;
+                    kv_cache_store(gpu, &mut s.q, k_cache, v_cache, &a.qkv, pos, cache_row, n, c, nh, max_t)?;
                     let launch = DecodeLaunch::new(false);
                     let (k, v) = (&*k_cache, &*v_cache);
                     decode_attention(
@@ -1010,14 +1050,15 @@ impl GpuEngine {
                         &s.q,
                         k,
                         v,
-                        &s.pos,
+                        pos,
+                        cache_row,
                         n,
                         c,
                         nh,
                         self.window,
                     )?;
                 }
-                (Placement::PerRow, None) => anyhow::bail!("the slot state is missing"),
+                (Placement::PerRow | Placement::Chunks, None) => anyhow::bail!("the slot state is missing"),
             }
             match a16.as_deref_mut() {
                 Some(x) => {
@@ -1133,15 +1174,21 @@ impl GpuEngine {
                 }
             }
         }
+        // The rows the head reads: every position, each row's last, or the
+        // listed ones (a prefill of several chunks).
+        let heads = match (place, per_row.as_deref()) {
+            (Placement::Chunks, Some(s)) => Heads::Listed(&s.head_rows),
+            _ => Heads::from_want(want, b, t),
+        };
         match a16 {
             // bf16 rows (wte in bf16 too).
             Some(x) => {
-                let head_in = head_rows(gpu, want, &x.ln, &mut x.head_in, b, t, c)?;
+                let head_in = head_rows(gpu, heads, &x.ln, &mut x.head_in, c)?;
                 let out = Bf16Out::F32(&mut a.logits);
                 matmul_bf16_acts(gpu, out, head_in, p.wte.as_ref(), None, rows, c, vp, false)?;
             }
             None => {
-                let head_in = head_rows(gpu, want, &a.ln, &mut a.head_in, b, t, c)?;
+                let head_in = head_rows(gpu, heads, &a.ln, &mut a.head_in, c)?;
                 let head_w = (p.wte.as_ref(), tf32.map(|t| &t.wte), round_head);
                 matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, rows, c, vp)?;
             }

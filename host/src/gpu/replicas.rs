@@ -25,7 +25,7 @@ use crate::generate::{Backend, LogitsWanted, check_forward_args};
 use crate::gpu::engine::{GpuEngine, Precision};
 use crate::gpu::{Gpu, GpuError};
 use crate::model::{ModelConfig, Weights};
-use crate::serve::backend::{Draw, SlotBackend, SlotToken, check_slot_rows};
+use crate::serve::backend::{Draw, SlotBackend, SlotChunk, SlotToken, check_slot_chunks, check_slot_rows};
 
 /// Split `b` rows over `n` replicas: contiguous ranges in row order, the
 /// first `b % n` one row longer than the rest (a replica whose range is
@@ -632,16 +632,46 @@ impl SlotBackend for Replicas {
         self.max_seq_len
     }
 
-    fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<()> {
+    /// Each replica prefills its own slots' chunks, all replicas at once.
+    fn prefill_chunks(&mut self, chunks: &[SlotChunk<'_>]) -> Result<()> {
         self.slot_last = None;
         self.last = None;
-        ensure!(slot < self.slots, "slot {slot} is beyond the {} slots", self.slots);
-        let (i, local) = self.slot_home(slot);
-        let tokens = tokens.to_vec();
-        self.dispatch(vec![(i, move |e: &mut GpuEngine| {
-            SlotBackend::prefill(e, local, &tokens, pos0)
-        })])?;
-        self.slot_last = Some(vec![(i, vec![0])]);
+        check_slot_chunks(chunks, self.slots, self.max_seq_len, self.config.vocab_size)?;
+        let n = self.workers.len();
+        let mut groups: Vec<(usize, Vec<usize>)> = (0..n).map(|i| (i, Vec::new())).collect();
+        for (k, ch) in chunks.iter().enumerate() {
+            groups[self.slot_home(ch.slot).0].1.push(k);
+        }
+        groups.retain(|(_, idx)| !idx.is_empty());
+        let jobs = groups
+            .iter()
+            .map(|(i, idx)| {
+                // (local slot, tokens, pos0) of each of this replica's chunks.
+                let mine: Vec<(usize, Vec<u32>, usize)> = idx
+                    .iter()
+                    .map(|&k| {
+                        (
+                            self.slot_home(chunks[k].slot).1,
+                            chunks[k].tokens.to_vec(),
+                            chunks[k].pos0,
+                        )
+                    })
+                    .collect();
+                (*i, move |e: &mut GpuEngine| {
+                    let local: Vec<SlotChunk<'_>> = mine
+                        .iter()
+                        .map(|(slot, tokens, pos0)| SlotChunk {
+                            slot: *slot,
+                            tokens,
+                            pos0: *pos0,
+                        })
+                        .collect();
+                    e.prefill_chunks(&local)
+                })
+            })
+            .collect();
+        self.dispatch(jobs)?;
+        self.slot_last = Some(groups);
         Ok(())
     }
 

@@ -24,6 +24,16 @@ pub struct SlotToken {
     pub pos: usize,
 }
 
+/// One piece of a prefill: `tokens` at positions `pos0..pos0 + tokens.len()`
+/// of slot `slot`, whose cache holds positions `0..pos0` (`pos0 > 0`
+/// continues it: chunked prefill; `pos0 == 0` starts the slot afresh).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotChunk<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    pub pos0: usize,
+}
+
 /// How one row's next token is chosen: the sampling rule of
 /// `gpu_kernels::params::sample` with `settings`, draw counter `counter`
 /// (the position the chosen token will take, as [`crate::generate::Backend::sample`]
@@ -48,11 +58,18 @@ pub trait SlotBackend {
     /// Positions per slot (prompt + generated tokens of one sequence).
     fn max_seq_len(&self) -> usize;
 
-    /// Run `tokens` at positions `pos0..pos0 + tokens.len()` of slot `slot`,
-    /// whose cache must hold positions `0..pos0` (`pos0 > 0` continues it:
-    /// chunked prefill; `pos0 == 0` starts the slot afresh). Afterwards
-    /// [`SlotBackend::choose`] sees one row: the last position.
-    fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<()>;
+    /// Run every chunk (distinct slots), as one call where the backend can:
+    /// the prompts of several new sequences cost one forward pass, not one
+    /// each. Afterwards [`SlotBackend::choose`] sees one row per chunk, in
+    /// order: its last position.
+    fn prefill_chunks(&mut self, chunks: &[SlotChunk<'_>]) -> Result<()>;
+
+    /// Run `tokens` at positions `pos0..pos0 + tokens.len()` of slot `slot`
+    /// (one [`SlotChunk`]). Afterwards [`SlotBackend::choose`] sees one row:
+    /// the last position.
+    fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<()> {
+        self.prefill_chunks(&[SlotChunk { slot, tokens, pos0 }])
+    }
 
     /// One decode step: each row feeds its token at its position of its slot
     /// (distinct slots, any positions). Afterwards [`SlotBackend::choose`]
@@ -93,6 +110,31 @@ pub fn check_slot_rows(rows: &[SlotToken], slots: usize, max_seq_len: usize, voc
             "token id {} is outside the vocabulary of {vocab_size}",
             r.token
         );
+    }
+    Ok(())
+}
+
+/// The argument checks every [`SlotBackend::prefill_chunks`] makes, with
+/// clear errors: at least one chunk, none empty, slots below `slots` and
+/// distinct, positions inside `max_seq_len`, ids inside the vocabulary.
+pub fn check_slot_chunks(chunks: &[SlotChunk<'_>], slots: usize, max_seq_len: usize, vocab_size: usize) -> Result<()> {
+    ensure!(!chunks.is_empty(), "empty prefill");
+    let mut seen = vec![false; slots];
+    for ch in chunks {
+        ensure!(ch.slot < slots, "slot {} is beyond the {slots} slots", ch.slot);
+        ensure!(!seen[ch.slot], "slot {} appears twice in one prefill", ch.slot);
+        seen[ch.slot] = true;
+        ensure!(!ch.tokens.is_empty(), "empty prefill chunk for slot {}", ch.slot);
+        ensure!(
+            ch.pos0 + ch.tokens.len() <= max_seq_len,
+            "positions {}..{} of slot {} exceed the {max_seq_len} positions of a slot",
+            ch.pos0,
+            ch.pos0 + ch.tokens.len(),
+            ch.slot
+        );
+        if let Some(&bad) = ch.tokens.iter().find(|&&t| t as usize >= vocab_size) {
+            anyhow::bail!("token id {bad} is outside the vocabulary of {vocab_size}");
+        }
     }
     Ok(())
 }

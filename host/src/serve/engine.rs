@@ -19,11 +19,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
+use anyhow::Result;
 use gpu_kernels::params::sample::SampleRow;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::FinishReason;
-use super::backend::{Draw, SlotBackend, SlotToken};
+use super::backend::{Draw, SlotBackend, SlotChunk, SlotToken};
 use crate::model::config::EOT_TOKEN;
 use crate::tokenizer::{Gpt2Tokenizer, StreamDecoder};
 
@@ -318,31 +319,54 @@ pub fn run(
         // Before any text of the new sequences goes out.
         metrics.running.store(seqs.len(), Ordering::Relaxed);
 
-        // 3. Prefill, chunked, oldest first.
+        // 3. Prefill, chunked, oldest first: each new sequence's next chunk
+        // within the budget, all of them in one call.
         let mut budget = prefill_chunk;
-        for s in seqs.iter_mut().filter(|s| !s.done && s.next.is_none()) {
+        let mut batch: Vec<Piece> = Vec::new();
+        for (i, s) in seqs.iter().enumerate() {
             if budget == 0 {
                 break;
             }
-            let len = s.job.prompt.len();
-            let n = (len - s.prefilled).min(budget);
-            let (from, to) = (s.prefilled, s.prefilled + n);
-            let chosen = backend.prefill(s.slot, &s.job.prompt[from..to], from).and_then(|()| {
-                if to == len {
-                    backend.choose(&[s.draw(len)])
-                } else {
-                    Ok(Vec::new())
-                }
-            });
-            budget -= n;
-            match chosen {
-                Ok(ids) => {
-                    s.prefilled = to;
-                    if let Some(&id) = ids.first() {
-                        s.accept(id, len, max_seq_len, metrics);
+            if s.done || s.next.is_some() {
+                continue;
+            }
+            let n = (s.job.prompt.len() - s.prefilled).min(budget);
+            if n > 0 {
+                batch.push((i, s.prefilled, s.prefilled + n));
+                budget -= n;
+            }
+        }
+        if !batch.is_empty() {
+            // If the joint call fails, each chunk alone, so that only the
+            // sequence at fault fails.
+            let outcome = prefill_batch(backend, &seqs, &batch);
+            let parts: Vec<(&[Piece], Result<Vec<u32>>)> = match outcome {
+                Ok(ids) => vec![(&batch[..], Ok(ids))],
+                Err(_) if batch.len() > 1 => batch
+                    .chunks(1)
+                    .map(|one| (one, prefill_batch(backend, &seqs, one)))
+                    .collect(),
+                Err(e) => vec![(&batch[..], Err(e))],
+            };
+            for (part, outcome) in parts {
+                match outcome {
+                    Ok(ids) => {
+                        for (k, &(i, _, to)) in part.iter().enumerate() {
+                            let s = &mut seqs[i];
+                            s.prefilled = to;
+                            if to == s.job.prompt.len()
+                                && let Some(&id) = ids.get(k)
+                            {
+                                s.accept(id, to, max_seq_len, metrics);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        for &(i, ..) in part {
+                            fail(&mut seqs[i], &e);
+                        }
                     }
                 }
-                Err(e) => fail(s, &e),
             }
         }
 
@@ -395,6 +419,31 @@ pub fn run(
     }
     metrics.running.store(0, Ordering::Relaxed);
     metrics.kv_positions.store(0, Ordering::Relaxed);
+}
+
+/// One sequence's chunk of a prefill call: (index in the running
+/// sequences, first and end index in its prompt).
+type Piece = (usize, usize, usize);
+
+/// One prefill call over the chunks `batch` of `seqs`; the
+/// next token of each chunk when any of them ends its prompt (those that
+/// do not are drawn for and ignored), else nothing.
+fn prefill_batch(backend: &mut dyn SlotBackend, seqs: &[Seq<'_>], batch: &[Piece]) -> Result<Vec<u32>> {
+    let chunks: Vec<SlotChunk<'_>> = batch
+        .iter()
+        .map(|&(i, from, to)| SlotChunk {
+            slot: seqs[i].slot,
+            tokens: &seqs[i].job.prompt[from..to],
+            pos0: from,
+        })
+        .collect();
+    backend.prefill_chunks(&chunks)?;
+    if batch.iter().any(|&(i, _, to)| to == seqs[i].job.prompt.len()) {
+        let draws: Vec<Draw> = batch.iter().map(|&(i, _, to)| seqs[i].draw(to)).collect();
+        backend.choose(&draws)
+    } else {
+        Ok(Vec::new())
+    }
 }
 
 fn take(cmd: Command, waiting: &mut VecDeque<Job>, cancel_all: &mut bool) {
@@ -498,9 +547,11 @@ mod tests {
         fn max_seq_len(&self) -> usize {
             MAX_SEQ_LEN
         }
-        fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> anyhow::Result<()> {
-            self.prefills.push((slot, tokens.len(), pos0));
-            self.rows = 1;
+        fn prefill_chunks(&mut self, chunks: &[super::SlotChunk<'_>]) -> anyhow::Result<()> {
+            for ch in chunks {
+                self.prefills.push((ch.slot, ch.tokens.len(), ch.pos0));
+            }
+            self.rows = chunks.len();
             Ok(())
         }
         fn decode(&mut self, rows: &[super::SlotToken]) -> anyhow::Result<()> {
@@ -510,9 +561,14 @@ mod tests {
         }
         fn choose(&mut self, draws: &[super::Draw]) -> anyhow::Result<Vec<u32>> {
             assert_eq!(draws.len(), self.rows);
+            // A chunk that does not end its prompt is drawn for and ignored.
             Ok(draws
                 .iter()
-                .map(|d| self.script[d.counter as usize - PROMPT_LEN])
+                .map(|d| {
+                    (d.counter as usize)
+                        .checked_sub(PROMPT_LEN)
+                        .map_or(0, |i| self.script[i])
+                })
                 .collect())
         }
         fn slot_logits(&mut self) -> anyhow::Result<Vec<f32>> {

@@ -680,6 +680,7 @@ impl Step<'_> {
                 k_cache,
                 v_cache,
                 pos,
+                None,
                 b,
                 c,
                 nh,

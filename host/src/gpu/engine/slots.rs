@@ -1,8 +1,9 @@
 //! The GPU engine as a [`SlotBackend`]: the KV cache's batch rows are a
 //! server's slots, each sequence at its own position.
 //!
-//! - A prefill runs the forward pass on one slot's cache rows
-//!   ([`Placement::Shared`] at that row).
+//! - A prefill of one chunk runs the forward pass on one slot's cache rows
+//!   ([`Placement::Shared`] at that row); of several, one call of all their
+//!   tokens, each at its slot and position ([`Placement::Chunks`]).
 //! - A decode step runs rows `0..n`, `n` one past the highest slot that
 //!   steps (the scheduler hands out the lowest free slot, so `n` stays near
 //!   the number of running sequences); the rows in between that do not step
@@ -25,13 +26,13 @@ use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
 use gpu_kernels::params::sample::{SampleRow, is_greedy};
 
 use super::{AttentionKind, Chosen, DecodePath, GpuEngine, Last, Placement, Precision};
-use crate::generate::{LogitsWanted, check_forward_args};
+use crate::generate::LogitsWanted;
 use crate::gpu::Gpu;
 use crate::gpu::ops::decode::DecodeWorkspace;
 use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward_streams};
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::ModelConfig;
-use crate::serve::backend::{Draw, SlotBackend, SlotToken, check_slot_rows};
+use crate::serve::backend::{Draw, SlotBackend, SlotChunk, SlotToken, check_slot_chunks, check_slot_rows};
 
 /// The settings of a row nobody draws for (an idle row): greedy.
 const IDLE_DRAW: SampleRow = SampleRow {
@@ -48,12 +49,18 @@ const IDLE_TOKEN: u32 = 0;
 /// The slot interface's device buffers and host staging, sized for every
 /// slot (the engine's `max_batch` rows), made by the first slot call.
 pub(super) struct SlotState {
-    /// `[slots]`: each row's position in a per-row step (idle rows at
-    /// `max_seq_len`).
+    /// `[rows]`: each row's position in a per-row step (idle rows at
+    /// `max_seq_len`) or a prefill of several chunks; `rows` is the larger
+    /// of the slots and the engine's activation rows.
     pub(super) pos: CudaSlice<u32>,
-    /// `[slots, C]`: the queries of a per-row step.
+    /// `[rows]`: each row's cache row in a prefill of several chunks.
+    pub(super) cache_row: CudaSlice<u32>,
+    /// The rows whose logits a prefill of several chunks keeps (each
+    /// chunk's last token), in chunk order.
+    pub(super) head_rows: Vec<usize>,
+    /// `[rows, C]`: the queries of a per-row step.
     pub(super) q: CudaSlice<f32>,
-    /// Decode attention's scratch for every slot.
+    /// Decode attention's scratch for `rows` rows.
     pub(super) ws: DecodeWorkspace,
     /// `[slots]` each: the sampler's per-row settings, draw counters,
     /// streams, and the ids it chose.
@@ -64,6 +71,7 @@ pub(super) struct SlotState {
     /// Host staging, so a step allocates nothing once warm.
     host_tokens: Vec<u32>,
     host_pos: Vec<u32>,
+    host_cache_row: Vec<u32>,
     host_settings: Vec<DeviceSampleRow>,
     host_counter: Vec<u32>,
     host_streams: Vec<u32>,
@@ -86,17 +94,22 @@ type GraphKey = (usize, Precision, usize, AttentionKind);
 const ROW_BUCKET: usize = 8;
 
 impl SlotState {
-    fn new(gpu: &Gpu, config: &ModelConfig, slots: usize, max_t: usize) -> Result<Self> {
+    /// For `slots` slots and per-row calls of up to `rows` rows (at least `slots`).
+    fn new(gpu: &Gpu, config: &ModelConfig, slots: usize, rows: usize, max_t: usize) -> Result<Self> {
+        let rows = rows.max(slots);
         Ok(SlotState {
-            pos: gpu.alloc(slots)?,
-            q: gpu.alloc(slots * config.channels)?,
-            ws: DecodeWorkspace::new(gpu, slots, config.num_heads, max_t)?,
+            pos: gpu.alloc(rows)?,
+            cache_row: gpu.alloc(rows)?,
+            head_rows: Vec::with_capacity(slots),
+            q: gpu.alloc(rows * config.channels)?,
+            ws: DecodeWorkspace::new(gpu, rows, config.num_heads, max_t)?,
             settings: gpu.alloc(slots)?,
             counter: gpu.alloc(slots)?,
             streams: gpu.alloc(slots)?,
             ids: gpu.alloc(slots)?,
-            host_tokens: Vec::with_capacity(slots),
-            host_pos: Vec::with_capacity(slots),
+            host_tokens: Vec::with_capacity(rows),
+            host_pos: Vec::with_capacity(rows),
+            host_cache_row: Vec::with_capacity(rows),
             host_settings: Vec::with_capacity(slots),
             host_counter: Vec::with_capacity(slots),
             host_streams: Vec::with_capacity(slots),
@@ -150,7 +163,8 @@ impl GpuEngine {
     fn slot_state(&mut self) -> Result<&mut SlotState> {
         if self.slots.is_none() {
             self.check_slots()?;
-            let state = SlotState::new(&self.gpu, &self.config, self.max_batch, self.max_seq_len)
+            let rows = self.max_rows;
+            let state = SlotState::new(&self.gpu, &self.config, self.max_batch, rows, self.max_seq_len)
                 .context("allocating the slot state")?;
             self.slots = Some(state);
         }
@@ -171,21 +185,62 @@ impl SlotBackend for GpuEngine {
         self.max_seq_len
     }
 
-    fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<()> {
+    /// One chunk runs as a forward call on its slot's cache rows (flash
+    /// attention where it applies). Several run as one call of all their
+    /// tokens ([`Placement::Chunks`]): each token at its own position of its
+    /// own slot through the per-row kernels, and the LM head on each
+    /// chunk's last token only.
+    fn prefill_chunks(&mut self, chunks: &[SlotChunk<'_>]) -> Result<()> {
         self.last = None;
         self.mark_ids_stale();
+        let (max_t, v) = (self.max_seq_len, self.config.vocab_size);
+        check_slot_chunks(chunks, self.max_batch, max_t, v)?;
+        if let [one] = chunks {
+            let s = self.slot_state()?;
+            s.rows.clear();
+            s.rows.push(0);
+            let place = Placement::Shared {
+                row0: one.slot,
+                pos0: one.pos0,
+            };
+            return self.forward_placed(one.tokens, 1, one.tokens.len(), place, LogitsWanted::Last);
+        }
+        let n: usize = chunks.iter().map(|ch| ch.tokens.len()).sum();
         ensure!(
-            slot < self.max_batch,
-            "slot {slot} is beyond the {} slots",
-            self.max_batch
+            n <= self.max_rows,
+            "a prefill of {n} tokens exceeds the {} positions this engine holds activations for",
+            self.max_rows
         );
-        let v = self.config.vocab_size;
-        check_forward_args(tokens, 1, tokens.len(), pos0, 1, self.max_seq_len, v, "engine")?;
-        let s = self.slot_state()?;
+        self.slot_state()?;
+        let s = self.slots.as_mut().context("the slot state is missing")?;
+        s.host_tokens.clear();
+        s.host_pos.clear();
+        s.host_cache_row.clear();
+        s.head_rows.clear();
         s.rows.clear();
-        s.rows.push(0);
-        let place = Placement::Shared { row0: slot, pos0 };
-        self.forward_placed(tokens, 1, tokens.len(), place, LogitsWanted::Last)
+        for (i, ch) in chunks.iter().enumerate() {
+            s.host_tokens.extend_from_slice(ch.tokens);
+            // Positions below max_t and slots below max_batch (checked) fit u32.
+            s.host_pos
+                .extend((ch.pos0..ch.pos0 + ch.tokens.len()).map(|p| p as u32));
+            s.host_cache_row
+                .extend(std::iter::repeat_n(ch.slot as u32, ch.tokens.len()));
+            s.head_rows.push(s.host_tokens.len() - 1);
+            s.rows.push(i);
+        }
+        let gpu = &self.gpu;
+        gpu.memcpy_htod(&s.host_pos, &mut s.pos.slice_mut(0..n))
+            .ctx("uploading positions")?;
+        gpu.memcpy_htod(&s.host_cache_row, &mut s.cache_row.slice_mut(0..n))
+            .ctx("uploading cache rows")?;
+        gpu.memcpy_htod(&s.host_tokens, &mut self.acts.tokens.slice_mut(0..n))
+            .ctx("uploading token ids")?;
+        self.forward_placed(&[], n, 1, Placement::Chunks, LogitsWanted::Last)?;
+        self.last = Some(Last {
+            b: chunks.len(),
+            rows: chunks.len(),
+        });
+        Ok(())
     }
 
     fn decode(&mut self, rows: &[SlotToken]) -> Result<()> {

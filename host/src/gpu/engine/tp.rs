@@ -461,9 +461,23 @@ impl TpEngine {
                         )?;
                     }
                     (Place::PerRow, Some(s)) => {
-                        kv_cache_store(gpu, &mut s.q, k, v, &a.qkv, &s.pos, n, cr, nhr, max_t)?;
+                        let pos = &s.pos;
+                        kv_cache_store(
+                            gpu,
+                            &mut s.q,
+                            k,
+                            v,
+                            &a.qkv,
+                            pos,
+                            None::<&CudaSlice<u32>>,
+                            n,
+                            cr,
+                            nhr,
+                            max_t,
+                        )?;
                         let launch = DecodeLaunch::new(false);
-                        decode_attention(gpu, &mut s.ws, launch, &mut a.atty, &s.q, k, v, &s.pos, n, cr, nhr, 0)?;
+                        let out = &mut a.atty;
+                        decode_attention(gpu, &mut s.ws, launch, out, &s.q, k, v, pos, None, n, cr, nhr, 0)?;
                     }
                     (Place::PerRow, None) => anyhow::bail!("no per-row decode state"),
                 }
@@ -518,7 +532,7 @@ impl TpEngine {
         };
         for r in &mut self.ranks {
             let (gpu, p, a, ws) = (&r.gpu, &r.params, &mut r.acts, &mut r.matmul_ws);
-            let head_in = super::head_rows(gpu, want, &a.ln, &mut a.head_in, b, t, c)?;
+            let head_in = super::head_rows(gpu, super::Heads::from_want(want, b, t), &a.ln, &mut a.head_in, c)?;
             let vr = r.shard.vocab.len();
             Rank::linear(gpu, ws, &mut a.logits, head_in, &p.head, None, rows, c, vr)?;
         }
