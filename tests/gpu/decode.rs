@@ -463,6 +463,35 @@ fn decode_past_the_row_limit_falls_back() {
     );
 }
 
+/// A static batch past the fused kernels' rows, with the fused path on,
+/// steps through the per-row graph (the server's step: one CUDA graph per
+/// 8-row bucket, idle rows padding it) and agrees with the prefill kernels
+/// launched one by one; at 10 rows of 12 the bucket is padded with idle rows.
+#[test]
+#[ignore = "needs a GPU"]
+fn decode_past_the_row_limit_takes_the_per_row_graph() {
+    let Some(gpu) = crate::kernels::skip::gpu() else { return };
+    let cfg = head64_config();
+    let ck = checkpoint(&cfg, crate::seed::rng().random());
+    let w = ck.weights().unwrap();
+    let mut eng = GpuEngine::new(gpu, &w, 12, 32, Precision::Fp32).unwrap();
+    for b in [12usize, 10] {
+        let prompt: Vec<u32> = (0..b * 4).map(|i| (i * 37 % cfg.vocab_size) as u32).collect();
+        let (want, ids) = run_path(&mut eng, DecodePath::Unfused, false, &prompt, b, 4, 4);
+        let got = forced_path(&mut eng, DecodePath::Graph, &prompt, b, 4, &ids);
+        assert_eq!(eng.decode_path_in_use(b), DecodePath::Unfused, "past the fused rows");
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            check(
+                &format!("{b} rows, step {s}: per-row graph vs per-op"),
+                g,
+                w,
+                PATHS_TOL,
+                0.0,
+            );
+        }
+    }
+}
+
 /// Decode attention with every row at its own position (the state a
 /// scheduler batching requests of different ages would hand it), against a
 /// plain softmax attention on the CPU; unwritten output is NaN-poisoned. The

@@ -1216,6 +1216,9 @@ impl Backend for GpuEngine {
         if t == 1 && want == LogitsWanted::Last && self.decode_path_in_use(b) != DecodePath::Unfused {
             return self.decode_forward(tokens, b, pos0);
         }
+        if t == 1 && want == LogitsWanted::Last && self.per_row_decode_serves(b) {
+            return self.decode_per_row(tokens, pos0);
+        }
         self.forward_placed(tokens, b, t, Placement::Shared { row0: 0, pos0 }, want)
     }
 

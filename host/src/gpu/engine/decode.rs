@@ -181,6 +181,16 @@ pub const PREFETCH_AHEAD_TRY_BYTES: usize = 16 << 20;
 const PREFETCH_L2_FRACTION: usize = 3;
 
 impl DecodeState {
+    /// Most rows a fused step serves.
+    pub(super) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The path asked for ([`GpuEngine::set_decode_path`]).
+    pub(super) fn path(&self) -> DecodePath {
+        self.path
+    }
+
     /// The state for up to `max_batch` rows (capped at the kernels'
     /// `DECODE_MAX_ROWS`), or `None` where the fused kernels do not serve
     /// the model (head size, widths).

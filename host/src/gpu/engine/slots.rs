@@ -159,6 +159,39 @@ impl GpuEngine {
         Ok(())
     }
 
+    /// Whether a decode step of `b` rows past the fused kernels' rows runs
+    /// as the slot interface's per-row step (one captured graph per 8-row
+    /// bucket) instead of the prefill kernels launched one by one: where the
+    /// fused path is on (not forced to [`DecodePath::Unfused`]) and the
+    /// per-row kernels serve the model's heads.
+    pub(super) fn per_row_decode_serves(&self, b: usize) -> bool {
+        self.decode
+            .as_ref()
+            .is_some_and(|d| b > d.rows() && d.path() != DecodePath::Unfused)
+            && self.check_slots().is_ok()
+    }
+
+    /// A static batch's decode step (`forward` with `t = 1`, all rows at
+    /// `pos0`) through the per-row step: row `r` is slot `r`, which holds
+    /// the batch's row `r` in the same cache layout.
+    pub(super) fn decode_per_row(&mut self, tokens: &[u32], pos0: usize) -> Result<()> {
+        let rows: Vec<SlotToken> = tokens
+            .iter()
+            .enumerate()
+            .map(|(slot, &token)| SlotToken { slot, token, pos: pos0 })
+            .collect();
+        // The slot interface samples in `choose`; a batch keeps what
+        // `prepare_sampling` set.
+        let prepared = self.sampling.prepared;
+        let stepped = SlotBackend::decode(self, &rows);
+        self.sampling.prepared = prepared;
+        stepped?;
+        // The step ran a bucket of rows; the batch's are the first b.
+        let b = tokens.len();
+        self.last = Some(Last { b, rows: b });
+        Ok(())
+    }
+
     /// The slot state, made on first use.
     fn slot_state(&mut self) -> Result<&mut SlotState> {
         if self.slots.is_none() {
