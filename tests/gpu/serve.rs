@@ -187,7 +187,23 @@ pub(crate) fn schedule_matches_cpu_on(
                 pos: seqs[i].len,
             })
             .collect();
-        gpu.decode(&rows).unwrap();
+        // Every third step on the GPU as a prefill of one-token chunks (how
+        // the server runs decode rows beside a prefill); the CPU decodes.
+        if step % 3 == 1 {
+            let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
+            let chunks: Vec<SlotChunk<'_>> = rows
+                .iter()
+                .zip(&tokens)
+                .map(|(r, t)| SlotChunk {
+                    slot: r.slot,
+                    tokens: std::slice::from_ref(t),
+                    pos0: r.pos,
+                })
+                .collect();
+            gpu.prefill_chunks(&chunks).unwrap();
+        } else {
+            gpu.decode(&rows).unwrap();
+        }
         cpu.decode(&rows).unwrap();
         let draws: Vec<Draw> = subset
             .iter()

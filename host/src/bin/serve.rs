@@ -120,9 +120,9 @@ fn run(cli: Cli) -> Result<()> {
             model.set_attention_window(backend.attention_window);
             return Ok(Box::new(model));
         }
-        // Activations for one prefill chunk or one decode step over every
-        // slot, whichever is larger: the cache holds the sequences.
-        let rows = prefill_chunk.min(max_seq_len).max(slots);
+        // Activations for one prefill chunk plus one decode row a slot (the
+        // two run in one call): the cache holds the sequences.
+        let rows = prefill_chunk.min(max_seq_len) + slots;
         let gpus = backend.gpus()?;
         if gpus.len() > 1 {
             // Data parallel: the slots spread over one replica per GPU.

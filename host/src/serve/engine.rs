@@ -4,9 +4,10 @@
 //! 1. take new jobs from the channel, drop those whose client is gone;
 //! 2. admit waiting jobs into free slots (first come, first served);
 //! 3. prefill the admitted prompts, at most `prefill_chunk` tokens per
-//!    iteration in all (a long prompt takes several iterations, so it never
-//!    stalls the running sequences for long);
-//! 4. one decode step over every sequence past its prompt;
+//!    iteration in all, in one call (a long prompt takes several
+//!    iterations, so it never stalls the running sequences for long);
+//! 4. one decode step over every sequence past its prompt, in the same
+//!    call as the prefill when there is one;
 //! 5. send each sequence's new text to its client; free the slot of a
 //!    sequence that finished or whose client disconnected.
 //!
@@ -336,7 +337,16 @@ pub fn run(
                 budget -= n;
             }
         }
-        if !batch.is_empty() {
+        // While prompts are prefilled, the running sequences' decode rows
+        // join the same call (a chunk of one token each), so they do not
+        // wait for the prefill. If that call fails, steps 3 and 4 run apart.
+        let decoding: Vec<usize> = (0..seqs.len())
+            .filter(|&i| !seqs[i].done && seqs[i].next.is_some())
+            .collect();
+        let mixed = !batch.is_empty()
+            && !decoding.is_empty()
+            && mixed_step(backend, &mut seqs, &batch, &decoding, max_seq_len, metrics);
+        if !mixed && !batch.is_empty() {
             // If the joint call fails, each chunk alone, so that only the
             // sequence at fault fails.
             let outcome = prefill_batch(backend, &seqs, &batch);
@@ -370,9 +380,10 @@ pub fn run(
             }
         }
 
-        // 4. One decode step over the sequences past their prompts.
+        // 4. One decode step over the sequences past their prompts (unless
+        // they stepped with the prefill).
         let stepping: Vec<usize> = (0..seqs.len())
-            .filter(|&i| !seqs[i].done && seqs[i].next.is_some())
+            .filter(|&i| !mixed && !seqs[i].done && seqs[i].next.is_some())
             .collect();
         if !stepping.is_empty() {
             let rows: Vec<SlotToken> = stepping
@@ -419,6 +430,59 @@ pub fn run(
     }
     metrics.running.store(0, Ordering::Relaxed);
     metrics.kv_positions.store(0, Ordering::Relaxed);
+}
+
+/// Steps 3 and 4 as one call: the prefill chunks `batch`, then one chunk a
+/// sequence of `decoding` (its next token at its position); every row is
+/// chosen for (a chunk that does not end its prompt is drawn for and
+/// ignored). Applies the results and answers true, or changes nothing and
+/// answers false when the backend refused or failed.
+fn mixed_step(
+    backend: &mut dyn SlotBackend,
+    seqs: &mut [Seq<'_>],
+    batch: &[Piece],
+    decoding: &[usize],
+    max_seq_len: usize,
+    metrics: &Metrics,
+) -> bool {
+    let ids = {
+        let next: Vec<u32> = decoding.iter().map(|&i| seqs[i].next.unwrap_or(EOT_TOKEN)).collect();
+        let mut chunks: Vec<SlotChunk<'_>> = batch
+            .iter()
+            .map(|&(i, from, to)| SlotChunk {
+                slot: seqs[i].slot,
+                tokens: &seqs[i].job.prompt[from..to],
+                pos0: from,
+            })
+            .collect();
+        chunks.extend(decoding.iter().zip(&next).map(|(&i, token)| SlotChunk {
+            slot: seqs[i].slot,
+            tokens: std::slice::from_ref(token),
+            pos0: seqs[i].feed_pos,
+        }));
+        let draws: Vec<Draw> = batch
+            .iter()
+            .map(|&(i, _, to)| seqs[i].draw(to))
+            .chain(decoding.iter().map(|&i| seqs[i].draw(seqs[i].feed_pos + 1)))
+            .collect();
+        match backend.prefill_chunks(&chunks).and_then(|()| backend.choose(&draws)) {
+            Ok(ids) if ids.len() == draws.len() => ids,
+            _ => return false,
+        }
+    };
+    let (for_prefill, for_decode) = ids.split_at(batch.len());
+    for (&(i, _, to), &id) in batch.iter().zip(for_prefill) {
+        let s = &mut seqs[i];
+        s.prefilled = to;
+        if to == s.job.prompt.len() {
+            s.accept(id, to, max_seq_len, metrics);
+        }
+    }
+    for (&i, &id) in decoding.iter().zip(for_decode) {
+        let pos = seqs[i].feed_pos + 1;
+        seqs[i].accept(id, pos, max_seq_len, metrics);
+    }
+    true
 }
 
 /// One sequence's chunk of a prefill call: (index in the running
@@ -531,6 +595,8 @@ mod tests {
         /// Prefill calls (slot, len, pos0) and decode rows, in order.
         prefills: Vec<(usize, usize, usize)>,
         decoded: Vec<super::SlotToken>,
+        /// Prefill calls that carried decode rows too.
+        mixed_calls: usize,
     }
 
     const PROMPT_LEN: usize = 5;
@@ -548,8 +614,21 @@ mod tests {
             MAX_SEQ_LEN
         }
         fn prefill_chunks(&mut self, chunks: &[super::SlotChunk<'_>]) -> anyhow::Result<()> {
+            let prompts = chunks.iter().filter(|ch| ch.pos0 < PROMPT_LEN).count();
+            if prompts > 0 && prompts < chunks.len() {
+                self.mixed_calls += 1;
+            }
             for ch in chunks {
-                self.prefills.push((ch.slot, ch.tokens.len(), ch.pos0));
+                // Past the prompt: a decode row that stepped with a prefill.
+                if ch.pos0 >= PROMPT_LEN {
+                    self.decoded.push(super::SlotToken {
+                        slot: ch.slot,
+                        token: ch.tokens[0],
+                        pos: ch.pos0,
+                    });
+                } else {
+                    self.prefills.push((ch.slot, ch.tokens.len(), ch.pos0));
+                }
             }
             self.rows = chunks.len();
             Ok(())
@@ -594,6 +673,7 @@ mod tests {
             rows: 0,
             prefills: Vec::new(),
             decoded: Vec::new(),
+            mixed_calls: 0,
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let mut receivers = Vec::new();
@@ -729,5 +809,19 @@ mod tests {
             .collect();
         assert_eq!(slot1, [(1, 0), (2, 1), (2, 3)]);
         assert_eq!(backend.prefills.len(), 6);
+    }
+
+    #[test]
+    fn decode_rows_join_a_prefill() {
+        let script = vec![token(b"Hello"), token(b" world"), token(b"!"), token(b"!")];
+        // Job 0 decodes while job 1's prompt is prefilled, 2 tokens an iteration.
+        let (events, backend) = schedule(script, &[(&[], 4), (&[], 2)], 2);
+        assert_eq!(texts(&events[0]).concat(), "Hello world!!");
+        assert_eq!(texts(&events[1]).concat(), "Hello world");
+        // Job 0's first decode step runs alone (job 1's first chunk went
+        // with job 0's last); its next two ride with job 1's chunks.
+        assert_eq!(backend.mixed_calls, 2);
+        let slot0: Vec<usize> = backend.decoded.iter().filter(|r| r.slot == 0).map(|r| r.pos).collect();
+        assert_eq!(slot0, [PROMPT_LEN, PROMPT_LEN + 1, PROMPT_LEN + 2]);
     }
 }
