@@ -220,7 +220,7 @@ impl SlotBackend for GpuEngine {
 
     /// One chunk runs as a forward call on its slot's cache rows (flash
     /// attention where it applies). Several run as one call of all their
-    /// tokens ([`Placement::Chunks`]): each token at its own position of its
+    /// tokens (`Placement::Chunks`): each token at its own position of its
     /// own slot through the per-row kernels, and the LM head on each
     /// chunk's last token only.
     fn prefill_chunks(&mut self, chunks: &[SlotChunk<'_>]) -> Result<()> {
