@@ -447,24 +447,14 @@ fn mixed_step(
 ) -> bool {
     let ids = {
         let next: Vec<u32> = decoding.iter().map(|&i| seqs[i].next.unwrap_or(EOT_TOKEN)).collect();
-        let mut chunks: Vec<SlotChunk<'_>> = batch
-            .iter()
-            .map(|&(i, from, to)| SlotChunk {
-                slot: seqs[i].slot,
-                tokens: &seqs[i].job.prompt[from..to],
-                pos0: from,
-            })
-            .collect();
+        let mut chunks = piece_chunks(seqs, batch);
         chunks.extend(decoding.iter().zip(&next).map(|(&i, token)| SlotChunk {
             slot: seqs[i].slot,
             tokens: std::slice::from_ref(token),
             pos0: seqs[i].feed_pos,
         }));
-        let draws: Vec<Draw> = batch
-            .iter()
-            .map(|&(i, _, to)| seqs[i].draw(to))
-            .chain(decoding.iter().map(|&i| seqs[i].draw(seqs[i].feed_pos + 1)))
-            .collect();
+        let mut draws = piece_draws(seqs, batch);
+        draws.extend(decoding.iter().map(|&i| seqs[i].draw(seqs[i].feed_pos + 1)));
         match backend.prefill_chunks(&chunks).and_then(|()| backend.choose(&draws)) {
             Ok(ids) if ids.len() == draws.len() => ids,
             _ => return false,
@@ -493,21 +483,29 @@ type Piece = (usize, usize, usize);
 /// next token of each chunk when any of them ends its prompt (those that
 /// do not are drawn for and ignored), else nothing.
 fn prefill_batch(backend: &mut dyn SlotBackend, seqs: &[Seq<'_>], batch: &[Piece]) -> Result<Vec<u32>> {
-    let chunks: Vec<SlotChunk<'_>> = batch
+    backend.prefill_chunks(&piece_chunks(seqs, batch))?;
+    if batch.iter().any(|&(i, _, to)| to == seqs[i].job.prompt.len()) {
+        backend.choose(&piece_draws(seqs, batch))
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+/// The backend's chunks of the prefill pieces `batch` of `seqs`.
+fn piece_chunks<'a>(seqs: &'a [Seq<'_>], batch: &[Piece]) -> Vec<SlotChunk<'a>> {
+    batch
         .iter()
         .map(|&(i, from, to)| SlotChunk {
             slot: seqs[i].slot,
             tokens: &seqs[i].job.prompt[from..to],
             pos0: from,
         })
-        .collect();
-    backend.prefill_chunks(&chunks)?;
-    if batch.iter().any(|&(i, _, to)| to == seqs[i].job.prompt.len()) {
-        let draws: Vec<Draw> = batch.iter().map(|&(i, _, to)| seqs[i].draw(to)).collect();
-        backend.choose(&draws)
-    } else {
-        Ok(Vec::new())
-    }
+        .collect()
+}
+
+/// The draw of each piece's last token (used when it ends its prompt).
+fn piece_draws(seqs: &[Seq<'_>], batch: &[Piece]) -> Vec<Draw> {
+    batch.iter().map(|&(i, _, to)| seqs[i].draw(to)).collect()
 }
 
 fn take(cmd: Command, waiting: &mut VecDeque<Job>, cancel_all: &mut bool) {
