@@ -577,6 +577,17 @@ impl Replicas {
         (slot % n, slot / n)
     }
 
+    /// The replicas that hold any of `slots`, each with the indices (into
+    /// `slots`) of the ones it holds, in order.
+    fn group_by_home(&self, slots: impl Iterator<Item = usize>) -> Vec<(usize, Vec<usize>)> {
+        let mut groups: Vec<(usize, Vec<usize>)> = (0..self.workers.len()).map(|i| (i, Vec::new())).collect();
+        for (k, slot) in slots.enumerate() {
+            groups[self.slot_home(slot).0].1.push(k);
+        }
+        groups.retain(|(_, idx)| !idx.is_empty());
+        groups
+    }
+
     /// Run `f(rows, engine)` on each replica of the last slot call with the
     /// indices of its rows; each answers `per_row` values a row, put back
     /// in the call's row order.
@@ -637,12 +648,7 @@ impl SlotBackend for Replicas {
         self.slot_last = None;
         self.last = None;
         check_slot_chunks(chunks, self.slots, self.max_seq_len, self.config.vocab_size)?;
-        let n = self.workers.len();
-        let mut groups: Vec<(usize, Vec<usize>)> = (0..n).map(|i| (i, Vec::new())).collect();
-        for (k, ch) in chunks.iter().enumerate() {
-            groups[self.slot_home(ch.slot).0].1.push(k);
-        }
-        groups.retain(|(_, idx)| !idx.is_empty());
+        let groups = self.group_by_home(chunks.iter().map(|ch| ch.slot));
         let jobs = groups
             .iter()
             .map(|(i, idx)| {
@@ -679,19 +685,14 @@ impl SlotBackend for Replicas {
         self.slot_last = None;
         self.last = None;
         check_slot_rows(rows, self.slots, self.max_seq_len, self.config.vocab_size)?;
-        let n = self.workers.len();
-        let mut groups: Vec<(usize, Vec<usize>)> = (0..n).map(|i| (i, Vec::new())).collect();
-        for (r, row) in rows.iter().enumerate() {
-            groups[self.slot_home(row.slot).0].1.push(r);
-        }
-        groups.retain(|(_, idx)| !idx.is_empty());
+        let groups = self.group_by_home(rows.iter().map(|r| r.slot));
         let jobs = groups
             .iter()
             .map(|(i, idx)| {
                 let local: Vec<SlotToken> = idx
                     .iter()
                     .map(|&r| SlotToken {
-                        slot: rows[r].slot / n,
+                        slot: self.slot_home(rows[r].slot).1,
                         ..rows[r]
                     })
                     .collect();
