@@ -72,6 +72,8 @@ pub(super) struct SlotState {
     host_tokens: Vec<u32>,
     host_pos: Vec<u32>,
     host_cache_row: Vec<u32>,
+    /// A static batch's decode rows ([`GpuEngine::decode_per_row`]).
+    host_rows: Vec<SlotToken>,
     host_settings: Vec<DeviceSampleRow>,
     host_counter: Vec<u32>,
     host_streams: Vec<u32>,
@@ -110,6 +112,7 @@ impl SlotState {
             host_tokens: Vec::with_capacity(rows),
             host_pos: Vec::with_capacity(rows),
             host_cache_row: Vec::with_capacity(rows),
+            host_rows: Vec::with_capacity(slots),
             host_settings: Vec::with_capacity(slots),
             host_counter: Vec::with_capacity(slots),
             host_streams: Vec::with_capacity(slots),
@@ -175,16 +178,24 @@ impl GpuEngine {
     /// `pos0`) through the per-row step: row `r` is slot `r`, which holds
     /// the batch's row `r` in the same cache layout.
     pub(super) fn decode_per_row(&mut self, tokens: &[u32], pos0: usize) -> Result<()> {
-        let rows: Vec<SlotToken> = tokens
-            .iter()
-            .enumerate()
-            .map(|(slot, &token)| SlotToken { slot, token, pos: pos0 })
-            .collect();
+        // The rows go through the slot state's staging (no allocation per
+        // step once warm), taken out while the step borrows the engine.
+        let mut rows = std::mem::take(&mut self.slot_state()?.host_rows);
+        rows.clear();
+        rows.extend(
+            tokens
+                .iter()
+                .enumerate()
+                .map(|(slot, &token)| SlotToken { slot, token, pos: pos0 }),
+        );
         // The slot interface samples in `choose`; a batch keeps what
         // `prepare_sampling` set.
         let prepared = self.sampling.prepared;
         let stepped = SlotBackend::decode(self, &rows);
         self.sampling.prepared = prepared;
+        if let Some(s) = self.slots.as_mut() {
+            s.host_rows = rows;
+        }
         stepped?;
         // The step ran a bucket of rows; the batch's are the first b.
         let b = tokens.len();
