@@ -5,7 +5,6 @@
 //! reference doing the same; the device sampler with per-row streams
 //! against its CPU twin on the same logits.
 
-use cudarc::driver::CudaSlice;
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::sample::SampleRow;
 use half::bf16;
@@ -283,58 +282,43 @@ fn kv_cache_store_matches_cpu() {
     let (n, nh, hs, max_t) = (5usize, 3usize, 64usize, 20usize);
     let c = nh * hs;
     let qkv = random_vec(n * 3 * c, 1.0);
+    let dqkv = gpu.upload(&qkv).unwrap();
+    // One call on both sides over caches of `rows` random rows; `map`:
+    // each row's cache row (None: row r is cache row r).
+    let both = |what: &str, pos: &[u32], map: Option<&[u32]>, rows: usize| {
+        let (mut kc, mut vc) = (random_vec(rows * c * max_t, 1.0), random_vec(rows * c * max_t, 1.0));
+        let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
+        let dpos = gpu.upload(pos).unwrap();
+        let dmap = map.map(|m| gpu.upload(m).unwrap());
+        let mut dq = poisoned(&gpu, n * c);
+        kv_cache_store(
+            &gpu,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+            &dqkv,
+            &dpos,
+            dmap.as_ref(),
+            n,
+            c,
+            nh,
+            max_t,
+        )
+        .unwrap();
+        let mut q = vec![0f32; n * c];
+        host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, pos, map, n, c, nh, max_t);
+        check(&format!("{what} q"), &down(&gpu, &dq), &q, 0.0, 0.0);
+        check(&format!("{what} k"), &down(&gpu, &dk), &kc, 0.0, 0.0);
+        check(&format!("{what} v"), &down(&gpu, &dv), &vc, 0.0, 0.0);
+    };
     let mut pos: Vec<u32> = (0..n).map(|_| rng.random_range(0..max_t as u32)).collect();
     pos[2] = max_t as u32;
-    let (mut kc, mut vc) = (random_vec(n * c * max_t, 1.0), random_vec(n * c * max_t, 1.0));
-    let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
-    let (dqkv, dpos) = (gpu.upload(&qkv).unwrap(), gpu.upload(&pos).unwrap());
-    let mut dq = poisoned(&gpu, n * c);
-    kv_cache_store(
-        &gpu,
-        &mut dq,
-        &mut dk,
-        &mut dv,
-        &dqkv,
-        &dpos,
-        None::<&CudaSlice<u32>>,
-        n,
-        c,
-        nh,
-        max_t,
-    )
-    .unwrap();
-    let mut q = vec![0f32; n * c];
-    host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, &pos, None, n, c, nh, max_t);
-    check("kv_cache_store q", &down(&gpu, &dq), &q, 0.0, 0.0);
-    check("kv_cache_store k", &down(&gpu, &dk), &kc, 0.0, 0.0);
-    check("kv_cache_store v", &down(&gpu, &dv), &vc, 0.0, 0.0);
+    both("kv_cache_store", &pos, None, n);
 
     // Mapped rows, as a prefill of several slots runs them: rows 0 and 1 go
     // to cache row 3 at two positions, row 4 to a cache row past the cache
     // (idle); the cache has fewer rows than the call.
     let rows = 4usize;
     let map: Vec<u32> = vec![3, 3, 0, 1, rows as u32];
-    let pos: Vec<u32> = vec![7, 8, 0, 19, 5];
-    let (mut kc, mut vc) = (random_vec(rows * c * max_t, 1.0), random_vec(rows * c * max_t, 1.0));
-    let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
-    let (dpos, dmap) = (gpu.upload(&pos).unwrap(), gpu.upload(&map).unwrap());
-    let mut dq = poisoned(&gpu, n * c);
-    kv_cache_store(
-        &gpu,
-        &mut dq,
-        &mut dk,
-        &mut dv,
-        &dqkv,
-        &dpos,
-        Some(&dmap),
-        n,
-        c,
-        nh,
-        max_t,
-    )
-    .unwrap();
-    host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, &pos, Some(&map), n, c, nh, max_t);
-    check("kv_cache_store mapped q", &down(&gpu, &dq), &q, 0.0, 0.0);
-    check("kv_cache_store mapped k", &down(&gpu, &dk), &kc, 0.0, 0.0);
-    check("kv_cache_store mapped v", &down(&gpu, &dv), &vc, 0.0, 0.0);
+    both("kv_cache_store mapped", &[7, 8, 0, 19, 5], Some(&map), rows);
 }
