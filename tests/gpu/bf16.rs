@@ -20,7 +20,7 @@ use rand::Rng;
 use crate::kernels::{check, down, poisoned, random_vec};
 
 /// The GPU bf16 engine against its CPU twin: both multiply the same bf16
-/// values; what differs is summation order, TF32 attention in prefill, and
+/// values; what differs is summation order, bf16 attention in prefill, and
 /// activations that f32 noise moves across a bf16 rounding boundary (see
 /// `decode.rs`'s `BF16_TOL`, the same reasoning).
 const TWIN_TOL: f32 = 5e-2;

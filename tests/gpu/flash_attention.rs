@@ -10,7 +10,9 @@
 //!
 //! Bars: FP32 |gpu - cpu| <= 1e-5 (outputs are convex combinations of V rows
 //! in [-1, 1], so this is 1e-5 relative to the data's scale); TF32 <= 1e-2
-//! (10-bit mantissas on Q, K, P and V; the measured errors are printed).
+//! (10-bit mantissas on Q, K, P and V); bf16 <= 3e-2 (7-bit mantissas: a
+//! unit roundoff 8x TF32's, on the same four operands). The measured errors
+//! are printed.
 
 use host::gpu::Gpu;
 use host::gpu::ops::flash_attention::{
@@ -24,6 +26,7 @@ use crate::kernels::{random_vec, skip, stats};
 const HS: usize = 64;
 const FP32_TOL: f32 = 1e-5;
 const TF32_TOL: f32 = 1e-2;
+const BF16_TOL: f32 = 3e-2;
 /// Cache rows past the call's last position (NaN-filled): an awkward, non-tile size.
 const CACHE_SLACK: usize = 5;
 
@@ -125,6 +128,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     let tol = match precision {
         FlashPrecision::Fp32 => FP32_TOL,
         FlashPrecision::Tf32 => TF32_TOL,
+        FlashPrecision::Bf16 => BF16_TOL,
     };
     let s = stats(&out, &out_cpu, tol, 0.0);
     println!(
@@ -200,8 +204,23 @@ fn flash_prefill_tf32_matches_cpu() {
     run_all(prefill_grid(FlashPrecision::Tf32));
 }
 
-/// The TF32 kernel's `kv_split`s.
+/// The tensor-core kernels' `kv_split`s.
 const TF32_KV_SPLITS: [u32; 2] = [1, 2];
+
+/// The bf16 kernel (the TF32 kernel's body with bf16 operands) on the grid,
+/// at both `kv_split`s.
+#[test]
+#[ignore = "needs a GPU"]
+fn flash_prefill_bf16_matches_cpu() {
+    if skip::gpu().is_none() {
+        return;
+    }
+    run_all(
+        TF32_KV_SPLITS
+            .into_iter()
+            .flat_map(|s| prefill_grid_split(FlashPrecision::Bf16, Some(s))),
+    );
+}
 
 /// The TF32 grid on every tile shape of the kernel: 128 query rows per block
 /// (kv_split 1), 64 rows with each K/V tile's keys split between two warps
@@ -322,7 +341,7 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Edges of the TF32 tiles on every kv_split: T around the 128-row tile
+/// Edges of the TF32 and bf16 tiles on every kv_split: T around the 128-row tile
 /// (partial last tiles, warps with no rows),
 /// windows that start mid 32-key step (1: each query sees only itself; 40;
 /// 96), prefixes not a multiple of the tile.
@@ -333,20 +352,22 @@ fn flash_prefill_tf32_tile_edges_match_cpu() {
     if skip::gpu().is_none() {
         return;
     }
-    for kv_split in TF32_KV_SPLITS {
-        for t in [16, 127, 128, 129, 200] {
-            for pos0 in [0, 37] {
-                for window in [0, 1, 40, 96] {
-                    cases.push(Case {
-                        b: 2,
-                        t,
-                        pos0,
-                        nh: 2,
-                        window,
-                        precision: FlashPrecision::Tf32,
-                        path: Path::Prefill,
-                        kv_split: Some(kv_split),
-                    });
+    for precision in [FlashPrecision::Tf32, FlashPrecision::Bf16] {
+        for kv_split in TF32_KV_SPLITS {
+            for t in [16, 127, 128, 129, 200] {
+                for pos0 in [0, 37] {
+                    for window in [0, 1, 40, 96] {
+                        cases.push(Case {
+                            b: 2,
+                            t,
+                            pos0,
+                            nh: 2,
+                            window,
+                            precision,
+                            path: Path::Prefill,
+                            kv_split: Some(kv_split),
+                        });
+                    }
                 }
             }
         }
@@ -385,7 +406,7 @@ fn flash_decode_matches_cpu() {
 #[ignore = "needs a GPU"]
 fn flash_auto_gpt2_shape_matches_cpu() {
     let mut cases = Vec::new();
-    for precision in [FlashPrecision::Fp32, FlashPrecision::Tf32] {
+    for precision in [FlashPrecision::Fp32, FlashPrecision::Tf32, FlashPrecision::Bf16] {
         for (b, t, pos0, window) in [
             (1, 1024, 0, 0),
             (4, 64, 0, 0),
@@ -424,6 +445,7 @@ fn flash_ptx_shape() {
     };
     for name in [
         ATTENTION_FORWARD_FLASH_TF32,
+        ATTENTION_FORWARD_FLASH_BF16,
         ATTENTION_FORWARD_FLASH_FP32,
         ATTENTION_FORWARD_FLASH_DECODE,
         ATTENTION_FORWARD_FLASH_COMBINE,
@@ -440,5 +462,11 @@ fn flash_ptx_shape() {
     assert_eq!(tf32.matches("ld.shared.v4").count(), 2 * 32 + 8);
     // No panic paths (index or division checks) in the hot kernel.
     assert!(!tf32.contains("call"), "the TF32 prefill kernel calls a function");
+    let bf16 = body(ATTENTION_FORWARD_FLASH_BF16);
+    // The same step in bf16: 4x4 MMAs for QKᵀ and 2x8 for PV, twice; V's B
+    // fragments by ldmatrix.trans (2 k-steps x 4 dim pairs, twice).
+    assert_eq!(bf16.matches("mma.sync.aligned.m16n8k16").count(), 2 * 32);
+    assert_eq!(bf16.matches("ldmatrix.sync.aligned.m8n8.x4.trans").count(), 2 * 8);
+    assert!(!bf16.contains("call"), "the bf16 prefill kernel calls a function");
     assert!(!body(ATTENTION_FORWARD_FLASH_FP32).contains("mma.sync"));
 }

@@ -11,9 +11,11 @@
 //! - [`attention_forward_flash_decode`]: always flash-decoding (`t <= FLASH_DECODE_MAX_T`).
 //!
 //! Precision: [`FlashPrecision::Tf32`] runs QKᵀ and PV of prefill on tensor
-//! cores (TF32 inputs, f32 accumulate); [`FlashPrecision::Fp32`] uses FP32
-//! FMAs (exact path). Flash-decoding is FP32 either way (it is memory-bound,
-//! tensor cores would not help). Softmax is FP32 with `ex2.approx` in both.
+//! cores (TF32 inputs, f32 accumulate), [`FlashPrecision::Bf16`] likewise
+//! with bf16 inputs (Q, K, V and the probabilities rounded to bf16);
+//! [`FlashPrecision::Fp32`] uses FP32 FMAs (exact path). Flash-decoding is
+//! FP32 in every case (it is memory-bound, tensor cores would not help).
+//! Softmax is FP32 with `ex2.approx` in all.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::attention::AttentionParams;
@@ -27,6 +29,9 @@ use crate::runtime::{Gpu, GpuError};
 pub enum FlashPrecision {
     /// Tensor cores, TF32 inputs (10-bit mantissa), f32 accumulate.
     Tf32,
+    /// Tensor cores, bf16 inputs (7-bit mantissa), f32 accumulate: the bf16
+    /// engine's prefill.
+    Bf16,
     /// FP32 FMAs: matches the CPU reference to float rounding.
     Fp32,
 }
@@ -41,7 +46,7 @@ pub struct FlashWorkspace {
     nh: usize,
     max_t: usize,
     parts_stride: usize,
-    /// TF32 prefill `kv_split` forced by [`Self::force_tf32_kv_split`]; `None`: by grid size.
+    /// TF32 and bf16 prefill `kv_split` forced by [`Self::force_tf32_kv_split`]; `None`: by grid size.
     tf32_kv_split: Option<u32>,
     /// Set by [`Self::set_kv_rounded`]: the caller's K/V are TF32 values.
     kv_rounded: bool,
@@ -53,6 +58,7 @@ const ML_FLOATS: usize = 2;
 impl FlashWorkspace {
     pub fn new(gpu: &Gpu, max_b: usize, nh: usize, max_t: usize) -> Result<Self, GpuError> {
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_TF32, FLASH_SMEM_BYTES_TF32)?;
+        gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_BF16, FLASH_SMEM_BYTES_BF16)?;
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_FP32, FLASH_SMEM_BYTES_FP32)?;
         let parts_stride = max_t.div_ceil(FLASH_DECODE_CHUNK as usize) * FLASH_DECODE_PARTS_PER_CHUNK as usize;
         let rows = max_b * nh * FLASH_DECODE_MAX_T as usize;
@@ -68,7 +74,7 @@ impl FlashWorkspace {
         })
     }
 
-    /// Force the TF32 prefill kernel's `kv_split` (1: 128-query tiles; 2:
+    /// Force the TF32 and bf16 prefill kernels' `kv_split` (1: 128-query tiles; 2:
     /// 64-query tiles, each K/V tile's keys split between two warps), for
     /// tests and benchmarks; `None` restores the automatic choice (by grid
     /// size, see `FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM`). Results agree
@@ -183,13 +189,15 @@ mod configs {
     }
 
     pub fn prefill(s: &Shape, precision: FlashPrecision, kv_split: u32) -> LaunchConfig {
+        // 1-D grid: the kernel orders the blocks heaviest query tile first.
+        let tensor_cores = |shared_mem_bytes| LaunchConfig {
+            grid_dim: (tf32_q_tiles(s, kv_split) * (s.nh * s.b) as u32, 1, 1),
+            block_dim: (FLASH_TF32_THREADS, 1, 1),
+            shared_mem_bytes,
+        };
         match precision {
-            // 1-D grid: the kernel orders the blocks heaviest query tile first.
-            FlashPrecision::Tf32 => LaunchConfig {
-                grid_dim: (tf32_q_tiles(s, kv_split) * (s.nh * s.b) as u32, 1, 1),
-                block_dim: (FLASH_TF32_THREADS, 1, 1),
-                shared_mem_bytes: FLASH_SMEM_BYTES_TF32,
-            },
+            FlashPrecision::Tf32 => tensor_cores(FLASH_SMEM_BYTES_TF32),
+            FlashPrecision::Bf16 => tensor_cores(FLASH_SMEM_BYTES_BF16),
             FlashPrecision::Fp32 => LaunchConfig {
                 grid_dim: ((s.t as u32).div_ceil(FLASH_BLOCK_Q), s.nh as u32, s.b as u32),
                 block_dim: (FLASH_THREADS, 1, 1),
@@ -398,9 +406,9 @@ fn run(
     );
 
     // The op's first half, K,V into the cache, is the shared store kernel,
-    // except where the TF32 prefill kernel does it: a call from position 0
-    // (each block stores its own rows while reading K/V from `qkv`).
-    let kv_from_qkv = !decode && precision == FlashPrecision::Tf32 && s.pos0 == 0;
+    // except where a tensor-core prefill kernel does it: a call from
+    // position 0 (each block stores its own rows while reading K/V from `qkv`).
+    let kv_from_qkv = !decode && precision != FlashPrecision::Fp32 && s.pos0 == 0;
     let store = AttentionParams {
         out: std::ptr::null_mut(),
         k_cache: k,
@@ -464,6 +472,10 @@ fn run(
         let (name, kv_split) = match precision {
             FlashPrecision::Tf32 => (
                 ATTENTION_FORWARD_FLASH_TF32,
+                configs::tf32_kv_split(gpu, &s, ws.tf32_kv_split),
+            ),
+            FlashPrecision::Bf16 => (
+                ATTENTION_FORWARD_FLASH_BF16,
                 configs::tf32_kv_split(gpu, &s, ws.tf32_kv_split),
             ),
             FlashPrecision::Fp32 => (ATTENTION_FORWARD_FLASH_FP32, 1),

@@ -154,6 +154,35 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     r
 }
 
+/// Four 8x8 matrices of 16-bit elements from shared memory, transposed
+/// (`ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`): lanes `8i..8i+8`
+/// give the shared addresses of matrix `i`'s eight 16-byte rows, and lane
+/// `(g, t) = (lane / 4, lane % 4)` receives in word `i` elements `(2t, g)`
+/// and `(2t + 1, g)` of matrix `i` (row, column; the lower row in the low
+/// half). With rows as the k index, that is an `mma` B fragment (`b0, b1`
+/// for k `2t, 2t + 1`, n `g`) of row-major data. Every lane of the warp
+/// must call it together.
+///
+/// # Safety
+/// `addr` is a shared-window address (see [`shared_addr`]) of 16 readable,
+/// 16-byte aligned bytes of this block's shared memory.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
+    let d: [u32; 4];
+    // SAFETY: the caller's contract; a warp-wide read of shared memory.
+    unsafe {
+        let (d0, d1, d2, d3): (u32, u32, u32, u32);
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{d0}, {d1}, {d2}, {d3}}}, [{a}];",
+            d0 = out(reg32) d0, d1 = out(reg32) d1, d2 = out(reg32) d2, d3 = out(reg32) d3,
+            a = in(reg32) addr,
+            options(readonly, nostack),
+        );
+        d = [d0, d1, d2, d3];
+    }
+    d
+}
+
 /// D = A·B + C on one 16x8x16 tile, bf16 inputs (two per register, see
 /// the module docs), f32 accumulate. Every lane of the warp must call it
 /// together.

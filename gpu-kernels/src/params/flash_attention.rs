@@ -17,6 +17,7 @@
 //!   chunk of keys to a partial (max, sum, acc); the second kernel merges them.
 
 pub const ATTENTION_FORWARD_FLASH_TF32: &str = "attention_forward_flash_tf32";
+pub const ATTENTION_FORWARD_FLASH_BF16: &str = "attention_forward_flash_bf16";
 pub const ATTENTION_FORWARD_FLASH_FP32: &str = "attention_forward_flash_fp32";
 pub const ATTENTION_FORWARD_FLASH_DECODE: &str = "attention_forward_flash_decode";
 pub const ATTENTION_FORWARD_FLASH_COMBINE: &str = "attention_forward_flash_combine";
@@ -57,6 +58,16 @@ pub const FLASH_TF32_STAGES: u32 = 3;
 /// Dynamic shared memory of the TF32 prefill kernel: STAGES x (K, V) tiles
 /// (104,448 bytes; two blocks fit in an H100/H200 SM's 228 KiB).
 pub const FLASH_SMEM_BYTES_TF32: u32 = 2 * FLASH_TF32_STAGES * FLASH_TILE_FLOATS * 4;
+/// bf16 prefill: bf16 elements per row of its converted K/V tiles (HS plus 8
+/// of padding: 144-byte rows put the 8 rows of an `ldmatrix` phase, and the
+/// QKᵀ fragment loads, in distinct banks while keeping 16-byte alignment).
+pub const FLASH_BF16_STRIDE: u32 = FLASH_HEAD_SIZE + 8;
+/// bf16 prefill: shared bytes past the f32 ring, two pairs (by tile parity)
+/// of converted K and V tiles.
+pub const FLASH_BF16_OWN_BYTES: u32 = 2 * 2 * FLASH_BLOCK_K * FLASH_BF16_STRIDE * 2;
+/// Dynamic shared memory of the bf16 prefill kernel: the TF32 kernel's f32
+/// ring (filled by `cp.async`) and the converted tiles (141,312 bytes).
+pub const FLASH_SMEM_BYTES_BF16: u32 = FLASH_SMEM_BYTES_TF32 + FLASH_BF16_OWN_BYTES;
 /// Largest `kv_split` of the TF32 kernel. (A `kv_split` 4, 32-row tiles with
 /// two warp groups on alternate K/V tiles, was tried on 2026-11-22: 48.6 us
 /// against 39.7 for 2 at B=1, T=1024 on an H200, and compute-sanitizer
@@ -82,9 +93,9 @@ pub const FLASH_DECODE_MAX_T: u32 = 4;
 /// Combine: threads per block, one per head dimension.
 pub const FLASH_COMBINE_THREADS: u32 = FLASH_HEAD_SIZE;
 
-/// Prefill flash attention (both precisions).
+/// Prefill flash attention (every precision).
 /// - TF32: grid (ceil(t / (ROWS_MAX / kv_split)) * nh * b), [`FLASH_TF32_THREADS`]
-///   threads, [`FLASH_SMEM_BYTES_TF32`] bytes.
+///   threads, [`FLASH_SMEM_BYTES_TF32`] bytes (bf16: [`FLASH_SMEM_BYTES_BF16`]).
 /// - FP32: grid (ceil(t/BLOCK_Q), nh, b), [`FLASH_THREADS`] threads, [`FLASH_SMEM_BYTES_FP32`] bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -107,7 +118,7 @@ pub struct FlashAttentionParams {
     pub window: u32,
     /// log2(e) / sqrt(HS): scores go straight to `exp2`.
     pub scale_log2e: f32,
-    /// TF32 kernel only (FP32 ignores it): 1 or 2 warps per 16-row slice,
+    /// TF32 and bf16 kernels (FP32 ignores it): 1 or 2 warps per 16-row slice,
     /// splitting the keys between them (see [`FLASH_TF32_SUB_KEYS`],
     /// [`FLASH_TF32_KV_SPLIT_MAX`]).
     pub kv_split: u32,
@@ -117,7 +128,7 @@ pub struct FlashAttentionParams {
     /// kernel skips rounding each K/V tile in shared memory. Results are then
     /// identical to 0's. 0: the kernel rounds (any f32 input).
     pub kv_rounded: u32,
-    /// TF32 kernel only: nonzero (only with `pos0 == 0`) makes the kernel
+    /// TF32 and bf16 kernels: nonzero (only with `pos0 == 0`) makes the kernel
     /// read K/V from `qkv` instead of the caches and store this call's K/V
     /// into the caches itself, each block its own query rows: the caller
     /// then launches no `attention_kv_store`. 0: K/V are read from the

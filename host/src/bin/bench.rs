@@ -980,6 +980,7 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                 } else {
                     variants.push(("flash_fp32".into(), V::Flash(FlashPrecision::Fp32), 0));
                     variants.push(("flash_tf32".into(), V::Flash(FlashPrecision::Tf32), 0));
+                    variants.push(("flash_bf16".into(), V::Flash(FlashPrecision::Bf16), 0));
                     // Both tile plans, to check the automatic choice.
                     for split in [1, 2] {
                         variants.push((format!("flash_tf32_split{split}"), V::FlashTf32Split(split), 0));
@@ -993,6 +994,10 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         ("flash_tf32", FlashPrecision::Tf32)
                     };
                     variants.push((format!("{name}_w{ATTN_WINDOW}"), V::Flash(prec), ATTN_WINDOW));
+                    if !decode {
+                        let bf16 = V::Flash(FlashPrecision::Bf16);
+                        variants.push((format!("flash_bf16_w{ATTN_WINDOW}"), bf16, ATTN_WINDOW));
+                    }
                 }
                 let mut rows: Vec<(String, usize, Timing)> = Vec::new();
                 for (name, v, window) in variants {

@@ -894,9 +894,11 @@ fn attention(
 ) -> Result<()> {
     match flash {
         Some(ws) => {
-            // bf16's error is the weights'; its attention takes the fast path.
+            // Each precision's own products; bf16 rounds Q, K, V and P as
+            // its matmuls round their inputs.
             let fp = match precision {
-                Precision::Tf32 | Precision::Bf16 => FlashPrecision::Tf32,
+                Precision::Tf32 => FlashPrecision::Tf32,
+                Precision::Bf16 => FlashPrecision::Bf16,
                 Precision::Fp32 => FlashPrecision::Fp32,
             };
             attention_forward_flash(

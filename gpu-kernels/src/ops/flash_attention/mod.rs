@@ -1,10 +1,12 @@
 //! Flash attention: the `attention_forward` op fused into one pass over the
 //! KV cache, with no T x T matrix in memory (contract: docs/design.md).
 //!
-//! One module per kernel (two prefill variants, the two passes of
+//! One module per kernel (three prefill variants, the two passes of
 //! flash-decoding), each with its own notes:
 //! - [`prefill_tf32`]: `attention_forward_flash_tf32`, prefill with TF32
-//!   tensor-core products;
+//!   tensor-core products, and [`prefill_bf16`]:
+//!   `attention_forward_flash_bf16`, with bf16 ones; both run the
+//!   tensor-core body of `prefill_tc` (its notes say how);
 //! - [`prefill_fp32`]: `attention_forward_flash_fp32`, prefill with FP32 FMA
 //!   products (the exact path);
 //! - [`decode`]: `attention_forward_flash_decode`, pass 1 of flash-decoding
@@ -27,7 +29,9 @@
 
 pub mod combine;
 pub mod decode;
+pub mod prefill_bf16;
 pub mod prefill_fp32;
+mod prefill_tc;
 pub mod prefill_tf32;
 
 use crate::device::Vec4;

@@ -1,0 +1,196 @@
+//! bf16 prefill (`attention_forward_flash_bf16`): the tensor-core body of
+//! `prefill_tc` with bf16 operands (`mma.m16n8k16`, f32 accumulate), for
+//! the bf16 engine. Half the `mma` instructions of TF32 and half the
+//! shared-memory reads of K and V.
+//! - Each thread converts the f32 K/V chunks it copied into bf16 tiles of
+//!   its own (two, by tile parity: the tile being read and the next one)
+//!   before the barrier that publishes a stage; rows of 72 bf16 (144 bytes,
+//!   `FLASH_BF16_STRIDE`), so the 8 rows of one `ldmatrix` phase and the
+//!   fragment loads below fall in distinct banks.
+//! - QKᵀ: the contraction order is free as long as Q and K agree, so lane t
+//!   owns dims [16t, 16t+16) of its rows: k-step s takes dims 16t+4s, +1
+//!   (k-slots 2t, 2t+1) and 16t+4s+2, +3 (2t+8, 2t+9). A K row's 32 bytes
+//!   for the lane are two `ld.shared.v4`; key `8n + g` is column g of S
+//!   n-tile n (the natural order, which the masks assume).
+//! - PV: P's A fragments are S's C fragments of two n-tiles (16 keys) packed
+//!   to bf16 in registers; V's B fragments come from the row-major V tile by
+//!   `ldmatrix.trans` (four 8x8 matrices: two key halves by two 8-dim
+//!   n-tiles). Output n-tile dt holds dims 8dt + 2t, +1 in lane t.
+//! - Q rows are rounded to bf16 once, into registers. The row sums use the
+//!   f32 probabilities (before rounding), as the TF32 kernel does.
+
+use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax};
+use super::{BK, DIM_STEPS, HS, MMA_N, STRIDE, VEC, ld4};
+use crate::device::mma::{ldmatrix_x4_trans, mma_m16n8k16_bf16, pack_bf16x2, shared_addr};
+use crate::device::unroll;
+use crate::device::lane_id;
+use crate::params::flash_attention::*;
+
+/// bf16 elements per row of the converted tiles.
+const KS: usize = FLASH_BF16_STRIDE as usize;
+/// Bytes of one converted tile (K or V).
+const TILE_BYTES: usize = BK * KS * 2;
+/// Bytes of one parity's pair of tiles (K then V).
+const PAIR_BYTES: usize = 2 * TILE_BYTES;
+/// k-steps of 16 over the head dims (QKᵀ).
+const K_STEPS: usize = HS / 16;
+/// Keys of one warp step.
+const SUB_K: usize = FLASH_TF32_SUB_KEYS as usize;
+const _: () = assert!(K_STEPS == 4 && SUB_K / MMA_N == 4 && DIM_STEPS == 8, "the loops below are unrolled for these");
+const _: () = assert!((KS * 2).is_multiple_of(16), "rows stay 16-byte aligned for ld.shared.v4 and ldmatrix");
+const _: () = assert!(2 * PAIR_BYTES == FLASH_BF16_OWN_BYTES as usize);
+
+/// Words `w` (bf16 pairs) of a 16-byte shared load.
+///
+/// # Safety
+/// `p` is 16 readable bytes of shared memory, 16-byte aligned.
+#[inline(always)]
+unsafe fn ld_words(p: *const u16) -> [u32; 4] {
+    // SAFETY: the caller's contract (ld4 reads 16 aligned bytes).
+    unsafe { ld4(p as *const f32) }.map(f32::to_bits)
+}
+
+/// bf16 operands: the format of `attention_forward_flash_bf16`.
+struct Bf16;
+
+impl TcFormat for Bf16 {
+    type Q = [[u32; 4]; K_STEPS];
+
+    unsafe fn q(qa: *const f32, qb: *const f32, tq: u32) -> Self::Q {
+        // Lane t's dims [16t, 16t+16); zeros past the last query.
+        let row = |r: *const f32| -> [[f32; VEC]; 4] {
+            if r.is_null() {
+                return [[0.0; VEC]; 4];
+            }
+            // SAFETY: 16 * tq + 16 <= HS: four aligned 16-byte vectors inside the head
+            // slice (the caller's contract).
+            unsafe {
+                let r = r.add(16 * tq as usize);
+                [ld4(r), ld4(r.add(VEC)), ld4(r.add(2 * VEC)), ld4(r.add(3 * VEC))]
+            }
+        };
+        let (a, b) = (row(qa), row(qb));
+        let mut qf = [[0u32; 4]; K_STEPS];
+        // k-step s: dims 16t + 4s (vector s): entries 0, 1 at k-slots 2t, 2t+1; 2, 3 at 2t+8, 2t+9.
+        unroll!(s < 4 => {
+            qf[s] = [
+                pack_bf16x2(a[s][0], a[s][1]),
+                pack_bf16x2(b[s][0], b[s][1]),
+                pack_bf16x2(a[s][2], a[s][3]),
+                pack_bf16x2(b[s][2], b[s][3]),
+            ];
+        });
+        qf
+    }
+
+    unsafe fn prepare(_p: &FlashAttentionParams, k: *mut f32, v: *mut f32, cp: TileCopy, own: *mut u8, tile: u32) {
+        // This tile's pair of bf16 tiles (by parity: the other pair is the
+        // tile before, which warps may still read until the barrier).
+        // SAFETY: `own` holds two pairs (FLASH_BF16_OWN_BYTES).
+        let pair = unsafe { own.add((tile & 1) as usize * PAIR_BYTES) };
+        for pass in 0..cp.passes {
+            let mut x = [[0f32; VEC]; 2 * T_COPY_BATCH];
+            unroll!(i < 8 => {
+                let r = cp.row + (pass * T_COPY_BATCH as u32 + (i % T_COPY_BATCH) as u32) * cp.row_step;
+                let src = if i < T_COPY_BATCH { k } else { v };
+                // SAFETY: r < BK rows, cp.col + 4 <= HS: this thread's landed chunk of the
+                // stage, 16-byte aligned.
+                x[i] = unsafe { ld4(src.add((r * STRIDE as u32 + cp.col) as usize)) };
+            });
+            unroll!(i < 8 => {
+                let r = cp.row + (pass * T_COPY_BATCH as u32 + (i % T_COPY_BATCH) as u32) * cp.row_step;
+                let half = if i < T_COPY_BATCH { 0 } else { TILE_BYTES };
+                let e = x[i];
+                let w = [pack_bf16x2(e[0], e[1]), pack_bf16x2(e[2], e[3])];
+                // SAFETY: r < BK rows of KS bf16, cp.col + 4 <= HS <= KS: 8 bytes inside the
+                // tile, 8-byte aligned (KS * 2 and cp.col * 2 multiples of 8); nobody reads
+                // this pair until the caller's barrier.
+                unsafe {
+                    let dst = pair.add(half + (r as usize * KS + cp.col as usize) * 2) as *mut [u32; 2];
+                    *dst = w;
+                }
+            });
+        }
+    }
+
+    unsafe fn attend<const MASK: bool>(
+        st: &mut RowState,
+        q: &Self::Q,
+        at: Sub,
+        d0: [u32; 2],
+        lim: [u32; 2],
+        scale: f32,
+    ) {
+        let lane = lane_id() as usize;
+        let (g, tq) = (lane / 4, lane % 4);
+        // SAFETY: the pair of this tile's parity, rows 32 * sub.. of each tile.
+        let (kb, vb) = unsafe {
+            let pair = at.own.add((at.tile & 1) as usize * PAIR_BYTES);
+            let rows = at.sub as usize * SUB_K * KS;
+            (
+                (pair as *const u16).add(rows),
+                (pair.add(TILE_BYTES) as *const u16).add(rows),
+            )
+        };
+
+        // S = Q Kᵀ (16 x 32): n-tile n is keys 8n..8n+8, lane g loads key 8n + g.
+        let mut s = [[0f32; 4]; SUB_K / MMA_N];
+        unroll!(n < 4 => {
+            // SAFETY: key 8n + g < SUB_K rows of the step, dims 16 tq.. +16 inside the row.
+            let kr = unsafe { kb.add((n * MMA_N + g) * KS + 16 * tq) };
+            // SAFETY: 32 bytes of the row, 16-byte aligned (KS * 2 and 32 tq multiples of 16).
+            let y = unsafe { [ld_words(kr), ld_words(kr.add(8))] };
+            unroll!(ks < 4 => {
+                let b = [y[ks / 2][2 * (ks % 2)], y[ks / 2][2 * (ks % 2) + 1]];
+                s[n] = mma_m16n8k16_bf16(q[ks], b, s[n]);
+            });
+        });
+
+        online_softmax::<MASK>(st, &mut s, d0, lim, scale);
+
+        // O += P V, 16 keys a k-step: P from S n-tiles 2j, 2j+1; V by ldmatrix.trans,
+        // matrix m = lane / 8 (keys 16j + 8 (m & 1) + lane % 8, dims 16 dp + 8 (m >> 1)).
+        let (m, rr) = (lane / 8, lane % 8);
+        unroll!(j < 2 => {
+            let (lo, hi) = (s[2 * j], s[2 * j + 1]);
+            let a = [
+                pack_bf16x2(lo[0], lo[1]),
+                pack_bf16x2(lo[2], lo[3]),
+                pack_bf16x2(hi[0], hi[1]),
+                pack_bf16x2(hi[2], hi[3]),
+            ];
+            let key = 16 * j + 8 * (m & 1) + rr;
+            unroll!(dp < 4 => {
+                // SAFETY: key < SUB_K rows of the step, dims 16 dp + 8 (m >> 1) + 8 <= HS: a
+                // 16-byte aligned row piece of the published V tile.
+                let b = unsafe { ldmatrix_x4_trans(shared_addr(vb.add(key * KS + 16 * dp + 8 * (m >> 1)))) };
+                st.acc[2 * dp] = mma_m16n8k16_bf16(a, [b[0], b[1]], st.acc[2 * dp]);
+                st.acc[2 * dp + 1] = mma_m16n8k16_bf16(a, [b[2], b[3]], st.acc[2 * dp + 1]);
+            });
+        });
+    }
+
+    unsafe fn store(o: *mut f32, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32) {
+        unroll!(dt < 8 => {
+            let v = [acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv];
+            // SAFETY: dims 8 dt + 2 tq, +1 < HS of the head slice, 8-byte aligned.
+            unsafe { *(o.add(MMA_N * dt + 2 * tq as usize) as *mut Pair) = Pair(v) };
+        });
+    }
+}
+
+/// Two floats stored as one 8-byte access.
+#[repr(C, align(8))]
+struct Pair([f32; 2]);
+
+/// Prefill flash attention with bf16 tensor-core products (bf16 Q, K, V and
+/// P, f32 accumulate and softmax).
+///
+/// # Safety
+/// As for `attention_forward_flash_tf32`, with [`FLASH_SMEM_BYTES_BF16`]
+/// bytes of dynamic shared memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16(p: FlashAttentionParams) {
+    // SAFETY: the launch contract of this kernel is `flash_prefill_tc`'s.
+    unsafe { flash_prefill_tc::<Bf16>(&p) }
+}
