@@ -65,9 +65,13 @@ pub const FLASH_BF16_STRIDE: u32 = FLASH_HEAD_SIZE + 8;
 /// bf16 prefill: shared bytes past the f32 ring, two pairs (by tile parity)
 /// of converted K and V tiles.
 pub const FLASH_BF16_OWN_BYTES: u32 = 2 * 2 * FLASH_BLOCK_K * FLASH_BF16_STRIDE * 2;
-/// Dynamic shared memory of the bf16 prefill kernel: the TF32 kernel's f32
-/// ring (filled by `cp.async`) and the converted tiles (141,312 bytes).
-pub const FLASH_SMEM_BYTES_BF16: u32 = FLASH_SMEM_BYTES_TF32 + FLASH_BF16_OWN_BYTES;
+/// bf16 prefill K/V ring depth (f32 tiles filled by `cp.async`): one tile
+/// loads while one is converted and used; two stages (not TF32's three)
+/// keep the block at 104 KiB, so two blocks share an SM.
+pub const FLASH_BF16_STAGES: u32 = 2;
+/// Dynamic shared memory of the bf16 prefill kernel: its f32 ring and the
+/// converted tiles (106,496 bytes).
+pub const FLASH_SMEM_BYTES_BF16: u32 = 2 * FLASH_BF16_STAGES * FLASH_TILE_FLOATS * 4 + FLASH_BF16_OWN_BYTES;
 /// Largest `kv_split` of the TF32 kernel. (A `kv_split` 4, 32-row tiles with
 /// two warp groups on alternate K/V tiles, was tried on 2026-11-22: 48.6 us
 /// against 39.7 for 2 at B=1, T=1024 on an H200, and compute-sanitizer

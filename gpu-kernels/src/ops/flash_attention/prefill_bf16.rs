@@ -2,6 +2,9 @@
 //! `prefill_tc` with bf16 operands (`mma.m16n8k16`, f32 accumulate), for
 //! the bf16 engine. Half the `mma` instructions of TF32 and half the
 //! shared-memory reads of K and V.
+//! - A 2-tile f32 ring (TF32 has 3) and the converted tiles take 104 KiB,
+//!   so two blocks share an SM (128 registers a thread): the other block's
+//!   warps hide each one's barrier and load waits.
 //! - Each thread converts the f32 K/V chunks it copied into bf16 tiles of
 //!   its own (two, by tile parity: the tile being read and the next one)
 //!   before the barrier that publishes a stage; rows of 72 bf16 (144 bytes,
@@ -54,6 +57,7 @@ unsafe fn ld_words(p: *const u16) -> [u32; 4] {
 struct Bf16;
 
 impl TcFormat for Bf16 {
+    const STAGES: usize = FLASH_BF16_STAGES as usize;
     type Q = [[u32; 4]; K_STEPS];
 
     unsafe fn q(qa: *const f32, qb: *const f32, tq: u32) -> Self::Q {

@@ -15,7 +15,8 @@
 //!   Index arithmetic is u32: 64-bit compares doubled the integer work.
 //! - 1-D grid, heaviest query tiles (latest positions: most causal keys) of
 //!   every head first, so the light tiles fill the tail of the last wave.
-//! - 3-stage f32 K/V ring filled by `cp.async`, one barrier per tile; before
+//! - An f32 K/V ring of `TcFormat::STAGES` tiles (TF32 3, bf16 2) filled by
+//!   `cp.async`, one barrier per tile; before
 //!   that barrier each thread readies the chunks it copied for the format's
 //!   products ([`TcFormat::prepare`]: TF32 rounds them in place, bf16
 //!   converts them into its own tiles), so the MMA loops read ready operands.
@@ -37,7 +38,6 @@ use crate::params::flash_attention::*;
 
 pub(super) const T_THREADS: usize = FLASH_TF32_THREADS as usize;
 pub(super) const T_WARPS: usize = T_THREADS / WARP_SIZE as usize;
-pub(super) const T_STAGES: usize = FLASH_TF32_STAGES as usize;
 /// Keys of one warp step (a half tile) and its 8-key blocks.
 pub(super) const SUB_K: usize = FLASH_TF32_SUB_KEYS as usize;
 /// Floats one lane hands over in the kv_split merge: acc (32), m (2), l (2).
@@ -61,12 +61,10 @@ const _: () = assert!(
     FLASH_TF32_KV_SPLIT_MAX == 2,
     "the merge below hands one state per slice over"
 );
-const _: () = assert!(T_STAGES == 3, "the pipeline waits with wait_group<1> (3 stages)");
 const _: () = assert!(HS == 64, "the QKᵀ and PV lane orders are written for 64 dims");
 const _: () = assert!(
-    (T_WARPS - T_WARPS / FLASH_TF32_KV_SPLIT_MAX as usize) * MERGE_VALS * WARP_SIZE as usize * 4
-        <= FLASH_SMEM_BYTES_TF32 as usize,
-    "the merge area (every warp but part 0 of each slice) reuses the K/V ring"
+    (T_WARPS - T_WARPS / FLASH_TF32_KV_SPLIT_MAX as usize) * MERGE_VALS * WARP_SIZE as usize * 4 <= 2 * 2 * TILE * 4,
+    "the merge area (every warp but part 0 of each slice) reuses the K/V ring (two stages at least)"
 );
 
 /// One 32-key warp step's operands: rows `32 * sub ..` of the f32 K and V
@@ -85,6 +83,8 @@ pub(super) struct Sub {
 /// fragments, how a landed K/V stage is readied, the warp step, and where
 /// each output dim of the accumulators goes.
 pub(super) trait TcFormat {
+    /// Tiles of the f32 K/V ring (2 or 3): `STAGES - 1` load while one is used.
+    const STAGES: usize;
     /// A warp's Q fragments (rows g and g+8 of its 16).
     type Q;
 
@@ -245,8 +245,8 @@ pub(super) struct RowState {
 ///
 /// # Safety
 /// As for the kernels that call it (`attention_forward_flash_tf32`,
-/// `attention_forward_flash_bf16`), with `F::SMEM_BYTES` of dynamic shared
-/// memory.
+/// `attention_forward_flash_bf16`), with dynamic shared memory for the ring
+/// of `F::STAGES` K and V tiles and the format's own part.
 #[inline(always)]
 pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
     let (t, c, nh, b, max_t, pos0, window) = (p.t, p.c, p.nh, p.b, p.max_t, p.pos0, p.window);
@@ -290,13 +290,14 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
     let n_tiles = p_max / bk + 1 - first_tile;
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
 
-    // SAFETY: (whole body) the launch provides F::SMEM_BYTES of dynamic
-    // shared memory: K stages | V stages (16-byte aligned rows) | the
-    // format's own; the kv_split merge reuses the stages after the loop.
+    // SAFETY: (whole body) the launch provides the dynamic shared memory
+    // of the format: K stages | V stages (16-byte aligned rows) | its own
+    // part; the kv_split merge reuses the stages after the loop.
     let smem = unsafe { dynamic_shared_align16::<f32>() };
     let k_s = smem;
-    // SAFETY: the V stages follow the T_STAGES K stages, the format's part both.
-    let (v_s, own) = unsafe { (k_s.add(T_STAGES * TILE), k_s.add(2 * T_STAGES * TILE) as *mut u8) };
+    const { assert!(F::STAGES == 2 || F::STAGES == 3) };
+    // SAFETY: the V stages follow the STAGES K stages, the format's part both.
+    let (v_s, own) = unsafe { (k_s.add(F::STAGES * TILE), k_s.add(2 * F::STAGES * TILE) as *mut u8) };
     let plane = ((bi * nh + h) * max_t * hs) as usize;
     // Where K/V rows come from: the caches, or (`kv_from_qkv`: this call
     // fills them from position 0) this call's own `qkv` rows, whose K/V the
@@ -311,7 +312,7 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
         // SAFETY: the row's (bi, h) plane of max_t * hs floats lies inside each cache.
         unsafe { (p.k_cache.add(plane).cast_const(), p.v_cache.add(plane).cast_const(), hs) }
     };
-    // SAFETY: stage < T_STAGES: inside the K/V rings; keys below n_keys are readable
+    // SAFETY: stage < STAGES: inside the K/V rings; keys below n_keys are readable
     // rows of `k_g`/`v_g` (the cache plane, or this call's qkv rows).
     let load_kv = |i: u32, stage: u32| unsafe {
         let key0 = (first_tile + i) * bk;
@@ -319,13 +320,14 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
         load_tile_f32(k_s.add(at), k_g, kv_stride, key0, n_keys, cp);
         load_tile_f32(v_s.add(at), v_g, kv_stride, key0, n_keys, cp);
     };
-    // Two tiles in flight from the start (commit group i holds tile i; maybe empty).
-    load_kv(0, 0);
-    cp_async_commit();
-    if n_tiles > 1 {
-        load_kv(1, 1);
+    // STAGES - 1 tiles in flight from the start (commit group i holds tile
+    // i; maybe empty).
+    for i in 0..F::STAGES as u32 - 1 {
+        if i < n_tiles {
+            load_kv(i, i);
+        }
+        cp_async_commit();
     }
-    cp_async_commit();
 
     if from_qkv {
         // Keys q0..q0 + q_rows (pos0 = 0) are this block's own query rows:
@@ -385,22 +387,26 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
         l: [0.0; 2],
         acc: [[0.0; 4]; DIM_STEPS],
     };
-    let ring = T_STAGES as u32;
-    let (mut stage, mut next_stage) = (0, 2);
+    let ring = F::STAGES as u32;
+    let (mut stage, mut next_stage) = (0, ring - 1);
     for i in 0..n_tiles {
-        // SAFETY: stage < T_STAGES: one K and one V stage of the rings.
+        // SAFETY: stage < STAGES: one K and one V stage of the rings.
         let (kb, vb) = unsafe { (k_s.add(stage as usize * TILE), v_s.add(stage as usize * TILE)) };
-        // Tile i's commit group is in (at most the one after it pending);
-        // the format readies what this thread copied, then one barrier
-        // publishes the stage and also retires iteration i-1, whose stage
-        // the next copies reuse.
-        cp_async_wait_group::<1>();
+        // Tile i's commit group is in (with 3 stages the one after it may
+        // still be pending); the format readies what this thread copied,
+        // then one barrier publishes the stage and also retires iteration
+        // i-1, whose stage the next copies reuse.
+        if F::STAGES == 3 {
+            cp_async_wait_group::<1>();
+        } else {
+            cp_async_wait_group::<0>();
+        }
         // SAFETY: the wait above landed this thread's copies of the stage, which only it
         // touches until the barrier below; `own` is the format's shared memory.
         unsafe { F::prepare(p, kb, vb, cp, own, i) };
         sync_threads();
-        if i + 2 < n_tiles {
-            load_kv(i + 2, next_stage);
+        if i + ring - 1 < n_tiles {
+            load_kv(i + ring - 1, next_stage);
         }
         cp_async_commit(); // always, so commit group i stays tile i
 

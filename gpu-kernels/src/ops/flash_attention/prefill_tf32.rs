@@ -138,6 +138,7 @@ unsafe fn attend_sub_tf32<const MASK: bool>(
 struct Tf32;
 
 impl TcFormat for Tf32 {
+    const STAGES: usize = FLASH_TF32_STAGES as usize;
     type Q = [[u32; 4]; DIM_STEPS];
 
     unsafe fn q(qa: *const f32, qb: *const f32, tq: u32) -> Self::Q {
