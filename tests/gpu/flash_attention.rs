@@ -48,6 +48,8 @@ struct Case {
     path: Path,
     /// TF32 prefill: force `kv_split` 1 or 2 (`None`: the wrapper's choice).
     kv_split: Option<u32>,
+    /// bf16 prefill: force the f32 ring's depth, 2 or 3 (`None`: the wrapper's choice).
+    stages: Option<u32>,
 }
 
 /// Runs one case; `Err` describes a failure (printed summary either way).
@@ -61,6 +63,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
         precision,
         path,
         kv_split,
+        stages,
     } = k;
     let c = nh * HS;
     let max_t = pos0 + t + CACHE_SLACK;
@@ -99,6 +102,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
 
     let mut ws = FlashWorkspace::new(gpu, b, nh, max_t).unwrap();
     ws.force_tf32_kv_split(kv_split);
+    ws.force_bf16_stages(stages);
     let d_qkv = gpu.upload(&qkv).unwrap();
     let mut d_k = gpu.upload(&k_init).unwrap();
     let mut d_v = gpu.upload(&v_init).unwrap();
@@ -184,6 +188,7 @@ fn prefill_grid_split(precision: FlashPrecision, kv_split: Option<u32>) -> Vec<C
                         precision,
                         path: Path::Prefill,
                         kv_split,
+                        stages: None,
                     });
                 }
             }
@@ -207,19 +212,29 @@ fn flash_prefill_tf32_matches_cpu() {
 /// The tensor-core kernels' `kv_split`s.
 const TF32_KV_SPLITS: [u32; 2] = [1, 2];
 
-/// The bf16 kernel (the TF32 kernel's body with bf16 operands) on the grid,
-/// at both `kv_split`s.
+/// The bf16 kernels' ring depths (3: one block an SM; 2: two).
+const BF16_STAGES: [u32; 2] = [3, 2];
+
+/// The bf16 kernels (the TF32 kernel's body with bf16 operands) on the grid,
+/// at both `kv_split`s and both ring depths (the test shapes' grids alone
+/// would run only the 3-stage one).
 #[test]
 #[ignore = "needs a GPU"]
 fn flash_prefill_bf16_matches_cpu() {
     if skip::gpu().is_none() {
         return;
     }
-    run_all(
-        TF32_KV_SPLITS
-            .into_iter()
-            .flat_map(|s| prefill_grid_split(FlashPrecision::Bf16, Some(s))),
-    );
+    let cases = TF32_KV_SPLITS.into_iter().flat_map(|split| {
+        BF16_STAGES.into_iter().flat_map(move |stages| {
+            prefill_grid_split(FlashPrecision::Bf16, Some(split))
+                .into_iter()
+                .map(move |c| Case {
+                    stages: Some(stages),
+                    ..c
+                })
+        })
+    });
+    run_all(cases);
 }
 
 /// The TF32 grid on every tile shape of the kernel: 128 query rows per block
@@ -352,7 +367,12 @@ fn flash_prefill_tf32_tile_edges_match_cpu() {
     if skip::gpu().is_none() {
         return;
     }
-    for precision in [FlashPrecision::Tf32, FlashPrecision::Bf16] {
+    let formats = [
+        (FlashPrecision::Tf32, None),
+        (FlashPrecision::Bf16, Some(3)),
+        (FlashPrecision::Bf16, Some(2)),
+    ];
+    for (precision, stages) in formats {
         for kv_split in TF32_KV_SPLITS {
             for t in [16, 127, 128, 129, 200] {
                 for pos0 in [0, 37] {
@@ -366,6 +386,7 @@ fn flash_prefill_tf32_tile_edges_match_cpu() {
                             precision,
                             path: Path::Prefill,
                             kv_split: Some(kv_split),
+                            stages,
                         });
                     }
                 }
@@ -393,6 +414,7 @@ fn flash_decode_matches_cpu() {
                         precision: FlashPrecision::Fp32,
                         path: Path::Decode,
                         kv_split: None,
+                        stages: None,
                     });
                 }
             }
@@ -401,7 +423,8 @@ fn flash_decode_matches_cpu() {
     run_all(cases);
 }
 
-/// GPT-2 124M's shape (12 heads) through the auto path: decode for t = 1, prefill for T = 1024.
+/// GPT-2 124M's shape (12 heads) through the auto path: decode for t = 1,
+/// prefill for T = 1024 (at B = 4 a grid that takes the 2-stage bf16 kernel).
 #[test]
 #[ignore = "needs a GPU"]
 fn flash_auto_gpt2_shape_matches_cpu() {
@@ -409,6 +432,7 @@ fn flash_auto_gpt2_shape_matches_cpu() {
     for precision in [FlashPrecision::Fp32, FlashPrecision::Tf32, FlashPrecision::Bf16] {
         for (b, t, pos0, window) in [
             (1, 1024, 0, 0),
+            (4, 1024, 0, 0),
             (4, 64, 0, 0),
             (1, 1, 1023, 0),
             (4, 1, 500, 0),
@@ -424,6 +448,7 @@ fn flash_auto_gpt2_shape_matches_cpu() {
                 precision,
                 path: Path::Auto,
                 kv_split: None,
+                stages: None,
             });
         }
     }
@@ -446,6 +471,7 @@ fn flash_ptx_shape() {
     for name in [
         ATTENTION_FORWARD_FLASH_TF32,
         ATTENTION_FORWARD_FLASH_BF16,
+        ATTENTION_FORWARD_FLASH_BF16_2STAGE,
         ATTENTION_FORWARD_FLASH_FP32,
         ATTENTION_FORWARD_FLASH_DECODE,
         ATTENTION_FORWARD_FLASH_COMBINE,
@@ -462,11 +488,17 @@ fn flash_ptx_shape() {
     assert_eq!(tf32.matches("ld.shared.v4").count(), 2 * 32 + 8);
     // No panic paths (index or division checks) in the hot kernel.
     assert!(!tf32.contains("call"), "the TF32 prefill kernel calls a function");
-    let bf16 = body(ATTENTION_FORWARD_FLASH_BF16);
-    // The same step in bf16: 4x4 MMAs for QKᵀ and 2x8 for PV, twice; V's B
-    // fragments by ldmatrix.trans (2 k-steps x 4 dim pairs, twice).
-    assert_eq!(bf16.matches("mma.sync.aligned.m16n8k16").count(), 2 * 32);
-    assert_eq!(bf16.matches("ldmatrix.sync.aligned.m8n8.x4.trans").count(), 2 * 8);
-    assert!(!bf16.contains("call"), "the bf16 prefill kernel calls a function");
+    for name in [ATTENTION_FORWARD_FLASH_BF16, ATTENTION_FORWARD_FLASH_BF16_2STAGE] {
+        let bf16 = body(name);
+        // The same step in bf16: 4x4 MMAs for QKᵀ and 2x8 for PV, twice; V's B
+        // fragments by ldmatrix.trans (2 k-steps x 4 dim pairs, twice).
+        assert_eq!(bf16.matches("mma.sync.aligned.m16n8k16").count(), 2 * 32, "{name}");
+        assert_eq!(
+            bf16.matches("ldmatrix.sync.aligned.m8n8.x4.trans").count(),
+            2 * 8,
+            "{name}"
+        );
+        assert!(!bf16.contains("call"), "{name} calls a function");
+    }
     assert!(!body(ATTENTION_FORWARD_FLASH_FP32).contains("mma.sync"));
 }

@@ -50,6 +50,8 @@ pub struct FlashWorkspace {
     tf32_kv_split: Option<u32>,
     /// Set by [`Self::set_kv_rounded`]: the caller's K/V are TF32 values.
     kv_rounded: bool,
+    /// bf16 prefill ring depth forced by [`Self::force_bf16_stages`]; `None`: by grid size.
+    bf16_stages: Option<u32>,
 }
 
 /// Floats per partial's (max, sum) pair.
@@ -59,6 +61,7 @@ impl FlashWorkspace {
     pub fn new(gpu: &Gpu, max_b: usize, nh: usize, max_t: usize) -> Result<Self, GpuError> {
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_TF32, FLASH_SMEM_BYTES_TF32)?;
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_BF16, FLASH_SMEM_BYTES_BF16)?;
+        gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_BF16_2STAGE, FLASH_SMEM_BYTES_BF16_2STAGE)?;
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_FP32, FLASH_SMEM_BYTES_FP32)?;
         let parts_stride = max_t.div_ceil(FLASH_DECODE_CHUNK as usize) * FLASH_DECODE_PARTS_PER_CHUNK as usize;
         let rows = max_b * nh * FLASH_DECODE_MAX_T as usize;
@@ -71,6 +74,7 @@ impl FlashWorkspace {
             parts_stride,
             tf32_kv_split: None,
             kv_rounded: false,
+            bf16_stages: None,
         })
     }
 
@@ -85,6 +89,17 @@ impl FlashWorkspace {
             "FlashWorkspace: kv_split must be 1 or 2, got {split:?}"
         );
         self.tf32_kv_split = split;
+    }
+
+    /// Force the bf16 prefill kernel's f32 ring depth (3: one block an SM; 2:
+    /// two), for tests and benchmarks; `None` restores the choice by grid
+    /// size (`FLASH_BF16_2STAGE_MIN_BLOCKS_PER_SM`). Results agree either way.
+    pub fn force_bf16_stages(&mut self, stages: Option<u32>) {
+        assert!(
+            matches!(stages, None | Some(2) | Some(3)),
+            "FlashWorkspace: bf16 stages must be 2 or 3, got {stages:?}"
+        );
+        self.bf16_stages = stages;
     }
 
     /// Promise (true) that every K/V value the TF32 prefill kernel will read
@@ -188,16 +203,40 @@ mod configs {
         })
     }
 
-    pub fn prefill(s: &Shape, precision: FlashPrecision, kv_split: u32) -> LaunchConfig {
+    /// Blocks of the tensor-core prefill grid.
+    fn tc_blocks(s: &Shape, kv_split: u32) -> u32 {
+        tf32_q_tiles(s, kv_split) * (s.nh * s.b) as u32
+    }
+
+    /// The bf16 prefill kernel and its shared memory: the 2-stage one where
+    /// the grid has two blocks an SM or more (two fit an SM), else the
+    /// 3-stage one (a deeper ring for one block an SM).
+    /// `forced`: a ring depth asked for (2 or 3).
+    pub fn bf16_kernel(gpu: &Gpu, s: &Shape, kv_split: u32, forced: Option<u32>) -> (&'static str, u32) {
+        let two = FLASH_BF16_2STAGE_MIN_BLOCKS_PER_SM as usize * gpu.sm_count();
+        let short = match forced {
+            Some(stages) => stages == FLASH_BF16_SHORT_STAGES,
+            None => tc_blocks(s, kv_split) as usize >= two,
+        };
+        if short {
+            (ATTENTION_FORWARD_FLASH_BF16_2STAGE, FLASH_SMEM_BYTES_BF16_2STAGE)
+        } else {
+            (ATTENTION_FORWARD_FLASH_BF16, FLASH_SMEM_BYTES_BF16)
+        }
+    }
+
+    /// `shared`: the bf16 kernel's bytes ([`bf16_kernel`]); the other
+    /// precisions' are fixed.
+    pub fn prefill(s: &Shape, precision: FlashPrecision, kv_split: u32, shared: u32) -> LaunchConfig {
         // 1-D grid: the kernel orders the blocks heaviest query tile first.
         let tensor_cores = |shared_mem_bytes| LaunchConfig {
-            grid_dim: (tf32_q_tiles(s, kv_split) * (s.nh * s.b) as u32, 1, 1),
+            grid_dim: (tc_blocks(s, kv_split), 1, 1),
             block_dim: (FLASH_TF32_THREADS, 1, 1),
             shared_mem_bytes,
         };
         match precision {
             FlashPrecision::Tf32 => tensor_cores(FLASH_SMEM_BYTES_TF32),
-            FlashPrecision::Bf16 => tensor_cores(FLASH_SMEM_BYTES_BF16),
+            FlashPrecision::Bf16 => tensor_cores(shared),
             FlashPrecision::Fp32 => LaunchConfig {
                 grid_dim: ((s.t as u32).div_ceil(FLASH_BLOCK_Q), s.nh as u32, s.b as u32),
                 block_dim: (FLASH_THREADS, 1, 1),
@@ -469,16 +508,18 @@ fn run(
         // SAFETY: reads the partials just written; out holds b*t*c floats.
         unsafe { gpu.launch(ATTENTION_FORWARD_FLASH_COMBINE, configs::combine(&s), cp)? };
     } else {
-        let (name, kv_split) = match precision {
+        let (name, kv_split, shared) = match precision {
             FlashPrecision::Tf32 => (
                 ATTENTION_FORWARD_FLASH_TF32,
                 configs::tf32_kv_split(gpu, &s, ws.tf32_kv_split),
+                FLASH_SMEM_BYTES_TF32,
             ),
-            FlashPrecision::Bf16 => (
-                ATTENTION_FORWARD_FLASH_BF16,
-                configs::tf32_kv_split(gpu, &s, ws.tf32_kv_split),
-            ),
-            FlashPrecision::Fp32 => (ATTENTION_FORWARD_FLASH_FP32, 1),
+            FlashPrecision::Bf16 => {
+                let kv_split = configs::tf32_kv_split(gpu, &s, ws.tf32_kv_split);
+                let (name, shared) = configs::bf16_kernel(gpu, &s, kv_split, ws.bf16_stages);
+                (name, kv_split, shared)
+            }
+            FlashPrecision::Fp32 => (ATTENTION_FORWARD_FLASH_FP32, 1, FLASH_SMEM_BYTES_FP32),
         };
         // A window covering every key is no window; this also keeps the
         // kernel's u32 position + window sums far from overflow.
@@ -504,7 +545,7 @@ fn run(
         // shared memory it lays out for this kv_split (1, 2, or 4 only where
         // FlashWorkspace::new could raise the limit to the split-4 size).
         // kv_rounded only changes rounding, never what memory is touched.
-        unsafe { gpu.launch(name, configs::prefill(&s, precision, kv_split), pp)? };
+        unsafe { gpu.launch(name, configs::prefill(&s, precision, kv_split, shared), pp)? };
     }
     Ok(())
 }

@@ -18,6 +18,7 @@
 
 pub const ATTENTION_FORWARD_FLASH_TF32: &str = "attention_forward_flash_tf32";
 pub const ATTENTION_FORWARD_FLASH_BF16: &str = "attention_forward_flash_bf16";
+pub const ATTENTION_FORWARD_FLASH_BF16_2STAGE: &str = "attention_forward_flash_bf16_2stage";
 pub const ATTENTION_FORWARD_FLASH_FP32: &str = "attention_forward_flash_fp32";
 pub const ATTENTION_FORWARD_FLASH_DECODE: &str = "attention_forward_flash_decode";
 pub const ATTENTION_FORWARD_FLASH_COMBINE: &str = "attention_forward_flash_combine";
@@ -65,13 +66,18 @@ pub const FLASH_BF16_STRIDE: u32 = FLASH_HEAD_SIZE + 8;
 /// bf16 prefill: shared bytes past the f32 ring, two pairs (by tile parity)
 /// of converted K and V tiles.
 pub const FLASH_BF16_OWN_BYTES: u32 = 2 * 2 * FLASH_BLOCK_K * FLASH_BF16_STRIDE * 2;
-/// bf16 prefill K/V ring depth (f32 tiles filled by `cp.async`): one tile
-/// loads while one is converted and used; two stages (not TF32's three)
-/// keep the block at 104 KiB, so two blocks share an SM.
-pub const FLASH_BF16_STAGES: u32 = 2;
-/// Dynamic shared memory of the bf16 prefill kernel: its f32 ring and the
-/// converted tiles (106,496 bytes).
-pub const FLASH_SMEM_BYTES_BF16: u32 = 2 * FLASH_BF16_STAGES * FLASH_TILE_FLOATS * 4 + FLASH_BF16_OWN_BYTES;
+/// Dynamic shared memory of the bf16 prefill kernel: the TF32 kernel's f32
+/// ring (filled by `cp.async`) and the converted tiles (141,312 bytes).
+pub const FLASH_SMEM_BYTES_BF16: u32 = FLASH_SMEM_BYTES_TF32 + FLASH_BF16_OWN_BYTES;
+/// Ring depth of [`ATTENTION_FORWARD_FLASH_BF16_2STAGE`]: one f32 tile loads
+/// while one is converted and used.
+pub const FLASH_BF16_SHORT_STAGES: u32 = 2;
+/// Its dynamic shared memory (106,496 bytes: two blocks share an SM).
+pub const FLASH_SMEM_BYTES_BF16_2STAGE: u32 =
+    2 * FLASH_BF16_SHORT_STAGES * FLASH_TILE_FLOATS * 4 + FLASH_BF16_OWN_BYTES;
+/// The host takes the 2-stage bf16 kernel for grids of at least this many
+/// blocks an SM (where a second resident block has work to overlap).
+pub const FLASH_BF16_2STAGE_MIN_BLOCKS_PER_SM: u32 = 2;
 /// Largest `kv_split` of the TF32 kernel. (A `kv_split` 4, 32-row tiles with
 /// two warp groups on alternate K/V tiles, was tried on 2026-11-22: 48.6 us
 /// against 39.7 for 2 at B=1, T=1024 on an H200, and compute-sanitizer

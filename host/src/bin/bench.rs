@@ -962,6 +962,8 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
         Flash(FlashPrecision),
         /// TF32 flash prefill with its `kv_split` forced (1 or 2).
         FlashTf32Split(u32),
+        /// The bf16 prefill with its f32 ring's depth forced.
+        FlashBf16Stages(u32),
     }
     for decode in [false, true] {
         for &b in &ATTN_B {
@@ -981,6 +983,9 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                     variants.push(("flash_fp32".into(), V::Flash(FlashPrecision::Fp32), 0));
                     variants.push(("flash_tf32".into(), V::Flash(FlashPrecision::Tf32), 0));
                     variants.push(("flash_bf16".into(), V::Flash(FlashPrecision::Bf16), 0));
+                    for stages in [3, 2] {
+                        variants.push((format!("flash_bf16_stages{stages}"), V::FlashBf16Stages(stages), 0));
+                    }
                     // Both tile plans, to check the automatic choice.
                     for split in [1, 2] {
                         variants.push((format!("flash_tf32_split{split}"), V::FlashTf32Split(split), 0));
@@ -1005,6 +1010,10 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         V::FlashTf32Split(split) => Some(split),
                         _ => None,
                     });
+                    ws.force_bf16_stages(match v {
+                        V::FlashBf16Stages(stages) => Some(stages),
+                        _ => None,
+                    });
                     let timing = time_calls::<anyhow::Error>(gpu, sets.sets(), args.warmup, args.samples, |i| {
                         let AttnSets { qkv, k, v: vc, out, .. } = &mut sets;
                         let (o, kc, vcc, q) = (&mut out[i], &mut k[i], &mut vc[i], &qkv[i]);
@@ -1014,22 +1023,15 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                             V::Flash(p) => attention_forward_flash(
                                 gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window, p, &mut ws,
                             )?,
-                            V::FlashTf32Split(_) => attention_forward_flash(
-                                gpu,
-                                o,
-                                kc,
-                                vcc,
-                                q,
-                                b,
-                                t,
-                                pos0,
-                                max_t,
-                                c,
-                                nh,
-                                window,
-                                FlashPrecision::Tf32,
-                                &mut ws,
-                            )?,
+                            V::FlashTf32Split(_) | V::FlashBf16Stages(_) => {
+                                let prec = match v {
+                                    V::FlashBf16Stages(_) => FlashPrecision::Bf16,
+                                    _ => FlashPrecision::Tf32,
+                                };
+                                attention_forward_flash(
+                                    gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window, prec, &mut ws,
+                                )?
+                            }
                         }
                         Ok(())
                     })?;

@@ -2,9 +2,12 @@
 //! `prefill_tc` with bf16 operands (`mma.m16n8k16`, f32 accumulate), for
 //! the bf16 engine. Half the `mma` instructions of TF32 and half the
 //! shared-memory reads of K and V.
-//! - A 2-tile f32 ring (TF32 has 3) and the converted tiles take 104 KiB,
-//!   so two blocks share an SM (128 registers a thread): the other block's
-//!   warps hide each one's barrier and load waits.
+//! - Two kernels, by the depth of the f32 ring: 3 tiles (as TF32; one
+//!   block an SM) and 2 (`_2stage`: 104 KiB with the converted tiles, so two
+//!   blocks share an SM at 127 registers a thread, and the other block's
+//!   warps hide each one's barrier and load waits). Grids of two blocks an
+//!   SM and more take the second (measured on an H100: 8x1024 121 against
+//!   140 µs; 1x1024, 192 blocks, 32.6 against 27.6).
 //! - Each thread converts the f32 K/V chunks it copied into bf16 tiles of
 //!   its own (two, by tile parity: the tile being read and the next one)
 //!   before the barrier that publishes a stage; rows of 72 bf16 (144 bytes,
@@ -24,9 +27,9 @@
 
 use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax};
 use super::{BK, DIM_STEPS, HS, MMA_N, STRIDE, VEC, ld4};
+use crate::device::lane_id;
 use crate::device::mma::{ldmatrix_x4_trans, mma_m16n8k16_bf16, pack_bf16x2, shared_addr};
 use crate::device::unroll;
-use crate::device::lane_id;
 use crate::params::flash_attention::*;
 
 /// bf16 elements per row of the converted tiles.
@@ -39,8 +42,14 @@ const PAIR_BYTES: usize = 2 * TILE_BYTES;
 const K_STEPS: usize = HS / 16;
 /// Keys of one warp step.
 const SUB_K: usize = FLASH_TF32_SUB_KEYS as usize;
-const _: () = assert!(K_STEPS == 4 && SUB_K / MMA_N == 4 && DIM_STEPS == 8, "the loops below are unrolled for these");
-const _: () = assert!((KS * 2).is_multiple_of(16), "rows stay 16-byte aligned for ld.shared.v4 and ldmatrix");
+const _: () = assert!(
+    K_STEPS == 4 && SUB_K / MMA_N == 4 && DIM_STEPS == 8,
+    "the loops below are unrolled for these"
+);
+const _: () = assert!(
+    (KS * 2).is_multiple_of(16),
+    "rows stay 16-byte aligned for ld.shared.v4 and ldmatrix"
+);
 const _: () = assert!(2 * PAIR_BYTES == FLASH_BF16_OWN_BYTES as usize);
 
 /// Words `w` (bf16 pairs) of a 16-byte shared load.
@@ -53,11 +62,12 @@ unsafe fn ld_words(p: *const u16) -> [u32; 4] {
     unsafe { ld4(p as *const f32) }.map(f32::to_bits)
 }
 
-/// bf16 operands: the format of `attention_forward_flash_bf16`.
-struct Bf16;
+/// bf16 operands over an f32 ring of `STAGES` tiles: the format of
+/// `attention_forward_flash_bf16` (3) and `_bf16_2stage` (2).
+struct Bf16<const STAGES: usize>;
 
-impl TcFormat for Bf16 {
-    const STAGES: usize = FLASH_BF16_STAGES as usize;
+impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
+    const STAGES: usize = STAGES;
     type Q = [[u32; 4]; K_STEPS];
 
     unsafe fn q(qa: *const f32, qb: *const f32, tq: u32) -> Self::Q {
@@ -188,7 +198,7 @@ impl TcFormat for Bf16 {
 struct Pair([f32; 2]);
 
 /// Prefill flash attention with bf16 tensor-core products (bf16 Q, K, V and
-/// P, f32 accumulate and softmax).
+/// P, f32 accumulate and softmax), a 3-tile f32 ring.
 ///
 /// # Safety
 /// As for `attention_forward_flash_tf32`, with [`FLASH_SMEM_BYTES_BF16`]
@@ -196,5 +206,16 @@ struct Pair([f32; 2]);
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16(p: FlashAttentionParams) {
     // SAFETY: the launch contract of this kernel is `flash_prefill_tc`'s.
-    unsafe { flash_prefill_tc::<Bf16>(&p) }
+    unsafe { flash_prefill_tc::<Bf16<{ FLASH_TF32_STAGES as usize }>>(&p) }
+}
+
+/// [`attention_forward_flash_bf16`] over a 2-tile ring: two blocks an SM.
+///
+/// # Safety
+/// As for [`attention_forward_flash_bf16`], with
+/// [`FLASH_SMEM_BYTES_BF16_2STAGE`] bytes of dynamic shared memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16_2stage(p: FlashAttentionParams) {
+    // SAFETY: the launch contract of this kernel is `flash_prefill_tc`'s.
+    unsafe { flash_prefill_tc::<Bf16<{ FLASH_BF16_SHORT_STAGES as usize }>>(&p) }
 }

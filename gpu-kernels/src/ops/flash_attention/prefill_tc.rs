@@ -425,7 +425,13 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
                             vb.add(sub as usize * SUB_K * STRIDE),
                         )
                     };
-                    let at = Sub { k: kb, v: vb, own, tile: i, sub };
+                    let at = Sub {
+                        k: kb,
+                        v: vb,
+                        own,
+                        tile: i,
+                        sub,
+                    };
                     if needs_mask {
                         let d0 = row_p.map(|rp| rp.wrapping_sub(k0 + 2 * tq));
                         // SAFETY: `kb`/`vb` are 32 rows of the stage, readied and published by the
@@ -513,4 +519,3 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
         }
     }
 }
-

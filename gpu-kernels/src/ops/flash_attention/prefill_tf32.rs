@@ -18,9 +18,9 @@
 
 use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax};
 use super::{DIM_STEPS, HS, MMA_N, STRIDE, VEC, ld4, st4};
+use crate::device::lane_id;
 use crate::device::mma::{mma_m16n8k8_tf32, to_tf32};
 use crate::device::unroll;
-use crate::device::lane_id;
 use crate::params::flash_attention::*;
 
 /// Keys of one warp step and its 8-key blocks.
