@@ -16,8 +16,8 @@
 
 use host::gpu::Gpu;
 use host::gpu::ops::flash_attention::{
-    FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_decode,
-    attention_forward_flash_prefill,
+    AttentionShape, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+    attention_forward_flash_decode, attention_forward_flash_prefill,
 };
 use rand::Rng;
 
@@ -252,6 +252,75 @@ fn flash_prefill_tf32_all_splits_match_cpu() {
             .into_iter()
             .flat_map(|s| prefill_grid_split(FlashPrecision::Tf32, Some(s))),
     );
+}
+
+/// `attention_forward_flash_bf16_out` (the bf16 engine's call) writes exactly
+/// the f32 output of the same kernel rounded to bf16 (to nearest even, as
+/// `half` rounds), on both ring depths and `kv_split`s, from position 0 (K/V
+/// stored by the kernel) and after a prefix, windowed and not; the bf16
+/// output poisoned first.
+#[test]
+#[ignore = "needs a GPU"]
+fn flash_prefill_bf16_out_is_the_f32_output_rounded() {
+    let Some(gpu) = skip::gpu() else { return };
+    let (b, t, nh) = (2, 200, 2);
+    let c = nh * HS;
+    for pos0 in [0, 37] {
+        let max_t = pos0 + t + CACHE_SLACK;
+        let qkv = random_vec(b * t * 3 * c, 1.0);
+        let prefix = random_vec(b * nh * max_t * HS, 1.0);
+        for window in [0, 40] {
+            for stages in BF16_STAGES {
+                for kv_split in TF32_KV_SPLITS {
+                    let mut ws = FlashWorkspace::new(&gpu, b, nh, max_t).unwrap();
+                    ws.force_tf32_kv_split(Some(kv_split));
+                    ws.force_bf16_stages(Some(stages));
+                    let d_qkv = gpu.upload(&qkv).unwrap();
+                    let (mut d_k, mut d_v) = (gpu.upload(&prefix).unwrap(), gpu.upload(&prefix).unwrap());
+                    let mut out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
+                    attention_forward_flash_prefill(
+                        &gpu,
+                        &mut out,
+                        &mut d_k,
+                        &mut d_v,
+                        &d_qkv,
+                        b,
+                        t,
+                        pos0,
+                        max_t,
+                        c,
+                        nh,
+                        window,
+                        FlashPrecision::Bf16,
+                        &mut ws,
+                    )
+                    .unwrap();
+                    let mut out16 = gpu.upload(&vec![half::bf16::NAN; b * t * c]).unwrap();
+                    let shape = AttentionShape {
+                        b,
+                        t,
+                        pos0,
+                        max_t,
+                        c,
+                        nh,
+                        window,
+                    };
+                    attention_forward_flash_bf16_out(&gpu, &mut out16, &mut d_k, &mut d_v, &d_qkv, shape, &mut ws)
+                        .unwrap();
+                    let (f, h) = (gpu.download(&out).unwrap(), gpu.download(&out16).unwrap());
+                    let bad = f
+                        .iter()
+                        .zip(&h)
+                        .filter(|(x, y)| half::bf16::from_f32(**x).to_bits() != y.to_bits())
+                        .count();
+                    assert_eq!(
+                        bad, 0,
+                        "pos0 {pos0} window {window} stages {stages} kv_split {kv_split}: {bad} bf16 outputs differ from the f32 ones rounded"
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// TF32 rounding (`cvt.rna.tf32`: nearest, ties away from zero) of a finite f32.

@@ -9,6 +9,8 @@
 //!   `t <= FLASH_DECODE_MAX_T` (decode steps), prefill flash attention otherwise.
 //! - [`attention_forward_flash_prefill`]: always the prefill kernel.
 //! - [`attention_forward_flash_decode`]: always flash-decoding (`t <= FLASH_DECODE_MAX_T`).
+//! - [`attention_forward_flash_bf16_out`]: the bf16 prefill kernel writing
+//!   its output in bf16 (what the bf16 engine's attention projection reads).
 //!
 //! Precision: [`FlashPrecision::Tf32`] runs QKᵀ and PV of prefill on tensor
 //! cores (TF32 inputs, f32 accumulate), [`FlashPrecision::Bf16`] likewise
@@ -20,6 +22,7 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::attention::AttentionParams;
 use gpu_kernels::params::flash_attention::*;
+use half::bf16;
 
 use super::args::{aligned16, in_ptr, out_ptr};
 use crate::runtime::{Gpu, GpuError};
@@ -114,16 +117,29 @@ impl FlashWorkspace {
     }
 }
 
-/// The problem of one call, checked once.
+/// The problem of one call, checked once: `b` sequences of `t` new
+/// positions from `pos0`, caches of `max_t` positions, `c = 64 * nh`
+/// channels, each query seeing its last `window` keys (0: all).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub b: usize,
+    pub t: usize,
+    pub pos0: usize,
+    pub max_t: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub window: usize,
+}
+
+/// The shape's short name inside this module.
+type Shape = AttentionShape;
+
+/// Where a call writes its output: f32 rows, or (the bf16 prefill kernel
+/// only) bf16 rows.
 #[derive(Clone, Copy)]
-struct Shape {
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+enum Out {
+    F32(*mut f32),
+    Bf16(*mut u16),
 }
 
 impl Shape {
@@ -393,6 +409,40 @@ pub fn attention_forward_flash_decode(
     )
 }
 
+/// [`attention_forward_flash_prefill`] in [`FlashPrecision::Bf16`], its
+/// output rounded to bf16 (to nearest even) into `out` (`[b, t, c]` bf16):
+/// the values [`attention_forward_flash_prefill`] would write, rounded, with
+/// no f32 output and no conversion pass. Panics on inconsistent sizes.
+pub fn attention_forward_flash_bf16_out(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<bf16>,
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
+    shape: AttentionShape,
+    ws: &mut FlashWorkspace,
+) -> Result<(), GpuError> {
+    let len = out.len();
+    let p = out_ptr(gpu, out) as *mut u16;
+    // Each lane stores pairs of bf16 (4 bytes).
+    assert!(
+        (p as usize).is_multiple_of(4),
+        "attention_forward_flash_bf16_out: out not 4-byte aligned"
+    );
+    let s = shape;
+    run_to(
+        gpu,
+        (Out::Bf16(p), len),
+        k_cache,
+        v_cache,
+        qkv,
+        s,
+        FlashPrecision::Bf16,
+        ws,
+        Path::Prefill,
+    )
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     gpu: &Gpu,
@@ -405,7 +455,26 @@ fn run(
     ws: &mut FlashWorkspace,
     path: Path,
 ) -> Result<(), GpuError> {
-    s.check(out.len(), k_cache.len(), v_cache.len(), qkv.len());
+    let len = out.len();
+    let o = addr_mut(gpu, out);
+    run_to(gpu, (Out::F32(o), len), k_cache, v_cache, qkv, s, precision, ws, path)
+}
+
+/// [`run`] with the output given as an address (checked aligned) and its
+/// length in elements.
+#[allow(clippy::too_many_arguments)]
+fn run_to(
+    gpu: &Gpu,
+    (out, out_len): (Out, usize),
+    k_cache: &mut impl DevicePtrMut<f32>,
+    v_cache: &mut impl DevicePtrMut<f32>,
+    qkv: &impl DevicePtr<f32>,
+    s: Shape,
+    precision: FlashPrecision,
+    ws: &mut FlashWorkspace,
+    path: Path,
+) -> Result<(), GpuError> {
+    s.check(out_len, k_cache.len(), v_cache.len(), qkv.len());
     let decode = match path {
         Path::Auto => s.t <= FLASH_DECODE_MAX_T as usize,
         Path::Prefill => false,
@@ -428,12 +497,18 @@ fn run(
             s.max_t
         );
     }
-    let (k, v, q, o) = (
-        addr_mut(gpu, k_cache),
-        addr_mut(gpu, v_cache),
-        addr(gpu, qkv),
-        addr_mut(gpu, out),
-    );
+    let (k, v, q) = (addr_mut(gpu, k_cache), addr_mut(gpu, v_cache), addr(gpu, qkv));
+    let (o, o16) = match out {
+        Out::F32(p) => (p, std::ptr::null_mut()),
+        Out::Bf16(p) => {
+            // Only the bf16 prefill kernel writes bf16.
+            assert!(
+                !decode && precision == FlashPrecision::Bf16,
+                "attention_forward_flash: a bf16 output needs the bf16 prefill kernel"
+            );
+            (std::ptr::null_mut(), p)
+        }
+    };
     let (b, t, pos0, max_t, c, nh, window) = (
         s.b as u32,
         s.t as u32,
@@ -540,6 +615,7 @@ fn run(
             kv_split,
             kv_rounded: u32::from(ws.kv_rounded),
             kv_from_qkv: u32::from(kv_from_qkv),
+            out_bf16: o16,
         };
         // SAFETY: as above; the config gives the kernel the grid, threads and
         // shared memory it lays out for this kv_split (1, 2, or 4 only where

@@ -144,6 +144,11 @@ pub struct FlashAttentionParams {
     /// then launches no `attention_kv_store`. 0: K/V are read from the
     /// caches, which the caller has filled.
     pub kv_from_qkv: u32,
+    /// bf16 kernels only (the others write `out`): non-null sends the
+    /// output here instead, rounded to bf16 (to nearest even), `[B, T, C]`,
+    /// and `out` is not touched (it may be null): the bf16 engine's attention
+    /// projection reads bf16.
+    pub out_bf16: *mut u16,
 }
 
 /// Flash-decoding, pass 1. Grid (max_chunks, nh, b * t), [`FLASH_DECODE_THREADS`] threads.

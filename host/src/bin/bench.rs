@@ -156,6 +156,18 @@ struct Args {
     /// `trace` section: the prefill shape B,T.
     #[arg(long, default_value = "1,1024", value_parser = parse_shape)]
     trace_shape: (usize, usize),
+    /// `trace` section: the prefill's precision (fp32, tf32 or bf16).
+    #[arg(long, default_value = "tf32", value_parser = parse_precision)]
+    trace_precision: Precision,
+}
+
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    match s {
+        "fp32" => Ok(Precision::Fp32),
+        "tf32" => Ok(Precision::Tf32),
+        "bf16" => Ok(Precision::Bf16),
+        _ => Err(format!("expected fp32, tf32 or bf16, got `{s}`")),
+    }
 }
 
 fn parse_shape(s: &str) -> Result<(usize, usize), String> {
@@ -1553,13 +1565,14 @@ fn bench_trace(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let bytes = llmc_bytes(&config, E2E_SEED, DType::F32)?;
     let weights = host::model::llmc::parse(&bytes)?;
     let gpu = Gpu::new(args.device)?;
-    let mut engine = GpuEngine::new(gpu, &weights, b, config.max_seq_len, Precision::Tf32)?;
+    let prec = args.trace_precision;
+    let mut engine = GpuEngine::new(gpu, &weights, b, config.max_seq_len, prec)?;
     let mut rng = rand::rng();
     let toks: Vec<u32> = (0..b * t)
         .map(|_| rng.random_range(0..config.vocab_size as u32))
         .collect();
     let (med, n) = time_forward(&mut engine, args, |e, _| e.forward(&toks, b, t, 0, LogitsWanted::Last))?;
-    println!("\n== trace: TF32 prefill B={b} T={t}: median {med:.3} ms over {n} samples");
+    println!("\n== trace: {prec:?} prefill B={b} T={t}: median {med:.3} ms over {n} samples");
     engine.gpu().synchronize()?;
     // SAFETY: no arguments; starts/stops the profiler's collection range.
     let started = unsafe { cudarc::driver::sys::cuProfilerStart() };
@@ -1569,7 +1582,7 @@ fn bench_trace(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let stopped = unsafe { cudarc::driver::sys::cuProfilerStop() };
     println!("profiler range: start {started:?}, stop {stopped:?}");
     report.e2e.push(
-        serde_json::json!({"precision": "Tf32", "what": "trace", "b": b, "t": t, "median_ms": med, "samples": n}),
+        serde_json::json!({"precision": format!("{prec:?}"), "what": "trace", "b": b, "t": t, "median_ms": med, "samples": n}),
     );
     Ok(())
 }

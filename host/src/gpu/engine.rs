@@ -30,7 +30,9 @@ use crate::gpu::ops::convert::{f32_to_bf16, round_tf32};
 use crate::gpu::ops::crossentropy::crossentropy_forward;
 use crate::gpu::ops::decode::{DecodeLaunch, decode_attention};
 use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_forward_rows};
-use crate::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
+use crate::gpu::ops::flash_attention::{
+    AttentionShape, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+};
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::kv_cache::kv_cache_store;
 use crate::gpu::ops::layernorm::{
@@ -1015,7 +1017,31 @@ impl GpuEngine {
                     3 * c,
                 )?,
             }
+            // Whether attention wrote its output as the bf16 acts' copy itself.
+            let mut atty_in_bf16 = false;
             match (place, per_row.as_deref_mut()) {
+                (Placement::Shared { row0, pos0 }, _)
+                    if a16.is_some() && flash.is_some() && t > FLASH_DECODE_MAX_T as usize =>
+                {
+                    // The bf16 prefill kernel writes the attention projection's
+                    // bf16 input directly (no f32 output, no conversion).
+                    let rows = row0 * c * self.max_seq_len..(row0 + b) * c * self.max_seq_len;
+                    let (Some(x), Some(ws)) = (a16.as_deref_mut(), flash.as_deref_mut()) else {
+                        unreachable!("checked by the guard")
+                    };
+                    let shape = AttentionShape {
+                        b,
+                        t,
+                        pos0,
+                        max_t: self.max_seq_len,
+                        c,
+                        nh,
+                        window: self.window,
+                    };
+                    let (k, v) = (&mut k_cache.slice_mut(rows.clone()), &mut v_cache.slice_mut(rows));
+                    attention_forward_flash_bf16_out(gpu, &mut x.atty, k, v, &a.qkv, shape, ws)?;
+                    atty_in_bf16 = true;
+                }
                 (Placement::Shared { row0, pos0 }, _) => {
                     // The call's rows are cache rows row0..row0 + b.
                     let rows = row0 * c * self.max_seq_len..(row0 + b) * c * self.max_seq_len;
@@ -1064,7 +1090,9 @@ impl GpuEngine {
             }
             match a16.as_deref_mut() {
                 Some(x) => {
-                    f32_to_bf16(gpu, &mut x.atty, &a.atty, n * c)?;
+                    if !atty_in_bf16 {
+                        f32_to_bf16(gpu, &mut x.atty, &a.atty, n * c)?;
+                    }
                     let out = Bf16Out::F32(&mut a.proj);
                     matmul_bf16_acts(
                         gpu,

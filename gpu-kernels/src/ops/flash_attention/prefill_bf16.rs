@@ -184,11 +184,20 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
         });
     }
 
-    unsafe fn store(o: *mut f32, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32) {
+    unsafe fn store(p: &FlashAttentionParams, at: usize, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32) {
+        let bf16 = !p.out_bf16.is_null();
         unroll!(dt < 8 => {
             let v = [acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv];
-            // SAFETY: dims 8 dt + 2 tq, +1 < HS of the head slice, 8-byte aligned.
-            unsafe { *(o.add(MMA_N * dt + 2 * tq as usize) as *mut Pair) = Pair(v) };
+            let e = at + MMA_N * dt + 2 * tq as usize;
+            // SAFETY: dims 8 dt + 2 tq, +1 < HS of the head slice (the caller's contract):
+            // 4 aligned bytes of `out_bf16` (e even, the buffer 4-byte aligned) or 8 of `out`.
+            unsafe {
+                if bf16 {
+                    *(p.out_bf16.add(e) as *mut u32) = pack_bf16x2(v[0], v[1]);
+                } else {
+                    *(p.out.add(e) as *mut Pair) = Pair(v);
+                }
+            }
         });
     }
 }

@@ -123,11 +123,12 @@ pub(super) trait TcFormat {
     );
 
     /// Store row `g + 8r`'s outputs (`acc` entries `2r`, `2r + 1` of every
-    /// n-tile, times `inv`) into its head slice `o`.
+    /// n-tile, times `inv`) into its head slice, element `at` of the output
+    /// (`p.out`, or where the format allows `p.out_bf16`).
     ///
     /// # Safety
-    /// `o` is `HS` writable floats, 16-byte aligned.
-    unsafe fn store(o: *mut f32, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32);
+    /// `at..at + HS` lies inside the output, `at` a multiple of `HS`.
+    unsafe fn store(p: &FlashAttentionParams, at: usize, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32);
 }
 
 /// The online softmax of one warp step, between S and PV: mask (`MASK`),
@@ -503,7 +504,9 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
     }
 
     if part == 0 {
-        for r in 0..2 {
+        // Unrolled, so the stores index the accumulators by constants (a
+        // run-time row index would put them in local memory).
+        unroll!(r < 2 => {
             let mut sum = st.l[r];
             sum += shfl_xor_f32(sum, 1);
             sum += shfl_xor_f32(sum, 2);
@@ -511,11 +514,11 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
             if qi < t {
                 // Every valid row saw at least its own key, so sum >= 1.
                 let inv = 1.0 / sum;
-                // SAFETY: qi < t: row (bi, qi) of `out` (b * t rows of c), head h's HS floats.
-                let o = unsafe { p.out.add(((bi * t + qi) * c + h * hs) as usize) };
-                // SAFETY: `o` is the row's head slice, 16-byte aligned.
-                unsafe { F::store(o, &st.acc, r, inv, tq) };
+                // Row (bi, qi) of the output (b * t rows of c), head h's HS elements.
+                let at = ((bi * t + qi) * c + h * hs) as usize;
+                // SAFETY: qi < t: `at` is a row's head slice inside the output.
+                unsafe { F::store(p, at, &st.acc, r, inv, tq) };
             }
-        }
+        });
     }
 }

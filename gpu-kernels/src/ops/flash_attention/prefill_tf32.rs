@@ -188,13 +188,14 @@ impl TcFormat for Tf32 {
         unsafe { attend_sub_tf32::<MASK>(st, q, at, d0, lim, scale) }
     }
 
-    unsafe fn store(o: *mut f32, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32) {
+    unsafe fn store(p: &FlashAttentionParams, at: usize, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32) {
         // Lane t holds dims [8t, 8t+8) (n-tiles 0..4) and [32+8t, 40+8t) (4..8).
         // Entry e of n-tiles dt0..dt0+4, normalised (constant indices once inlined).
         let v = |dt0: usize, e: usize| [0, 1, 2, 3].map(|i| acc[dt0 + i][2 * r + e] * inv);
-        // SAFETY: 8 * tq + 8 <= HS / 2: the four vectors are inside the head slice, aligned.
+        // SAFETY: 8 * tq + 8 <= HS / 2: the four vectors are inside the head slice of
+        // `out`, aligned (the caller's contract; `out` is 16-byte aligned).
         unsafe {
-            let o = o.add(2 * VEC * tq as usize);
+            let o = p.out.add(at + 2 * VEC * tq as usize);
             st4(o, v(0, 0));
             st4(o.add(VEC), v(0, 1));
             st4(o.add(HS / 2), v(4, 0));
