@@ -337,7 +337,17 @@ pub fn attention_forward_flash(
         nh,
         window,
     };
-    run(gpu, out, k_cache, v_cache, qkv, s, precision, ws, Path::Auto)
+    run(
+        gpu,
+        f32_out(gpu, out),
+        k_cache,
+        v_cache,
+        qkv,
+        s,
+        precision,
+        ws,
+        Path::Auto,
+    )
 }
 
 /// [`attention_forward_flash`] forced onto the prefill kernel (any `t`).
@@ -367,7 +377,17 @@ pub fn attention_forward_flash_prefill(
         nh,
         window,
     };
-    run(gpu, out, k_cache, v_cache, qkv, s, precision, ws, Path::Prefill)
+    run(
+        gpu,
+        f32_out(gpu, out),
+        k_cache,
+        v_cache,
+        qkv,
+        s,
+        precision,
+        ws,
+        Path::Prefill,
+    )
 }
 
 /// [`attention_forward_flash`] forced onto flash-decoding (`t <= FLASH_DECODE_MAX_T`).
@@ -398,7 +418,7 @@ pub fn attention_forward_flash_decode(
     };
     run(
         gpu,
-        out,
+        f32_out(gpu, out),
         k_cache,
         v_cache,
         qkv,
@@ -430,7 +450,7 @@ pub fn attention_forward_flash_bf16_out(
         "attention_forward_flash_bf16_out: out not 4-byte aligned"
     );
     let s = shape;
-    run_to(
+    run(
         gpu,
         (Out::Bf16(p), len),
         k_cache,
@@ -443,27 +463,17 @@ pub fn attention_forward_flash_bf16_out(
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run(
-    gpu: &Gpu,
-    out: &mut impl DevicePtrMut<f32>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
-    qkv: &impl DevicePtr<f32>,
-    s: Shape,
-    precision: FlashPrecision,
-    ws: &mut FlashWorkspace,
-    path: Path,
-) -> Result<(), GpuError> {
+/// An f32 output buffer as [`run`] takes it: its address (checked aligned)
+/// and length.
+fn f32_out(gpu: &Gpu, out: &mut impl DevicePtrMut<f32>) -> (Out, usize) {
     let len = out.len();
-    let o = addr_mut(gpu, out);
-    run_to(gpu, (Out::F32(o), len), k_cache, v_cache, qkv, s, precision, ws, path)
+    (Out::F32(addr_mut(gpu, out)), len)
 }
 
-/// [`run`] with the output given as an address (checked aligned) and its
-/// length in elements.
+/// Every entry point's body: the output as an address and its length in
+/// elements.
 #[allow(clippy::too_many_arguments)]
-fn run_to(
+fn run(
     gpu: &Gpu,
     (out, out_len): (Out, usize),
     k_cache: &mut impl DevicePtrMut<f32>,

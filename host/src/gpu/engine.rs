@@ -1020,47 +1020,46 @@ impl GpuEngine {
             // Whether attention wrote its output as the bf16 acts' copy itself.
             let mut atty_in_bf16 = false;
             match (place, per_row.as_deref_mut()) {
-                (Placement::Shared { row0, pos0 }, _)
-                    if a16.is_some() && flash.is_some() && t > FLASH_DECODE_MAX_T as usize =>
-                {
-                    // The bf16 prefill kernel writes the attention projection's
-                    // bf16 input directly (no f32 output, no conversion).
-                    let rows = row0 * c * self.max_seq_len..(row0 + b) * c * self.max_seq_len;
-                    let (Some(x), Some(ws)) = (a16.as_deref_mut(), flash.as_deref_mut()) else {
-                        unreachable!("checked by the guard")
-                    };
-                    let shape = AttentionShape {
-                        b,
-                        t,
-                        pos0,
-                        max_t: self.max_seq_len,
-                        c,
-                        nh,
-                        window: self.window,
-                    };
-                    let (k, v) = (&mut k_cache.slice_mut(rows.clone()), &mut v_cache.slice_mut(rows));
-                    attention_forward_flash_bf16_out(gpu, &mut x.atty, k, v, &a.qkv, shape, ws)?;
-                    atty_in_bf16 = true;
-                }
                 (Placement::Shared { row0, pos0 }, _) => {
                     // The call's rows are cache rows row0..row0 + b.
                     let rows = row0 * c * self.max_seq_len..(row0 + b) * c * self.max_seq_len;
-                    attention(
-                        gpu,
-                        flash.as_deref_mut(),
-                        prec,
-                        &mut a.atty,
-                        &mut k_cache.slice_mut(rows.clone()),
-                        &mut v_cache.slice_mut(rows),
-                        &a.qkv,
-                        b,
-                        t,
-                        pos0,
-                        self.max_seq_len,
-                        c,
-                        nh,
-                        self.window,
-                    )?
+                    let (k, v) = (&mut k_cache.slice_mut(rows.clone()), &mut v_cache.slice_mut(rows));
+                    match (a16.as_deref_mut(), flash.as_deref_mut()) {
+                        // A bf16 prefill: the kernel writes the attention
+                        // projection's bf16 input directly (no f32 output, no
+                        // conversion pass).
+                        (Some(x), Some(ws)) if t > FLASH_DECODE_MAX_T as usize => {
+                            let max_t = self.max_seq_len;
+                            let window = self.window;
+                            let shape = AttentionShape {
+                                b,
+                                t,
+                                pos0,
+                                max_t,
+                                c,
+                                nh,
+                                window,
+                            };
+                            attention_forward_flash_bf16_out(gpu, &mut x.atty, k, v, &a.qkv, shape, ws)?;
+                            atty_in_bf16 = true;
+                        }
+                        (_, ws) => attention(
+                            gpu,
+                            ws,
+                            prec,
+                            &mut a.atty,
+                            k,
+                            v,
+                            &a.qkv,
+                            b,
+                            t,
+                            pos0,
+                            self.max_seq_len,
+                            c,
+                            nh,
+                            self.window,
+                        )?,
+                    }
                 }
                 (Placement::PerRow | Placement::Chunks, Some(s)) => {
                     // Row r is cache row r (or cache_row[r]), at its own position.

@@ -25,7 +25,7 @@
 //! - Q rows are rounded to bf16 once, into registers. The row sums use the
 //!   f32 probabilities (before rounding), as the TF32 kernel does.
 
-use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax};
+use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax, q_vectors};
 use super::{BK, DIM_STEPS, HS, MMA_N, STRIDE, VEC, ld4};
 use crate::device::lane_id;
 use crate::device::mma::{ldmatrix_x4_trans, mma_m16n8k16_bf16, pack_bf16x2, shared_addr};
@@ -72,18 +72,11 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
 
     unsafe fn q(qa: *const f32, qb: *const f32, tq: u32) -> Self::Q {
         // Lane t's dims [16t, 16t+16); zeros past the last query.
-        let row = |r: *const f32| -> [[f32; VEC]; 4] {
-            if r.is_null() {
-                return [[0.0; VEC]; 4];
-            }
-            // SAFETY: 16 * tq + 16 <= HS: four aligned 16-byte vectors inside the head
-            // slice (the caller's contract).
-            unsafe {
-                let r = r.add(16 * tq as usize);
-                [ld4(r), ld4(r.add(VEC)), ld4(r.add(2 * VEC)), ld4(r.add(3 * VEC))]
-            }
-        };
-        let (a, b) = (row(qa), row(qb));
+        let o = 16 * tq as usize;
+        let at = [o, o + VEC, o + 2 * VEC, o + 3 * VEC];
+        // SAFETY: 16 * tq + 16 <= HS: four aligned vectors inside each row's head slice
+        // (the caller's contract).
+        let (a, b) = unsafe { (q_vectors(qa, at), q_vectors(qb, at)) };
         let mut qf = [[0u32; 4]; K_STEPS];
         // k-step s: dims 16t + 4s (vector s): entries 0, 1 at k-slots 2t, 2t+1; 2, 3 at 2t+8, 2t+9.
         unroll!(s < 4 => {
@@ -105,14 +98,14 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
         for pass in 0..cp.passes {
             let mut x = [[0f32; VEC]; 2 * T_COPY_BATCH];
             unroll!(i < 8 => {
-                let r = cp.row + (pass * T_COPY_BATCH as u32 + (i % T_COPY_BATCH) as u32) * cp.row_step;
+                let r = cp.row_of(pass, i % T_COPY_BATCH);
                 let src = if i < T_COPY_BATCH { k } else { v };
                 // SAFETY: r < BK rows, cp.col + 4 <= HS: this thread's landed chunk of the
                 // stage, 16-byte aligned.
                 x[i] = unsafe { ld4(src.add((r * STRIDE as u32 + cp.col) as usize)) };
             });
             unroll!(i < 8 => {
-                let r = cp.row + (pass * T_COPY_BATCH as u32 + (i % T_COPY_BATCH) as u32) * cp.row_step;
+                let r = cp.row_of(pass, i % T_COPY_BATCH);
                 let half = if i < T_COPY_BATCH { 0 } else { TILE_BYTES };
                 let e = x[i];
                 let w = [pack_bf16x2(e[0], e[1]), pack_bf16x2(e[2], e[3])];

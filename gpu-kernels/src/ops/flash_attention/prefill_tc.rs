@@ -195,6 +195,30 @@ pub(super) struct TileCopy {
     pub(super) passes: u32,
 }
 
+impl TileCopy {
+    /// Tile row of this thread's chunk `i < T_COPY_BATCH` of pass `pass`.
+    #[inline(always)]
+    pub(super) fn row_of(self, pass: u32, i: usize) -> u32 {
+        self.row + (pass * T_COPY_BATCH as u32 + i as u32) * self.row_step
+    }
+}
+
+/// The lane's four 16-byte vectors of a query row's head slice at float
+/// offsets `at` (zeros for a null row: past the last query), the raw
+/// material of a format's Q fragments.
+///
+/// # Safety
+/// A non-null `row` holds `HS` readable floats, 16-byte aligned; every
+/// `at[i] + 4 <= HS` is a multiple of 4.
+#[inline(always)]
+pub(super) unsafe fn q_vectors(row: *const f32, at: [usize; 4]) -> [[f32; VEC]; 4] {
+    if row.is_null() {
+        return [[0.0; VEC]; 4];
+    }
+    // SAFETY: the caller's contract: four aligned vectors inside the slice.
+    unsafe { at.map(|o| ld4(row.add(o))) }
+}
+
 /// Chunks per K (or V) tile that one copy pass of a thread handles; a
 /// rounding pass holds one batch of K and one of V in registers.
 pub(super) const T_COPY_BATCH: usize = 4;
@@ -211,7 +235,7 @@ pub(super) const T_COPY_BATCH: usize = 4;
 unsafe fn load_tile_f32(dst: *mut f32, src: *const f32, src_stride: u32, key0: u32, n_keys: u32, cp: TileCopy) {
     for pass in 0..cp.passes {
         unroll!(i < 4 => {
-            let r = cp.row + (pass * T_COPY_BATCH as u32 + i as u32) * cp.row_step;
+            let r = cp.row_of(pass, i);
             let key = key0 + r;
             let valid = key < n_keys;
             // An invalid row copies 0 bytes; its source address is still kept in bounds.

@@ -16,7 +16,7 @@
 //!   V\[key\]\[32+4g..36+4g\], and each lane ends up holding 8 contiguous output
 //!   dims twice (16-byte stores).
 
-use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax};
+use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax, q_vectors};
 use super::{DIM_STEPS, HS, MMA_N, STRIDE, VEC, ld4, st4};
 use crate::device::lane_id;
 use crate::device::mma::{mma_m16n8k8_tf32, to_tf32};
@@ -55,7 +55,7 @@ fn round_p_tf32(x: f32) -> u32 {
 unsafe fn round_stage_tf32(k: *mut f32, v: *mut f32, cp: TileCopy) {
     for pass in 0..cp.passes {
         let at = |tile: *mut f32, i: usize| {
-            let r = cp.row + (pass * T_COPY_BATCH as u32 + i as u32) * cp.row_step;
+            let r = cp.row_of(pass, i);
             // SAFETY: r < BK rows and cp.col + 4 <= HS: inside the stage tile (the caller's
             // K or V stage).
             unsafe { tile.add((r * STRIDE as u32 + cp.col) as usize) }
@@ -75,65 +75,6 @@ unsafe fn round_stage_tf32(k: *mut f32, v: *mut f32, cp: TileCopy) {
     }
 }
 
-/// One warp step of the TF32 kernel (`TcFormat::attend`): rows g, g+8 of
-/// the warp's 16 against 32 keys at `at.k`/`at.v` (rounded shared memory,
-/// row stride [`STRIDE`]).
-///
-/// # Safety
-/// `at` points at 32 rows of a published, rounded K/V stage.
-#[inline(always)]
-unsafe fn attend_sub_tf32<const MASK: bool>(
-    st: &mut RowState,
-    qf: &[[u32; 4]; DIM_STEPS],
-    at: Sub,
-    d0: [u32; 2],
-    lim: [u32; 2],
-    scale: f32,
-) {
-    let (kb, vb) = (at.k, at.v);
-    let lane = lane_id() as usize;
-    let (g, tq) = (lane / 4, lane % 4);
-
-    // S = Q Kᵀ (16 x 32); B = Kᵀ "col": b0/b1 = K[key g][the lane's dims of step ks].
-    let mut s = [[0f32; 4]; SUB_STEPS];
-    unroll!(n < 4 => {
-        // SAFETY: n * 8 + g < SUB_K keys of the stage, the lane's dims at 8 * tq.
-        let kr = unsafe { kb.add((n * MMA_N + g) * STRIDE + 2 * VEC * tq) };
-        // SAFETY: 8 * tq + 4 <= HS / 2 and HS / 2 + 8 * tq + 8 <= HS: four aligned
-        // vectors inside the key row.
-        let y = unsafe { [ld4(kr), ld4(kr.add(VEC)), ld4(kr.add(HS / 2)), ld4(kr.add(HS / 2 + VEC))] };
-        unroll!(ks < 8 => {
-            let (w0, w1) = (2 * ks, 2 * ks + 1);
-            let bf = [y[w0 / VEC][w0 % VEC].to_bits(), y[w1 / VEC][w1 % VEC].to_bits()];
-            s[n] = mma_m16n8k8_tf32(qf[ks], bf, s[n]);
-        });
-    });
-
-    // Mask and row max on raw scores (the scale is positive), then P.
-    online_softmax::<MASK>(st, &mut s, d0, lim, scale);
-
-    // O += P V: A = P (k-slot t = key 2t, t+4 = key 2t+1); B = V rows 2t, 2t+1,
-    // columns 4g.. and 32+4g.. (module docs).
-    unroll!(ks < 4 => {
-        let sk = s[ks];
-        let af = [round_p_tf32(sk[0]), round_p_tf32(sk[2]), round_p_tf32(sk[1]), round_p_tf32(sk[3])];
-        // SAFETY: ks * 8 + 2 * tq + 1 < SUB_K value rows, column 4 * g < HS / 2.
-        let v0 = unsafe { vb.add((ks * MMA_N + 2 * tq) * STRIDE + VEC * g) };
-        let (lo0, hi0, lo1, hi1) =
-            // SAFETY: rows `v0` and `v0 + STRIDE` are value rows of the stage; 4 * g + 4 <=
-            // HS / 2 and HS / 2 + 4 * g + 4 <= HS, aligned.
-            unsafe { (ld4(v0), ld4(v0.add(HS / 2)), ld4(v0.add(STRIDE)), ld4(v0.add(STRIDE + HS / 2))) };
-        unroll!(dt < 8 => {
-            let bf = if dt < 4 {
-                [lo0[dt % 4].to_bits(), lo1[dt % 4].to_bits()]
-            } else {
-                [hi0[dt % 4].to_bits(), hi1[dt % 4].to_bits()]
-            };
-            st.acc[dt] = mma_m16n8k8_tf32(af, bf, st.acc[dt]);
-        });
-    });
-}
-
 /// TF32 operands: the format of `attention_forward_flash_tf32`.
 struct Tf32;
 
@@ -143,18 +84,11 @@ impl TcFormat for Tf32 {
 
     unsafe fn q(qa: *const f32, qb: *const f32, tq: u32) -> Self::Q {
         // Lane t's dims [8t, 8t+8) and [32+8t, 40+8t), rounded; zeros past the last query.
-        let row = |r: *const f32| -> [[f32; VEC]; 4] {
-            if r.is_null() {
-                return [[0.0; VEC]; 4];
-            }
-            // SAFETY: 8 * tq + 8 <= HS / 2, so the four 16-byte vectors lie inside the row's
-            // head slice, aligned (the caller's contract).
-            unsafe {
-                let r = r.add(2 * VEC * tq as usize);
-                [ld4(r), ld4(r.add(VEC)), ld4(r.add(HS / 2)), ld4(r.add(HS / 2 + VEC))]
-            }
-        };
-        let (a, b) = (row(qa), row(qb));
+        let o = 2 * VEC * tq as usize;
+        let at = [o, o + VEC, HS / 2 + o, HS / 2 + o + VEC];
+        // SAFETY: 8 * tq + 8 <= HS / 2: four aligned vectors inside each row's head
+        // slice (the caller's contract).
+        let (a, b) = unsafe { (q_vectors(qa, at), q_vectors(qb, at)) };
         let mut qf = [[0u32; 4]; DIM_STEPS];
         unroll!(ks < 8 => {
             let (w0, w1) = (2 * ks, 2 * ks + 1);
@@ -176,16 +110,58 @@ impl TcFormat for Tf32 {
         }
     }
 
+    /// Rows g, g+8 of the warp's 16 against 32 keys at `at.k`/`at.v`
+    /// (rounded shared memory, row stride [`STRIDE`]).
     unsafe fn attend<const MASK: bool>(
         st: &mut RowState,
-        q: &Self::Q,
+        qf: &Self::Q,
         at: Sub,
         d0: [u32; 2],
         lim: [u32; 2],
         scale: f32,
     ) {
-        // SAFETY: the caller's contract.
-        unsafe { attend_sub_tf32::<MASK>(st, q, at, d0, lim, scale) }
+        let (kb, vb) = (at.k, at.v);
+        let lane = lane_id() as usize;
+        let (g, tq) = (lane / 4, lane % 4);
+
+        // S = Q Kᵀ (16 x 32); B = Kᵀ "col": b0/b1 = K[key g][the lane's dims of step ks].
+        let mut s = [[0f32; 4]; SUB_STEPS];
+        unroll!(n < 4 => {
+            // SAFETY: n * 8 + g < SUB_K keys of the stage, the lane's dims at 8 * tq.
+            let kr = unsafe { kb.add((n * MMA_N + g) * STRIDE + 2 * VEC * tq) };
+            // SAFETY: 8 * tq + 4 <= HS / 2 and HS / 2 + 8 * tq + 8 <= HS: four aligned
+            // vectors inside the key row.
+            let y = unsafe { [ld4(kr), ld4(kr.add(VEC)), ld4(kr.add(HS / 2)), ld4(kr.add(HS / 2 + VEC))] };
+            unroll!(ks < 8 => {
+                let (w0, w1) = (2 * ks, 2 * ks + 1);
+                let bf = [y[w0 / VEC][w0 % VEC].to_bits(), y[w1 / VEC][w1 % VEC].to_bits()];
+                s[n] = mma_m16n8k8_tf32(qf[ks], bf, s[n]);
+            });
+        });
+
+        // Mask and row max on raw scores (the scale is positive), then P.
+        online_softmax::<MASK>(st, &mut s, d0, lim, scale);
+
+        // O += P V: A = P (k-slot t = key 2t, t+4 = key 2t+1); B = V rows 2t, 2t+1,
+        // columns 4g.. and 32+4g.. (module docs).
+        unroll!(ks < 4 => {
+            let sk = s[ks];
+            let af = [round_p_tf32(sk[0]), round_p_tf32(sk[2]), round_p_tf32(sk[1]), round_p_tf32(sk[3])];
+            // SAFETY: ks * 8 + 2 * tq + 1 < SUB_K value rows, column 4 * g < HS / 2.
+            let v0 = unsafe { vb.add((ks * MMA_N + 2 * tq) * STRIDE + VEC * g) };
+            let (lo0, hi0, lo1, hi1) =
+                // SAFETY: rows `v0` and `v0 + STRIDE` are value rows of the stage; 4 * g + 4 <=
+                // HS / 2 and HS / 2 + 4 * g + 4 <= HS, aligned.
+                unsafe { (ld4(v0), ld4(v0.add(HS / 2)), ld4(v0.add(STRIDE)), ld4(v0.add(STRIDE + HS / 2))) };
+            unroll!(dt < 8 => {
+                let bf = if dt < 4 {
+                    [lo0[dt % 4].to_bits(), lo1[dt % 4].to_bits()]
+                } else {
+                    [hi0[dt % 4].to_bits(), hi1[dt % 4].to_bits()]
+                };
+                st.acc[dt] = mma_m16n8k8_tf32(af, bf, st.acc[dt]);
+            });
+        });
     }
 
     unsafe fn store(p: &FlashAttentionParams, at: usize, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32) {
