@@ -158,6 +158,27 @@ pub unsafe fn bulk_copy_to_shared(dst: u32, src: *const u8, bytes: u32, bar: u32
     }
 }
 
+/// [`bulk_copy_to_shared`], its bytes marked first to leave L2
+/// (`.L2::cache_hint` with an `evict_first` policy): for data read once,
+/// so it does not evict what is read again (activations, caches).
+///
+/// # Safety
+/// As for [`bulk_copy_to_shared`].
+#[inline(always)]
+pub unsafe fn bulk_copy_to_shared_evict_first(dst: u32, src: *const u8, bytes: u32, bar: u32) {
+    // SAFETY: as for `bulk_copy_to_shared`; the policy is only a hint.
+    unsafe {
+        asm!(
+            "{{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0; cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{s}], {n}, [{b}], pol; }}",
+            d = in(reg32) dst,
+            s = in(reg64) src,
+            n = in(reg32) bytes,
+            b = in(reg32) bar,
+            options(nostack),
+        )
+    }
+}
+
 /// Order this thread's earlier shared-memory accesses (through the generic
 /// proxy: ordinary loads and stores) before its later async-proxy ones (TMA
 /// and bulk copies): issued before a copy overwrites shared memory the

@@ -17,10 +17,13 @@
 //! Between phases a block arrives at the grid barrier first, then starts
 //! the small copies the next phase needs (its bias, layernorm parameters),
 //! then waits: their latency hides behind the barrier's. The weight tiles
-//! are issued by a producer thread once a phase has staged its input rows,
+//! are issued by a producer thread once a phase has staged its input rows
+//! (f32 weights at one row: once the rows arrived, see [`issue_early`]),
 //! so their bytes stream while the block computes, not while the next
-//! phase waits on its inputs (measured: `bench step` traces, the notes in
-//! docs/performance.md). One loop over the GEMV phases keeps one copy of
+//! phase waits on its inputs: a load issued behind a tile's bytes waits for
+//! them (measured: `bench step` traces, the notes in docs/performance.md).
+//! The tiles are marked to leave L2 first: read once a step, they would
+//! otherwise evict the caches and activations. One loop over the GEMV phases keeps one copy of
 //! each phase's code: the step is larger than the instruction caches.
 
 use super::decode::{
@@ -35,8 +38,8 @@ use crate::device::math::{fma, rsqrt_precise};
 use crate::device::mma::{cp_async_4, cp_async_16, cp_async_commit, cp_async_wait_group, shared_addr};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::tma::{
-    bulk_copy_to_shared, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx, mbarrier_init,
-    mbarrier_wait_parity,
+    bulk_copy_to_shared_evict_first, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx,
+    mbarrier_init, mbarrier_wait_parity,
 };
 use crate::device::unroll;
 use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum_many};
@@ -74,6 +77,18 @@ const BARRIER_THREAD: u32 = DECODE_STEP_THREADS - WARP_SIZE;
 /// first lane. Not warp 0, which takes the most columns when they do not
 /// divide evenly (the tiles' issue sits on its path); not the barrier's.
 const PRODUCER_THREAD: u32 = DECODE_STEP_THREADS - 2 * WARP_SIZE;
+
+/// Whether a GEMV phase issues the next weight tiles as soon as its input
+/// rows have arrived, before their layernorm, rather than once they are
+/// staged. Measured on an H100 (`bench step`; docs/performance.md, decode
+/// step 8): with f32 weights at one row, early is 6 % faster, the 74 KB
+/// tiles then land before the next phase's loads queue behind them; with
+/// bf16 tiles (half the bytes) or 8 rows (a longer layernorm) it is 1-4 %
+/// slower. Issuing at the phase's start (before the loads) was slower in
+/// every case, and so was issuing half a tile at each point.
+const fn issue_early<W, const R: usize>() -> bool {
+    R == 1 && size_of::<W>() == size_of::<f32>()
+}
 
 /// `a / b` in 32 bits (64-bit division is a long software sequence on the
 /// GPU): every size and index here is below 2^32 (the params' contract).
@@ -385,10 +400,13 @@ unsafe fn issue<W: Weight>(p: &DecodeStepParams<W>, prod: &mut Producer, consume
         // elements, 16-byte multiples (c % 8 == 0) at 16-byte aligned
         // offsets; the slot holds slot_bytes >= bytes and is not read
         // (the caller's contract); the barrier's phase expects them.
+        // The weights are read once a step: marked first to leave L2, they
+        // leave the caches and activations there (measured: 2 % faster at
+        // one row, the same at 8; docs/performance.md, decode step 8).
         unsafe {
             fence_proxy_async_shared();
             mbarrier_arrive_expect_tx(bar, bytes);
-            bulk_copy_to_shared(
+            bulk_copy_to_shared_evict_first(
                 ring.base + (slot * ring.slot_bytes) as u32,
                 ph.w.add(c0 * ph.c_in) as *const u8,
                 bytes,
@@ -870,6 +888,10 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         unsafe { stage_rows(p, &ph, sm, n, res) };
     }
     tr.mark(traced_phase(g), DecodeStepMark::Loaded);
+    if issue_early::<W, R>() && thread_idx_x() == PRODUCER_THREAD {
+        // SAFETY: every slot consumed so far was read.
+        unsafe { issue(p, prod, *consumed, ring) };
+    }
     // The bias and the layernorm's parameters (`stage_ln`) have landed.
     cp_async_wait_group::<0>();
     sync_threads();
@@ -889,10 +911,11 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         }
     }
     tr.mark(traced_phase(g), DecodeStepMark::Staged);
-    // The slot the last phase freed gets its next tile now, not at the
-    // barrier: its bytes then stream while this phase computes, not while
-    // the next one waits on its input rows.
-    if thread_idx_x() == PRODUCER_THREAD {
+    // The slot the last phase freed gets its next tile now (or, see
+    // `issue_early`, once the rows arrived), not at the barrier: its bytes
+    // then stream while this phase computes, not while the next one waits
+    // on its input rows.
+    if !issue_early::<W, R>() && thread_idx_x() == PRODUCER_THREAD {
         // SAFETY: every slot consumed so far was read.
         unsafe { issue(p, prod, *consumed, ring) };
     }
