@@ -18,7 +18,7 @@
 //! the small copies the next phase needs (its bias, layernorm parameters),
 //! then waits: their latency hides behind the barrier's. The weight tiles
 //! are issued by a producer thread once a phase has staged its input rows
-//! (f32 weights at one row: once the rows arrived, see [`issue_early`]),
+//! (f32 weights at one row: once the rows arrived, see `issue_early`),
 //! so their bytes stream while the block computes, not while the next
 //! phase waits on its inputs: a load issued behind a tile's bytes waits for
 //! them (measured: `bench step` traces, the notes in docs/performance.md).
