@@ -2,6 +2,7 @@
 //! CPU model's own invariants: KV-cache decode equals full recomputation,
 //! both checkpoint formats give the same logits, windowed attention masks.
 
+use gpu_host::shape::MatmulShape;
 use host::cpu::CpuModel;
 use host::cpu::ops::{
     attention_forward, encoder_forward, gelu_forward, layernorm_forward, matmul_forward, residual_forward,
@@ -100,14 +101,14 @@ fn matmul_matches_naive_with_and_without_bias() {
         let weight = random_vec(oc * c, 1.0);
         let bias = random_vec(oc, 1.0);
         let mut out = vec![f32::NAN; n * oc];
-        matmul_forward(&mut out, &inp, &weight, Some(&bias), n, c, oc);
+        matmul_forward(&mut out, &inp, &weight, Some(&bias), MatmulShape::new(n, oc, c));
         assert_close(
             &out,
             &naive_matmul(&inp, &weight, Some(&bias), n, c, oc),
             OP_TOL * 4.0,
             "matmul+bias",
         );
-        matmul_forward(&mut out, &inp, &weight, None, n, c, oc);
+        matmul_forward(&mut out, &inp, &weight, None, MatmulShape::new(n, oc, c));
         assert_close(
             &out,
             &naive_matmul(&inp, &weight, None, n, c, oc),
@@ -124,10 +125,16 @@ fn matmul_row_does_not_depend_on_batch() {
     let inp = random_vec(n * c, 1.0);
     let weight = random_vec(oc * c, 1.0);
     let mut all = vec![0f32; n * oc];
-    matmul_forward(&mut all, &inp, &weight, None, n, c, oc);
+    matmul_forward(&mut all, &inp, &weight, None, MatmulShape::new(n, oc, c));
     for r in [0, 8, n - 1] {
         let mut one = vec![0f32; oc];
-        matmul_forward(&mut one, &inp[r * c..(r + 1) * c], &weight, None, 1, c, oc);
+        matmul_forward(
+            &mut one,
+            &inp[r * c..(r + 1) * c],
+            &weight,
+            None,
+            MatmulShape::new(1, oc, c),
+        );
         assert_eq!(one, all[r * oc..(r + 1) * oc], "row {r}");
     }
 }

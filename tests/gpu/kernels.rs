@@ -9,6 +9,7 @@
 pub mod skip;
 
 use cudarc::driver::CudaSlice;
+use gpu_host::shape::MatmulShape;
 use host::cpu::ops as cpu;
 use host::gpu::Gpu;
 use host::gpu::ops::argmax::{argmax_forward, argmax_forward_values};
@@ -410,7 +411,13 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
         );
         for with_bias in [true, false] {
             let mut want = vec![0f32; n * oc];
-            cpu::matmul_forward(&mut want, &inp, &w, with_bias.then_some(&bias[..]), n, c, oc);
+            cpu::matmul_forward(
+                &mut want,
+                &inp,
+                &w,
+                with_bias.then_some(&bias[..]),
+                MatmulShape::new(n, oc, c),
+            );
             let mut want_gelu = vec![0f32; n * oc];
             cpu::gelu_forward(&mut want_gelu, &want, n * oc);
             let mut kernels = vec![MatmulKernel::Tiled, MatmulKernel::Naive, MatmulKernel::Auto];
@@ -421,7 +428,7 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
                 for gelu in [false, true] {
                     let mut out = poisoned(&gpu, n * oc);
                     let b = with_bias.then_some(&db);
-                    matmul_forward_with(&gpu, k, gelu, &mut out, &di, &dw, b, n, c, oc).unwrap();
+                    matmul_forward_with(&gpu, k, gelu, &mut out, &di, &dw, b, MatmulShape::new(n, oc, c)).unwrap();
                     let what = format!("matmul {k:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
                     check(
                         &what,
@@ -435,9 +442,20 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
             for plan in explicit_plans(c) {
                 let gelu = with_bias;
                 let mut out = poisoned(&gpu, n * oc);
-                let mut ws = nan_workspace(&gpu, plan.workspace_floats(n, oc));
+                let mut ws = nan_workspace(&gpu, plan.workspace_floats(MatmulShape::new(n, oc, c)));
                 let b = with_bias.then_some(&db);
-                matmul_forward_plan(&gpu, &plan, gelu, &mut out, &di, &dw, b, n, c, oc, Some(&mut ws)).unwrap();
+                matmul_forward_plan(
+                    &gpu,
+                    &plan,
+                    gelu,
+                    &mut out,
+                    &di,
+                    &dw,
+                    b,
+                    MatmulShape::new(n, oc, c),
+                    Some(&mut ws),
+                )
+                .unwrap();
                 let what = format!("matmul {plan:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
                 check(
                     &what,
@@ -484,7 +502,7 @@ fn matmul_split_k_matches_cpu() {
     let Some(gpu) = skip::gpu() else { return };
     let sms = gpu.sm_count();
     for &(n, c, oc) in &SPLIT_K_SHAPES {
-        let plan = plan_tiled(n, c, oc, sms, usize::MAX);
+        let plan = plan_tiled(MatmulShape::new(n, oc, c), sms, usize::MAX);
         println!("split-K n={n} c={c} oc={oc} on {sms} SMs: {plan:?}");
         let inp = random_vec(n * c, 1.0);
         let w = random_vec(oc * c, 1.0 / (c as f32).sqrt());
@@ -494,10 +512,16 @@ fn matmul_split_k_matches_cpu() {
             gpu.upload(&w).unwrap(),
             gpu.upload(&bias).unwrap(),
         );
-        let mut ws = nan_workspace(&gpu, split_k_workspace_floats(n, c, oc, sms));
+        let mut ws = nan_workspace(&gpu, split_k_workspace_floats(MatmulShape::new(n, oc, c), sms));
         for with_bias in [true, false] {
             let mut want = vec![0f32; n * oc];
-            cpu::matmul_forward(&mut want, &inp, &w, with_bias.then_some(&bias[..]), n, c, oc);
+            cpu::matmul_forward(
+                &mut want,
+                &inp,
+                &w,
+                with_bias.then_some(&bias[..]),
+                MatmulShape::new(n, oc, c),
+            );
             let mut want_gelu = vec![0f32; n * oc];
             cpu::gelu_forward(&mut want_gelu, &want, n * oc);
             for k in [MatmulKernel::SplitK, MatmulKernel::Auto] {
@@ -506,7 +530,18 @@ fn matmul_split_k_matches_cpu() {
                     let mut runs = Vec::new();
                     for _ in 0..2 {
                         let mut out = poisoned(&gpu, n * oc);
-                        matmul_forward_ws(&gpu, k, gelu, &mut out, &di, &dw, b, n, c, oc, &mut ws).unwrap();
+                        matmul_forward_ws(
+                            &gpu,
+                            k,
+                            gelu,
+                            &mut out,
+                            &di,
+                            &dw,
+                            b,
+                            MatmulShape::new(n, oc, c),
+                            &mut ws,
+                        )
+                        .unwrap();
                         runs.push(down(&gpu, &out));
                     }
                     let what = format!("matmul {k:?} {plan:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
@@ -526,7 +561,7 @@ fn matmul_split_k_shapes_split() {
     /// SMs of an H100 / H200 SXM.
     const SMS: usize = 132;
     for &(n, c, oc) in &SPLIT_K_SHAPES[..4] {
-        let plan = plan_tiled(n, c, oc, SMS, usize::MAX);
+        let plan = plan_tiled(MatmulShape::new(n, oc, c), SMS, usize::MAX);
         assert!(plan.splits > 1, "n={n} c={c} oc={oc}: {plan:?}");
     }
 }
@@ -549,13 +584,19 @@ fn matmul_split_k_explicit_plans_and_unaligned() {
             gpu.upload(&bias).unwrap(),
         );
         let mut want = vec![0f32; n * oc];
-        cpu::matmul_forward(&mut want, &inp[1..], &w[1..], Some(&bias[..]), n, c, oc);
+        cpu::matmul_forward(
+            &mut want,
+            &inp[1..],
+            &w[1..],
+            Some(&bias[..]),
+            MatmulShape::new(n, oc, c),
+        );
         let mut want_gelu = vec![0f32; n * oc];
         cpu::gelu_forward(&mut want_gelu, &want, n * oc);
         for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
             for splits in [2, 5, c] {
                 let plan = TiledPlan::split(tile, c, splits);
-                let mut ws = nan_workspace(&gpu, plan.workspace_floats(n, oc));
+                let mut ws = nan_workspace(&gpu, plan.workspace_floats(MatmulShape::new(n, oc, c)));
                 for aligned in [true, false] {
                     let gelu = !aligned;
                     let off = usize::from(!aligned);
@@ -564,7 +605,13 @@ fn matmul_split_k_explicit_plans_and_unaligned() {
                     // the buffers' first n*c floats: compare those instead.
                     let want_here = if aligned {
                         let mut x = vec![0f32; n * oc];
-                        cpu::matmul_forward(&mut x, &inp[..n * c], &w[..oc * c], Some(&bias[..]), n, c, oc);
+                        cpu::matmul_forward(
+                            &mut x,
+                            &inp[..n * c],
+                            &w[..oc * c],
+                            Some(&bias[..]),
+                            MatmulShape::new(n, oc, c),
+                        );
                         x
                     } else if gelu {
                         want_gelu.clone()
@@ -573,8 +620,18 @@ fn matmul_split_k_explicit_plans_and_unaligned() {
                     };
                     let mut out = poisoned(&gpu, n * oc + 1);
                     let mut ov = out.slice_mut(off..off + n * oc);
-                    matmul_forward_plan(&gpu, &plan, gelu, &mut ov, &vi, &vw, Some(&db), n, c, oc, Some(&mut ws))
-                        .unwrap();
+                    matmul_forward_plan(
+                        &gpu,
+                        &plan,
+                        gelu,
+                        &mut ov,
+                        &vi,
+                        &vw,
+                        Some(&db),
+                        MatmulShape::new(n, oc, c),
+                        Some(&mut ws),
+                    )
+                    .unwrap();
                     let got = down(&gpu, &out);
                     let what = format!("matmul {plan:?} aligned={aligned} gelu={gelu} n={n} c={c} oc={oc}");
                     check(&what, &got[off..off + n * oc], &want_here, 1e-4, 1e-4);
@@ -646,12 +703,29 @@ fn matmul_tiled_unaligned_operands() {
             gpu.upload(&bias).unwrap(),
         );
         let mut want = vec![0f32; n * oc];
-        cpu::matmul_forward(&mut want, &inp[1..], &w[1..], Some(&bias[..]), n, c, oc);
+        cpu::matmul_forward(
+            &mut want,
+            &inp[1..],
+            &w[1..],
+            Some(&bias[..]),
+            MatmulShape::new(n, oc, c),
+        );
         let (vi, vw) = (di.slice(1..), dw.slice(1..));
         for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
             let plan = TiledPlan::unsplit(tile, c);
             let mut out = poisoned(&gpu, n * oc);
-            matmul_forward_plan(&gpu, &plan, false, &mut out, &vi, &vw, Some(&db), n, c, oc, None).unwrap();
+            matmul_forward_plan(
+                &gpu,
+                &plan,
+                false,
+                &mut out,
+                &vi,
+                &vw,
+                Some(&db),
+                MatmulShape::new(n, oc, c),
+                None,
+            )
+            .unwrap();
             let what = format!("matmul {plan:?} unaligned n={n} c={c} oc={oc}");
             check(&what, &down(&gpu, &out), &want, 1e-4, 1e-4);
         }
@@ -664,9 +738,7 @@ fn matmul_tiled_unaligned_operands() {
             &vi,
             &vw,
             Some(&db),
-            n,
-            c,
-            oc,
+            MatmulShape::new(n, oc, c),
         )
         .unwrap();
         let what = format!("matmul Tiled unaligned n={n} c={c} oc={oc}");
@@ -691,9 +763,7 @@ fn matmul_rejects_short_buffers() {
         &di,
         &dw,
         None::<&CudaSlice<f32>>,
-        2,
-        5,
-        3,
+        MatmulShape::new(2, 3, 5),
     );
     assert!(r.is_err(), "out holds 4 floats, 6 needed");
 }

@@ -3,6 +3,7 @@
 //! generation loop runs on it exactly as on the GPU engine.
 
 use anyhow::{Context, Result, ensure};
+use gpu_host::shape::MatmulShape;
 
 use super::ops::{attention_forward, encoder_forward, layernorm_forward, matmul_forward, residual_forward};
 use crate::cpu::sample::sample_row;
@@ -263,9 +264,7 @@ impl CpuModel {
                 &a.ln1,
                 &lw.qkvw,
                 Some(&lw.qkvb),
-                n,
-                c,
-                3 * c,
+                MatmulShape::new(n, 3 * c, c),
             );
             attention_forward(
                 sized(&mut a.atty, n * c),
@@ -286,9 +285,7 @@ impl CpuModel {
                 &a.atty,
                 &lw.attprojw,
                 Some(&lw.attprojb),
-                n,
-                c,
-                c,
+                MatmulShape::new(n, c, c),
             );
             residual_forward(sized(&mut a.residual2, n * c), &a.residual, &a.attproj, n * c);
             layernorm_forward(sized(&mut a.ln2, n * c), &a.residual2, &lw.ln2w, &lw.ln2b, n, c);
@@ -298,9 +295,7 @@ impl CpuModel {
                 &a.ln2,
                 &lw.fcw,
                 Some(&lw.fcb),
-                n,
-                c,
-                4 * c,
+                MatmulShape::new(n, 4 * c, c),
             );
             super::ops::gelu_forward(sized(&mut a.fch_gelu, n * 4 * c), &a.fch, n * 4 * c);
             round_if(bf16, &mut a.fch_gelu);
@@ -309,9 +304,7 @@ impl CpuModel {
                 &a.fch_gelu,
                 &lw.fcprojw,
                 Some(&lw.fcprojb),
-                n,
-                4 * c,
-                c,
+                MatmulShape::new(n, c, 4 * c),
             );
             residual_forward(sized(&mut a.residual, n * c), &a.residual2, &a.fcproj, n * c);
         }
@@ -334,7 +327,13 @@ impl CpuModel {
                 &a.head_in
             }
         };
-        matmul_forward(sized(&mut a.logits, rows * vp), head_in, &p.wte, None, rows, c, vp);
+        matmul_forward(
+            sized(&mut a.logits, rows * vp),
+            head_in,
+            &p.wte,
+            None,
+            MatmulShape::new(rows, vp, c),
+        );
     }
 }
 

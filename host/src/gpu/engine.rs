@@ -14,6 +14,7 @@
 
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use gpu_host::shape::MatmulShape;
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
@@ -673,20 +674,26 @@ fn flash_workspace_floats(max_batch: usize, nh: usize, max_seq_len: usize) -> us
     max_batch * nh * FLASH_DECODE_MAX_T as usize * parts * (FLASH_HEAD_SIZE as usize + ML_FLOATS)
 }
 
-/// (inner size, outputs) of a forward call's five matmuls (qkv, attention
-/// projection, MLP up, MLP down, LM head) for `c` channels, `heads_c`
-/// channels of heads, `hidden` MLP units and `vocab` LM-head rows: the
-/// whole model (C, C, 4C, Vp) or a tensor-parallel rank's share.
-fn matmul_shapes(c: usize, heads_c: usize, hidden: usize, vocab: usize) -> [(usize, usize); 5] {
-    [(c, 3 * heads_c), (heads_c, c), (c, hidden), (hidden, c), (c, vocab)]
+/// The shapes of a forward call's five matmuls (qkv, attention projection,
+/// MLP up, MLP down, LM head) over `rows` positions, for `c` channels,
+/// `heads_c` channels of heads, `hidden` MLP units and `vocab` LM-head rows:
+/// the whole model (C, C, 4C, Vp) or a tensor-parallel rank's share.
+fn matmul_shapes(rows: usize, c: usize, heads_c: usize, hidden: usize, vocab: usize) -> [MatmulShape; 5] {
+    [
+        MatmulShape::new(rows, 3 * heads_c, c),
+        MatmulShape::new(rows, c, heads_c),
+        MatmulShape::new(rows, hidden, c),
+        MatmulShape::new(rows, c, hidden),
+        MatmulShape::new(rows, vocab, c),
+    ]
 }
 
 /// Split-K workspace floats for every FP32 matmul of `shapes` (as
-/// [`matmul_shapes`]) with up to `rows` positions.
-fn fp32_matmul_workspace_floats(shapes: &[(usize, usize)], rows: usize, sms: usize) -> usize {
+/// [`matmul_shapes`]; each with its most rows).
+fn fp32_matmul_workspace_floats(shapes: &[MatmulShape], sms: usize) -> usize {
     shapes
         .iter()
-        .map(|&(k, n)| split_k_workspace_floats(rows, k, n, sms))
+        .map(|&shape| split_k_workspace_floats(shape, sms))
         .max()
         .unwrap_or(0)
 }
@@ -694,7 +701,7 @@ fn fp32_matmul_workspace_floats(shapes: &[(usize, usize)], rows: usize, sms: usi
 /// [`fp32_matmul_workspace_floats`] of the whole model.
 fn model_workspace_floats(config: &ModelConfig, rows: usize, sms: usize) -> usize {
     let (c, vp) = (config.channels, config.padded_vocab_size);
-    fp32_matmul_workspace_floats(&matmul_shapes(c, c, 4 * c, vp), rows, sms)
+    fp32_matmul_workspace_floats(&matmul_shapes(rows, c, c, 4 * c, vp), sms)
 }
 
 /// The matmuls' scratch memory, made once with the engine.
@@ -715,10 +722,10 @@ struct MatmulScratch {
 /// the output has too few tiles to fill the GPU.
 const TF32_SPLIT_MAX_ROWS: usize = 2048;
 
-/// Whether [`matmul`] of `n` rows and inner size `c` runs on the TF32 tensor
-/// cores (else on an FP32 kernel: GEMV for few rows).
-fn takes_tf32_path(precision: Precision, n: usize, c: usize) -> bool {
-    precision == Precision::Tf32 && choose(n) != MatmulKernel::Gemv && c.is_multiple_of(TF32_C_MULTIPLE)
+/// Whether [`matmul`] of `m` rows and inner size `k` runs on the TF32
+/// tensor cores (else on an FP32 kernel: GEMV for few rows).
+fn takes_tf32_path(precision: Precision, m: usize, k: usize) -> bool {
+    precision == Precision::Tf32 && choose(m) != MatmulKernel::Gemv && k.is_multiple_of(TF32_C_MULTIPLE)
 }
 
 /// Layernorm, its output rounded to TF32 when `round` (for a TF32 matmul).
@@ -757,15 +764,13 @@ fn matmul(
     (weight, weight_tf32, inp_rounded): (WeightRef<'_>, Option<&CudaSlice<f32>>, bool),
     round_out: bool,
     bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), OpError> {
     let weight = match weight {
-        WeightRef::Bf16(w) => return matmul_forward_bf16(gpu, out, inp, w, bias, n, c, oc, false),
+        WeightRef::Bf16(w) => return matmul_forward_bf16(gpu, out, inp, w, bias, shape, false),
         WeightRef::F32(w) => w,
     };
-    if takes_tf32_path(precision, n, c) {
+    if takes_tf32_path(precision, shape.m, shape.k) {
         let opts = Tf32Options {
             gelu: false,
             inp_rounded,
@@ -773,12 +778,12 @@ fn matmul(
             split_workspace: ws.tf32_split.as_mut(),
         };
         let w = weight_tf32.unwrap_or(weight);
-        return matmul_forward_tf32_opts(gpu, opts, out, inp, w, bias, n, c, oc)
+        return matmul_forward_tf32_opts(gpu, opts, out, inp, w, bias, shape)
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
     }
-    if ws.fp32_tensor_cores && choose(n) != MatmulKernel::Gemv && c.is_multiple_of(TF32_C_MULTIPLE) {
+    if ws.fp32_tensor_cores && choose(shape.m) != MatmulKernel::Gemv && shape.k.is_multiple_of(TF32_C_MULTIPLE) {
         let partial = Some(ws.fp32.partial_mut());
-        return matmul_forward_fp32_tc(gpu, partial, out, inp, weight, bias, n, c, oc, false)
+        return matmul_forward_fp32_tc(gpu, partial, out, inp, weight, bias, shape, false)
             .map_err(|e| OpError::shape("matmul_forward_fp32_tc", e.to_string()));
     }
     matmul_forward_ws(
@@ -789,16 +794,13 @@ fn matmul(
         inp,
         weight,
         bias,
-        n,
-        c,
-        oc,
+        shape,
         &mut ws.fp32,
     )
 }
 
 /// The LM head's input rows: all of `ln` (`b * t` rows of `c`), or the last
 /// position of each of the `b` sequences, gathered into `head_in`.
-#[allow(clippy::too_many_arguments)]
 fn head_rows<'a, T: DeviceRepr>(
     gpu: &Gpu,
     heads: Heads<'_>,
@@ -853,16 +855,13 @@ impl Heads<'_> {
 /// A linear layer on bf16 activations ([`Bf16Acts`]): the bf16 `wgmma`
 /// matmul, which needs bf16 weights (an engine with bf16 activations has
 /// them: [`bf16_acts`]).
-#[allow(clippy::too_many_arguments)]
 fn matmul_bf16_acts(
     gpu: &Gpu,
     out: Bf16Out<'_>,
     inp: &CudaSlice<bf16>,
     weight: WeightRef<'_>,
     bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
     let WeightRef::Bf16(w) = weight else {
@@ -871,7 +870,7 @@ fn matmul_bf16_acts(
             "bf16 activations need bf16 weights",
         ));
     };
-    matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, n, c, oc, gelu)
+    matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, shape, gelu)
 }
 
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
@@ -1001,7 +1000,15 @@ impl GpuEngine {
             match a16.as_deref_mut() {
                 Some(x) => {
                     let out = Bf16Out::F32(&mut a.qkv);
-                    matmul_bf16_acts(gpu, out, &x.ln, lw.qkvw.as_ref(), Some(&lw.qkvb), n, c, 3 * c, false)?
+                    matmul_bf16_acts(
+                        gpu,
+                        out,
+                        &x.ln,
+                        lw.qkvw.as_ref(),
+                        Some(&lw.qkvb),
+                        MatmulShape::new(n, 3 * c, c),
+                        false,
+                    )?
                 }
                 None => matmul(
                     gpu,
@@ -1012,9 +1019,7 @@ impl GpuEngine {
                     (lw.qkvw.as_ref(), rounded(0), round_acts),
                     round_acts,
                     Some(&lw.qkvb),
-                    n,
-                    c,
-                    3 * c,
+                    MatmulShape::new(n, 3 * c, c),
                 )?,
             }
             // Whether attention wrote its output as the bf16 acts' copy itself.
@@ -1099,9 +1104,7 @@ impl GpuEngine {
                         &x.atty,
                         lw.attprojw.as_ref(),
                         Some(&lw.attprojb),
-                        n,
-                        c,
-                        c,
+                        MatmulShape::new(n, c, c),
                         false,
                     )?
                 }
@@ -1114,9 +1117,7 @@ impl GpuEngine {
                     (lw.attprojw.as_ref(), rounded(1), false),
                     false,
                     Some(&lw.attprojb),
-                    n,
-                    c,
-                    c,
+                    MatmulShape::new(n, c, c),
                 )?,
             }
             let (res, proj) = (&mut a.residual2, &a.proj);
@@ -1135,11 +1136,19 @@ impl GpuEngine {
                 (fcw @ WeightRef::Bf16(_), _) if a16.is_some() => {
                     let x = a16.as_deref_mut().expect("checked by the guard");
                     let out = Bf16Out::Bf16(&mut x.fch_gelu);
-                    matmul_bf16_acts(gpu, out, &x.ln, fcw, Some(&lw.fcb), n, c, 4 * c, true)?
+                    matmul_bf16_acts(gpu, out, &x.ln, fcw, Some(&lw.fcb), MatmulShape::new(n, 4 * c, c), true)?
                 }
                 // bf16: fc and GELU in one kernel.
                 (WeightRef::Bf16(fcw), _) => {
-                    matmul_forward_bf16(gpu, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c, true)?;
+                    matmul_forward_bf16(
+                        gpu,
+                        &mut a.fch_gelu,
+                        &a.ln,
+                        fcw,
+                        Some(&lw.fcb),
+                        MatmulShape::new(n, 4 * c, c),
+                        true,
+                    )?;
                 }
                 // On the wgmma path: fc, GELU and the rounding fcproj wants, in one kernel.
                 (_, Some(fcw)) => {
@@ -1149,12 +1158,30 @@ impl GpuEngine {
                         round_out: true,
                         split_workspace: None,
                     };
-                    matmul_forward_tf32_opts(gpu, opts, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c)
-                        .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
+                    matmul_forward_tf32_opts(
+                        gpu,
+                        opts,
+                        &mut a.fch_gelu,
+                        &a.ln,
+                        fcw,
+                        Some(&lw.fcb),
+                        MatmulShape::new(n, 4 * c, c),
+                    )
+                    .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
                 }
                 (fcw, None) => {
                     let fcw = (fcw, rounded(2), false);
-                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fcw, false, Some(&lw.fcb), n, c, 4 * c)?;
+                    matmul(
+                        gpu,
+                        prec,
+                        ws,
+                        &mut a.fch,
+                        &a.ln,
+                        fcw,
+                        false,
+                        Some(&lw.fcb),
+                        MatmulShape::new(n, 4 * c, c),
+                    )?;
                     gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
                 }
             }
@@ -1167,9 +1194,7 @@ impl GpuEngine {
                         &x.fch_gelu,
                         lw.fcprojw.as_ref(),
                         Some(&lw.fcprojb),
-                        n,
-                        4 * c,
-                        c,
+                        MatmulShape::new(n, c, 4 * c),
                         false,
                     )?
                 }
@@ -1182,9 +1207,7 @@ impl GpuEngine {
                     (lw.fcprojw.as_ref(), rounded(3), round_acts),
                     false,
                     Some(&lw.fcprojb),
-                    n,
-                    4 * c,
-                    c,
+                    MatmulShape::new(n, c, 4 * c),
                 )?,
             }
             // The residual stream, and the layernorm that reads it next.
@@ -1214,12 +1237,30 @@ impl GpuEngine {
             Some(x) => {
                 let head_in = head_rows(gpu, heads, &x.ln, &mut x.head_in, c)?;
                 let out = Bf16Out::F32(&mut a.logits);
-                matmul_bf16_acts(gpu, out, head_in, p.wte.as_ref(), None, rows, c, vp, false)?;
+                matmul_bf16_acts(
+                    gpu,
+                    out,
+                    head_in,
+                    p.wte.as_ref(),
+                    None,
+                    MatmulShape::new(rows, vp, c),
+                    false,
+                )?;
             }
             None => {
                 let head_in = head_rows(gpu, heads, &a.ln, &mut a.head_in, c)?;
                 let head_w = (p.wte.as_ref(), tf32.map(|t| &t.wte), round_head);
-                matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, rows, c, vp)?;
+                matmul(
+                    gpu,
+                    prec,
+                    ws,
+                    &mut a.logits,
+                    head_in,
+                    head_w,
+                    false,
+                    None,
+                    MatmulShape::new(rows, vp, c),
+                )?;
             }
         }
         self.last = Some(Last { b, rows });

@@ -16,6 +16,7 @@
 //! (3xTF32 tensor cores beyond the GEMV's rows, as [`GpuEngine`] by
 //! default). See docs/performance.md for where it pays.
 
+use gpu_host::shape::MatmulShape;
 use std::collections::HashMap;
 
 use anyhow::{Context, Result, ensure};
@@ -208,8 +209,8 @@ impl Rank {
             ),
             false => None,
         };
-        let shapes = matmul_shapes(c, cr, hr, vr);
-        let floats = fp32_matmul_workspace_floats(&shapes, rows, gpu.sm_count());
+        let shapes = matmul_shapes(rows, c, cr, hr, vr);
+        let floats = fp32_matmul_workspace_floats(&shapes, gpu.sm_count());
         let matmul_ws = MatmulScratch {
             fp32: MatmulWorkspace::new(&gpu, floats).with_context(|| oom("the matmul workspace"))?,
             fp32_tensor_cores: true,
@@ -251,7 +252,17 @@ impl Rank {
         oc: usize,
     ) -> Result<()> {
         let weight = (WeightRef::F32(w), None, false);
-        matmul(gpu, Precision::Fp32, ws, out, inp, weight, false, bias, n, k, oc)?;
+        matmul(
+            gpu,
+            Precision::Fp32,
+            ws,
+            out,
+            inp,
+            weight,
+            false,
+            bias,
+            MatmulShape::new(n, oc, k),
+        )?;
         Ok(())
     }
 }

@@ -1,0 +1,52 @@
+//! The sizes of an op's call, named, in one `Copy` value: what the launch
+//! wrappers of [`ops`](crate::ops) take instead of lists of bare `usize`s,
+//! and what their CPU twins (the `host` crate's `cpu::ops`) take too, so a
+//! wrapper and its twin read the same fields in the same argument position.
+//!
+//! These are host-side types: the kernels see sizes only through their
+//! `#[repr(C)]` parameter structs in `gpu_kernels::params`, which the
+//! wrappers fill from a shape (and which keep llm.c's field names: a
+//! matmul's `n, c, oc` there are [`MatmulShape`]'s `m, k, n`).
+
+/// A matmul `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`, weights
+/// stored (out, in) like llm.c and PyTorch's `nn.Linear`.
+///
+/// The one order of the three sizes everywhere in this workspace, BLAS's
+/// and the tune cache's `"M,N,K"`: `m` rows of the input and the output
+/// (tokens), `n` output columns (out features, rows of `weight`), `k` the
+/// inner size (in features).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulShape {
+    /// Rows of `inp` and `out`.
+    pub m: usize,
+    /// Columns of `out`: rows of `weight`, entries of `bias`.
+    pub n: usize,
+    /// The inner size: columns of `inp` and of `weight`.
+    pub k: usize,
+}
+
+impl MatmulShape {
+    pub const fn new(m: usize, n: usize, k: usize) -> Self {
+        MatmulShape { m, n, k }
+    }
+
+    /// The same matmul over `m` rows (the same weights, another batch).
+    pub const fn with_rows(self, m: usize) -> Self {
+        MatmulShape { m, ..self }
+    }
+
+    /// Elements of `out`: `m * n`.
+    pub const fn out_len(self) -> usize {
+        self.m * self.n
+    }
+
+    /// Elements of `inp`: `m * k`.
+    pub const fn inp_len(self) -> usize {
+        self.m * self.k
+    }
+
+    /// Elements of `weight`: `n * k`.
+    pub const fn weight_len(self) -> usize {
+        self.n * self.k
+    }
+}
