@@ -11,8 +11,9 @@
 //!   bf16, flash attention, softmax, GELU, residual, ...): each checks the
 //!   buffer sizes, computes its launch configuration in one place and
 //!   launches.
-//! - [`shape`]: the sizes of an op's call as one value ([`MatmulShape`]),
-//!   shared with the ops' CPU twins.
+//! - [`shape`]: the sizes of an op's call as one value ([`MatmulShape`],
+//!   [`RowShape`], [`EncoderShape`], [`AttentionShape`]), shared with the
+//!   ops' CPU twins.
 //! - `nccl` (feature `nccl`): collectives (all-reduce, all-gather) across
 //!   the GPUs of one process, on their [`Gpu`]s' streams.
 //!
@@ -45,7 +46,7 @@ pub mod runtime;
 pub mod shape;
 
 pub use runtime::{Gpu, GpuError, Module, require_gpu_env, test_gpu};
-pub use shape::MatmulShape;
+pub use shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 
 /// The `cudarc` this crate is built on: buffers, launch configurations and
 /// driver types, at the version the ops take.

@@ -50,3 +50,60 @@ impl MatmulShape {
         self.n * self.k
     }
 }
+
+/// `rows` independent rows of `c` channels each: the shape of the row-wise
+/// ops (layernorm, the fused residual + layernorm, the per-row encoder).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowShape {
+    pub rows: usize,
+    pub c: usize,
+}
+
+impl RowShape {
+    pub const fn new(rows: usize, c: usize) -> Self {
+        RowShape { rows, c }
+    }
+
+    /// Elements of a `[rows, c]` buffer.
+    pub const fn len(self) -> usize {
+        self.rows * self.c
+    }
+
+    /// Whether there is nothing to compute (no rows or no channels).
+    pub const fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The encoder's call: `b` sequences of `t` positions from `pos0`, `c`
+/// channels (`out` is `[b, t, c]`, token ids `[b, t]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EncoderShape {
+    pub b: usize,
+    pub t: usize,
+    pub c: usize,
+    /// Position of each sequence's first token.
+    pub pos0: usize,
+}
+
+/// The problem of one attention call: `b` sequences of `t` new positions
+/// from `pos0`, caches of `max_t` positions, `c` channels in `nh` heads,
+/// each query seeing its last `window` keys (0: all). Taken by the unfused
+/// and the flash kernels' wrappers and by the CPU twin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionShape {
+    pub b: usize,
+    pub t: usize,
+    pub pos0: usize,
+    pub max_t: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub window: usize,
+}
+
+impl AttentionShape {
+    /// Channels per head, `c / nh` (0 without heads).
+    pub fn head_size(self) -> usize {
+        self.c.checked_div(self.nh).unwrap_or(0)
+    }
+}

@@ -9,7 +9,7 @@
 pub mod skip;
 
 use cudarc::driver::CudaSlice;
-use gpu_host::shape::MatmulShape;
+use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 use host::cpu::ops as cpu;
 use host::gpu::Gpu;
 use host::gpu::ops::argmax::{argmax_forward, argmax_forward_values};
@@ -126,7 +126,7 @@ fn encoder_matches_cpu() {
         let wpe = random_vec(max_t * c, 1.0);
         let ids: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..vocab as u32)).collect();
         let mut want = vec![0f32; b * t * c];
-        cpu::encoder_forward(&mut want, &ids, &wte, &wpe, b, t, c, pos0);
+        cpu::encoder_forward(&mut want, &ids, &wte, &wpe, EncoderShape { b, t, c, pos0 });
         let (dwte, dwpe, dids) = (
             gpu.upload(&wte).unwrap(),
             gpu.upload(&wpe).unwrap(),
@@ -134,7 +134,7 @@ fn encoder_matches_cpu() {
         );
         for v in VARIANTS {
             let mut out = poisoned(&gpu, b * t * c);
-            encoder_forward_variant(&gpu, v, &mut out, &dids, &dwte, &dwpe, b, t, c, pos0).unwrap();
+            encoder_forward_variant(&gpu, v, &mut out, &dids, &dwte, &dwpe, EncoderShape { b, t, c, pos0 }).unwrap();
             check(
                 &format!("encoder {v:?} b={b} t={t} c={c} pos0={pos0}"),
                 &down(&gpu, &out),
@@ -158,9 +158,29 @@ fn encoder_rejects_short_buffers_and_guards_bad_ids() {
     let ids = gpu.upload(&[3u32, 99]).unwrap();
     let mut out = poisoned(&gpu, 2 * c);
     // positions past the table: an error, not a read out of bounds
-    assert!(encoder_forward_variant(&gpu, Variant::Best, &mut out, &ids, &wte, &wpe, 1, 2, c, 3).is_err());
+    assert!(
+        encoder_forward_variant(
+            &gpu,
+            Variant::Best,
+            &mut out,
+            &ids,
+            &wte,
+            &wpe,
+            EncoderShape { b: 1, t: 2, c, pos0: 3 }
+        )
+        .is_err()
+    );
     // an id past wte gives a NaN row, the other row is right
-    encoder_forward_variant(&gpu, Variant::Best, &mut out, &ids, &wte, &wpe, 1, 2, c, 0).unwrap();
+    encoder_forward_variant(
+        &gpu,
+        Variant::Best,
+        &mut out,
+        &ids,
+        &wte,
+        &wpe,
+        EncoderShape { b: 1, t: 2, c, pos0: 0 },
+    )
+    .unwrap();
     let got = down(&gpu, &out);
     assert!(got[..c].iter().all(|x| x.is_finite()) && got[c..].iter().all(|x| x.is_nan()));
 }
@@ -186,7 +206,7 @@ fn layernorm_matches_cpu() {
         let inp: Vec<f32> = random_vec(n * c, 2.0).iter().map(|x| x + 10.0).collect();
         let (w, bias) = (random_vec(c, 1.0), random_vec(c, 1.0));
         let mut want = vec![0f32; n * c];
-        cpu::layernorm_forward(&mut want, &inp, &w, &bias, n, c);
+        cpu::layernorm_forward(&mut want, &inp, &w, &bias, RowShape::new(n, c));
         let (di, dw, db) = (
             gpu.upload(&inp).unwrap(),
             gpu.upload(&w).unwrap(),
@@ -207,7 +227,7 @@ fn layernorm_matches_cpu() {
         let conditioning = (1.0 / min_std).max(1.0) as f32;
         for v in VARIANTS {
             let mut out = poisoned(&gpu, n * c);
-            layernorm_forward_variant(&gpu, v, &mut out, &di, &dw, &db, n, c).unwrap();
+            layernorm_forward_variant(&gpu, v, &mut out, &di, &dw, &db, RowShape::new(n, c)).unwrap();
             // The naive baseline sums each row sequentially in f32 (as llm.c's
             // CPU code does), which drifts by up to ~C ulps of the sum on the
             // +10 offset used here; the optimised kernel reduces in a tree and
@@ -261,8 +281,7 @@ fn residual_layernorm_matches_cpu() {
                 &inp2[off..off + n * c],
                 &w,
                 &bias,
-                n,
-                c,
+                RowShape::new(n, c),
             );
             if round {
                 cpu::round_tf32(&mut want);
@@ -275,7 +294,18 @@ fn residual_layernorm_matches_cpu() {
             );
             let (mut res, mut out) = (poisoned(&gpu, n * c), poisoned(&gpu, n * c));
             let d2v = d2.slice(off..off + n * c);
-            residual_layernorm_forward(&gpu, round, &mut res, &mut out, &d1, &d2v, &dw, &db, n, c).unwrap();
+            residual_layernorm_forward(
+                &gpu,
+                round,
+                &mut res,
+                &mut out,
+                &d1,
+                &d2v,
+                &dw,
+                &db,
+                RowShape::new(n, c),
+            )
+            .unwrap();
             let what = format!("residual_layernorm n={n} c={c} round={round} misaligned={misaligned}");
             check(&format!("{what} (residual)"), &down(&gpu, &res), &want_res, 0.0, 0.0);
             // Rounded outputs: a last-bit difference before rounding can move
@@ -319,8 +349,7 @@ fn layernorm_bf16_out_matches_cpu() {
                 &inp2[off..off + n * c],
                 &w,
                 &bias,
-                n,
-                c,
+                RowShape::new(n, c),
             );
             let (d1, d2, dw, db) = (
                 gpu.upload(&inp1[..n * c]).unwrap(),
@@ -332,7 +361,8 @@ fn layernorm_bf16_out_matches_cpu() {
             let what = format!("n={n} c={c} misaligned={misaligned}");
             let mut res = poisoned(&gpu, n * c);
             let mut out = gpu.upload(&vec![half::bf16::NAN; n * c]).unwrap();
-            residual_layernorm_forward_bf16(&gpu, &mut res, &mut out, &d1, &d2v, &dw, &db, n, c).unwrap();
+            residual_layernorm_forward_bf16(&gpu, &mut res, &mut out, &d1, &d2v, &dw, &db, RowShape::new(n, c))
+                .unwrap();
             check(
                 &format!("residual_layernorm_bf16 {what} (residual)"),
                 &down(&gpu, &res),
@@ -347,7 +377,7 @@ fn layernorm_bf16_out_matches_cpu() {
             );
             // The unfused kernel on the same row sums (the residual above).
             let mut out = gpu.upload(&vec![half::bf16::NAN; n * c]).unwrap();
-            layernorm_forward_bf16(&gpu, &mut out, &res, &dw, &db, n, c).unwrap();
+            layernorm_forward_bf16(&gpu, &mut out, &res, &dw, &db, RowShape::new(n, c)).unwrap();
             bf16_check(&format!("layernorm_bf16 {what}"), &gpu.download(&out).unwrap(), &want);
         }
     }
@@ -793,11 +823,39 @@ fn attention_case(
     for (i, t) in std::iter::once(t0).chain(std::iter::repeat_n(1, steps)).enumerate() {
         let qkv = random_vec(b * t * 3 * c, 1.5);
         let mut want = vec![0f32; b * t * c];
-        cpu::attention_forward(&mut want, &mut ck, &mut cv, &qkv, b, t, pos0, max_t, c, nh, window);
+        cpu::attention_forward(
+            &mut want,
+            &mut ck,
+            &mut cv,
+            &qkv,
+            AttentionShape {
+                b,
+                t,
+                pos0,
+                max_t,
+                c,
+                nh,
+                window,
+            },
+        );
         let dq = gpu.upload(&qkv).unwrap();
         let mut out = poisoned(gpu, b * t * c);
         attention_forward_variant(
-            gpu, v, &mut out, &mut gk, &mut gv, &dq, b, t, pos0, max_t, c, nh, window,
+            gpu,
+            v,
+            &mut out,
+            &mut gk,
+            &mut gv,
+            &dq,
+            AttentionShape {
+                b,
+                t,
+                pos0,
+                max_t,
+                c,
+                nh,
+                window,
+            },
         )
         .unwrap();
         let what = format!("attention {v:?} b={b} t={t} pos0={pos0} c={c} nh={nh} window={window} (call {i})");
@@ -851,13 +909,15 @@ fn attention_rejects_positions_past_the_cache() {
             &mut k,
             &mut v,
             &q,
-            1,
-            3,
-            6,
-            max_t,
-            c,
-            nh,
-            0
+            AttentionShape {
+                b: 1,
+                t: 3,
+                pos0: 6,
+                max_t,
+                c,
+                nh,
+                window: 0
+            },
         )
         .is_err()
     );

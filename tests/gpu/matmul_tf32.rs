@@ -15,7 +15,7 @@
 //! docs/performance.md.
 
 use cudarc::driver::CudaSlice;
-use gpu_host::shape::MatmulShape;
+use gpu_host::shape::{MatmulShape, RowShape};
 use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, TileEngine, TileShape};
 use host::bench::{Blas, BlasMode};
 use host::cpu::ops::{matmul_forward, round_tf32};
@@ -447,7 +447,7 @@ fn layernorm_tf32_rounds_its_outputs() {
     let one_step = |v: f32| v.abs() * 2f32.powi(-10) + 1e-6;
 
     let mut want = vec![0f32; n * c];
-    host::cpu::ops::layernorm_forward(&mut want, &x, &w, &b, n, c);
+    host::cpu::ops::layernorm_forward(&mut want, &x, &w, &b, RowShape::new(n, c));
     round_tf32(&mut want);
     let (dx, dw, db) = (
         gpu.upload(&x).unwrap(),
@@ -455,7 +455,7 @@ fn layernorm_tf32_rounds_its_outputs() {
         gpu.upload(&b).unwrap(),
     );
     let mut d_out = gpu.upload(&vec![f32::NAN; n * c]).unwrap();
-    host::gpu::ops::layernorm::layernorm_forward_tf32(&gpu, &mut d_out, &dx, &dw, &db, n, c).unwrap();
+    host::gpu::ops::layernorm::layernorm_forward_tf32(&gpu, &mut d_out, &dx, &dw, &db, RowShape::new(n, c)).unwrap();
     let got = gpu.download(&d_out).unwrap();
     assert!(all_tf32(&got), "layernorm_forward_tf32 wrote values that are not TF32");
     let far = got

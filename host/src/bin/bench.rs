@@ -12,7 +12,7 @@ use clap::Parser;
 use cudarc::cublas::{Gemv, GemvConfig, sys as blas_sys};
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use gpu_host::shape::MatmulShape;
+use gpu_host::shape::{AttentionShape, MatmulShape};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::decode_step::DECODE_STEP_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
@@ -1019,10 +1019,55 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         let AttnSets { qkv, k, v: vc, out, .. } = &mut sets;
                         let (o, kc, vcc, q) = (&mut out[i], &mut k[i], &mut vc[i], &qkv[i]);
                         match v {
-                            V::Unfused => attention_forward(gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window)?,
-                            V::Naive => attention_forward_naive(gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window)?,
+                            V::Unfused => attention_forward(
+                                gpu,
+                                o,
+                                kc,
+                                vcc,
+                                q,
+                                AttentionShape {
+                                    b,
+                                    t,
+                                    pos0,
+                                    max_t,
+                                    c,
+                                    nh,
+                                    window,
+                                },
+                            )?,
+                            V::Naive => attention_forward_naive(
+                                gpu,
+                                o,
+                                kc,
+                                vcc,
+                                q,
+                                AttentionShape {
+                                    b,
+                                    t,
+                                    pos0,
+                                    max_t,
+                                    c,
+                                    nh,
+                                    window,
+                                },
+                            )?,
                             V::Flash(p) => attention_forward_flash(
-                                gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window, p, &mut ws,
+                                gpu,
+                                o,
+                                kc,
+                                vcc,
+                                q,
+                                AttentionShape {
+                                    b,
+                                    t,
+                                    pos0,
+                                    max_t,
+                                    c,
+                                    nh,
+                                    window,
+                                },
+                                p,
+                                &mut ws,
                             )?,
                             V::FlashTf32Split(_) | V::FlashBf16Stages(_) => {
                                 let prec = match v {
@@ -1030,7 +1075,22 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                                     _ => FlashPrecision::Tf32,
                                 };
                                 attention_forward_flash(
-                                    gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window, prec, &mut ws,
+                                    gpu,
+                                    o,
+                                    kc,
+                                    vcc,
+                                    q,
+                                    AttentionShape {
+                                        b,
+                                        t,
+                                        pos0,
+                                        max_t,
+                                        c,
+                                        nh,
+                                        window,
+                                    },
+                                    prec,
+                                    &mut ws,
                                 )?
                             }
                         }

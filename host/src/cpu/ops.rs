@@ -10,7 +10,7 @@
 //! Sizes are checked with `assert!`: these are internal contracts between the
 //! forward pass and its ops, not user input (the forward pass validates that).
 
-pub use gpu_host::shape::MatmulShape;
+pub use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 pub use gpu_kernels::params::crossentropy::IGNORED_TARGET;
 use rayon::prelude::*;
 
@@ -24,17 +24,8 @@ const GELU_CUBIC: f32 = 0.044_715;
 /// Token plus position embedding: `out[b, t, :] = wte[inp[b, t], :] + wpe[pos0 + t, :]`.
 ///
 /// `out` is `[B*T*C]`, `inp` `[B*T]`, `wte` `[Vp*C]`, `wpe` `[maxT*C]`.
-#[allow(clippy::too_many_arguments)]
-pub fn encoder_forward(
-    out: &mut [f32],
-    inp: &[u32],
-    wte: &[f32],
-    wpe: &[f32],
-    b: usize,
-    t: usize,
-    c: usize,
-    pos0: usize,
-) {
+pub fn encoder_forward(out: &mut [f32], inp: &[u32], wte: &[f32], wpe: &[f32], shape: EncoderShape) {
+    let EncoderShape { b, t, c, pos0 } = shape;
     assert!(out.len() >= b * t * c && inp.len() >= b * t);
     assert!(
         wpe.len() >= (pos0 + t) * c,
@@ -56,10 +47,11 @@ pub fn encoder_forward(
 }
 
 /// Token plus position embedding with a position per row: `out[r, :] =
-/// wte[inp[r], :] + wpe[min(pos[r], maxT - 1), :]` for `n` rows (a decode
-/// step over sequences at different positions; a position past the table
-/// is an idle row, clamped as the kernel does).
-pub fn encoder_forward_rows(out: &mut [f32], inp: &[u32], pos: &[u32], wte: &[f32], wpe: &[f32], n: usize, c: usize) {
+/// wte[inp[r], :] + wpe[min(pos[r], maxT - 1), :]` for `shape.rows` rows
+/// (a decode step over sequences at different positions; a position past
+/// the table is an idle row, clamped as the kernel does).
+pub fn encoder_forward_rows(out: &mut [f32], inp: &[u32], pos: &[u32], wte: &[f32], wpe: &[f32], shape: RowShape) {
+    let RowShape { rows: n, c } = shape;
     assert!(out.len() >= n * c && inp.len() >= n && pos.len() >= n && wpe.len() >= c);
     let max_pos = wpe.len() / c;
     out[..n * c].par_chunks_mut(c).enumerate().for_each(|(r, out_r)| {
@@ -112,10 +104,11 @@ pub fn kv_cache_store(
     }
 }
 
-/// Layer normalisation of each of the `n` rows of `c` channels:
-/// `out = (inp - mean) / sqrt(var + eps) * weight + bias`, biased variance,
-/// eps = [`LAYERNORM_EPS`].
-pub fn layernorm_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], n: usize, c: usize) {
+/// Layer normalisation of each of the `shape.rows` rows of `shape.c`
+/// channels: `out = (inp - mean) / sqrt(var + eps) * weight + bias`, biased
+/// variance, eps = [`LAYERNORM_EPS`].
+pub fn layernorm_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], shape: RowShape) {
+    let RowShape { rows: n, c } = shape;
     assert!(out.len() >= n * c && inp.len() >= n * c && weight.len() >= c && bias.len() >= c);
     out[..n * c]
         .par_chunks_mut(c)
@@ -135,7 +128,6 @@ pub fn layernorm_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f
 
 /// `residual = inp1 + inp2`, then `out = layernorm(residual)`: the GPU's
 /// fused kernel, here plainly the two ops in turn.
-#[allow(clippy::too_many_arguments)]
 pub fn residual_layernorm_forward(
     residual: &mut [f32],
     out: &mut [f32],
@@ -143,11 +135,10 @@ pub fn residual_layernorm_forward(
     inp2: &[f32],
     weight: &[f32],
     bias: &[f32],
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) {
-    residual_forward(residual, inp1, inp2, n * c);
-    layernorm_forward(out, residual, weight, bias, n, c);
+    residual_forward(residual, inp1, inp2, shape.len());
+    layernorm_forward(out, residual, weight, bias, shape);
 }
 
 /// Number of independent partial sums per dot product. Several accumulators
@@ -241,20 +232,22 @@ fn dot_tile<const R: usize>(sums: &mut [f32; R], inp: &[f32], w: &[f32], k: usiz
 /// of this call's tokens are stored at positions `pos0..pos0+t`; then each
 /// query at absolute position `p` attends to the keys `max(0, p-window+1)..=p`
 /// (`window == 0`: all of `0..=p`) with scale `1/sqrt(HS)`.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward(
     out: &mut [f32],
     k_cache: &mut [f32],
     v_cache: &mut [f32],
     qkv: &[f32],
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
 ) {
+    let AttentionShape {
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    } = shape;
     let hs = c / nh;
     assert!(hs * nh == c, "channels {c} not divisible by heads {nh}");
     assert!(

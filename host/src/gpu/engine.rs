@@ -14,7 +14,7 @@
 
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gpu_host::shape::MatmulShape;
+use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
@@ -32,7 +32,7 @@ use crate::gpu::ops::crossentropy::crossentropy_forward;
 use crate::gpu::ops::decode::{DecodeLaunch, decode_attention};
 use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_forward_rows};
 use crate::gpu::ops::flash_attention::{
-    AttentionShape, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+    FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
 };
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::kv_cache::kv_cache_store;
@@ -729,7 +729,6 @@ fn takes_tf32_path(precision: Precision, m: usize, k: usize) -> bool {
 }
 
 /// Layernorm, its output rounded to TF32 when `round` (for a TF32 matmul).
-#[allow(clippy::too_many_arguments)]
 fn layernorm(
     gpu: &Gpu,
     round: bool,
@@ -737,13 +736,12 @@ fn layernorm(
     inp: &CudaSlice<f32>,
     weight: &CudaSlice<f32>,
     bias: &CudaSlice<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
     if round {
-        layernorm_forward_tf32(gpu, out, inp, weight, bias, n, c)
+        layernorm_forward_tf32(gpu, out, inp, weight, bias, shape)
     } else {
-        layernorm_forward(gpu, out, inp, weight, bias, n, c)
+        layernorm_forward(gpu, out, inp, weight, bias, shape)
     }
 }
 
@@ -885,13 +883,7 @@ fn attention(
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &CudaSlice<f32>,
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
 ) -> Result<()> {
     match flash {
         Some(ws) => {
@@ -902,11 +894,9 @@ fn attention(
                 Precision::Bf16 => FlashPrecision::Bf16,
                 Precision::Fp32 => FlashPrecision::Fp32,
             };
-            attention_forward_flash(
-                gpu, out, k_cache, v_cache, qkv, b, t, pos0, max_t, c, nh, window, fp, ws,
-            )?
+            attention_forward_flash(gpu, out, k_cache, v_cache, qkv, shape, fp, ws)?
         }
-        None => attention_forward(gpu, out, k_cache, v_cache, qkv, b, t, pos0, max_t, c, nh, window)?,
+        None => attention_forward(gpu, out, k_cache, v_cache, qkv, shape)?,
     }
     Ok(())
 }
@@ -925,6 +915,8 @@ impl GpuEngine {
         let cfg = self.config;
         let (c, nh, vp) = (cfg.channels, cfg.num_heads, cfg.padded_vocab_size);
         let n = b * t;
+        // Every row-wise op of the call (layernorms, the per-row encoder).
+        let row_shape = RowShape::new(n, c);
         ensure!(
             n <= self.max_rows,
             "a forward call of {n} positions exceeds the {} this engine holds activations for",
@@ -971,14 +963,24 @@ impl GpuEngine {
         let round_head = tf32.is_some() && takes_tf32_path(prec, rows, c);
 
         match (place, p.wte.as_ref(), per_row.as_deref()) {
-            (Placement::Shared { pos0, .. }, WeightRef::F32(wte), _) => {
-                encoder_forward(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?
-            }
-            (Placement::Shared { pos0, .. }, WeightRef::Bf16(wte), _) => {
-                encoder_forward_bf16(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?
-            }
+            (Placement::Shared { pos0, .. }, WeightRef::F32(wte), _) => encoder_forward(
+                gpu,
+                &mut a.residual,
+                &a.tokens,
+                wte,
+                &p.wpe,
+                EncoderShape { b, t, c, pos0 },
+            )?,
+            (Placement::Shared { pos0, .. }, WeightRef::Bf16(wte), _) => encoder_forward_bf16(
+                gpu,
+                &mut a.residual,
+                &a.tokens,
+                wte,
+                &p.wpe,
+                EncoderShape { b, t, c, pos0 },
+            )?,
             (Placement::PerRow | Placement::Chunks, wte, Some(s)) => {
-                encoder_forward_rows(gpu, &mut a.residual, &a.tokens, &s.pos, wte, &p.wpe, n, c)?
+                encoder_forward_rows(gpu, &mut a.residual, &a.tokens, &s.pos, wte, &p.wpe, row_shape)?
             }
             (Placement::PerRow | Placement::Chunks, _, None) => anyhow::bail!("the slot state is missing"),
         }
@@ -991,8 +993,16 @@ impl GpuEngine {
         let mut a16 = a.bf16.as_mut();
         let first = p.layers.first().context("the model has no layers")?;
         match a16.as_deref_mut() {
-            Some(x) => layernorm_forward_bf16(gpu, &mut x.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?,
-            None => layernorm(gpu, round_acts, &mut a.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?,
+            Some(x) => layernorm_forward_bf16(gpu, &mut x.ln, &a.residual, &first.ln1w, &first.ln1b, row_shape)?,
+            None => layernorm(
+                gpu,
+                round_acts,
+                &mut a.ln,
+                &a.residual,
+                &first.ln1w,
+                &first.ln1b,
+                row_shape,
+            )?,
         }
         for (li, (lw, (k_cache, v_cache))) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
             let rounded = |i: usize| tf32.map(|t| &t.layers[li][i]);
@@ -1029,41 +1039,24 @@ impl GpuEngine {
                     // The call's rows are cache rows row0..row0 + b.
                     let rows = row0 * c * self.max_seq_len..(row0 + b) * c * self.max_seq_len;
                     let (k, v) = (&mut k_cache.slice_mut(rows.clone()), &mut v_cache.slice_mut(rows));
+                    let shape = AttentionShape {
+                        b,
+                        t,
+                        pos0,
+                        max_t: self.max_seq_len,
+                        c,
+                        nh,
+                        window: self.window,
+                    };
                     match (a16.as_deref_mut(), flash.as_deref_mut()) {
                         // A bf16 prefill: the kernel writes the attention
                         // projection's bf16 input directly (no f32 output, no
                         // conversion pass).
                         (Some(x), Some(ws)) if t > FLASH_DECODE_MAX_T as usize => {
-                            let max_t = self.max_seq_len;
-                            let window = self.window;
-                            let shape = AttentionShape {
-                                b,
-                                t,
-                                pos0,
-                                max_t,
-                                c,
-                                nh,
-                                window,
-                            };
                             attention_forward_flash_bf16_out(gpu, &mut x.atty, k, v, &a.qkv, shape, ws)?;
                             atty_in_bf16 = true;
                         }
-                        (_, ws) => attention(
-                            gpu,
-                            ws,
-                            prec,
-                            &mut a.atty,
-                            k,
-                            v,
-                            &a.qkv,
-                            b,
-                            t,
-                            pos0,
-                            self.max_seq_len,
-                            c,
-                            nh,
-                            self.window,
-                        )?,
+                        (_, ws) => attention(gpu, ws, prec, &mut a.atty, k, v, &a.qkv, shape)?,
                     }
                 }
                 (Placement::PerRow | Placement::Chunks, Some(s)) => {
@@ -1122,12 +1115,29 @@ impl GpuEngine {
             }
             let (res, proj) = (&mut a.residual2, &a.proj);
             match a16.as_deref_mut() {
-                Some(x) => {
-                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual, proj, &lw.ln2w, &lw.ln2b, n, c)?
-                }
+                Some(x) => residual_layernorm_forward_bf16(
+                    gpu,
+                    res,
+                    &mut x.ln,
+                    &a.residual,
+                    proj,
+                    &lw.ln2w,
+                    &lw.ln2b,
+                    row_shape,
+                )?,
                 None => {
                     let ln = &mut a.ln;
-                    residual_layernorm_forward(gpu, round_acts, res, ln, &a.residual, proj, &lw.ln2w, &lw.ln2b, n, c)?
+                    residual_layernorm_forward(
+                        gpu,
+                        round_acts,
+                        res,
+                        ln,
+                        &a.residual,
+                        proj,
+                        &lw.ln2w,
+                        &lw.ln2b,
+                        row_shape,
+                    )?
                 }
             }
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x)))), ln2(x) in a.ln
@@ -1218,11 +1228,11 @@ impl GpuEngine {
             let (res, proj) = (&mut a.residual, &a.proj);
             match a16.as_deref_mut() {
                 Some(x) => {
-                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual2, proj, next_w, next_b, n, c)?
+                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual2, proj, next_w, next_b, row_shape)?
                 }
                 None => {
                     let ln = &mut a.ln;
-                    residual_layernorm_forward(gpu, round_next, res, ln, &a.residual2, proj, next_w, next_b, n, c)?
+                    residual_layernorm_forward(gpu, round_next, res, ln, &a.residual2, proj, next_w, next_b, row_shape)?
                 }
             }
         }

@@ -16,7 +16,7 @@
 //! (3xTF32 tensor cores beyond the GEMV's rows, as [`GpuEngine`] by
 //! default). See docs/performance.md for where it pays.
 
-use gpu_host::shape::MatmulShape;
+use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 use std::collections::HashMap;
 
 use anyhow::{Context, Result, ensure};
@@ -436,9 +436,14 @@ impl TpEngine {
         for r in &mut self.ranks {
             let (gpu, p, a) = (&r.gpu, &r.params, &mut r.acts);
             match (place, r.step.as_ref()) {
-                (Place::Shared { pos0 }, _) => {
-                    encoder_forward(gpu, &mut a.residual, &a.tokens, &p.wte, &p.wpe, b, t, c, pos0)?
-                }
+                (Place::Shared { pos0 }, _) => encoder_forward(
+                    gpu,
+                    &mut a.residual,
+                    &a.tokens,
+                    &p.wte,
+                    &p.wpe,
+                    EncoderShape { b, t, c, pos0 },
+                )?,
                 (Place::PerRow, Some(s)) => encoder_forward_rows(
                     gpu,
                     &mut a.residual,
@@ -446,13 +451,19 @@ impl TpEngine {
                     &s.pos,
                     WeightRef::F32(&p.wte),
                     &p.wpe,
-                    n,
-                    c,
+                    RowShape::new(n, c),
                 )?,
                 (Place::PerRow, None) => anyhow::bail!("no per-row decode state"),
             }
             let first = p.layers.first().context("the model has no layers")?;
-            layernorm_forward(gpu, &mut a.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?;
+            layernorm_forward(
+                gpu,
+                &mut a.ln,
+                &a.residual,
+                &first.ln1w,
+                &first.ln1b,
+                RowShape::new(n, c),
+            )?;
         }
         for li in 0..cfg.num_layers {
             // Attention over each rank's heads, then its share of the projection.
@@ -468,7 +479,22 @@ impl TpEngine {
                         let (flash, out) = (r.flash.as_mut(), &mut a.atty);
                         let prec = Precision::Fp32;
                         attention(
-                            gpu, flash, prec, out, &mut k, &mut v, &a.qkv, b, t, pos0, max_t, cr, nhr, 0,
+                            gpu,
+                            flash,
+                            prec,
+                            out,
+                            &mut k,
+                            &mut v,
+                            &a.qkv,
+                            AttentionShape {
+                                b,
+                                t,
+                                pos0,
+                                max_t,
+                                c: cr,
+                                nh: nhr,
+                                window: 0,
+                            },
                         )?;
                     }
                     (Place::PerRow, Some(s)) => {
@@ -510,7 +536,17 @@ impl TpEngine {
                 let (gpu, lw, a, ws) = (&r.gpu, &r.params.layers[li], &mut r.acts, &mut r.matmul_ws);
                 let hr = r.shard.hidden.len();
                 let (res, ln) = (&mut a.residual2, &mut a.ln);
-                residual_layernorm_forward(gpu, false, res, ln, &a.residual, &a.proj, &lw.ln2w, &lw.ln2b, n, c)?;
+                residual_layernorm_forward(
+                    gpu,
+                    false,
+                    res,
+                    ln,
+                    &a.residual,
+                    &a.proj,
+                    &lw.ln2w,
+                    &lw.ln2b,
+                    RowShape::new(n, c),
+                )?;
                 Rank::linear(gpu, ws, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, hr)?;
                 gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * hr)?;
                 Rank::linear(
@@ -534,7 +570,7 @@ impl TpEngine {
                     None => (&p.lnfw, &p.lnfb),
                 };
                 let (res, ln) = (&mut a.residual, &mut a.ln);
-                residual_layernorm_forward(gpu, false, res, ln, &a.residual2, &a.proj, w, bias, n, c)?;
+                residual_layernorm_forward(gpu, false, res, ln, &a.residual2, &a.proj, w, bias, RowShape::new(n, c))?;
             }
         }
         let rows = match want {
