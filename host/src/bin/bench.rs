@@ -492,9 +492,7 @@ fn decode_gemv_bench(
         WeightRef::F32(w),
         bias,
         output,
-        rows,
-        c,
-        oc,
+        MatmulShape::new(rows, oc, c),
     )?;
     Ok(())
 }
