@@ -12,8 +12,8 @@
 //!   buffer sizes, computes its launch configuration in one place and
 //!   launches.
 //! - [`shape`]: the sizes of an op's call as one value ([`MatmulShape`],
-//!   [`RowShape`], [`EncoderShape`], [`AttentionShape`]), shared with the
-//!   ops' CPU twins.
+//!   [`RowShape`], [`EncoderShape`], [`AttentionShape`], [`KvCacheShape`]),
+//!   shared with the ops' CPU twins.
 //! - `nccl` (feature `nccl`): collectives (all-reduce, all-gather) across
 //!   the GPUs of one process, on their [`Gpu`]s' streams.
 //!
@@ -46,7 +46,7 @@ pub mod runtime;
 pub mod shape;
 
 pub use runtime::{Gpu, GpuError, Module, require_gpu_env, test_gpu};
-pub use shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
+pub use shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
 
 /// The `cudarc` this crate is built on: buffers, launch configurations and
 /// driver types, at the version the ops take.

@@ -86,6 +86,17 @@ pub struct EncoderShape {
     pub pos0: usize,
 }
 
+/// A decode step's rows of `qkv` stored into one layer's KV caches: `rows`
+/// rows of `c` channels in `nh` heads, caches of `max_t` positions
+/// (`kv_cache_store`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvCacheShape {
+    pub rows: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub max_t: usize,
+}
+
 /// The problem of one attention call: `b` sequences of `t` new positions
 /// from `pos0`, caches of `max_t` positions, `c` channels in `nh` heads,
 /// each query seeing its last `window` keys (0: all). Taken by the unfused

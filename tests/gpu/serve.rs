@@ -5,7 +5,7 @@
 //! reference doing the same; the device sampler with per-row streams
 //! against its CPU twin on the same logits.
 
-use gpu_host::shape::RowShape;
+use gpu_host::shape::{KvCacheShape, RowShape};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::sample::SampleRow;
 use half::bf16;
@@ -287,28 +287,16 @@ fn kv_cache_store_matches_cpu() {
     let dqkv = gpu.upload(&qkv).unwrap();
     // One call on both sides over caches of `rows` random rows; `map`:
     // each row's cache row (None: row r is cache row r).
+    let shape = KvCacheShape { rows: n, c, nh, max_t };
     let both = |what: &str, pos: &[u32], map: Option<&[u32]>, rows: usize| {
         let (mut kc, mut vc) = (random_vec(rows * c * max_t, 1.0), random_vec(rows * c * max_t, 1.0));
         let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
         let dpos = gpu.upload(pos).unwrap();
         let dmap = map.map(|m| gpu.upload(m).unwrap());
         let mut dq = poisoned(&gpu, n * c);
-        kv_cache_store(
-            &gpu,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-            &dqkv,
-            &dpos,
-            dmap.as_ref(),
-            n,
-            c,
-            nh,
-            max_t,
-        )
-        .unwrap();
+        kv_cache_store(&gpu, &mut dq, &mut dk, &mut dv, &dqkv, &dpos, dmap.as_ref(), shape).unwrap();
         let mut q = vec![0f32; n * c];
-        host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, pos, map, n, c, nh, max_t);
+        host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, pos, map, shape);
         check(&format!("{what} q"), &down(&gpu, &dq), &q, 0.0, 0.0);
         check(&format!("{what} k"), &down(&gpu, &dk), &kc, 0.0, 0.0);
         check(&format!("{what} v"), &down(&gpu, &dv), &vc, 0.0, 0.0);

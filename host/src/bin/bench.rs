@@ -473,9 +473,7 @@ fn decode_gemv_bench(
     inp: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     bias: Option<&CudaSlice<f32>>,
-    rows: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> anyhow::Result<()> {
     let output = DecodeOutput::Rows {
         out,
@@ -492,7 +490,7 @@ fn decode_gemv_bench(
         WeightRef::F32(w),
         bias,
         output,
-        MatmulShape::new(rows, oc, c),
+        shape,
     )?;
     Ok(())
 }
@@ -705,7 +703,7 @@ fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
             cublas: false,
             takes: |rows| rows <= DECODE_MAX_ROWS as usize,
             launch: Box::new(move |out, inp, w, bias, rows, c, oc| {
-                decode_gemv_bench(gpu, decode_ws, pdl, out, inp, w, bias, rows, c, oc)
+                decode_gemv_bench(gpu, decode_ws, pdl, out, inp, w, bias, MatmulShape::new(rows, oc, c))
             }),
         }),
     );

@@ -14,7 +14,7 @@
 
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
+use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
@@ -1064,7 +1064,8 @@ impl GpuEngine {
                     let max_t = self.max_seq_len;
                     let cache_row = (place == Placement::Chunks).then_some(&s.cache_row);
                     let pos = &s.pos;
-                    kv_cache_store(gpu, &mut s.q, k_cache, v_cache, &a.qkv, pos, cache_row, n, c, nh, max_t)?;
+                    let shape = KvCacheShape { rows: n, c, nh, max_t };
+                    kv_cache_store(gpu, &mut s.q, k_cache, v_cache, &a.qkv, pos, cache_row, shape)?;
                     let launch = DecodeLaunch::new(false);
                     let (k, v) = (&*k_cache, &*v_cache);
                     decode_attention(

@@ -16,7 +16,7 @@
 //! (3xTF32 tensor cores beyond the GEMV's rows, as [`GpuEngine`] by
 //! default). See docs/performance.md for where it pays.
 
-use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
+use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
 use std::collections::HashMap;
 
 use anyhow::{Context, Result, ensure};
@@ -238,8 +238,7 @@ impl Rank {
         })
     }
 
-    /// A linear layer of this rank: `out[n, oc] = inp[n, k] · w[oc, k]ᵀ (+ bias)`.
-    #[allow(clippy::too_many_arguments)]
+    /// A linear layer of this rank: `out[m, n] = inp[m, k] · w[n, k]ᵀ (+ bias)`.
     fn linear(
         gpu: &Gpu,
         ws: &mut MatmulScratch,
@@ -247,22 +246,10 @@ impl Rank {
         inp: &CudaSlice<f32>,
         w: &CudaSlice<f32>,
         bias: Option<&CudaSlice<f32>>,
-        n: usize,
-        k: usize,
-        oc: usize,
+        shape: MatmulShape,
     ) -> Result<()> {
         let weight = (WeightRef::F32(w), None, false);
-        matmul(
-            gpu,
-            Precision::Fp32,
-            ws,
-            out,
-            inp,
-            weight,
-            false,
-            bias,
-            MatmulShape::new(n, oc, k),
-        )?;
+        matmul(gpu, Precision::Fp32, ws, out, inp, weight, false, bias, shape)?;
         Ok(())
     }
 }
@@ -470,7 +457,15 @@ impl TpEngine {
             for r in &mut self.ranks {
                 let (gpu, lw, a, ws) = (&r.gpu, &r.params.layers[li], &mut r.acts, &mut r.matmul_ws);
                 let (cr, nhr) = (r.shard.channels(), r.shard.num_heads());
-                Rank::linear(gpu, ws, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * cr)?;
+                Rank::linear(
+                    gpu,
+                    ws,
+                    &mut a.qkv,
+                    &a.ln,
+                    &lw.qkvw,
+                    Some(&lw.qkvb),
+                    MatmulShape::new(n, 3 * cr, c),
+                )?;
                 let (k, v) = &mut r.kv_cache[li];
                 match (place, r.step.as_mut()) {
                     (Place::Shared { pos0 }, _) => {
@@ -507,10 +502,12 @@ impl TpEngine {
                             &a.qkv,
                             pos,
                             None::<&CudaSlice<u32>>,
-                            n,
-                            cr,
-                            nhr,
-                            max_t,
+                            KvCacheShape {
+                                rows: n,
+                                c: cr,
+                                nh: nhr,
+                                max_t,
+                            },
                         )?;
                         let launch = DecodeLaunch::new(false);
                         let out = &mut a.atty;
@@ -525,9 +522,7 @@ impl TpEngine {
                     &a.atty,
                     &lw.attprojw,
                     Some(&lw.attprojb),
-                    n,
-                    cr,
-                    c,
+                    MatmulShape::new(n, c, cr),
                 )?;
             }
             self.all_reduce_proj(n * c)?;
@@ -547,7 +542,15 @@ impl TpEngine {
                     &lw.ln2b,
                     RowShape::new(n, c),
                 )?;
-                Rank::linear(gpu, ws, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, hr)?;
+                Rank::linear(
+                    gpu,
+                    ws,
+                    &mut a.fch,
+                    &a.ln,
+                    &lw.fcw,
+                    Some(&lw.fcb),
+                    MatmulShape::new(n, hr, c),
+                )?;
                 gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * hr)?;
                 Rank::linear(
                     gpu,
@@ -556,9 +559,7 @@ impl TpEngine {
                     &a.fch_gelu,
                     &lw.fcprojw,
                     Some(&lw.fcprojb),
-                    n,
-                    hr,
-                    c,
+                    MatmulShape::new(n, c, hr),
                 )?;
             }
             self.all_reduce_proj(n * c)?;
@@ -581,7 +582,15 @@ impl TpEngine {
             let (gpu, p, a, ws) = (&r.gpu, &r.params, &mut r.acts, &mut r.matmul_ws);
             let head_in = super::head_rows(gpu, super::Heads::from_want(want, b, t), &a.ln, &mut a.head_in, c)?;
             let vr = r.shard.vocab.len();
-            Rank::linear(gpu, ws, &mut a.logits, head_in, &p.head, None, rows, c, vr)?;
+            Rank::linear(
+                gpu,
+                ws,
+                &mut a.logits,
+                head_in,
+                &p.head,
+                None,
+                MatmulShape::new(rows, vr, c),
+            )?;
         }
         Ok(())
     }
