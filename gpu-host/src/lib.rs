@@ -11,6 +11,9 @@
 //!   bf16, flash attention, softmax, GELU, residual, ...): each checks the
 //!   buffer sizes, computes its launch configuration in one place and
 //!   launches.
+//! - [`shape`]: the sizes of an op's call as one value ([`MatmulShape`],
+//!   [`RowShape`], [`EncoderShape`], [`AttentionShape`], [`KvCacheShape`]),
+//!   shared with the ops' CPU twins.
 //! - `nccl` (feature `nccl`): collectives (all-reduce, all-gather) across
 //!   the GPUs of one process, on their [`Gpu`]s' streams.
 //!
@@ -40,8 +43,10 @@
 pub mod nccl;
 pub mod ops;
 pub mod runtime;
+pub mod shape;
 
 pub use runtime::{Gpu, GpuError, Module, require_gpu_env, test_gpu};
+pub use shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
 
 /// The `cudarc` this crate is built on: buffers, launch configurations and
 /// driver types, at the version the ops take.

@@ -2,6 +2,7 @@
 //! CPU model's own invariants: KV-cache decode equals full recomputation,
 //! both checkpoint formats give the same logits, windowed attention masks.
 
+use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 use host::cpu::CpuModel;
 use host::cpu::ops::{
     attention_forward, encoder_forward, gelu_forward, layernorm_forward, matmul_forward, residual_forward,
@@ -42,7 +43,7 @@ fn encoder_adds_token_and_position_rows() {
     let mut rng = crate::seed::rng();
     let inp: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..vp as u32)).collect();
     let mut out = vec![f32::NAN; b * t * c];
-    encoder_forward(&mut out, &inp, &wte, &wpe, b, t, c, pos0);
+    encoder_forward(&mut out, &inp, &wte, &wpe, EncoderShape { b, t, c, pos0 });
     let mut want = vec![0f64; b * t * c];
     for bi in 0..b {
         for ti in 0..t {
@@ -61,7 +62,7 @@ fn layernorm_matches_formula() {
     let inp: Vec<f32> = random_vec(n * c, 3.0).iter().map(|x| x + 1.5).collect();
     let (w, bias) = (random_vec(c, 1.0), random_vec(c, 1.0));
     let mut out = vec![f32::NAN; n * c];
-    layernorm_forward(&mut out, &inp, &w, &bias, n, c);
+    layernorm_forward(&mut out, &inp, &w, &bias, RowShape::new(n, c));
     let mut want = vec![0f64; n * c];
     for r in 0..n {
         let x: Vec<f64> = inp[r * c..(r + 1) * c].iter().map(|&v| v as f64).collect();
@@ -100,14 +101,14 @@ fn matmul_matches_naive_with_and_without_bias() {
         let weight = random_vec(oc * c, 1.0);
         let bias = random_vec(oc, 1.0);
         let mut out = vec![f32::NAN; n * oc];
-        matmul_forward(&mut out, &inp, &weight, Some(&bias), n, c, oc);
+        matmul_forward(&mut out, &inp, &weight, Some(&bias), MatmulShape::new(n, oc, c));
         assert_close(
             &out,
             &naive_matmul(&inp, &weight, Some(&bias), n, c, oc),
             OP_TOL * 4.0,
             "matmul+bias",
         );
-        matmul_forward(&mut out, &inp, &weight, None, n, c, oc);
+        matmul_forward(&mut out, &inp, &weight, None, MatmulShape::new(n, oc, c));
         assert_close(
             &out,
             &naive_matmul(&inp, &weight, None, n, c, oc),
@@ -124,10 +125,16 @@ fn matmul_row_does_not_depend_on_batch() {
     let inp = random_vec(n * c, 1.0);
     let weight = random_vec(oc * c, 1.0);
     let mut all = vec![0f32; n * oc];
-    matmul_forward(&mut all, &inp, &weight, None, n, c, oc);
+    matmul_forward(&mut all, &inp, &weight, None, MatmulShape::new(n, oc, c));
     for r in [0, 8, n - 1] {
         let mut one = vec![0f32; oc];
-        matmul_forward(&mut one, &inp[r * c..(r + 1) * c], &weight, None, 1, c, oc);
+        matmul_forward(
+            &mut one,
+            &inp[r * c..(r + 1) * c],
+            &weight,
+            None,
+            MatmulShape::new(1, oc, c),
+        );
         assert_eq!(one, all[r * oc..(r + 1) * oc], "row {r}");
     }
 }
@@ -169,7 +176,21 @@ fn attention_matches_naive_causal_and_windowed() {
         let mut out = vec![f32::NAN; b * t * c];
         let mut kc = vec![f32::NAN; b * nh * max_t * (c / nh)];
         let mut vc = kc.clone();
-        attention_forward(&mut out, &mut kc, &mut vc, &qkv, b, t, 0, max_t, c, nh, window);
+        attention_forward(
+            &mut out,
+            &mut kc,
+            &mut vc,
+            &qkv,
+            AttentionShape {
+                b,
+                t,
+                pos0: 0,
+                max_t,
+                c,
+                nh,
+                window,
+            },
+        );
         assert_close(
             &out,
             &naive_attention(&qkv, b, t, c, nh, window),
@@ -203,7 +224,21 @@ fn attention_with_cache_equals_whole_sequence() {
             .flat_map(|bi| qkv[(bi * t + pos) * 3 * c..(bi * t + pos + len) * 3 * c].to_vec())
             .collect();
         let mut out = vec![f32::NAN; b * len * c];
-        attention_forward(&mut out, &mut kc, &mut vc, &chunk, b, len, pos, max_t, c, nh, window);
+        attention_forward(
+            &mut out,
+            &mut kc,
+            &mut vc,
+            &chunk,
+            AttentionShape {
+                b,
+                t: len,
+                pos0: pos,
+                max_t,
+                c,
+                nh,
+                window,
+            },
+        );
         for bi in 0..b {
             let got = &out[bi * len * c..(bi + 1) * len * c];
             let w = &want[(bi * t + pos) * c..(bi * t + pos + len) * c];
@@ -221,7 +256,21 @@ fn windowed_attention_ignores_keys_outside_the_window() {
         let mut out = vec![0f32; b * t * c];
         let mut kc = vec![0f32; b * nh * t * (c / nh)];
         let mut vc = kc.clone();
-        attention_forward(&mut out, &mut kc, &mut vc, qkv, b, t, 0, t, c, nh, window);
+        attention_forward(
+            &mut out,
+            &mut kc,
+            &mut vc,
+            qkv,
+            AttentionShape {
+                b,
+                t,
+                pos0: 0,
+                max_t: t,
+                c,
+                nh,
+                window,
+            },
+        );
         out
     };
     let base = run(&qkv);

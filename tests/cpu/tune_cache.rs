@@ -1,5 +1,6 @@
 //! The TF32 tile cache written by `tune` and read by the engine.
 
+use gpu_host::shape::MatmulShape;
 use host::gpu::ops::matmul_tf32::TuneCache;
 
 /// The committed sweeps are embedded, parse and name real kernels; the
@@ -15,10 +16,12 @@ fn committed_caches_are_embedded() {
         assert!(path.ends_with("gpt2/tune/nvidia-h200.json"), "{}", path.display());
     }
     let cache = TuneCache::embedded("NVIDIA H200").unwrap();
-    let tile = cache.tile(8192, 2304, 768).expect("8192,2304,768 was swept");
+    let tile = cache
+        .tile(MatmulShape::new(8192, 2304, 768))
+        .expect("8192,2304,768 was swept");
     assert!(tile.name.starts_with("matmul_forward_tf32_"), "{}", tile.name);
     assert!(
-        cache.tile(8192, 2304, 769).is_none(),
+        cache.tile(MatmulShape::new(8192, 2304, 769)).is_none(),
         "unswept shapes fall back to the heuristic"
     );
 }
@@ -27,7 +30,11 @@ fn committed_caches_are_embedded() {
 fn bad_caches_are_errors() {
     let ok = r#"{"device": "X", "shapes": {"1,2,3": {"best": "matmul_forward_tf32_32x64"}}}"#;
     assert_eq!(
-        TuneCache::parse(ok).unwrap().tile(1, 2, 3).unwrap().name,
+        TuneCache::parse(ok)
+            .unwrap()
+            .tile(MatmulShape::new(1, 2, 3))
+            .unwrap()
+            .name,
         "matmul_forward_tf32_32x64"
     );
     // Each bad input, and what its message must say (so a wrong message,

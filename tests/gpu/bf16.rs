@@ -5,6 +5,7 @@
 //! printed and held to a loose bound). The decode paths in bf16 are in
 //! `decode.rs` (`decode_graph_bf16*`).
 
+use gpu_host::shape::EncoderShape;
 use half::bf16;
 use host::cpu::CpuModel;
 use host::cpu::ops as cpu;
@@ -79,14 +80,14 @@ fn encoder_bf16_matches_cpu() {
         let wpe = random_vec(max_t * c, 1.0);
         let ids: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..vocab as u32)).collect();
         let mut want = vec![0f32; b * t * c];
-        cpu::encoder_forward(&mut want, &ids, &wte_f32, &wpe, b, t, c, pos0);
+        cpu::encoder_forward(&mut want, &ids, &wte_f32, &wpe, EncoderShape { b, t, c, pos0 });
         let (dwte, dwpe, dids) = (
             gpu.upload(&wte).unwrap(),
             gpu.upload(&wpe).unwrap(),
             gpu.upload(&ids).unwrap(),
         );
         let mut out = poisoned(&gpu, b * t * c);
-        encoder_forward_bf16(&gpu, &mut out, &dids, &dwte, &dwpe, b, t, c, pos0).unwrap();
+        encoder_forward_bf16(&gpu, &mut out, &dids, &dwte, &dwpe, EncoderShape { b, t, c, pos0 }).unwrap();
         // Widening bf16 is exact, and the one f32 add is the CPU's.
         check(
             &format!("encoder bf16 b={b} t={t} c={c} pos0={pos0}"),

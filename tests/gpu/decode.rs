@@ -61,7 +61,6 @@ fn checkpoint(cfg: &ModelConfig, seed: u64) -> Checkpoint {
 
 /// Greedy-decode `steps` tokens after a random prompt of `prompt` tokens
 /// per row on `path`; returns every step's last-position logits and ids.
-#[allow(clippy::too_many_arguments)]
 fn run_path(
     eng: &mut GpuEngine,
     path: DecodePath,

@@ -14,9 +14,10 @@
 //! unit roundoff 8x TF32's, on the same four operands). The measured errors
 //! are printed.
 
+use gpu_host::shape::AttentionShape;
 use host::gpu::Gpu;
 use host::gpu::ops::flash_attention::{
-    AttentionShape, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+    FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
     attention_forward_flash_decode, attention_forward_flash_prefill,
 };
 use rand::Rng;
@@ -91,13 +92,15 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
         &mut k_cpu,
         &mut v_cpu,
         &qkv,
-        b,
-        t,
-        pos0,
-        max_t,
-        c,
-        nh,
-        window,
+        AttentionShape {
+            b,
+            t,
+            pos0,
+            max_t,
+            c,
+            nh,
+            window,
+        },
     );
 
     let mut ws = FlashWorkspace::new(gpu, b, nh, max_t).unwrap();
@@ -109,13 +112,57 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     let mut d_out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
     let r = match path {
         Path::Auto => attention_forward_flash(
-            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window, precision, &mut ws,
+            gpu,
+            &mut d_out,
+            &mut d_k,
+            &mut d_v,
+            &d_qkv,
+            AttentionShape {
+                b,
+                t,
+                pos0,
+                max_t,
+                c,
+                nh,
+                window,
+            },
+            precision,
+            &mut ws,
         ),
         Path::Prefill => attention_forward_flash_prefill(
-            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window, precision, &mut ws,
+            gpu,
+            &mut d_out,
+            &mut d_k,
+            &mut d_v,
+            &d_qkv,
+            AttentionShape {
+                b,
+                t,
+                pos0,
+                max_t,
+                c,
+                nh,
+                window,
+            },
+            precision,
+            &mut ws,
         ),
         Path::Decode => attention_forward_flash_decode(
-            gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, b, t, pos0, max_t, c, nh, window, &mut ws,
+            gpu,
+            &mut d_out,
+            &mut d_k,
+            &mut d_v,
+            &d_qkv,
+            AttentionShape {
+                b,
+                t,
+                pos0,
+                max_t,
+                c,
+                nh,
+                window,
+            },
+            &mut ws,
         ),
     };
     r.map_err(|e| format!("{k:?}: launch failed: {e}"))?;
@@ -284,13 +331,15 @@ fn flash_prefill_bf16_out_is_the_f32_output_rounded() {
                         &mut d_k,
                         &mut d_v,
                         &d_qkv,
-                        b,
-                        t,
-                        pos0,
-                        max_t,
-                        c,
-                        nh,
-                        window,
+                        AttentionShape {
+                            b,
+                            t,
+                            pos0,
+                            max_t,
+                            c,
+                            nh,
+                            window,
+                        },
                         FlashPrecision::Bf16,
                         &mut ws,
                     )
@@ -366,13 +415,15 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
                 &mut k_cpu,
                 &mut v_cpu,
                 &qkv,
-                b,
-                t,
-                pos0,
-                max_t,
-                c,
-                nh,
-                window,
+                AttentionShape {
+                    b,
+                    t,
+                    pos0,
+                    max_t,
+                    c,
+                    nh,
+                    window,
+                },
             );
             let run = |rounded: bool| -> Vec<f32> {
                 let mut ws = FlashWorkspace::new(&gpu, b, nh, max_t).unwrap();
@@ -388,13 +439,15 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
                     &mut d_k,
                     &mut d_v,
                     &d_qkv,
-                    b,
-                    t,
-                    pos0,
-                    max_t,
-                    c,
-                    nh,
-                    window,
+                    AttentionShape {
+                        b,
+                        t,
+                        pos0,
+                        max_t,
+                        c,
+                        nh,
+                        window,
+                    },
                     FlashPrecision::Tf32,
                     &mut ws,
                 )

@@ -9,6 +9,7 @@
 pub mod skip;
 
 use cudarc::driver::CudaSlice;
+use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 use host::cpu::ops as cpu;
 use host::gpu::Gpu;
 use host::gpu::ops::argmax::{argmax_forward, argmax_forward_values};
@@ -125,7 +126,7 @@ fn encoder_matches_cpu() {
         let wpe = random_vec(max_t * c, 1.0);
         let ids: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..vocab as u32)).collect();
         let mut want = vec![0f32; b * t * c];
-        cpu::encoder_forward(&mut want, &ids, &wte, &wpe, b, t, c, pos0);
+        cpu::encoder_forward(&mut want, &ids, &wte, &wpe, EncoderShape { b, t, c, pos0 });
         let (dwte, dwpe, dids) = (
             gpu.upload(&wte).unwrap(),
             gpu.upload(&wpe).unwrap(),
@@ -133,7 +134,7 @@ fn encoder_matches_cpu() {
         );
         for v in VARIANTS {
             let mut out = poisoned(&gpu, b * t * c);
-            encoder_forward_variant(&gpu, v, &mut out, &dids, &dwte, &dwpe, b, t, c, pos0).unwrap();
+            encoder_forward_variant(&gpu, v, &mut out, &dids, &dwte, &dwpe, EncoderShape { b, t, c, pos0 }).unwrap();
             check(
                 &format!("encoder {v:?} b={b} t={t} c={c} pos0={pos0}"),
                 &down(&gpu, &out),
@@ -157,9 +158,29 @@ fn encoder_rejects_short_buffers_and_guards_bad_ids() {
     let ids = gpu.upload(&[3u32, 99]).unwrap();
     let mut out = poisoned(&gpu, 2 * c);
     // positions past the table: an error, not a read out of bounds
-    assert!(encoder_forward_variant(&gpu, Variant::Best, &mut out, &ids, &wte, &wpe, 1, 2, c, 3).is_err());
+    assert!(
+        encoder_forward_variant(
+            &gpu,
+            Variant::Best,
+            &mut out,
+            &ids,
+            &wte,
+            &wpe,
+            EncoderShape { b: 1, t: 2, c, pos0: 3 }
+        )
+        .is_err()
+    );
     // an id past wte gives a NaN row, the other row is right
-    encoder_forward_variant(&gpu, Variant::Best, &mut out, &ids, &wte, &wpe, 1, 2, c, 0).unwrap();
+    encoder_forward_variant(
+        &gpu,
+        Variant::Best,
+        &mut out,
+        &ids,
+        &wte,
+        &wpe,
+        EncoderShape { b: 1, t: 2, c, pos0: 0 },
+    )
+    .unwrap();
     let got = down(&gpu, &out);
     assert!(got[..c].iter().all(|x| x.is_finite()) && got[c..].iter().all(|x| x.is_nan()));
 }
@@ -185,7 +206,7 @@ fn layernorm_matches_cpu() {
         let inp: Vec<f32> = random_vec(n * c, 2.0).iter().map(|x| x + 10.0).collect();
         let (w, bias) = (random_vec(c, 1.0), random_vec(c, 1.0));
         let mut want = vec![0f32; n * c];
-        cpu::layernorm_forward(&mut want, &inp, &w, &bias, n, c);
+        cpu::layernorm_forward(&mut want, &inp, &w, &bias, RowShape::new(n, c));
         let (di, dw, db) = (
             gpu.upload(&inp).unwrap(),
             gpu.upload(&w).unwrap(),
@@ -206,7 +227,7 @@ fn layernorm_matches_cpu() {
         let conditioning = (1.0 / min_std).max(1.0) as f32;
         for v in VARIANTS {
             let mut out = poisoned(&gpu, n * c);
-            layernorm_forward_variant(&gpu, v, &mut out, &di, &dw, &db, n, c).unwrap();
+            layernorm_forward_variant(&gpu, v, &mut out, &di, &dw, &db, RowShape::new(n, c)).unwrap();
             // The naive baseline sums each row sequentially in f32 (as llm.c's
             // CPU code does), which drifts by up to ~C ulps of the sum on the
             // +10 offset used here; the optimised kernel reduces in a tree and
@@ -260,8 +281,7 @@ fn residual_layernorm_matches_cpu() {
                 &inp2[off..off + n * c],
                 &w,
                 &bias,
-                n,
-                c,
+                RowShape::new(n, c),
             );
             if round {
                 cpu::round_tf32(&mut want);
@@ -274,7 +294,18 @@ fn residual_layernorm_matches_cpu() {
             );
             let (mut res, mut out) = (poisoned(&gpu, n * c), poisoned(&gpu, n * c));
             let d2v = d2.slice(off..off + n * c);
-            residual_layernorm_forward(&gpu, round, &mut res, &mut out, &d1, &d2v, &dw, &db, n, c).unwrap();
+            residual_layernorm_forward(
+                &gpu,
+                round,
+                &mut res,
+                &mut out,
+                &d1,
+                &d2v,
+                &dw,
+                &db,
+                RowShape::new(n, c),
+            )
+            .unwrap();
             let what = format!("residual_layernorm n={n} c={c} round={round} misaligned={misaligned}");
             check(&format!("{what} (residual)"), &down(&gpu, &res), &want_res, 0.0, 0.0);
             // Rounded outputs: a last-bit difference before rounding can move
@@ -318,8 +349,7 @@ fn layernorm_bf16_out_matches_cpu() {
                 &inp2[off..off + n * c],
                 &w,
                 &bias,
-                n,
-                c,
+                RowShape::new(n, c),
             );
             let (d1, d2, dw, db) = (
                 gpu.upload(&inp1[..n * c]).unwrap(),
@@ -331,7 +361,8 @@ fn layernorm_bf16_out_matches_cpu() {
             let what = format!("n={n} c={c} misaligned={misaligned}");
             let mut res = poisoned(&gpu, n * c);
             let mut out = gpu.upload(&vec![half::bf16::NAN; n * c]).unwrap();
-            residual_layernorm_forward_bf16(&gpu, &mut res, &mut out, &d1, &d2v, &dw, &db, n, c).unwrap();
+            residual_layernorm_forward_bf16(&gpu, &mut res, &mut out, &d1, &d2v, &dw, &db, RowShape::new(n, c))
+                .unwrap();
             check(
                 &format!("residual_layernorm_bf16 {what} (residual)"),
                 &down(&gpu, &res),
@@ -346,7 +377,7 @@ fn layernorm_bf16_out_matches_cpu() {
             );
             // The unfused kernel on the same row sums (the residual above).
             let mut out = gpu.upload(&vec![half::bf16::NAN; n * c]).unwrap();
-            layernorm_forward_bf16(&gpu, &mut out, &res, &dw, &db, n, c).unwrap();
+            layernorm_forward_bf16(&gpu, &mut out, &res, &dw, &db, RowShape::new(n, c)).unwrap();
             bf16_check(&format!("layernorm_bf16 {what}"), &gpu.download(&out).unwrap(), &want);
         }
     }
@@ -410,7 +441,13 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
         );
         for with_bias in [true, false] {
             let mut want = vec![0f32; n * oc];
-            cpu::matmul_forward(&mut want, &inp, &w, with_bias.then_some(&bias[..]), n, c, oc);
+            cpu::matmul_forward(
+                &mut want,
+                &inp,
+                &w,
+                with_bias.then_some(&bias[..]),
+                MatmulShape::new(n, oc, c),
+            );
             let mut want_gelu = vec![0f32; n * oc];
             cpu::gelu_forward(&mut want_gelu, &want, n * oc);
             let mut kernels = vec![MatmulKernel::Tiled, MatmulKernel::Naive, MatmulKernel::Auto];
@@ -421,7 +458,7 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
                 for gelu in [false, true] {
                     let mut out = poisoned(&gpu, n * oc);
                     let b = with_bias.then_some(&db);
-                    matmul_forward_with(&gpu, k, gelu, &mut out, &di, &dw, b, n, c, oc).unwrap();
+                    matmul_forward_with(&gpu, k, gelu, &mut out, &di, &dw, b, MatmulShape::new(n, oc, c)).unwrap();
                     let what = format!("matmul {k:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
                     check(
                         &what,
@@ -435,9 +472,20 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
             for plan in explicit_plans(c) {
                 let gelu = with_bias;
                 let mut out = poisoned(&gpu, n * oc);
-                let mut ws = nan_workspace(&gpu, plan.workspace_floats(n, oc));
+                let mut ws = nan_workspace(&gpu, plan.workspace_floats(MatmulShape::new(n, oc, c)));
                 let b = with_bias.then_some(&db);
-                matmul_forward_plan(&gpu, &plan, gelu, &mut out, &di, &dw, b, n, c, oc, Some(&mut ws)).unwrap();
+                matmul_forward_plan(
+                    &gpu,
+                    &plan,
+                    gelu,
+                    &mut out,
+                    &di,
+                    &dw,
+                    b,
+                    MatmulShape::new(n, oc, c),
+                    Some(&mut ws),
+                )
+                .unwrap();
                 let what = format!("matmul {plan:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
                 check(
                     &what,
@@ -484,7 +532,7 @@ fn matmul_split_k_matches_cpu() {
     let Some(gpu) = skip::gpu() else { return };
     let sms = gpu.sm_count();
     for &(n, c, oc) in &SPLIT_K_SHAPES {
-        let plan = plan_tiled(n, c, oc, sms, usize::MAX);
+        let plan = plan_tiled(MatmulShape::new(n, oc, c), sms, usize::MAX);
         println!("split-K n={n} c={c} oc={oc} on {sms} SMs: {plan:?}");
         let inp = random_vec(n * c, 1.0);
         let w = random_vec(oc * c, 1.0 / (c as f32).sqrt());
@@ -494,10 +542,16 @@ fn matmul_split_k_matches_cpu() {
             gpu.upload(&w).unwrap(),
             gpu.upload(&bias).unwrap(),
         );
-        let mut ws = nan_workspace(&gpu, split_k_workspace_floats(n, c, oc, sms));
+        let mut ws = nan_workspace(&gpu, split_k_workspace_floats(MatmulShape::new(n, oc, c), sms));
         for with_bias in [true, false] {
             let mut want = vec![0f32; n * oc];
-            cpu::matmul_forward(&mut want, &inp, &w, with_bias.then_some(&bias[..]), n, c, oc);
+            cpu::matmul_forward(
+                &mut want,
+                &inp,
+                &w,
+                with_bias.then_some(&bias[..]),
+                MatmulShape::new(n, oc, c),
+            );
             let mut want_gelu = vec![0f32; n * oc];
             cpu::gelu_forward(&mut want_gelu, &want, n * oc);
             for k in [MatmulKernel::SplitK, MatmulKernel::Auto] {
@@ -506,7 +560,18 @@ fn matmul_split_k_matches_cpu() {
                     let mut runs = Vec::new();
                     for _ in 0..2 {
                         let mut out = poisoned(&gpu, n * oc);
-                        matmul_forward_ws(&gpu, k, gelu, &mut out, &di, &dw, b, n, c, oc, &mut ws).unwrap();
+                        matmul_forward_ws(
+                            &gpu,
+                            k,
+                            gelu,
+                            &mut out,
+                            &di,
+                            &dw,
+                            b,
+                            MatmulShape::new(n, oc, c),
+                            &mut ws,
+                        )
+                        .unwrap();
                         runs.push(down(&gpu, &out));
                     }
                     let what = format!("matmul {k:?} {plan:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
@@ -526,7 +591,7 @@ fn matmul_split_k_shapes_split() {
     /// SMs of an H100 / H200 SXM.
     const SMS: usize = 132;
     for &(n, c, oc) in &SPLIT_K_SHAPES[..4] {
-        let plan = plan_tiled(n, c, oc, SMS, usize::MAX);
+        let plan = plan_tiled(MatmulShape::new(n, oc, c), SMS, usize::MAX);
         assert!(plan.splits > 1, "n={n} c={c} oc={oc}: {plan:?}");
     }
 }
@@ -549,13 +614,19 @@ fn matmul_split_k_explicit_plans_and_unaligned() {
             gpu.upload(&bias).unwrap(),
         );
         let mut want = vec![0f32; n * oc];
-        cpu::matmul_forward(&mut want, &inp[1..], &w[1..], Some(&bias[..]), n, c, oc);
+        cpu::matmul_forward(
+            &mut want,
+            &inp[1..],
+            &w[1..],
+            Some(&bias[..]),
+            MatmulShape::new(n, oc, c),
+        );
         let mut want_gelu = vec![0f32; n * oc];
         cpu::gelu_forward(&mut want_gelu, &want, n * oc);
         for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
             for splits in [2, 5, c] {
                 let plan = TiledPlan::split(tile, c, splits);
-                let mut ws = nan_workspace(&gpu, plan.workspace_floats(n, oc));
+                let mut ws = nan_workspace(&gpu, plan.workspace_floats(MatmulShape::new(n, oc, c)));
                 for aligned in [true, false] {
                     let gelu = !aligned;
                     let off = usize::from(!aligned);
@@ -564,7 +635,13 @@ fn matmul_split_k_explicit_plans_and_unaligned() {
                     // the buffers' first n*c floats: compare those instead.
                     let want_here = if aligned {
                         let mut x = vec![0f32; n * oc];
-                        cpu::matmul_forward(&mut x, &inp[..n * c], &w[..oc * c], Some(&bias[..]), n, c, oc);
+                        cpu::matmul_forward(
+                            &mut x,
+                            &inp[..n * c],
+                            &w[..oc * c],
+                            Some(&bias[..]),
+                            MatmulShape::new(n, oc, c),
+                        );
                         x
                     } else if gelu {
                         want_gelu.clone()
@@ -573,8 +650,18 @@ fn matmul_split_k_explicit_plans_and_unaligned() {
                     };
                     let mut out = poisoned(&gpu, n * oc + 1);
                     let mut ov = out.slice_mut(off..off + n * oc);
-                    matmul_forward_plan(&gpu, &plan, gelu, &mut ov, &vi, &vw, Some(&db), n, c, oc, Some(&mut ws))
-                        .unwrap();
+                    matmul_forward_plan(
+                        &gpu,
+                        &plan,
+                        gelu,
+                        &mut ov,
+                        &vi,
+                        &vw,
+                        Some(&db),
+                        MatmulShape::new(n, oc, c),
+                        Some(&mut ws),
+                    )
+                    .unwrap();
                     let got = down(&gpu, &out);
                     let what = format!("matmul {plan:?} aligned={aligned} gelu={gelu} n={n} c={c} oc={oc}");
                     check(&what, &got[off..off + n * oc], &want_here, 1e-4, 1e-4);
@@ -646,12 +733,29 @@ fn matmul_tiled_unaligned_operands() {
             gpu.upload(&bias).unwrap(),
         );
         let mut want = vec![0f32; n * oc];
-        cpu::matmul_forward(&mut want, &inp[1..], &w[1..], Some(&bias[..]), n, c, oc);
+        cpu::matmul_forward(
+            &mut want,
+            &inp[1..],
+            &w[1..],
+            Some(&bias[..]),
+            MatmulShape::new(n, oc, c),
+        );
         let (vi, vw) = (di.slice(1..), dw.slice(1..));
         for tile in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
             let plan = TiledPlan::unsplit(tile, c);
             let mut out = poisoned(&gpu, n * oc);
-            matmul_forward_plan(&gpu, &plan, false, &mut out, &vi, &vw, Some(&db), n, c, oc, None).unwrap();
+            matmul_forward_plan(
+                &gpu,
+                &plan,
+                false,
+                &mut out,
+                &vi,
+                &vw,
+                Some(&db),
+                MatmulShape::new(n, oc, c),
+                None,
+            )
+            .unwrap();
             let what = format!("matmul {plan:?} unaligned n={n} c={c} oc={oc}");
             check(&what, &down(&gpu, &out), &want, 1e-4, 1e-4);
         }
@@ -664,9 +768,7 @@ fn matmul_tiled_unaligned_operands() {
             &vi,
             &vw,
             Some(&db),
-            n,
-            c,
-            oc,
+            MatmulShape::new(n, oc, c),
         )
         .unwrap();
         let what = format!("matmul Tiled unaligned n={n} c={c} oc={oc}");
@@ -691,9 +793,7 @@ fn matmul_rejects_short_buffers() {
         &di,
         &dw,
         None::<&CudaSlice<f32>>,
-        2,
-        5,
-        3,
+        MatmulShape::new(2, 3, 5),
     );
     assert!(r.is_err(), "out holds 4 floats, 6 needed");
 }
@@ -723,11 +823,39 @@ fn attention_case(
     for (i, t) in std::iter::once(t0).chain(std::iter::repeat_n(1, steps)).enumerate() {
         let qkv = random_vec(b * t * 3 * c, 1.5);
         let mut want = vec![0f32; b * t * c];
-        cpu::attention_forward(&mut want, &mut ck, &mut cv, &qkv, b, t, pos0, max_t, c, nh, window);
+        cpu::attention_forward(
+            &mut want,
+            &mut ck,
+            &mut cv,
+            &qkv,
+            AttentionShape {
+                b,
+                t,
+                pos0,
+                max_t,
+                c,
+                nh,
+                window,
+            },
+        );
         let dq = gpu.upload(&qkv).unwrap();
         let mut out = poisoned(gpu, b * t * c);
         attention_forward_variant(
-            gpu, v, &mut out, &mut gk, &mut gv, &dq, b, t, pos0, max_t, c, nh, window,
+            gpu,
+            v,
+            &mut out,
+            &mut gk,
+            &mut gv,
+            &dq,
+            AttentionShape {
+                b,
+                t,
+                pos0,
+                max_t,
+                c,
+                nh,
+                window,
+            },
         )
         .unwrap();
         let what = format!("attention {v:?} b={b} t={t} pos0={pos0} c={c} nh={nh} window={window} (call {i})");
@@ -781,13 +909,15 @@ fn attention_rejects_positions_past_the_cache() {
             &mut k,
             &mut v,
             &q,
-            1,
-            3,
-            6,
-            max_t,
-            c,
-            nh,
-            0
+            AttentionShape {
+                b: 1,
+                t: 3,
+                pos0: 6,
+                max_t,
+                c,
+                nh,
+                window: 0
+            },
         )
         .is_err()
     );

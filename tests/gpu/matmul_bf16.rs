@@ -33,6 +33,7 @@
 //! The measured errors are printed (run with `--nocapture`).
 
 use cudarc::driver::CudaSlice;
+use gpu_host::shape::MatmulShape;
 use gpu_kernels::params::matmul_bf16::{Bf16TileShape, MATMUL_BF16_VARIANTS, MATMUL_BF16_WGMMA_VARIANTS};
 use gpu_kernels::params::matmul_tf32::TileShape;
 use half::bf16;
@@ -102,7 +103,7 @@ impl Case {
         let w = to_bf16(&random(oc * c, &mut rng));
         let b = bias.then(|| random(oc, &mut rng));
         let mut want = vec![f32::NAN; n * oc];
-        cpu_matmul_forward_bf16(&mut want, &inp, &w, b.as_deref(), n, c, oc, gelu);
+        cpu_matmul_forward_bf16(&mut want, &inp, &w, b.as_deref(), MatmulShape::new(n, oc, c), gelu);
         let amax = inp.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
         let wmax = w.iter().fold(0f32, |m, v| m.max(v.to_f32().abs())) as f64;
         Case {
@@ -126,10 +127,27 @@ impl Case {
         let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
         let bias = self.d_b.as_ref();
         match shape {
-            Some(s) => {
-                matmul_forward_bf16_with(gpu, s, &mut d_out, &self.d_inp, &self.d_w, bias, n, c, oc, self.gelu).unwrap()
-            }
-            None => matmul_forward_bf16(gpu, &mut d_out, &self.d_inp, &self.d_w, bias, n, c, oc, self.gelu).unwrap(),
+            Some(s) => matmul_forward_bf16_with(
+                gpu,
+                s,
+                &mut d_out,
+                &self.d_inp,
+                &self.d_w,
+                bias,
+                MatmulShape::new(n, oc, c),
+                self.gelu,
+            )
+            .unwrap(),
+            None => matmul_forward_bf16(
+                gpu,
+                &mut d_out,
+                &self.d_inp,
+                &self.d_w,
+                bias,
+                MatmulShape::new(n, oc, c),
+                self.gelu,
+            )
+            .unwrap(),
         }
         let got = gpu.download(&d_out).unwrap();
         let name = shape.map_or("auto", |s| s.name);
@@ -164,8 +182,8 @@ impl Case {
         let bias = self.d_b.as_ref();
         let (inp, w) = (&self.d_inp16, &self.d_w);
         let run = |out: Bf16Out<'_>| match shape {
-            Some(s) => matmul_forward_bf16_wgmma_with(gpu, s, out, inp, w, bias, n, c, oc, self.gelu),
-            None => matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, n, c, oc, self.gelu),
+            Some(s) => matmul_forward_bf16_wgmma_with(gpu, s, out, inp, w, bias, MatmulShape::new(n, oc, c), self.gelu),
+            None => matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, MatmulShape::new(n, oc, c), self.gelu),
         };
         let got = if bf16_out {
             let mut d_out = gpu.upload(&vec![bf16::NAN; n * oc]).unwrap();
@@ -233,16 +251,16 @@ fn matmul_bf16_cpu_twin_hand_computed() {
         assert_eq!(bf16::from_f32(*x).to_f32(), *r, "bf16 rounding of {x}");
     }
     let mut out = [f32::NAN; 4];
-    cpu_matmul_forward_bf16(&mut out, &inp, &w, Some(&bias[..]), n, c, oc, false);
+    cpu_matmul_forward_bf16(&mut out, &inp, &w, Some(&bias[..]), MatmulShape::new(n, oc, c), false);
     assert_eq!(out, want);
 
     // Without bias: the same minus the bias.
-    cpu_matmul_forward_bf16(&mut out, &inp, &w, None, n, c, oc, false);
+    cpu_matmul_forward_bf16(&mut out, &inp, &w, None, MatmulShape::new(n, oc, c), false);
     let no_bias: Vec<f32> = want.iter().enumerate().map(|(i, v)| v - bias[i % oc]).collect();
     assert_eq!(out.to_vec(), no_bias);
 
     // With GELU: the CPU GELU of each of those values.
-    cpu_matmul_forward_bf16(&mut out, &inp, &w, Some(&bias[..]), n, c, oc, true);
+    cpu_matmul_forward_bf16(&mut out, &inp, &w, Some(&bias[..]), MatmulShape::new(n, oc, c), true);
     let mut gelu_want = [0f32; 4];
     gelu_forward(&mut gelu_want, &want, 4);
     assert_eq!(out, gelu_want);
@@ -251,7 +269,14 @@ fn matmul_bf16_cpu_twin_hand_computed() {
 
     // A row of zeros with a zero bias gives exactly GELU(0) = 0.
     let mut z = [f32::NAN; 2];
-    cpu_matmul_forward_bf16(&mut z, &[0.0; 3], &w, Some(&[0.0, 0.0][..]), 1, c, oc, true);
+    cpu_matmul_forward_bf16(
+        &mut z,
+        &[0.0; 3],
+        &w,
+        Some(&[0.0, 0.0][..]),
+        MatmulShape::new(1, oc, c),
+        true,
+    );
     assert_eq!(z, [0.0, 0.0]);
 }
 
@@ -276,11 +301,13 @@ fn matmul_bf16_chooser_choices() {
     const SMS: usize = 132;
     for n in [1, 7, 64, 200, 1024, 8192] {
         for oc in [768, 2304, 3072, 50304] {
-            let s = choose_tile(n, oc, SMS);
+            // The chooser reads the output's size only.
+            let shape = MatmulShape::new(n, oc, 768);
+            let s = choose_tile(shape, SMS);
             assert!(MATMUL_BF16_VARIANTS.contains(&s));
             let big = MATMUL_BF16_VARIANTS[0];
-            assert_eq!(s == big, bf16_blocks(&big, n, oc) >= SMS, "n={n} oc={oc}: {}", s.name);
-            eprintln!("n={n:5} oc={oc:6}: {:28} {:6} blocks", s.name, bf16_blocks(&s, n, oc));
+            assert_eq!(s == big, bf16_blocks(&big, shape) >= SMS, "n={n} oc={oc}: {}", s.name);
+            eprintln!("n={n:5} oc={oc:6}: {:28} {:6} blocks", s.name, bf16_blocks(&s, shape));
         }
     }
 }
@@ -360,7 +387,17 @@ fn matmul_bf16_selects_and_rounds_exactly() {
         let d_w = gpu.upload(&w).unwrap();
         for s in &MATMUL_BF16_VARIANTS {
             let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
-            matmul_forward_bf16_with(&gpu, s, &mut d_out, &d_inp, &d_w, None, n, c, oc, false).unwrap();
+            matmul_forward_bf16_with(
+                &gpu,
+                s,
+                &mut d_out,
+                &d_inp,
+                &d_w,
+                None,
+                MatmulShape::new(n, oc, c),
+                false,
+            )
+            .unwrap();
             let got = gpu.download(&d_out).unwrap();
             for r in 0..n {
                 for (o, &k) in picks.iter().enumerate() {
@@ -391,10 +428,10 @@ fn matmul_bf16_rejects_c_not_multiple_of_8() {
         let w = gpu.upload(&to_bf16(&random(oc * c, &mut rng))).unwrap();
         let mut out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
         for s in &MATMUL_BF16_VARIANTS {
-            let r = matmul_forward_bf16_with(&gpu, s, &mut out, &inp, &w, None, n, c, oc, false);
+            let r = matmul_forward_bf16_with(&gpu, s, &mut out, &inp, &w, None, MatmulShape::new(n, oc, c), false);
             assert!(matches!(r, Err(OpError::Shape { .. })), "c = {c}: {r:?}");
         }
-        let r = matmul_forward_bf16(&gpu, &mut out, &inp, &w, None, n, c, oc, false);
+        let r = matmul_forward_bf16(&gpu, &mut out, &inp, &w, None, MatmulShape::new(n, oc, c), false);
         assert!(matches!(r, Err(OpError::Shape { .. })), "c = {c}: {r:?}");
         gpu.synchronize().unwrap();
         assert!(
@@ -424,7 +461,7 @@ fn matmul_bf16_wgmma_chooser_choices() {
     const SMS: usize = 132;
     for n in [1, 7, 64, 200, 1024, 8192] {
         for oc in [768, 2304, 3072, 50304] {
-            let s = choose_wgmma_tile(n, oc, SMS);
+            let s = choose_wgmma_tile(MatmulShape::new(n, oc, 768), SMS);
             assert!(MATMUL_BF16_WGMMA_VARIANTS.contains(&s), "n={n} oc={oc}: {}", s.name);
             eprintln!("n={n:5} oc={oc:6}: {}", s.name);
         }
@@ -497,8 +534,17 @@ fn matmul_bf16_wgmma_selects_exactly() {
         let d_w = gpu.upload(&w).unwrap();
         for s in &MATMUL_BF16_WGMMA_VARIANTS {
             let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
-            matmul_forward_bf16_wgmma_with(&gpu, s, Bf16Out::F32(&mut d_out), &d_inp, &d_w, None, n, c, oc, false)
-                .unwrap();
+            matmul_forward_bf16_wgmma_with(
+                &gpu,
+                s,
+                Bf16Out::F32(&mut d_out),
+                &d_inp,
+                &d_w,
+                None,
+                MatmulShape::new(n, oc, c),
+                false,
+            )
+            .unwrap();
             let got = gpu.download(&d_out).unwrap();
             for r in 0..n {
                 for (o, &k) in picks.iter().enumerate() {

@@ -5,6 +5,7 @@
 //! workspaces, awkward sizes, the error printed per case.
 
 use cudarc::driver::CudaSlice;
+use gpu_host::shape::MatmulShape;
 use gpu_kernels::params::matmul_tf32::MATMUL_3XTF32_VARIANTS;
 use host::cpu::ops as cpu;
 use host::gpu::ops::matmul_tf32::{
@@ -57,7 +58,7 @@ fn matmul_fp32_tc_matches_cpu_every_tile_and_split() {
             for gelu in [false, true] {
                 let b = with_bias.then_some(&bias[..]);
                 let mut want = vec![0f32; n * oc];
-                cpu::matmul_forward(&mut want, &inp, &w, b, n, c, oc);
+                cpu::matmul_forward(&mut want, &inp, &w, b, MatmulShape::new(n, oc, c));
                 if gelu {
                     let pre = want.clone();
                     cpu::gelu_forward(&mut want, &pre, n * oc);
@@ -75,9 +76,7 @@ fn matmul_fp32_tc_matches_cpu_every_tile_and_split() {
                             &di,
                             &dw,
                             db_ref,
-                            n,
-                            c,
-                            oc,
+                            MatmulShape::new(n, oc, c),
                             gelu,
                         )
                         .unwrap();
@@ -102,12 +101,12 @@ fn matmul_fp32_tc_planned_gpt2_shapes() {
     let mut ws: CudaSlice<f32> = poisoned(&gpu, 64 * 3072 * FP32_TC_MAX_SPLITS);
     for n in [16, 64, 512] {
         for (c, oc) in [(768, 2304), (768, 768), (768, 3072), (3072, 768)] {
-            let (shape, splits) = fp32_tc_plan(n, c, oc, gpu.sm_count(), ws.len());
+            let (shape, splits) = fp32_tc_plan(MatmulShape::new(n, oc, c), gpu.sm_count(), ws.len());
             let inp = random_vec(n * c, 1.0);
             let w = random_vec(oc * c, 1.0 / (c as f32).sqrt());
             let (di, dw) = (gpu.upload(&inp).unwrap(), gpu.upload(&w).unwrap());
             let mut want = vec![0f32; n * oc];
-            cpu::matmul_forward(&mut want, &inp, &w, None, n, c, oc);
+            cpu::matmul_forward(&mut want, &inp, &w, None, MatmulShape::new(n, oc, c));
             let mut out = poisoned(&gpu, n * oc);
             matmul_forward_fp32_tc(
                 &gpu,
@@ -116,9 +115,7 @@ fn matmul_fp32_tc_planned_gpt2_shapes() {
                 &di,
                 &dw,
                 None::<&CudaSlice<f32>>,
-                n,
-                c,
-                oc,
+                MatmulShape::new(n, oc, c),
                 false,
             )
             .unwrap();
@@ -134,17 +131,17 @@ fn matmul_fp32_tc_planned_gpt2_shapes() {
 fn matmul_fp32_tc_plan_policy() {
     const SMS: usize = 132;
     let big = usize::MAX / 2;
-    let (_, s) = fp32_tc_plan(64, 768, 2304, SMS, big);
+    let (_, s) = fp32_tc_plan(MatmulShape::new(64, 2304, 768), SMS, big);
     assert!(s > 1, "M=64 N=2304 K=768 leaves SMs idle: should split, got {s}");
-    let (_, s) = fp32_tc_plan(8192, 768, 2304, SMS, big);
+    let (_, s) = fp32_tc_plan(MatmulShape::new(8192, 2304, 768), SMS, big);
     assert_eq!(s, 1, "a full GPU needs no split");
-    let (_, s) = fp32_tc_plan(64, 768, 2304, SMS, 64 * 2304);
+    let (_, s) = fp32_tc_plan(MatmulShape::new(64, 2304, 768), SMS, 64 * 2304);
     assert_eq!(s, 1, "a workspace of one output allows no split");
-    let (_, s) = fp32_tc_plan(64, 8, 2304, SMS, big);
+    let (_, s) = fp32_tc_plan(MatmulShape::new(64, 2304, 8), SMS, big);
     assert_eq!(s, 1, "one k-tile cannot split");
     for n in [1, 64, 1024, 8192] {
         for (c, oc) in [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50304)] {
-            let (shape, splits) = fp32_tc_plan(n, c, oc, SMS, big);
+            let (shape, splits) = fp32_tc_plan(MatmulShape::new(n, oc, c), SMS, big);
             assert!(MATMUL_3XTF32_VARIANTS.contains(&shape) && (1..=FP32_TC_MAX_SPLITS).contains(&splits));
             eprintln!("M={n:5} N={oc:6} K={c:5}: {:32} x{splits}", shape.name);
         }

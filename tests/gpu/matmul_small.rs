@@ -5,6 +5,7 @@
 //! abs error and RMSE per case, several split counts.
 
 use cudarc::driver::CudaSlice;
+use gpu_host::shape::MatmulShape;
 use gpu_kernels::params::matmul::{MATMUL_SMALL_TILE_K, MATMUL_SMALL_TILE_M, MATMUL_SMALL_TILE_N};
 use host::cpu::ops as cpu;
 use host::gpu::Gpu;
@@ -54,10 +55,9 @@ fn inputs(n: usize, c: usize, oc: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
 }
 
 /// The CPU reference, with the optional GELU.
-#[allow(clippy::too_many_arguments)]
 fn reference(inp: &[f32], w: &[f32], bias: Option<&[f32]>, gelu: bool, n: usize, c: usize, oc: usize) -> Vec<f32> {
     let mut want = vec![0f32; n * oc];
-    cpu::matmul_forward(&mut want, inp, w, bias, n, c, oc);
+    cpu::matmul_forward(&mut want, inp, w, bias, MatmulShape::new(n, oc, c));
     if gelu {
         let mut g = vec![0f32; n * oc];
         cpu::gelu_forward(&mut g, &want, n * oc);
@@ -78,7 +78,11 @@ fn plans(c: usize) -> Vec<SmallPlan> {
 fn nan_workspace(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> MatmulWorkspace {
     let floats = shapes
         .iter()
-        .flat_map(|&(n, c, oc)| plans(c).into_iter().map(move |p| p.workspace_floats(n, oc)))
+        .flat_map(|&(n, c, oc)| {
+            plans(c)
+                .into_iter()
+                .map(move |p| p.workspace_floats(MatmulShape::new(n, oc, c)))
+        })
         .max()
         .unwrap_or(0);
     MatmulWorkspace::from_buffer(gpu, poisoned(gpu, floats.max(1))).unwrap()
@@ -123,8 +127,18 @@ fn matmul_small_matches_cpu_every_split() {
                     for run in 0..2 {
                         let mut out = poisoned(&gpu, n * oc);
                         let b = with_bias.then_some(&db);
-                        matmul_forward_small(&gpu, &plan, gelu, &mut out, &di, &dw, b, n, c, oc, Some(&mut ws))
-                            .unwrap();
+                        matmul_forward_small(
+                            &gpu,
+                            &plan,
+                            gelu,
+                            &mut out,
+                            &di,
+                            &dw,
+                            b,
+                            MatmulShape::new(n, oc, c),
+                            Some(&mut ws),
+                        )
+                        .unwrap();
                         let what =
                             format!("matmul_small {plan:?} run {run} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
                         check(&what, &down(&gpu, &out), &want, ATOL, RTOL);
@@ -158,7 +172,18 @@ fn matmul_small_unaligned_operands() {
         for plan in plans(c) {
             let mut out = poisoned(&gpu, n * oc + 1);
             let mut vo = out.slice_mut(1..);
-            matmul_forward_small(&gpu, &plan, true, &mut vo, &vi, &vw, Some(&db), n, c, oc, Some(&mut ws)).unwrap();
+            matmul_forward_small(
+                &gpu,
+                &plan,
+                true,
+                &mut vo,
+                &vi,
+                &vw,
+                Some(&db),
+                MatmulShape::new(n, oc, c),
+                Some(&mut ws),
+            )
+            .unwrap();
             let got = down(&gpu, &out);
             assert!(got[0].is_nan(), "{plan:?}: wrote before the output");
             let what = format!("matmul_small {plan:?} unaligned n={n} c={c} oc={oc}");
@@ -193,9 +218,7 @@ fn matmul_small_is_deterministic() {
                     &di,
                     &dw,
                     Some(&db),
-                    n,
-                    c,
-                    oc,
+                    MatmulShape::new(n, oc, c),
                     Some(&mut ws),
                 )
                 .unwrap();
@@ -222,16 +245,49 @@ fn matmul_small_checks_its_workspace() {
     assert!(plan.splits > 1);
     let mut out = poisoned(&gpu, n * oc);
     let none = None::<&CudaSlice<f32>>;
-    assert!(matmul_forward_small(&gpu, &plan, false, &mut out, &di, &dw, none, n, c, oc, None).is_err());
-    let mut small = MatmulWorkspace::new(&gpu, plan.workspace_floats(n, oc) - 1).unwrap();
-    let r = matmul_forward_small(&gpu, &plan, false, &mut out, &di, &dw, none, n, c, oc, Some(&mut small));
+    assert!(
+        matmul_forward_small(
+            &gpu,
+            &plan,
+            false,
+            &mut out,
+            &di,
+            &dw,
+            none,
+            MatmulShape::new(n, oc, c),
+            None
+        )
+        .is_err()
+    );
+    let mut small = MatmulWorkspace::new(&gpu, plan.workspace_floats(MatmulShape::new(n, oc, c)) - 1).unwrap();
+    let r = matmul_forward_small(
+        &gpu,
+        &plan,
+        false,
+        &mut out,
+        &di,
+        &dw,
+        none,
+        MatmulShape::new(n, oc, c),
+        Some(&mut small),
+    );
     assert!(r.is_err());
     let bad = SmallPlan {
         splits: 3,
         k_chunk: 100,
     };
-    let mut ws = MatmulWorkspace::new(&gpu, bad.workspace_floats(n, oc)).unwrap();
-    let r = matmul_forward_small(&gpu, &bad, false, &mut out, &di, &dw, none, n, c, oc, Some(&mut ws));
+    let mut ws = MatmulWorkspace::new(&gpu, bad.workspace_floats(MatmulShape::new(n, oc, c))).unwrap();
+    let r = matmul_forward_small(
+        &gpu,
+        &bad,
+        false,
+        &mut out,
+        &di,
+        &dw,
+        none,
+        MatmulShape::new(n, oc, c),
+        Some(&mut ws),
+    );
     assert!(r.is_err(), "a chunk that is not a multiple of the k-slice");
     assert!(down(&gpu, &out).iter().all(|v| v.is_nan()), "a refused call wrote");
 }
@@ -251,8 +307,8 @@ fn matmul_small_through_auto() {
             gpu.upload(&w).unwrap(),
             gpu.upload(&bias).unwrap(),
         );
-        let floats = split_k_workspace_floats(n, c, oc, sms);
-        let auto = plan_auto(n, c, oc, sms, floats);
+        let floats = split_k_workspace_floats(MatmulShape::new(n, oc, c), sms);
+        let auto = plan_auto(MatmulShape::new(n, oc, c), sms, floats);
         println!("n={n} c={c} oc={oc} on {sms} SMs: Auto runs {auto:?}");
         if n == 64 && sms >= 100 {
             assert!(matches!(auto, AutoPlan::Small(_)), "{auto:?}");
@@ -261,7 +317,18 @@ fn matmul_small_through_auto() {
         let mut ws = MatmulWorkspace::from_buffer(&gpu, poisoned(&gpu, floats.max(1))).unwrap();
         for k in [MatmulKernel::Auto, MatmulKernel::Small] {
             let mut out = poisoned(&gpu, n * oc);
-            matmul_forward_ws(&gpu, k, true, &mut out, &di, &dw, Some(&db), n, c, oc, &mut ws).unwrap();
+            matmul_forward_ws(
+                &gpu,
+                k,
+                true,
+                &mut out,
+                &di,
+                &dw,
+                Some(&db),
+                MatmulShape::new(n, oc, c),
+                &mut ws,
+            )
+            .unwrap();
             let what = format!("matmul {k:?} gelu=true n={n} c={c} oc={oc}");
             check(&what, &down(&gpu, &out), &want, ATOL, RTOL);
         }

@@ -15,6 +15,7 @@
 //! docs/performance.md.
 
 use cudarc::driver::CudaSlice;
+use gpu_host::shape::{MatmulShape, RowShape};
 use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, TileEngine, TileShape};
 use host::bench::{Blas, BlasMode};
 use host::cpu::ops::{matmul_forward, round_tf32};
@@ -71,7 +72,7 @@ fn check(gpu: &Gpu, shape: Option<&TileShape>, n: usize, c: usize, oc: usize, bi
         round_tf32(&mut w_in);
     }
     let mut want = vec![0f32; n * oc];
-    matmul_forward(&mut want, &inp, &w, b.as_deref(), n, c, oc);
+    matmul_forward(&mut want, &inp, &w, b.as_deref(), MatmulShape::new(n, oc, c));
     if act {
         want.iter_mut().for_each(|v| *v = gelu(*v));
     }
@@ -82,8 +83,18 @@ fn check(gpu: &Gpu, shape: Option<&TileShape>, n: usize, c: usize, oc: usize, bi
     let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
     let d_b_ref: Option<&CudaSlice<f32>> = d_b.as_ref();
     match shape {
-        Some(s) => matmul_forward_tf32_with(gpu, s, &mut d_out, &d_inp, &d_w, d_b_ref, n, c, oc, act).unwrap(),
-        None => matmul_forward_tf32(gpu, &mut d_out, &d_inp, &d_w, d_b_ref, n, c, oc, act).unwrap(),
+        Some(s) => matmul_forward_tf32_with(
+            gpu,
+            s,
+            &mut d_out,
+            &d_inp,
+            &d_w,
+            d_b_ref,
+            MatmulShape::new(n, oc, c),
+            act,
+        )
+        .unwrap(),
+        None => matmul_forward_tf32(gpu, &mut d_out, &d_inp, &d_w, d_b_ref, MatmulShape::new(n, oc, c), act).unwrap(),
     }
     let got = gpu.download(&d_out).unwrap();
 
@@ -286,13 +297,14 @@ fn matmul_tf32_chooser_choices() {
     for (wgmma, engine) in [(false, TileEngine::MmaSync), (true, TileEngine::Wgmma)] {
         for m in [1, 64, 1024, 8192] {
             for (oc, c) in [(2304, 768), (768, 768), (3072, 768), (768, 3072), (50304, 768)] {
-                let s = choose_tile(m, oc, SMS, wgmma);
+                let shape = MatmulShape::new(m, oc, c);
+                let s = choose_tile(shape, SMS, wgmma);
                 assert!(tf32_variants(wgmma).contains(&s) && s.engine == engine);
                 eprintln!(
                     "M={m:5} N={oc:6} K={c:5}: {:36} {:6} blocks, cost {}",
                     s.name,
-                    tf32_blocks(&s, m, oc),
-                    predicted_cost(&s, m, oc, SMS)
+                    tf32_blocks(&s, shape),
+                    predicted_cost(&s, shape, SMS)
                 );
             }
         }
@@ -307,7 +319,15 @@ fn matmul_tf32_rejects_c_not_multiple_of_4() {
     let inp = gpu.upload(&vec![1f32; n * c]).unwrap();
     let w = gpu.upload(&vec![1f32; oc * c]).unwrap();
     let mut out = gpu.alloc::<f32>(n * oc).unwrap();
-    let r = matmul_forward_tf32(&gpu, &mut out, &inp, &w, None::<&CudaSlice<f32>>, n, c, oc, false);
+    let r = matmul_forward_tf32(
+        &gpu,
+        &mut out,
+        &inp,
+        &w,
+        None::<&CudaSlice<f32>>,
+        MatmulShape::new(n, oc, c),
+        false,
+    );
     assert!(matches!(r, Err(MatmulTf32Error::BadC(6))), "{r:?}");
 }
 
@@ -325,7 +345,7 @@ fn matmul_tf32_wgmma_error_matches_cublas() {
         let inp = random(n * c, &mut rng);
         let w = random(oc * c, &mut rng);
         let mut want = vec![0f32; n * oc];
-        matmul_forward(&mut want, &inp, &w, None, n, c, oc);
+        matmul_forward(&mut want, &inp, &w, None, MatmulShape::new(n, oc, c));
         let scale = (c as f64).sqrt();
         let d_inp = gpu.upload(&inp).unwrap();
         let d_w = gpu.upload(&w).unwrap();
@@ -344,9 +364,7 @@ fn matmul_tf32_wgmma_error_matches_cublas() {
                 &d_inp,
                 &d_w_rounded,
                 None::<&CudaSlice<f32>>,
-                n,
-                c,
-                oc,
+                MatmulShape::new(n, oc, c),
                 false,
             )
             .unwrap();
@@ -429,7 +447,7 @@ fn layernorm_tf32_rounds_its_outputs() {
     let one_step = |v: f32| v.abs() * 2f32.powi(-10) + 1e-6;
 
     let mut want = vec![0f32; n * c];
-    host::cpu::ops::layernorm_forward(&mut want, &x, &w, &b, n, c);
+    host::cpu::ops::layernorm_forward(&mut want, &x, &w, &b, RowShape::new(n, c));
     round_tf32(&mut want);
     let (dx, dw, db) = (
         gpu.upload(&x).unwrap(),
@@ -437,7 +455,7 @@ fn layernorm_tf32_rounds_its_outputs() {
         gpu.upload(&b).unwrap(),
     );
     let mut d_out = gpu.upload(&vec![f32::NAN; n * c]).unwrap();
-    host::gpu::ops::layernorm::layernorm_forward_tf32(&gpu, &mut d_out, &dx, &dw, &db, n, c).unwrap();
+    host::gpu::ops::layernorm::layernorm_forward_tf32(&gpu, &mut d_out, &dx, &dw, &db, RowShape::new(n, c)).unwrap();
     let got = gpu.download(&d_out).unwrap();
     assert!(all_tf32(&got), "layernorm_forward_tf32 wrote values that are not TF32");
     let far = got
@@ -482,13 +500,11 @@ fn matmul_tf32_rounded_inp_equals_in_kernel_rounding() {
                 &di,
                 &dw,
                 Some(&db),
-                n,
-                c,
-                oc,
+                MatmulShape::new(n, oc, c),
             )
             .unwrap();
         } else {
-            matmul_forward_tf32(&gpu, &mut d_out, &di, &dw, Some(&db), n, c, oc, true).unwrap();
+            matmul_forward_tf32(&gpu, &mut d_out, &di, &dw, Some(&db), MatmulShape::new(n, oc, c), true).unwrap();
         }
         gpu.download(&d_out).unwrap()
     };
@@ -521,7 +537,7 @@ fn matmul_tf32_split_k_every_wgmma_tile() {
             round_tf32(&mut w);
             let b = bias.then(|| random(oc, &mut rng));
             let mut want = vec![0f32; n * oc];
-            matmul_forward(&mut want, &inp, &w, b.as_deref(), n, c, oc);
+            matmul_forward(&mut want, &inp, &w, b.as_deref(), MatmulShape::new(n, oc, c));
             if act {
                 want.iter_mut().for_each(|v| *v = gelu(*v));
             }
@@ -538,9 +554,7 @@ fn matmul_tf32_split_k_every_wgmma_tile() {
                 &di,
                 &dw,
                 db.as_ref(),
-                n,
-                c,
-                oc,
+                MatmulShape::new(n, oc, c),
                 act,
                 false,
             )
@@ -568,23 +582,23 @@ fn matmul_tf32_split_policy() {
     use gpu_kernels::params::matmul_tf32::{MATMUL_TF32_128X192, MATMUL_TF32_WGMMA_64X128};
     use host::gpu::ops::matmul_tf32::{TF32_MAX_SPLITS, tf32_splits};
     const SMS: usize = 132;
-    let deep = tf32_splits(&MATMUL_TF32_WGMMA_64X128, 1024, 3072, 768, SMS);
+    let deep = tf32_splits(&MATMUL_TF32_WGMMA_64X128, MatmulShape::new(1024, 768, 3072), SMS);
     assert!(
         (2..=TF32_MAX_SPLITS).contains(&deep),
         "M=1024 N=768 K=3072 should split, got {deep}"
     );
     assert_eq!(
-        tf32_splits(&MATMUL_TF32_WGMMA_64X128, 1024, 768, 768, SMS),
+        tf32_splits(&MATMUL_TF32_WGMMA_64X128, MatmulShape::new(1024, 768, 768), SMS),
         1,
         "K=768 is too shallow"
     );
     assert_eq!(
-        tf32_splits(&MATMUL_TF32_WGMMA_64X128, 8192, 3072, 768, SMS),
+        tf32_splits(&MATMUL_TF32_WGMMA_64X128, MatmulShape::new(8192, 768, 3072), SMS),
         1,
         "a full GPU needs no split"
     );
     assert_eq!(
-        tf32_splits(&MATMUL_TF32_128X192, 1024, 3072, 768, SMS),
+        tf32_splits(&MATMUL_TF32_128X192, MatmulShape::new(1024, 768, 3072), SMS),
         1,
         "mma.sync tiles never split"
     );
@@ -613,8 +627,16 @@ fn matmul_tf32_round_out_rounds_the_results() {
             round_out,
             split_workspace: None,
         };
-        host::gpu::ops::matmul_tf32::matmul_forward_tf32_opts(&gpu, opts, &mut d_out, &di, &dw, Some(&db), n, c, oc)
-            .unwrap();
+        host::gpu::ops::matmul_tf32::matmul_forward_tf32_opts(
+            &gpu,
+            opts,
+            &mut d_out,
+            &di,
+            &dw,
+            Some(&db),
+            MatmulShape::new(n, oc, c),
+        )
+        .unwrap();
         gpu.download(&d_out).unwrap()
     };
     let mut want = run(false);

@@ -5,6 +5,7 @@
 //! reference doing the same; the device sampler with per-row streams
 //! against its CPU twin on the same logits.
 
+use gpu_host::shape::{KvCacheShape, RowShape};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::sample::SampleRow;
 use half::bf16;
@@ -250,8 +251,9 @@ fn encoder_rows_matches_cpu() {
     let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab as u32)).collect();
     let mut pos: Vec<u32> = (0..n).map(|_| rng.random_range(0..max_pos as u32)).collect();
     pos[n - 1] = max_pos as u32;
+    let shape = RowShape::new(n, c);
     let mut want = vec![0f32; n * c];
-    host::cpu::ops::encoder_forward_rows(&mut want, &tokens, &pos, &wte, &wpe, n, c);
+    host::cpu::ops::encoder_forward_rows(&mut want, &tokens, &pos, &wte, &wpe, shape);
     let (dt, dp, dwpe) = (
         gpu.upload(&tokens).unwrap(),
         gpu.upload(&pos).unwrap(),
@@ -259,15 +261,15 @@ fn encoder_rows_matches_cpu() {
     );
     let dwte = gpu.upload(&wte).unwrap();
     let mut out = poisoned(&gpu, n * c);
-    encoder_forward_rows(&gpu, &mut out, &dt, &dp, WeightRef::F32(&dwte), &dwpe, n, c).unwrap();
+    encoder_forward_rows(&gpu, &mut out, &dt, &dp, WeightRef::F32(&dwte), &dwpe, shape).unwrap();
     check("encoder rows, f32 wte", &down(&gpu, &out), &want, 0.0, 0.0);
     // bf16: the CPU twin over the table rounded to bf16 and widened (exact).
     let wte16: Vec<bf16> = wte.iter().map(|&x| bf16::from_f32(x)).collect();
     let wide: Vec<f32> = wte16.iter().map(|x| x.to_f32()).collect();
-    host::cpu::ops::encoder_forward_rows(&mut want, &tokens, &pos, &wide, &wpe, n, c);
+    host::cpu::ops::encoder_forward_rows(&mut want, &tokens, &pos, &wide, &wpe, shape);
     let dwte16 = gpu.upload(&wte16).unwrap();
     let mut out = poisoned(&gpu, n * c);
-    encoder_forward_rows(&gpu, &mut out, &dt, &dp, WeightRef::Bf16(&dwte16), &dwpe, n, c).unwrap();
+    encoder_forward_rows(&gpu, &mut out, &dt, &dp, WeightRef::Bf16(&dwte16), &dwpe, shape).unwrap();
     check("encoder rows, bf16 wte", &down(&gpu, &out), &want, 0.0, 0.0);
 }
 
@@ -285,28 +287,16 @@ fn kv_cache_store_matches_cpu() {
     let dqkv = gpu.upload(&qkv).unwrap();
     // One call on both sides over caches of `rows` random rows; `map`:
     // each row's cache row (None: row r is cache row r).
+    let shape = KvCacheShape { rows: n, c, nh, max_t };
     let both = |what: &str, pos: &[u32], map: Option<&[u32]>, rows: usize| {
         let (mut kc, mut vc) = (random_vec(rows * c * max_t, 1.0), random_vec(rows * c * max_t, 1.0));
         let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
         let dpos = gpu.upload(pos).unwrap();
         let dmap = map.map(|m| gpu.upload(m).unwrap());
         let mut dq = poisoned(&gpu, n * c);
-        kv_cache_store(
-            &gpu,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-            &dqkv,
-            &dpos,
-            dmap.as_ref(),
-            n,
-            c,
-            nh,
-            max_t,
-        )
-        .unwrap();
+        kv_cache_store(&gpu, &mut dq, &mut dk, &mut dv, &dqkv, &dpos, dmap.as_ref(), shape).unwrap();
         let mut q = vec![0f32; n * c];
-        host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, pos, map, n, c, nh, max_t);
+        host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, pos, map, shape);
         check(&format!("{what} q"), &down(&gpu, &dq), &q, 0.0, 0.0);
         check(&format!("{what} k"), &down(&gpu, &dk), &kc, 0.0, 0.0);
         check(&format!("{what} v"), &down(&gpu, &dv), &vc, 0.0, 0.0);

@@ -13,7 +13,7 @@ use consumer_kernels::{CENTER_ROWS, CENTER_ROWS_BLOCK, CenterRowsParams};
 use gpu_host::cudarc::driver::LaunchConfig;
 use gpu_host::ops::layernorm::layernorm_forward;
 use gpu_host::runtime::{dptr, dptr_mut};
-use gpu_host::{Gpu, Module};
+use gpu_host::{Gpu, Module, RowShape};
 
 /// Our kernels, compiled by build.rs.
 const PTX: &str = include_str!(env!("CONSUMER_KERNELS_PTX"));
@@ -72,7 +72,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let ones = gpu.upload(&vec![1f32; COLS])?;
     let zeros = gpu.upload(&vec![0f32; COLS])?;
     let mut normed = gpu.upload(&vec![f32::NAN; ROWS * COLS])?;
-    layernorm_forward(&gpu, &mut normed, &centred, &ones, &zeros, ROWS, COLS)?;
+    layernorm_forward(&gpu, &mut normed, &centred, &ones, &zeros, RowShape::new(ROWS, COLS))?;
 
     let got_centred = gpu.download(&centred)?;
     let got_normed = gpu.download(&normed)?;

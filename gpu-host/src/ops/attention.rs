@@ -9,7 +9,7 @@ use gpu_kernels::params::attention::{
 };
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::{Gpu, GpuError};
+use crate::{AttentionShape, Gpu, GpuError};
 
 const OP: &str = "attention_forward";
 /// Threads per warp.
@@ -91,73 +91,30 @@ pub(crate) unsafe fn launch_kv_store(gpu: &Gpu, p: &AttentionParams) -> Result<(
 /// Store K,V of this call into one layer's caches, then attention of every
 /// query at positions `pos0..pos0+t` over keys `max(0, p-window+1)..=p`
 /// (`window == 0`: all), scale `1/sqrt(hs)`.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
 ) -> Result<(), OpError> {
-    attention_forward_variant(
-        gpu,
-        Variant::Best,
-        out,
-        k_cache,
-        v_cache,
-        qkv,
-        b,
-        t,
-        pos0,
-        max_t,
-        c,
-        nh,
-        window,
-    )
+    attention_forward_variant(gpu, Variant::Best, out, k_cache, v_cache, qkv, shape)
 }
 
 /// [`attention_forward`] on the baseline kernel.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward_naive(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
 ) -> Result<(), OpError> {
-    attention_forward_variant(
-        gpu,
-        Variant::Naive,
-        out,
-        k_cache,
-        v_cache,
-        qkv,
-        b,
-        t,
-        pos0,
-        max_t,
-        c,
-        nh,
-        window,
-    )
+    attention_forward_variant(gpu, Variant::Naive, out, k_cache, v_cache, qkv, shape)
 }
 
 /// [`attention_forward`] with the kernel chosen by `variant`.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward_variant(
     gpu: &Gpu,
     variant: Variant,
@@ -165,14 +122,17 @@ pub fn attention_forward_variant(
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
 ) -> Result<(), OpError> {
+    let AttentionShape {
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    } = shape;
     if nh == 0 || !c.is_multiple_of(nh) {
         return Err(OpError::shape(
             OP,

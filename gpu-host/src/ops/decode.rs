@@ -13,7 +13,7 @@ use gpu_kernels::params::decode_step::DECODE_STEP_ATTN_KEYS;
 
 use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
 use super::weight::{KernelWeight, WeightRef};
-use crate::Gpu;
+use crate::{Gpu, MatmulShape};
 use gpu_kernels::params::KernelParams;
 
 const OP_GEMV: &str = "decode_gemv";
@@ -318,22 +318,22 @@ pub enum Output<'a> {
     },
 }
 
-/// The launch of a GEMV of `n` rows, inner size `c`, `oc` columns, and its
-/// `k_warps`: warps per column (one per chunk of `c`), groups of them per
-/// block, blocks (all resident at once: the groups stride over the
-/// columns), and the dynamic shared memory (`decode_gemv_shared_bytes`).
-#[allow(clippy::too_many_arguments)]
+/// The launch of a GEMV of `shape` (`m` rows, inner size `k`, `n`
+/// columns), and its `k_warps`: warps per column (one per chunk of `k`),
+/// groups of them per block, blocks (all resident at once: the groups
+/// stride over the columns), and the dynamic shared memory
+/// (`decode_gemv_shared_bytes`).
 fn gemv_config(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
     kernels: &GemvKernels,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     ln: bool,
     blocks_per_sm: usize,
     block_warps: usize,
 ) -> Result<(LaunchConfig, u32), OpError> {
+    // The kernel's names: n rows, c inner, oc columns.
+    let MatmulShape { m: n, n: oc, k: c } = shape;
     let k_warps = c.div_ceil(kernels.chunk as usize);
     let max_warps = match block_warps {
         0 => DECODE_GEMV_MAX_WARPS as usize,
@@ -395,23 +395,21 @@ fn resident_grid(
 /// keeps fewer registers.
 pub const MMA_MIN_ROWS: usize = 2;
 
-/// The launch of the tensor-core GEMV `kernel` of `n` rows, inner size `c`
-/// (`step` elements a warp step), `oc` columns: `k_warps` warps a block
+/// The launch of the tensor-core GEMV `kernel` of `shape` (`m` rows, inner
+/// size `k` in steps of `step` elements a warp, `n` columns): `k_warps` warps a block
 /// (two steps each, within the kernel's bounds), blocks striding over the
 /// 16-column tiles (as many as are resident, at most one per tile); `None`
 /// where not one block fits an SM (the caller takes the other kernel).
-#[allow(clippy::too_many_arguments)]
 fn mma_config(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
     kernel: &'static str,
     step: usize,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     ln: bool,
     blocks_per_sm: usize,
 ) -> Result<Option<(LaunchConfig, u32)>, OpError> {
+    let MatmulShape { m: n, n: oc, k: c } = shape;
     let per_warp = step * DECODE_GEMV_MMA_BATCH as usize;
     let warps = c
         .div_ceil(per_warp)
@@ -475,9 +473,9 @@ impl GemvKernels {
     }
 }
 
-/// `Output = epilogue(prologue(Input) · weightᵀ)` for `n` rows (see
+/// `Output = epilogue(prologue(Input) · weightᵀ)` for `shape.m` rows (see
 /// `DecodeGemvParams`): `ln` layernorms each input row first; `weight` is
-/// `[oc, c]`, `bias` `[oc]`.
+/// `[n, k]`, `bias` `[n]`.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_gemv(
     gpu: &Gpu,
@@ -488,13 +486,11 @@ pub fn decode_gemv(
     weight: WeightRef<'_>,
     bias: Option<&CudaSlice<f32>>,
     output: Output<'_>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), OpError> {
     match weight {
-        WeightRef::F32(_) => gemv_typed::<f32>(gpu, ws, launch, input, ln, weight, bias, output, n, c, oc),
-        WeightRef::Bf16(_) => gemv_typed::<u16>(gpu, ws, launch, input, ln, weight, bias, output, n, c, oc),
+        WeightRef::F32(_) => gemv_typed::<f32>(gpu, ws, launch, input, ln, weight, bias, output, shape),
+        WeightRef::Bf16(_) => gemv_typed::<u16>(gpu, ws, launch, input, ln, weight, bias, output, shape),
     }
 }
 
@@ -510,13 +506,13 @@ fn gemv_typed<W: GemvWeight>(
     weight: WeightRef<'_>,
     bias: Option<&CudaSlice<f32>>,
     output: Output<'_>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), OpError>
 where
     DecodeGemvParams<W>: KernelParams,
 {
+    // The kernel's names: n rows, c inner, oc columns.
+    let MatmulShape { m: n, n: oc, k: c } = shape;
     let kernels = &W::KERNELS;
     let weight_ptr = W::ptr(gpu, weight).ok_or_else(|| OpError::shape(OP_GEMV, "weight format mismatch"))?;
     if n == 0 || n > ws.max_rows || n > DECODE_MAX_ROWS as usize {
@@ -683,7 +679,7 @@ where
     let step = DECODE_GEMV_MMA_STEP_BYTES as usize / size_of::<W>();
     let mma = if launch.tensor_cores && n >= MMA_MIN_ROWS && c.is_multiple_of(step) {
         let (kernel, blocks_per_sm) = (kernels.mma, launch.blocks_per_sm);
-        mma_config(gpu, ws, kernel, step, n, c, oc, ln.is_some(), blocks_per_sm)?.map(|l| (kernel, l))
+        mma_config(gpu, ws, kernel, step, shape, ln.is_some(), blocks_per_sm)?.map(|l| (kernel, l))
     } else {
         None
     };
@@ -695,9 +691,7 @@ where
                 gpu,
                 ws,
                 kernels,
-                n,
-                c,
-                oc,
+                shape,
                 ln.is_some(),
                 launch.blocks_per_sm,
                 launch.block_warps,

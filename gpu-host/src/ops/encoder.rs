@@ -11,7 +11,7 @@ use half::bf16;
 
 use super::args::{OpError, Variant, aligned16, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use super::weight::WeightRef;
-use crate::Gpu;
+use crate::{EncoderShape, Gpu, RowShape};
 
 const OP: &str = "encoder_forward";
 /// Channels per thread of the vectorised kernel.
@@ -28,39 +28,31 @@ pub fn launch_config(work: u32) -> LaunchConfig {
 
 /// `out[b,t,:] = wte[inp[b,t],:] + wpe[pos0+t,:]`. Token ids at or past
 /// `wte`'s rows give NaN rows (never an out-of-bounds read).
-#[allow(clippy::too_many_arguments)]
 pub fn encoder_forward(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<u32>,
     wte: &impl DevicePtr<f32>,
     wpe: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    c: usize,
-    pos0: usize,
+    shape: EncoderShape,
 ) -> Result<(), OpError> {
-    encoder_forward_variant(gpu, Variant::Best, out, inp, wte, wpe, b, t, c, pos0)
+    encoder_forward_variant(gpu, Variant::Best, out, inp, wte, wpe, shape)
 }
 
 /// [`encoder_forward`] over a bf16 token table (the bf16 engine's; `wpe`
 /// and `out` stay f32). CPU twin: `cpu::ops::encoder_forward` over the
 /// table widened to f32 (exact).
-#[allow(clippy::too_many_arguments)]
 pub fn encoder_forward_bf16(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<u32>,
     wte: &impl DevicePtr<bf16>,
     wpe: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    c: usize,
-    pos0: usize,
+    shape: EncoderShape,
 ) -> Result<(), OpError> {
     const OP: &str = "encoder_forward_bf16";
     let wte_ptr = in_ptr(gpu, wte) as *const u16;
-    let Some((params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, wte.len()), wpe, b, t, c, pos0)? else {
+    let Some((params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, wte.len()), wpe, shape)? else {
         return Ok(());
     };
     launch_bf16(gpu, OP, params, total)
@@ -91,7 +83,6 @@ fn launch_bf16(gpu: &Gpu, op: &'static str, params: EncoderParams<u16>, total: u
 /// The checked parameters of an encoder launch over a token table of
 /// `wte.1` elements at `wte.0` (`None`: nothing to do), and the element
 /// count `b * t * c`.
-#[allow(clippy::too_many_arguments)]
 fn encoder_params<W>(
     gpu: &Gpu,
     op: &'static str,
@@ -99,11 +90,9 @@ fn encoder_params<W>(
     inp: &impl DevicePtr<u32>,
     wte: (*const W, usize),
     wpe: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    c: usize,
-    pos0: usize,
+    shape: EncoderShape,
 ) -> Result<Option<(EncoderParams<W>, u32)>, OpError> {
+    let EncoderShape { b, t, c, pos0 } = shape;
     let total = count_u32(op, "b * t * c", &[b, t, c])?;
     check_len(op, "out", out.len(), b * t * c)?;
     check_len(op, "inp", inp.len(), b * t)?;
@@ -128,12 +117,12 @@ fn encoder_params<W>(
     Ok(Some((params, total)))
 }
 
-/// `out[r,:] = wte[inp[r],:] + wpe[pos[r],:]` for `n` rows, each at its own
+/// `out[r,:] = wte[inp[r],:] + wpe[pos[r],:]` for `shape.rows` rows of
+/// `shape.c` channels, each at its own
 /// position (a decode step over sequences at different positions), read
 /// from the device so a captured graph serves every step. A position at or
 /// past `wpe`'s rows reads its last row (an idle row, whose output nobody
 /// reads), never out of bounds; token ids as in [`encoder_forward`].
-#[allow(clippy::too_many_arguments)]
 pub fn encoder_forward_rows(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
@@ -141,20 +130,26 @@ pub fn encoder_forward_rows(
     pos: &impl DevicePtr<u32>,
     wte: WeightRef<'_>,
     wpe: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
     const OP: &str = "encoder_forward_rows";
-    check_len(OP, "pos", pos.len(), n)?;
+    let RowShape { rows, c } = shape;
+    check_len(OP, "pos", pos.len(), rows)?;
     if wpe.len() < c {
         return Err(OpError::shape(OP, "the position table is empty"));
     }
     let pos = in_ptr(gpu, pos);
+    // One position per row, read from `pos` (`pos0` unused).
+    let shape = EncoderShape {
+        b: rows,
+        t: 1,
+        c,
+        pos0: 0,
+    };
     match wte {
         WeightRef::F32(w) => {
             let wte_ptr = in_ptr(gpu, w);
-            let Some((mut params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, w.len()), wpe, n, 1, c, 0)?
-            else {
+            let Some((mut params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, w.len()), wpe, shape)? else {
                 return Ok(());
             };
             params.pos = pos;
@@ -162,8 +157,7 @@ pub fn encoder_forward_rows(
         }
         WeightRef::Bf16(w) => {
             let wte_ptr = in_ptr(gpu, w) as *const u16;
-            let Some((mut params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, w.len()), wpe, n, 1, c, 0)?
-            else {
+            let Some((mut params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, w.len()), wpe, shape)? else {
                 return Ok(());
             };
             params.pos = pos;
@@ -173,23 +167,18 @@ pub fn encoder_forward_rows(
 }
 
 /// [`encoder_forward`] on the baseline kernel.
-#[allow(clippy::too_many_arguments)]
 pub fn encoder_forward_naive(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<u32>,
     wte: &impl DevicePtr<f32>,
     wpe: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    c: usize,
-    pos0: usize,
+    shape: EncoderShape,
 ) -> Result<(), OpError> {
-    encoder_forward_variant(gpu, Variant::Naive, out, inp, wte, wpe, b, t, c, pos0)
+    encoder_forward_variant(gpu, Variant::Naive, out, inp, wte, wpe, shape)
 }
 
 /// [`encoder_forward`] with the kernel chosen by `variant`.
-#[allow(clippy::too_many_arguments)]
 pub fn encoder_forward_variant(
     gpu: &Gpu,
     variant: Variant,
@@ -197,13 +186,10 @@ pub fn encoder_forward_variant(
     inp: &impl DevicePtr<u32>,
     wte: &impl DevicePtr<f32>,
     wpe: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    c: usize,
-    pos0: usize,
+    shape: EncoderShape,
 ) -> Result<(), OpError> {
     let wte_ptr = in_ptr(gpu, wte);
-    let Some((params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, wte.len()), wpe, b, t, c, pos0)? else {
+    let Some((params, total)) = encoder_params(gpu, OP, out, inp, (wte_ptr, wte.len()), wpe, shape)? else {
         return Ok(());
     };
     launch_f32(gpu, variant, params, total)

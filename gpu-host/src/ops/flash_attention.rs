@@ -117,19 +117,9 @@ impl FlashWorkspace {
     }
 }
 
-/// The problem of one call, checked once: `b` sequences of `t` new
-/// positions from `pos0`, caches of `max_t` positions, `c = 64 * nh`
-/// channels, each query seeing its last `window` keys (0: all).
-#[derive(Clone, Copy, Debug)]
-pub struct AttentionShape {
-    pub b: usize,
-    pub t: usize,
-    pub pos0: usize,
-    pub max_t: usize,
-    pub c: usize,
-    pub nh: usize,
-    pub window: usize,
-}
+/// The problem of one call (see [`crate::shape::AttentionShape`]), checked
+/// once by the entry points; the flash kernels need `c = 64 * nh`.
+pub use crate::shape::AttentionShape;
 
 /// The shape's short name inside this module.
 type Shape = AttentionShape;
@@ -318,32 +308,17 @@ pub fn attention_forward_flash(
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
     precision: FlashPrecision,
     ws: &mut FlashWorkspace,
 ) -> Result<(), GpuError> {
-    let s = Shape {
-        b,
-        t,
-        pos0,
-        max_t,
-        c,
-        nh,
-        window,
-    };
     run(
         gpu,
         f32_out(gpu, out),
         k_cache,
         v_cache,
         qkv,
-        s,
+        shape,
         precision,
         ws,
         Path::Auto,
@@ -358,32 +333,17 @@ pub fn attention_forward_flash_prefill(
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
     precision: FlashPrecision,
     ws: &mut FlashWorkspace,
 ) -> Result<(), GpuError> {
-    let s = Shape {
-        b,
-        t,
-        pos0,
-        max_t,
-        c,
-        nh,
-        window,
-    };
     run(
         gpu,
         f32_out(gpu, out),
         k_cache,
         v_cache,
         qkv,
-        s,
+        shape,
         precision,
         ws,
         Path::Prefill,
@@ -391,38 +351,22 @@ pub fn attention_forward_flash_prefill(
 }
 
 /// [`attention_forward_flash`] forced onto flash-decoding (`t <= FLASH_DECODE_MAX_T`).
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward_flash_decode(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
     ws: &mut FlashWorkspace,
 ) -> Result<(), GpuError> {
-    let s = Shape {
-        b,
-        t,
-        pos0,
-        max_t,
-        c,
-        nh,
-        window,
-    };
     run(
         gpu,
         f32_out(gpu, out),
         k_cache,
         v_cache,
         qkv,
-        s,
+        shape,
         FlashPrecision::Fp32,
         ws,
         Path::Decode,
@@ -449,14 +393,13 @@ pub fn attention_forward_flash_bf16_out(
         (p as usize).is_multiple_of(4),
         "attention_forward_flash_bf16_out: out not 4-byte aligned"
     );
-    let s = shape;
     run(
         gpu,
         (Out::Bf16(p), len),
         k_cache,
         v_cache,
         qkv,
-        s,
+        shape,
         FlashPrecision::Bf16,
         ws,
         Path::Prefill,

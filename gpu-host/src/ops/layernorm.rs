@@ -8,15 +8,15 @@ use gpu_kernels::params::layernorm::{
 };
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::Gpu;
+use crate::{Gpu, RowShape};
 use half::bf16;
 
 const OP: &str = "layernorm_forward";
 /// Threads per warp: the optimised kernel gives each row one warp.
 const WARP: u32 = 32;
 
-/// Launch configuration of `variant` for `n` rows.
-pub fn launch_config(variant: Variant, n: u32) -> (&'static str, LaunchConfig) {
+/// Launch configuration of `variant` for `rows` rows.
+pub fn launch_config(variant: Variant, rows: u32) -> (&'static str, LaunchConfig) {
     let (name, block, rows_per_block) = match variant {
         Variant::Best => (LAYERNORM_FORWARD, LAYERNORM_BLOCK, LAYERNORM_BLOCK / WARP),
         Variant::Naive => (LAYERNORM_FORWARD_NAIVE, LAYERNORM_NAIVE_BLOCK, LAYERNORM_NAIVE_BLOCK),
@@ -24,24 +24,23 @@ pub fn launch_config(variant: Variant, n: u32) -> (&'static str, LaunchConfig) {
     (
         name,
         LaunchConfig {
-            grid_dim: (blocks_for(n, rows_per_block), 1, 1),
+            grid_dim: (blocks_for(rows, rows_per_block), 1, 1),
             block_dim: (block, 1, 1),
             shared_mem_bytes: 0,
         },
     )
 }
 
-/// Layernorm of `n` rows of `c` channels (eps 1e-5).
+/// Layernorm of `shape.rows` rows of `shape.c` channels (eps 1e-5).
 pub fn layernorm_forward(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
-    layernorm_forward_variant(gpu, Variant::Best, out, inp, weight, bias, n, c)
+    layernorm_forward_variant(gpu, Variant::Best, out, inp, weight, bias, shape)
 }
 
 /// [`layernorm_forward`] on the baseline kernel.
@@ -51,47 +50,42 @@ pub fn layernorm_forward_naive(
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
-    layernorm_forward_variant(gpu, Variant::Naive, out, inp, weight, bias, n, c)
+    layernorm_forward_variant(gpu, Variant::Naive, out, inp, weight, bias, shape)
 }
 
 /// [`layernorm_forward`], then every output rounded to TF32 (CPU twin: the
 /// two in turn, `cpu::ops::layernorm_forward` and `cpu::ops::round_tf32`):
 /// for a TF32 matmul that reads it, which then skips its own rounding.
-#[allow(clippy::too_many_arguments)]
 pub fn layernorm_forward_tf32(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
-    check_len(OP, "out", out.len(), n * c)?;
+    check_len(OP, "out", out.len(), shape.len())?;
     let out = Dst::F32(out_ptr(gpu, out), true);
-    launch(gpu, Variant::Best, out, inp, weight, bias, n, c)
+    launch(gpu, Variant::Best, out, inp, weight, bias, shape)
 }
 
 /// [`layernorm_forward`] written as bf16, rounded to nearest even (CPU
 /// twin: `cpu::ops::layernorm_forward`, then `half::bf16::from_f32` of each
 /// output): for a bf16 matmul that reads it, which would round it the same
 /// way.
-#[allow(clippy::too_many_arguments)]
 pub fn layernorm_forward_bf16(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<bf16>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
-    check_len(OP, "out", out.len(), n * c)?;
+    check_len(OP, "out", out.len(), shape.len())?;
     let out = Dst::Bf16(out_ptr(gpu, out).cast::<u16>());
-    launch(gpu, Variant::Best, out, inp, weight, bias, n, c)
+    launch(gpu, Variant::Best, out, inp, weight, bias, shape)
 }
 
 /// Where a layernorm launch writes (the length checked by the caller).
@@ -113,7 +107,6 @@ impl Dst {
 }
 
 /// [`layernorm_forward`] with the kernel chosen by `variant`.
-#[allow(clippy::too_many_arguments)]
 pub fn layernorm_forward_variant(
     gpu: &Gpu,
     variant: Variant,
@@ -121,16 +114,14 @@ pub fn layernorm_forward_variant(
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
-    check_len(OP, "out", out.len(), n * c)?;
+    check_len(OP, "out", out.len(), shape.len())?;
     let out = Dst::F32(out_ptr(gpu, out), false);
-    launch(gpu, variant, out, inp, weight, bias, n, c)
+    launch(gpu, variant, out, inp, weight, bias, shape)
 }
 
-/// `out` holds `n * c` elements (checked by the caller).
-#[allow(clippy::too_many_arguments)]
+/// `out` holds `shape.len()` elements (checked by the caller).
 fn launch(
     gpu: &Gpu,
     variant: Variant,
@@ -138,14 +129,14 @@ fn launch(
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
-    count_u32(OP, "n * c", &[n, c])?;
-    check_len(OP, "inp", inp.len(), n * c)?;
+    let RowShape { rows, c } = shape;
+    count_u32(OP, "rows * c", &[rows, c])?;
+    check_len(OP, "inp", inp.len(), rows * c)?;
     check_len(OP, "weight", weight.len(), c)?;
     check_len(OP, "bias", bias.len(), c)?;
-    if n == 0 || c == 0 {
+    if shape.is_empty() {
         return Ok(());
     }
     let (out, round_tf32, out_bf16) = out.fields();
@@ -154,13 +145,13 @@ fn launch(
         inp: in_ptr(gpu, inp),
         weight: in_ptr(gpu, weight),
         bias: in_ptr(gpu, bias),
-        n: to_u32(OP, "n", n)?,
+        n: to_u32(OP, "rows", rows)?,
         c: to_u32(OP, "c", c)?,
         round_tf32,
         out_bf16,
     };
     let (name, cfg) = launch_config(variant, params.n);
-    // SAFETY: out (f32 or bf16, whichever is set) and inp hold n*c elements,
+    // SAFETY: out (f32 or bf16, whichever is set) and inp hold rows*c elements,
     // weight/bias c (checked); the kernel
     // picks 16-byte loads only after checking alignment itself; blocks are
     // whole warps as the warp-per-row kernel assumes.
@@ -184,12 +175,11 @@ pub fn residual_layernorm_forward(
     inp2: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
-    check_len(FUSED_OP, "out", out.len(), n * c)?;
+    check_len(FUSED_OP, "out", out.len(), shape.len())?;
     let out = Dst::F32(out_ptr(gpu, out), round_tf32);
-    residual_launch(gpu, residual, out, inp1, inp2, weight, bias, n, c)
+    residual_launch(gpu, residual, out, inp1, inp2, weight, bias, shape)
 }
 
 /// [`residual_layernorm_forward`] with `out` in bf16, rounded to nearest
@@ -203,15 +193,14 @@ pub fn residual_layernorm_forward_bf16(
     inp2: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
-    check_len(FUSED_OP, "out", out.len(), n * c)?;
+    check_len(FUSED_OP, "out", out.len(), shape.len())?;
     let out = Dst::Bf16(out_ptr(gpu, out).cast::<u16>());
-    residual_launch(gpu, residual, out, inp1, inp2, weight, bias, n, c)
+    residual_launch(gpu, residual, out, inp1, inp2, weight, bias, shape)
 }
 
-/// `out` holds `n * c` elements (checked by the caller) and is not
+/// `out` holds `shape.len()` elements (checked by the caller) and is not
 /// `residual` (a distinct borrow there).
 #[allow(clippy::too_many_arguments)]
 fn residual_launch(
@@ -222,16 +211,16 @@ fn residual_launch(
     inp2: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: &impl DevicePtr<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
-    count_u32(FUSED_OP, "n * c", &[n, c])?;
-    check_len(FUSED_OP, "residual", residual.len(), n * c)?;
-    check_len(FUSED_OP, "inp1", inp1.len(), n * c)?;
-    check_len(FUSED_OP, "inp2", inp2.len(), n * c)?;
+    let RowShape { rows, c } = shape;
+    count_u32(FUSED_OP, "rows * c", &[rows, c])?;
+    check_len(FUSED_OP, "residual", residual.len(), rows * c)?;
+    check_len(FUSED_OP, "inp1", inp1.len(), rows * c)?;
+    check_len(FUSED_OP, "inp2", inp2.len(), rows * c)?;
     check_len(FUSED_OP, "weight", weight.len(), c)?;
     check_len(FUSED_OP, "bias", bias.len(), c)?;
-    if n == 0 || c == 0 {
+    if shape.is_empty() {
         return Ok(());
     }
     let (out, round_tf32, out_bf16) = out.fields();
@@ -242,14 +231,14 @@ fn residual_launch(
         inp2: in_ptr(gpu, inp2),
         weight: in_ptr(gpu, weight),
         bias: in_ptr(gpu, bias),
-        n: to_u32(FUSED_OP, "n", n)?,
+        n: to_u32(FUSED_OP, "rows", rows)?,
         c: to_u32(FUSED_OP, "c", c)?,
         round_tf32,
         out_bf16,
     };
     // The same warp-per-row shape as the unfused kernel.
     let (_, cfg) = launch_config(Variant::Best, params.n);
-    // SAFETY: every [n * c] buffer holds n*c elements, weight/bias c
+    // SAFETY: every [rows * c] buffer holds rows*c elements, weight/bias c
     // (checked); `residual` and `out` are distinct `&mut` borrows, so they overlap
     // neither each other nor the shared inputs; the kernel checks alignment
     // before using 16-byte loads; blocks are whole warps.

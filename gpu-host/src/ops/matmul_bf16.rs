@@ -19,43 +19,44 @@ use gpu_kernels::params::matmul_tf32::TileShape;
 
 use super::args::{OpError, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use super::matmul_tf32::{predicted_cost, tf32_blocks};
-use crate::Gpu;
 use crate::runtime::TensorElem;
+use crate::{Gpu, MatmulShape};
 
 const OP: &str = "matmul_forward_bf16";
 
-/// `c` must be a multiple of this (see `MATMUL_BF16_C_MULTIPLE`).
+/// `k` must be a multiple of this (see `MATMUL_BF16_C_MULTIPLE`).
 pub const BF16_C_MULTIPLE: usize = MATMUL_BF16_C_MULTIPLE as usize;
 
-/// Blocks a launch of `shape` needs for an `n x oc` output: one per tile.
-pub fn bf16_blocks(shape: &Bf16TileShape, n: usize, oc: usize) -> usize {
-    n.div_ceil(shape.bm as usize) * oc.div_ceil(shape.bn as usize)
+/// Blocks a launch of `tile` needs for an `m x n` output: one per tile.
+pub fn bf16_blocks(tile: &Bf16TileShape, shape: MatmulShape) -> usize {
+    let MatmulShape { m, n, .. } = shape;
+    m.div_ceil(tile.bm as usize) * n.div_ceil(tile.bn as usize)
 }
 
-/// The tile for an `n x oc` output on a GPU of `sms` multiprocessors:
+/// The tile for an `m x n` output on a GPU of `sms` multiprocessors:
 /// 128x128 (the most tensor work per staged byte) when it gives every SM a
 /// block at least, else 64x64, which makes four times the blocks, so a short
 /// prompt still spreads over the whole GPU.
-pub fn choose_tile(n: usize, oc: usize, sms: usize) -> Bf16TileShape {
-    if bf16_blocks(&MATMUL_BF16_128X128, n, oc) >= sms {
+pub fn choose_tile(shape: MatmulShape, sms: usize) -> Bf16TileShape {
+    if bf16_blocks(&MATMUL_BF16_128X128, shape) >= sms {
         MATMUL_BF16_128X128
     } else {
         MATMUL_BF16_64X64
     }
 }
 
-/// Launch configuration of `shape` for an `n x oc` output: a 1-D grid of
+/// Launch configuration of `tile` for an `m x n` output: a 1-D grid of
 /// one block per output tile (the kernel maps block index to tile, grouped
 /// along M), the shape's threads and dynamic shared memory.
-pub fn launch_config(shape: &Bf16TileShape, n: usize, oc: usize) -> Result<LaunchConfig, OpError> {
+pub fn launch_config(tile: &Bf16TileShape, shape: MatmulShape) -> Result<LaunchConfig, OpError> {
     Ok(LaunchConfig {
-        grid_dim: (to_u32(OP, "blocks", bf16_blocks(shape, n, oc))?, 1, 1),
-        block_dim: (shape.threads(), 1, 1),
-        shared_mem_bytes: shape.shared_bytes(),
+        grid_dim: (to_u32(OP, "blocks", bf16_blocks(tile, shape))?, 1, 1),
+        block_dim: (tile.threads(), 1, 1),
+        shared_mem_bytes: tile.shared_bytes(),
     })
 }
 
-/// The checks both kernel families share: `c` a multiple of 8 (weight rows
+/// The checks both kernel families share: `k` a multiple of 8 (weight rows
 /// move in 16-byte chunks), 32-bit element counts, `inp` (`inp_len`),
 /// `weight` and `bias` long enough.
 fn check_shape(
@@ -63,44 +64,40 @@ fn check_shape(
     inp_len: usize,
     weight_len: usize,
     bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), OpError> {
-    if !c.is_multiple_of(BF16_C_MULTIPLE) {
+    let MatmulShape { m, n, k } = shape;
+    if !k.is_multiple_of(BF16_C_MULTIPLE) {
         return Err(OpError::shape(
             op,
-            format!("c = {c} is not a multiple of {BF16_C_MULTIPLE} (weight rows move in 16-byte chunks)"),
+            format!("k = {k} is not a multiple of {BF16_C_MULTIPLE} (weight rows move in 16-byte chunks)"),
         ));
     }
-    count_u32(op, "n * c", &[n, c])?;
-    count_u32(op, "oc * c", &[oc, c])?;
-    count_u32(op, "n * oc", &[n, oc])?;
-    check_len(op, "inp", inp_len, n * c)?;
-    check_len(op, "weight", weight_len, oc * c)?;
+    count_u32(op, "m * k", &[m, k])?;
+    count_u32(op, "n * k", &[n, k])?;
+    count_u32(op, "m * n", &[m, n])?;
+    check_len(op, "inp", inp_len, m * k)?;
+    check_len(op, "weight", weight_len, n * k)?;
     if let Some(b) = bias {
-        check_len(op, "bias", b.len(), oc)?;
+        check_len(op, "bias", b.len(), n)?;
     }
     Ok(())
 }
 
-/// `out[n, oc] = round_bf16(inp[n, c]) · weight[oc, c]ᵀ (+ bias[oc])`, then
+/// `out[m, n] = round_bf16(inp[m, k]) · weight[n, k]ᵀ (+ bias[n])`, then
 /// GELU if `gelu`, f32 accumulation; the tile shape is chosen for the
-/// GEMM's size ([`choose_tile`]). `c` must be a multiple of 8.
-#[allow(clippy::too_many_arguments)]
+/// GEMM's size ([`choose_tile`]). `k` must be a multiple of 8.
 pub fn matmul_forward_bf16(
     gpu: &Gpu,
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
     weight: &CudaSlice<half::bf16>,
     bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
-    let shape = choose_tile(n, oc, gpu.sm_count());
-    matmul_forward_bf16_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
+    let tile = choose_tile(shape, gpu.sm_count());
+    matmul_forward_bf16_with(gpu, &tile, out, inp, weight, bias, shape, gelu)
 }
 
 /// [`matmul_forward_bf16`] with an explicit tile shape (one of
@@ -108,19 +105,18 @@ pub fn matmul_forward_bf16(
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_bf16_with(
     gpu: &Gpu,
-    shape: &Bf16TileShape,
+    tile: &Bf16TileShape,
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
     weight: &CudaSlice<half::bf16>,
     bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
-    check_len(OP, "out", out.len(), n * oc)?;
-    check_shape(OP, inp.len(), weight.len(), bias, n, c, oc)?;
-    if n == 0 || oc == 0 {
+    let MatmulShape { m, n, k } = shape;
+    check_len(OP, "out", out.len(), m * n)?;
+    check_shape(OP, inp.len(), weight.len(), bias, shape)?;
+    if m == 0 || n == 0 {
         return Ok(());
     }
     let params = MatmulBf16Params {
@@ -128,29 +124,29 @@ pub fn matmul_forward_bf16_with(
         inp: in_ptr(gpu, inp),
         weight: in_ptr(gpu, weight).cast::<u16>(),
         bias: bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b)),
-        n: to_u32(OP, "n", n)?,
-        c: to_u32(OP, "c", c)?,
-        oc: to_u32(OP, "oc", oc)?,
+        n: to_u32(OP, "m", m)?,
+        c: to_u32(OP, "k", k)?,
+        oc: to_u32(OP, "n", n)?,
         gelu: gelu as u32,
     };
     if !aligned16(&[params.out as usize, params.inp as usize, params.weight as usize]) {
         return Err(OpError::shape(OP, "inp, weight and out must be 16-byte aligned"));
     }
-    let cfg = launch_config(shape, n, oc)?;
-    gpu.set_max_dynamic_shared(shape.name, shape.shared_bytes())?;
-    // SAFETY: `shape.name` is the kernel compiled for `shape` (its name and
+    let cfg = launch_config(tile, shape)?;
+    gpu.set_max_dynamic_shared(tile.name, tile.shared_bytes())?;
+    // SAFETY: `tile.name` is the kernel compiled for `tile` (its name and
     // tile come from the same constant), whose parameter type is
-    // MatmulBf16Params. `out` holds n*oc floats, `inp` n*c, `weight` oc*c
-    // bf16 (two bytes each, as the kernel's u16), `bias` oc floats or is
+    // MatmulBf16Params. `out` holds m*n floats, `inp` m*k, `weight` n*k
+    // bf16 (two bytes each, as the kernel's u16), `bias` n floats or is
     // null (all checked above); inp/weight/out are 16-byte aligned and
-    // c % 8 == 0 (the kernel's cp.async contract). Grid, block and dynamic
-    // shared memory come from `shape` (the kernel checks at compile time that
+    // k % 8 == 0 (the kernel's cp.async contract). Grid, block and dynamic
+    // shared memory come from `tile` (the kernel checks at compile time that
     // its layout takes `shared_bytes`), and the limit was raised for it.
-    unsafe { gpu.launch(shape.name, cfg, params)? };
+    unsafe { gpu.launch(tile.name, cfg, params)? };
     Ok(())
 }
 
-/// Where [`matmul_forward_bf16_wgmma`] writes `[n, oc]`.
+/// Where [`matmul_forward_bf16_wgmma`] writes `[m, n]`.
 pub enum Bf16Out<'a> {
     /// f32 (16-byte aligned).
     F32(&'a mut CudaSlice<f32>),
@@ -161,17 +157,17 @@ pub enum Bf16Out<'a> {
 
 const OP_WGMMA: &str = "matmul_forward_bf16_wgmma";
 
-/// The bf16 `wgmma` tile for an `n x oc` output on `sms` SMs: the least
+/// The bf16 `wgmma` tile for an `m x n` output on `sms` SMs: the least
 /// predicted cost (`matmul_tf32::predicted_cost`: wave quantisation and
 /// tile efficiency); on a tie, the tile that keeps more blocks running,
 /// then the larger one, whose operands each feed more output (measured on
 /// an H200 at 8192 x 2304 x 768: 192x192 63.8 µs, 128x192 83.6 µs, the
 /// model's tie).
-pub fn choose_wgmma_tile(n: usize, oc: usize, sms: usize) -> TileShape {
+pub fn choose_wgmma_tile(shape: MatmulShape, sms: usize) -> TileShape {
     let key = |s: &TileShape| {
-        let running = tf32_blocks(s, n, oc).min(sms * s.blocks_per_sm as usize);
+        let running = tf32_blocks(s, shape).min(sms * s.blocks_per_sm as usize);
         (
-            predicted_cost(s, n, oc, sms),
+            predicted_cost(s, shape, sms),
             std::cmp::Reverse(running),
             std::cmp::Reverse(s.bm * s.bn),
         )
@@ -183,25 +179,22 @@ pub fn choose_wgmma_tile(n: usize, oc: usize, sms: usize) -> TileShape {
         .expect("the variant list is not empty")
 }
 
-/// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
+/// `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`, then GELU if
 /// `gelu`: bf16 operands on Hopper's `wgmma` tensor cores (sm_90a module),
 /// f32 accumulation, the tile chosen by [`choose_wgmma_tile`]. CPU twin:
 /// `cpu::ops::matmul_forward_bf16` (which rounds an f32 `inp` as the
-/// producer of this `inp` did). `c` must be a multiple of 8.
-#[allow(clippy::too_many_arguments)]
+/// producer of this `inp` did). `k` must be a multiple of 8.
 pub fn matmul_forward_bf16_wgmma(
     gpu: &Gpu,
     out: Bf16Out<'_>,
     inp: &CudaSlice<half::bf16>,
     weight: &CudaSlice<half::bf16>,
     bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
-    let shape = choose_wgmma_tile(n, oc, gpu.sm_count());
-    matmul_forward_bf16_wgmma_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
+    let tile = choose_wgmma_tile(shape, gpu.sm_count());
+    matmul_forward_bf16_wgmma_with(gpu, &tile, out, inp, weight, bias, shape, gelu)
 }
 
 /// [`matmul_forward_bf16_wgmma`] with an explicit tile (one of
@@ -209,14 +202,12 @@ pub fn matmul_forward_bf16_wgmma(
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_bf16_wgmma_with(
     gpu: &Gpu,
-    shape: &TileShape,
+    tile: &TileShape,
     out: Bf16Out<'_>,
     inp: &CudaSlice<half::bf16>,
     weight: &CudaSlice<half::bf16>,
     bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
     if !gpu.has_wgmma() {
@@ -225,24 +216,25 @@ pub fn matmul_forward_bf16_wgmma_with(
             "needs the sm_90a (wgmma) kernels, which this GPU's module lacks",
         ));
     }
-    if !MATMUL_BF16_WGMMA_VARIANTS.contains(shape) {
+    if !MATMUL_BF16_WGMMA_VARIANTS.contains(tile) {
         return Err(OpError::shape(
             OP_WGMMA,
-            format!("{} is not a bf16 wgmma tile", shape.name),
+            format!("{} is not a bf16 wgmma tile", tile.name),
         ));
     }
-    check_shape(OP_WGMMA, inp.len(), weight.len(), bias, n, c, oc)?;
+    check_shape(OP_WGMMA, inp.len(), weight.len(), bias, shape)?;
+    let MatmulShape { m, n, k } = shape;
     let (out_f32, out_bf16) = match out {
         Bf16Out::F32(o) => {
-            check_len(OP_WGMMA, "out", o.len(), n * oc)?;
+            check_len(OP_WGMMA, "out", o.len(), m * n)?;
             (out_ptr(gpu, o), std::ptr::null_mut())
         }
         Bf16Out::Bf16(o) => {
-            check_len(OP_WGMMA, "out", o.len(), n * oc)?;
+            check_len(OP_WGMMA, "out", o.len(), m * n)?;
             (std::ptr::null_mut(), out_ptr(gpu, o).cast::<u16>())
         }
     };
-    if n == 0 || oc == 0 {
+    if m == 0 || n == 0 {
         return Ok(());
     }
     let (inp_p, w_p) = (in_ptr(gpu, inp) as u64, in_ptr(gpu, weight) as u64);
@@ -253,36 +245,36 @@ pub fn matmul_forward_bf16_wgmma_with(
         ));
     }
     let bk = MATMUL_BF16_WGMMA_BK;
-    // The `inp` map spans the whole buffer, not n rows (as the TF32 kernels'
+    // The `inp` map spans the whole buffer, not m rows (as the TF32 kernels'
     // do): one map per activation buffer, whatever the token count; rows
-    // past n only feed output rows that are never stored.
-    let inp_rows = inp.len() / c.max(1);
+    // past m only feed output rows that are never stored.
+    let inp_rows = inp.len() / k.max(1);
     let params = MatmulBf16WgmmaParams {
-        inp_map: gpu.tensor_map_2d(TensorElem::Bf16, inp_p, inp_rows, c, shape.bm, bk)?,
-        weight_map: gpu.tensor_map_2d(TensorElem::Bf16, w_p, oc, c, shape.bn, bk)?,
+        inp_map: gpu.tensor_map_2d(TensorElem::Bf16, inp_p, inp_rows, k, tile.bm, bk)?,
+        weight_map: gpu.tensor_map_2d(TensorElem::Bf16, w_p, n, k, tile.bn, bk)?,
         out: out_f32,
         out_bf16,
         bias: bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b)),
-        n: to_u32(OP_WGMMA, "n", n)?,
-        c: to_u32(OP_WGMMA, "c", c)?,
-        oc: to_u32(OP_WGMMA, "oc", oc)?,
+        n: to_u32(OP_WGMMA, "m", m)?,
+        c: to_u32(OP_WGMMA, "k", k)?,
+        oc: to_u32(OP_WGMMA, "n", n)?,
         gelu: gelu as u32,
         k_tiles_per_split: 0,
     };
     let cfg = LaunchConfig {
-        grid_dim: (to_u32(OP_WGMMA, "blocks", tf32_blocks(shape, n, oc))?, 1, 1),
-        block_dim: (shape.threads(), 1, 1),
-        shared_mem_bytes: shape.shared_bytes(),
+        grid_dim: (to_u32(OP_WGMMA, "blocks", tf32_blocks(tile, shape))?, 1, 1),
+        block_dim: (tile.threads(), 1, 1),
+        shared_mem_bytes: tile.shared_bytes(),
     };
-    gpu.set_max_dynamic_shared(shape.name, shape.shared_bytes())?;
-    // SAFETY: `shape.name` is a bf16 wgmma kernel (checked: one of the
+    gpu.set_max_dynamic_shared(tile.name, tile.shared_bytes())?;
+    // SAFETY: `tile.name` is a bf16 wgmma kernel (checked: one of the
     // variants, and the sm_90a module is loaded), whose parameter type is
-    // MatmulBf16WgmmaParams. The maps describe `inp` (>= n rows) and
-    // `weight` (oc rows) of c bf16 with the boxes the kernel was compiled
-    // with; exactly one of `out` (n*oc f32, 16-byte aligned) and `out_bf16`
-    // (n*oc bf16, 8-byte aligned) is set, `bias` holds oc floats or is null
+    // MatmulBf16WgmmaParams. The maps describe `inp` (>= m rows) and
+    // `weight` (n rows) of k bf16 with the boxes the kernel was compiled
+    // with; exactly one of `out` (m*n f32, 16-byte aligned) and `out_bf16`
+    // (m*n bf16, 8-byte aligned) is set, `bias` holds n floats or is null
     // (all checked above); no split-K. Grid, block and shared memory come
-    // from `shape`, and the shared-memory limit was raised for it.
-    unsafe { gpu.launch(shape.name, cfg, params)? };
+    // from `tile`, and the shared-memory limit was raised for it.
+    unsafe { gpu.launch(tile.name, cfg, params)? };
     Ok(())
 }

@@ -18,6 +18,7 @@ use gpu_kernels::params::matmul_tf32::{
     MatmulTf32WgmmaParams, TileEngine, TileShape,
 };
 
+use crate::MatmulShape;
 use crate::ops::matmul::launch_split_reduce;
 use crate::runtime::{Gpu, GpuError, TensorElem};
 
@@ -29,13 +30,13 @@ const CP_ASYNC_ALIGN: u64 = 16;
 /// Why a TF32 matmul could not be launched.
 #[derive(Debug, thiserror::Error)]
 pub enum MatmulTf32Error {
-    #[error("matmul_forward_tf32 needs c % {TF32_C_MULTIPLE} == 0 (got c = {0}); use the FP32 matmul_forward")]
+    #[error("matmul_forward_tf32 needs k % {TF32_C_MULTIPLE} == 0 (got k = {0}); use the FP32 matmul_forward")]
     BadC(usize),
     #[error("matmul_forward_tf32: buffer `{0}` holds {1} floats, {2} needed")]
     TooSmall(&'static str, usize, usize),
     #[error("matmul_forward_tf32: buffer `{0}` is not 16-byte aligned (cp.async needs it)")]
     Misaligned(&'static str),
-    #[error("matmul_forward_tf32: n * max(c, oc) = {0} does not fit the kernel's 32-bit sizes")]
+    #[error("matmul_forward_tf32: m * max(k, n) = {0} does not fit the kernel's 32-bit sizes")]
     TooLarge(usize),
     #[error("matmul_forward_tf32: tile {0} needs the sm_90a (wgmma) kernels, which this GPU's module lacks")]
     NoWgmma(&'static str),
@@ -45,33 +46,34 @@ pub enum MatmulTf32Error {
     Gpu(#[from] GpuError),
 }
 
-/// Blocks a launch of `shape` needs for an `n x oc` output.
-pub fn tf32_blocks(shape: &TileShape, n: usize, oc: usize) -> usize {
-    n.div_ceil(shape.bm as usize) * oc.div_ceil(shape.bn as usize)
+/// Blocks a launch of `tile` needs for an `m x n` output.
+pub fn tf32_blocks(tile: &TileShape, shape: MatmulShape) -> usize {
+    let MatmulShape { m, n, .. } = shape;
+    m.div_ceil(tile.bm as usize) * n.div_ceil(tile.bn as usize)
 }
 
-/// Relative cost of one block of `shape`: its output elements times the
+/// Relative cost of one block of `tile`: its output elements times the
 /// shared-memory words its warps read per output element and k step,
 /// `(wm + wn) / (wm · wn)` (the inner loop is bound by shared-memory
 /// traffic, so bigger warp tiles are cheaper per element). In units of
 /// 1/`(wm · wn)`, kept integral.
-fn block_cost(shape: &TileShape) -> u64 {
-    let (bm, bn, wm, wn) = (shape.bm as u64, shape.bn as u64, shape.wm as u64, shape.wn as u64);
+fn block_cost(tile: &TileShape) -> u64 {
+    let (bm, bn, wm, wn) = (tile.bm as u64, tile.bn as u64, tile.wm as u64, tile.wn as u64);
     // Common denominator of every variant's wm·wn (powers of two up to
     // 64·256, times 3 at most), so the integer division is exact.
     const DENOM: u64 = 64 * 256 * 3;
     bm * bn * (wm + wn) * DENOM / (wm * wn)
 }
 
-/// Predicted time of an `n x oc` GEMM with `shape` on `sms` SMs, in the
+/// Predicted time of an `m x n` GEMM with `tile` on `sms` SMs, in the
 /// units of `block_cost`: the busiest SM holds `ceil(blocks / sms)`
 /// blocks, runs them `blocks_per_sm` at a time, and a round of
 /// `blocks_per_sm` blocks takes as long whether or not it is full (a lone
 /// block gets about its share of the SM, not all of it).
-pub fn predicted_cost(shape: &TileShape, n: usize, oc: usize, sms: usize) -> u64 {
-    let per_sm = tf32_blocks(shape, n, oc).div_ceil(sms.max(1)) as u64;
-    let bps = shape.blocks_per_sm.max(1) as u64;
-    per_sm.div_ceil(bps) * bps * block_cost(shape)
+pub fn predicted_cost(tile: &TileShape, shape: MatmulShape, sms: usize) -> u64 {
+    let per_sm = tf32_blocks(tile, shape).div_ceil(sms.max(1)) as u64;
+    let bps = tile.blocks_per_sm.max(1) as u64;
+    per_sm.div_ceil(bps) * bps * block_cost(tile)
 }
 
 /// Every tile shape the loaded module has: the `mma.sync` ones, plus the
@@ -89,10 +91,10 @@ pub fn tf32_variants(wgmma: bool) -> Vec<TileShape> {
 /// running at once (more SMs busy, more bandwidth for small M), then the
 /// smaller tile (less work on zero-filled edge rows). With `wgmma`, only the
 /// `wgmma` tiles compete (the cost model compares tiles of one engine).
-pub fn choose_tile(n: usize, oc: usize, sms: usize, wgmma: bool) -> TileShape {
+pub fn choose_tile(shape: MatmulShape, sms: usize, wgmma: bool) -> TileShape {
     let key = |s: &TileShape| {
-        let running = tf32_blocks(s, n, oc).min(sms * s.blocks_per_sm as usize);
-        (predicted_cost(s, n, oc, sms), std::cmp::Reverse(running), s.bm * s.bn)
+        let running = tf32_blocks(s, shape).min(sms * s.blocks_per_sm as usize);
+        (predicted_cost(s, shape, sms), std::cmp::Reverse(running), s.bm * s.bn)
     };
     let candidates: &[TileShape] = if wgmma {
         &MATMUL_TF32_WGMMA_VARIANTS
@@ -106,25 +108,22 @@ pub fn choose_tile(n: usize, oc: usize, sms: usize, wgmma: bool) -> TileShape {
         .expect("variant lists are not empty")
 }
 
-/// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
+/// `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`, then GELU if
 /// `gelu`, in TF32 with f32 accumulation; the tile shape is chosen for the
-/// GEMM's size. `c` must be a multiple of 4.
+/// GEMM's size. `k` must be a multiple of 4.
 ///
 /// Rounding: `inp` is rounded to TF32 (to nearest) by every kernel. `weight`
 /// must already be TF32-rounded (`convert::round_tf32`, once per weight: the
 /// engine does it at load) for the same accuracy on a Hopper GPU, whose
 /// `wgmma` kernels use it as given and so truncate unrounded weights; the
 /// `mma.sync` kernels round it either way.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_tf32<O, I, W, B>(
     gpu: &Gpu,
     out: &mut O,
     inp: &I,
     weight: &W,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), MatmulTf32Error>
 where
@@ -133,8 +132,8 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    let shape = auto_tile(gpu, n, c, oc);
-    matmul_forward_tf32_with(gpu, &shape, out, inp, weight, bias, n, c, oc, gelu)
+    let tile = auto_tile(gpu, shape);
+    matmul_forward_tf32_with(gpu, &tile, out, inp, weight, bias, shape, gelu)
 }
 
 /// How [`matmul_forward_tf32_opts`] runs beyond the defaults of
@@ -154,13 +153,12 @@ pub struct Tf32Options<'a> {
     /// then be told `inp_rounded`. Disables split-K.
     pub round_out: bool,
     /// Scratch for split-K partial sums: when the output has too few tiles
-    /// to fill the GPU and `c` is deep, a `wgmma` tile splits `c` (see
-    /// [`tf32_splits`]) if `splits * n * oc` floats fit here.
+    /// to fill the GPU and `k` is deep, a `wgmma` tile splits `k` (see
+    /// [`tf32_splits`]) if `splits * m * n` floats fit here.
     pub split_workspace: Option<&'a mut CudaSlice<f32>>,
 }
 
 /// [`matmul_forward_tf32`] with [`Tf32Options`] (the engine's entry).
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_tf32_opts<O, I, W, B>(
     gpu: &Gpu,
     opts: Tf32Options,
@@ -168,9 +166,7 @@ pub fn matmul_forward_tf32_opts<O, I, W, B>(
     inp: &I,
     weight: &W,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), MatmulTf32Error>
 where
     O: DevicePtrMut<f32>,
@@ -178,34 +174,32 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    let shape = auto_tile(gpu, n, c, oc);
-    let splits = tf32_splits(&shape, n, c, oc, gpu.sm_count());
+    let tile = auto_tile(gpu, shape);
+    let splits = tf32_splits(&tile, shape, gpu.sm_count());
     match opts.split_workspace {
-        Some(ws) if splits > 1 && !opts.round_out && ws.len() >= splits * n * oc => matmul_forward_tf32_split_with(
-            gpu,
-            &shape,
-            splits,
-            ws,
-            out,
-            inp,
-            weight,
-            bias,
-            n,
-            c,
-            oc,
-            opts.gelu,
-            opts.inp_rounded,
-        ),
+        Some(ws) if splits > 1 && !opts.round_out && ws.len() >= splits * shape.out_len() => {
+            matmul_forward_tf32_split_with(
+                gpu,
+                &tile,
+                splits,
+                ws,
+                out,
+                inp,
+                weight,
+                bias,
+                shape,
+                opts.gelu,
+                opts.inp_rounded,
+            )
+        }
         _ => launch(
             gpu,
-            &shape,
+            &tile,
             out,
             inp,
             weight,
             bias,
-            n,
-            c,
-            oc,
+            shape,
             opts.gelu,
             opts.inp_rounded,
             None,
@@ -217,41 +211,39 @@ where
 /// Fewest k-tiles (`MATMUL_TF32_BK` deep) a split-K part should have: less
 /// and the partial sums' traffic outweighs the gain.
 pub const TF32_MIN_KTILES_PER_SPLIT: usize = 16;
-/// Most parts split-K cuts `c` into.
+/// Most parts split-K cuts `k` into.
 pub const TF32_MAX_SPLITS: usize = 4;
 
 /// Split-K parts for a `wgmma` tile: enough to bring an output of fewer
 /// tiles than one wave of resident blocks up to about one wave, within
 /// [`TF32_MAX_SPLITS`] and [`TF32_MIN_KTILES_PER_SPLIT`]; 1 (no split) for
 /// `mma.sync` tiles and outputs that fill the GPU.
-pub fn tf32_splits(shape: &TileShape, n: usize, c: usize, oc: usize, sms: usize) -> usize {
-    if shape.engine != TileEngine::Wgmma {
+pub fn tf32_splits(tile: &TileShape, shape: MatmulShape, sms: usize) -> usize {
+    if tile.engine != TileEngine::Wgmma {
         return 1;
     }
-    let blocks = tf32_blocks(shape, n, oc).max(1);
-    let wave = sms * shape.blocks_per_sm as usize;
-    let ktiles = c.div_ceil(MATMUL_TF32_BK as usize);
+    let blocks = tf32_blocks(tile, shape).max(1);
+    let wave = sms * tile.blocks_per_sm as usize;
+    let ktiles = shape.k.div_ceil(MATMUL_TF32_BK as usize);
     (wave / blocks)
         .min(ktiles / TF32_MIN_KTILES_PER_SPLIT)
         .clamp(1, TF32_MAX_SPLITS)
 }
 
-/// [`matmul_forward_tf32_with`] split over `c` in `splits` parts: partial
-/// sums into `workspace` (`splits * n * oc` floats), then
+/// [`matmul_forward_tf32_with`] split over `k` in `splits` parts: partial
+/// sums into `workspace` (`splits * m * n` floats), then
 /// `matmul_split_reduce` adds them in order, with the bias and GELU.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_tf32_split_with<O, I, W, B>(
     gpu: &Gpu,
-    shape: &TileShape,
+    tile: &TileShape,
     splits: usize,
     workspace: &mut CudaSlice<f32>,
     out: &mut O,
     inp: &I,
     weight: &W,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
     inp_rounded: bool,
 ) -> Result<(), MatmulTf32Error>
@@ -261,44 +253,29 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    let ktiles = c.div_ceil(MATMUL_TF32_BK as usize);
+    let ktiles = shape.k.div_ceil(MATMUL_TF32_BK as usize);
     let per_split = ktiles.div_ceil(splits.max(1)).max(1);
     let splits = ktiles.div_ceil(per_split).max(1);
     if splits == 1 {
-        return launch(
-            gpu,
-            shape,
-            out,
-            inp,
-            weight,
-            bias,
-            n,
-            c,
-            oc,
-            gelu,
-            inp_rounded,
-            None,
-            false,
-        );
+        return launch(gpu, tile, out, inp, weight, bias, shape, gelu, inp_rounded, None, false);
     }
-    if workspace.len() < splits * n * oc {
+    let MatmulShape { m, n, .. } = shape;
+    if workspace.len() < splits * m * n {
         return Err(MatmulTf32Error::TooSmall(
             "split workspace",
             workspace.len(),
-            splits * n * oc,
+            splits * m * n,
         ));
     }
-    check_buffers(out.len(), inp, weight, bias, n, c, oc)?;
+    check_buffers(out.len(), inp, weight, bias, shape)?;
     launch(
         gpu,
-        shape,
+        tile,
         workspace,
         inp,
         weight,
         None::<&B>,
-        n,
-        c,
-        oc,
+        shape,
         false,
         inp_rounded,
         Some((splits, per_split)),
@@ -312,13 +289,13 @@ where
         out: out_p as *mut f32,
         partial: ws_p as *const f32,
         bias: bias_p.as_ref().map_or(std::ptr::null(), |(p, _)| *p as *const f32),
-        n: n as u32,
-        oc: oc as u32,
+        n: m as u32,
+        oc: n as u32,
         splits: splits as u32,
         gelu: gelu as u32,
     };
-    // SAFETY: `out` holds n*oc floats and `bias` oc, n*oc fits u32 (checked
-    // above); the workspace holds the splits*n*oc partials the launch above
+    // SAFETY: `out` holds m*n floats and `bias` n, m*n fits u32 (checked
+    // above); the workspace holds the splits*m*n partials the launch above
     // wrote (same stream).
     unsafe { launch_split_reduce(gpu, params)? };
     Ok(())
@@ -327,42 +304,42 @@ where
 /// Fewest k-tiles a 3xTF32 split-K part should have: the partial sums'
 /// round trip costs about as much as this many k-tiles of 3xTF32 work.
 pub const FP32_TC_MIN_KTILES_PER_SPLIT: usize = 4;
-/// Most parts a 3xTF32 matmul cuts `c` into.
+/// Most parts a 3xTF32 matmul cuts `k` into.
 pub const FP32_TC_MAX_SPLITS: usize = 8;
 
-/// The 3xTF32 tile and split-K parts for an `n x oc` output of depth `c`:
+/// The 3xTF32 tile and split-K parts for an `m x n` output of depth `k`:
 /// the tile of least [`predicted_cost`]; then, where its blocks fill less
 /// than a wave of resident blocks, enough parts to bring them to about one
 /// (each at least [`FP32_TC_MIN_KTILES_PER_SPLIT`] k-tiles), as many as
 /// `workspace_floats` holds partial outputs of.
-pub fn fp32_tc_plan(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: usize) -> (TileShape, usize) {
+pub fn fp32_tc_plan(shape: MatmulShape, sms: usize, workspace_floats: usize) -> (TileShape, usize) {
     let key = |s: &TileShape| {
-        let running = tf32_blocks(s, n, oc).min(sms * s.blocks_per_sm as usize);
-        (predicted_cost(s, n, oc, sms), std::cmp::Reverse(running), s.bm * s.bn)
+        let running = tf32_blocks(s, shape).min(sms * s.blocks_per_sm as usize);
+        (predicted_cost(s, shape, sms), std::cmp::Reverse(running), s.bm * s.bn)
     };
-    let shape = MATMUL_3XTF32_VARIANTS
+    let tile = MATMUL_3XTF32_VARIANTS
         .iter()
         .copied()
         .min_by_key(key)
         .expect("variant lists are not empty");
-    let blocks = tf32_blocks(&shape, n, oc).max(1);
-    let wave = sms * shape.blocks_per_sm as usize;
-    let ktiles = c.div_ceil(MATMUL_TF32_BK as usize);
-    let fit = workspace_floats / (n * oc).max(1);
+    let blocks = tf32_blocks(&tile, shape).max(1);
+    let wave = sms * tile.blocks_per_sm as usize;
+    let ktiles = shape.k.div_ceil(MATMUL_TF32_BK as usize);
+    let fit = workspace_floats / shape.out_len().max(1);
     let splits = (wave / blocks)
         .min(ktiles / FP32_TC_MIN_KTILES_PER_SPLIT)
         .min(fit)
         .clamp(1, FP32_TC_MAX_SPLITS);
-    (shape, splits)
+    (tile, splits)
 }
 
-/// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`, then GELU if
+/// `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`, then GELU if
 /// `gelu`, at FP32's accuracy on the TF32 tensor cores: each product as
 /// three TF32 products of the operands' big and small halves (3xTF32; the
 /// dropped small·small term is ~2^-22 of the product). Inputs and weights
-/// are plain f32 (no rounded copies). Split over `c` ([`fp32_tc_plan`])
+/// are plain f32 (no rounded copies). Split over `k` ([`fp32_tc_plan`])
 /// where the output has too few tiles to fill the GPU, the partial sums in
-/// `workspace`. `c` must be a multiple of 4. Twin of
+/// `workspace`. `k` must be a multiple of 4. Twin of
 /// `cpu::ops::matmul_forward`.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_fp32_tc<O, I, W, B>(
@@ -372,9 +349,7 @@ pub fn matmul_forward_fp32_tc<O, I, W, B>(
     inp: &I,
     weight: &W,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), MatmulTf32Error>
 where
@@ -384,26 +359,24 @@ where
     B: DevicePtr<f32>,
 {
     let floats = workspace.as_ref().map_or(0, |w| w.len());
-    let (shape, splits) = fp32_tc_plan(n, c, oc, gpu.sm_count(), floats);
-    matmul_forward_fp32_tc_with(gpu, &shape, splits, workspace, out, inp, weight, bias, n, c, oc, gelu)
+    let (tile, splits) = fp32_tc_plan(shape, gpu.sm_count(), floats);
+    matmul_forward_fp32_tc_with(gpu, &tile, splits, workspace, out, inp, weight, bias, shape, gelu)
 }
 
 /// [`matmul_forward_fp32_tc`] with an explicit 3xTF32 tile (one of
 /// `MATMUL_3XTF32_VARIANTS`) and split count (1: none; more needs
-/// `workspace` of `splits * n * oc` floats), for the bench's sweeps.
+/// `workspace` of `splits * m * n` floats), for the bench's sweeps.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_fp32_tc_with<O, I, W, B>(
     gpu: &Gpu,
-    shape: &TileShape,
+    tile: &TileShape,
     splits: usize,
     workspace: Option<&mut CudaSlice<f32>>,
     out: &mut O,
     inp: &I,
     weight: &W,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), MatmulTf32Error>
 where
@@ -412,14 +385,14 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    if !MATMUL_3XTF32_VARIANTS.iter().any(|v| v.name == shape.name) {
-        return Err(MatmulTf32Error::NotFp32Tc(shape.name));
+    if !MATMUL_3XTF32_VARIANTS.iter().any(|v| v.name == tile.name) {
+        return Err(MatmulTf32Error::NotFp32Tc(tile.name));
     }
     match workspace {
         Some(ws) if splits > 1 => {
-            matmul_forward_tf32_split_with(gpu, shape, splits, ws, out, inp, weight, bias, n, c, oc, gelu, false)
+            matmul_forward_tf32_split_with(gpu, tile, splits, ws, out, inp, weight, bias, shape, gelu, false)
         }
-        _ => launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, false, None, false),
+        _ => launch(gpu, tile, out, inp, weight, bias, shape, gelu, false, None, false),
     }
 }
 
@@ -429,15 +402,14 @@ fn check_buffers<I, W, B>(
     inp: &I,
     weight: &W,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), MatmulTf32Error>
 where
     I: DevicePtr<f32>,
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
+    let MatmulShape { m, n, k } = shape;
     let check = |what, have: usize, need: usize| {
         if have < need {
             Err(MatmulTf32Error::TooSmall(what, have, need))
@@ -445,16 +417,16 @@ where
             Ok(())
         }
     };
-    check("out", out_len, n * oc)?;
-    check("inp", inp.len(), n * c)?;
-    check("weight", weight.len(), oc * c)?;
+    check("out", out_len, m * n)?;
+    check("inp", inp.len(), m * k)?;
+    check("weight", weight.len(), n * k)?;
     if let Some(b) = bias {
-        check("bias", b.len(), oc)?;
+        check("bias", b.len(), n)?;
     }
-    let biggest = n.max(oc) * c.max(oc).max(1);
-    if u32::try_from(n).is_err()
-        || u32::try_from(oc).is_err()
-        || u32::try_from(c).is_err()
+    let biggest = m.max(n) * k.max(n).max(1);
+    if u32::try_from(m).is_err()
+        || u32::try_from(n).is_err()
+        || u32::try_from(k).is_err()
         || biggest > u32::MAX as usize
     {
         return Err(MatmulTf32Error::TooLarge(biggest));
@@ -462,14 +434,14 @@ where
     Ok(())
 }
 
-/// The tile for an `n x oc` output with inner size `c`: the tune cache's
+/// The tile for an `m x n` output with inner size `k`: the tune cache's
 /// if it has one for this GPU (a wgmma tile only where the sm_90a module is
 /// loaded), else [`choose_tile`]'s.
-fn auto_tile(gpu: &Gpu, n: usize, c: usize, oc: usize) -> TileShape {
+fn auto_tile(gpu: &Gpu, shape: MatmulShape) -> TileShape {
     let tuned = tune_cache(gpu)
-        .and_then(|t| t.tile(n, oc, c))
+        .and_then(|t| t.tile(shape))
         .filter(|s| s.engine == TileEngine::MmaSync || gpu.has_wgmma());
-    tuned.unwrap_or_else(|| choose_tile(n, oc, gpu.sm_count(), gpu.has_wgmma()))
+    tuned.unwrap_or_else(|| choose_tile(shape, gpu.sm_count(), gpu.has_wgmma()))
 }
 
 /// Environment variable naming a tune cache (the JSON the `tune` binary writes).
@@ -493,7 +465,7 @@ const EMBEDDED_TUNE_CACHES: &[(&str, &str)] = &[
 pub struct TuneCache {
     /// The GPU the sweep ran on; the cache applies only to the same model.
     pub device: String,
-    tiles: HashMap<(usize, usize, usize), TileShape>,
+    tiles: HashMap<MatmulShape, TileShape>,
 }
 
 /// The part of `tune`'s JSON the engine reads (the timings beside it are
@@ -530,7 +502,7 @@ impl TuneCache {
                 .chain(&MATMUL_TF32_WGMMA_VARIANTS)
                 .find(|v| v.name == best)
                 .ok_or_else(|| format!("{key}: unknown kernel {best:?} (cache from another build?)"))?;
-            tiles.insert((m, n, k), *shape);
+            tiles.insert(MatmulShape { m, n, k }, *shape);
         }
         Ok(TuneCache {
             device: doc.device,
@@ -544,9 +516,9 @@ impl TuneCache {
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// The tuned tile for an `m x n` output with inner size `k`, if swept.
-    pub fn tile(&self, m: usize, n: usize, k: usize) -> Option<TileShape> {
-        self.tiles.get(&(m, n, k)).copied()
+    /// The tuned tile for `shape`, if swept.
+    pub fn tile(&self, shape: MatmulShape) -> Option<TileShape> {
+        self.tiles.get(&shape).copied()
     }
 
     /// A GPU's name as a file stem: lower case, spaces as dashes
@@ -619,14 +591,12 @@ fn tune_cache(gpu: &Gpu) -> Option<&'static TuneCache> {
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_tf32_with<O, I, W, B>(
     gpu: &Gpu,
-    shape: &TileShape,
+    tile: &TileShape,
     out: &mut O,
     inp: &I,
     weight: &W,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), MatmulTf32Error>
 where
@@ -635,20 +605,18 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    launch(gpu, shape, out, inp, weight, bias, n, c, oc, gelu, false, None, false)
+    launch(gpu, tile, out, inp, weight, bias, shape, gelu, false, None, false)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn launch<O, I, W, B>(
     gpu: &Gpu,
-    shape: &TileShape,
+    tile: &TileShape,
     out: &mut O,
     inp: &I,
     weight: &W,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
     inp_rounded: bool,
     split: Option<(usize, usize)>,
@@ -660,16 +628,17 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    if !c.is_multiple_of(TF32_C_MULTIPLE) {
-        return Err(MatmulTf32Error::BadC(c));
+    let MatmulShape { m, n, k } = shape;
+    if !k.is_multiple_of(TF32_C_MULTIPLE) {
+        return Err(MatmulTf32Error::BadC(k));
     }
-    if shape.engine == TileEngine::Wgmma && !gpu.has_wgmma() {
-        return Err(MatmulTf32Error::NoWgmma(shape.name));
+    if tile.engine == TileEngine::Wgmma && !gpu.has_wgmma() {
+        return Err(MatmulTf32Error::NoWgmma(tile.name));
     }
     let (splits, per_split) = split.unwrap_or((1, 0));
     // Split: `out` is the workspace of `splits` partial outputs.
-    check_buffers(out.len() / splits, inp, weight, bias, n, c, oc)?;
-    let blocks = tf32_blocks(shape, n, oc);
+    check_buffers(out.len() / splits, inp, weight, bias, shape)?;
+    let blocks = tf32_blocks(tile, shape);
     if blocks == 0 {
         return Ok(());
     }
@@ -685,45 +654,45 @@ where
     if w_p % CP_ASYNC_ALIGN != 0 {
         return Err(MatmulTf32Error::Misaligned("weight"));
     }
-    // The epilogue's 16-byte stores (taken when oc % 4 == 0) need it too.
+    // The epilogue's 16-byte stores (taken when n % 4 == 0) need it too.
     if out_p % CP_ASYNC_ALIGN != 0 {
         return Err(MatmulTf32Error::Misaligned("out"));
     }
     let bias_ptr = bias_p.as_ref().map_or(std::ptr::null(), |(p, _)| *p as *const f32);
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, splits as u32, 1),
-        block_dim: (shape.threads(), 1, 1),
-        shared_mem_bytes: shape.shared_bytes(),
+        block_dim: (tile.threads(), 1, 1),
+        shared_mem_bytes: tile.shared_bytes(),
     };
-    gpu.set_max_dynamic_shared(shape.name, shape.shared_bytes())?;
-    if shape.engine == TileEngine::Wgmma {
+    gpu.set_max_dynamic_shared(tile.name, tile.shared_bytes())?;
+    if tile.engine == TileEngine::Wgmma {
         // TMA boxes: MATMUL_TF32_BK columns (128 bytes) by the tile's rows.
-        // The `inp` map spans the whole buffer (>= n rows, checked), not n
+        // The `inp` map spans the whole buffer (>= m rows, checked), not m
         // rows, so the engine's activation buffers get one map each whatever
-        // the token count (no new upload, and no host wait, per new n). Rows
-        // past n only feed output rows past n, which are never stored.
-        let inp_rows = inp.len() / c.max(1);
+        // the token count (no new upload, and no host wait, per new m). Rows
+        // past m only feed output rows past m, which are never stored.
+        let inp_rows = inp.len() / k.max(1);
         let params = MatmulTf32WgmmaParams {
-            inp_map: gpu.tensor_map_2d(TensorElem::F32, inp_p, inp_rows, c, shape.bm, MATMUL_TF32_BK)?,
-            weight_map: gpu.tensor_map_2d(TensorElem::F32, w_p, oc, c, shape.bn, MATMUL_TF32_BK)?,
+            inp_map: gpu.tensor_map_2d(TensorElem::F32, inp_p, inp_rows, k, tile.bm, MATMUL_TF32_BK)?,
+            weight_map: gpu.tensor_map_2d(TensorElem::F32, w_p, n, k, tile.bn, MATMUL_TF32_BK)?,
             out: out_p as *mut f32,
             bias: bias_ptr,
-            n: n as u32,
-            c: c as u32,
-            oc: oc as u32,
+            n: m as u32,
+            c: k as u32,
+            oc: n as u32,
             gelu: gelu as u32,
             round_inp: !inp_rounded as u32,
             k_tiles_per_split: per_split as u32,
             round_out: round_out as u32,
         };
-        // SAFETY: `shape.name` is the wgmma kernel compiled for `shape`
+        // SAFETY: `tile.name` is the wgmma kernel compiled for `tile`
         // (present: the sm_90a module is loaded, checked above), whose
         // parameter type is MatmulTf32WgmmaParams; the maps describe `inp`
         // and `weight` with the sizes checked above and the boxes the kernel
         // was compiled with; `out`/`bias` sizes checked, `out` 16-byte
-        // aligned; grid, block and shared memory come from `shape`; with
-        // `splits` grid rows `out` holds splits*n*oc floats (checked).
-        unsafe { gpu.launch(shape.name, cfg, params)? };
+        // aligned; grid, block and shared memory come from `tile`; with
+        // `splits` grid rows `out` holds splits*m*n floats (checked).
+        unsafe { gpu.launch(tile.name, cfg, params)? };
         return Ok(());
     }
     let params = MatmulTf32Params {
@@ -731,19 +700,19 @@ where
         inp: inp_p as *const f32,
         weight: w_p as *const f32,
         bias: bias_ptr,
-        n: n as u32,
-        c: c as u32,
-        oc: oc as u32,
+        n: m as u32,
+        c: k as u32,
+        oc: n as u32,
         gelu: gelu as u32,
         k_tiles_per_split: per_split as u32,
     };
-    // SAFETY: `shape.name` is the kernel compiled for `shape`, whose
+    // SAFETY: `tile.name` is the kernel compiled for `tile`, whose
     // parameter type is MatmulTf32Params (a wgmma one only when the sm_90a
     // module is loaded, checked above); the sizes of all four buffers were
-    // checked above, inp/weight/out are 16-byte aligned and c % 4 == 0 (the
+    // checked above, inp/weight/out are 16-byte aligned and k % 4 == 0 (the
     // kernels' cp.async contract); grid, block and shared memory come from
     // the same TileShape the kernel was compiled with; with `splits` grid
-    // rows `out` holds splits*n*oc floats (checked).
-    unsafe { gpu.launch(shape.name, cfg, params)? };
+    // rows `out` holds splits*m*n floats (checked).
+    unsafe { gpu.launch(tile.name, cfg, params)? };
     Ok(())
 }

@@ -12,6 +12,7 @@ use clap::Parser;
 use cudarc::cublas::{Gemv, GemvConfig, sys as blas_sys};
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use gpu_host::shape::{AttentionShape, MatmulShape};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::decode_step::DECODE_STEP_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
@@ -279,6 +280,7 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
     for &m in ms {
         for &(n, k) in &GEMM_NK {
             let mut sets = GemmSets::new(gpu, m, n, k)?;
+            let gemm = MatmulShape::new(m, n, k);
             let flops = sets.flops();
             let mut rows: Vec<GemmResult> = Vec::new();
             let mut record = |variant: String, precision: &'static str, timing| {
@@ -316,9 +318,7 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                     &inp[i],
                     &w[i],
                     None::<&cudarc::driver::CudaSlice<f32>>,
-                    m,
-                    k,
-                    n,
+                    gemm,
                     false,
                 )
             })?;
@@ -343,9 +343,7 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                         &inp[i],
                         &w[i],
                         None::<&cudarc::driver::CudaSlice<f32>>,
-                        m,
-                        k,
-                        n,
+                        gemm,
                     )
                 })?;
                 record("ours_tf32_engine".into(), "tf32", t);
@@ -360,9 +358,7 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                         &inp[i],
                         &w[i],
                         None::<&cudarc::driver::CudaSlice<f32>>,
-                        m,
-                        k,
-                        n,
+                        gemm,
                         false,
                     )
                 })?;
@@ -403,25 +399,25 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                 record("cublas_bf16".into(), "bf16", t);
                 let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
                     let GemmSets { inp, out, .. } = &mut sets;
-                    matmul_forward_bf16(gpu, &mut out[i], &inp[i], &w16[i], None, m, k, n, false)
+                    matmul_forward_bf16(gpu, &mut out[i], &inp[i], &w16[i], None, gemm, false)
                 })?;
                 record("ours_bf16_auto".into(), "bf16", t);
                 if gpu.has_wgmma() {
                     // The Hopper kernels, as cuBLAS runs: bf16 inp and out.
                     let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
                         let out = Bf16Out::Bf16(&mut out16[i]);
-                        matmul_forward_bf16_wgmma(gpu, out, &inp16[i], &w16[i], None, m, k, n, false)
+                        matmul_forward_bf16_wgmma(gpu, out, &inp16[i], &w16[i], None, gemm, false)
                     })?;
                     record("ours_bf16_wgmma_auto".into(), "bf16", t);
                     let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
                         let out = Bf16Out::F32(&mut sets.out[i]);
-                        matmul_forward_bf16_wgmma(gpu, out, &inp16[i], &w16[i], None, m, k, n, false)
+                        matmul_forward_bf16_wgmma(gpu, out, &inp16[i], &w16[i], None, gemm, false)
                     })?;
                     record("ours_bf16_wgmma_auto_f32_out".into(), "bf16", t);
                     for shape in &MATMUL_BF16_WGMMA_VARIANTS {
                         let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
                             let out = Bf16Out::Bf16(&mut out16[i]);
-                            matmul_forward_bf16_wgmma_with(gpu, shape, out, &inp16[i], &w16[i], None, m, k, n, false)
+                            matmul_forward_bf16_wgmma_with(gpu, shape, out, &inp16[i], &w16[i], None, gemm, false)
                         })?;
                         record(
                             format!("ours_{}", shape.name.trim_start_matches("matmul_forward_")),
@@ -477,9 +473,7 @@ fn decode_gemv_bench(
     inp: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     bias: Option<&CudaSlice<f32>>,
-    rows: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> anyhow::Result<()> {
     let output = DecodeOutput::Rows {
         out,
@@ -496,9 +490,7 @@ fn decode_gemv_bench(
         WeightRef::F32(w),
         bias,
         output,
-        rows,
-        c,
-        oc,
+        shape,
     )?;
     Ok(())
 }
@@ -686,7 +678,16 @@ fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
             cublas: false,
             takes: |rows| rows <= MATMUL_GEMV_MAX_ROWS as usize,
             launch: Box::new(|out, inp, w, bias, rows, c, oc| {
-                matmul_forward_with(gpu, MatmulKernel::Gemv, false, out, inp, w, bias, rows, c, oc)?;
+                matmul_forward_with(
+                    gpu,
+                    MatmulKernel::Gemv,
+                    false,
+                    out,
+                    inp,
+                    w,
+                    bias,
+                    MatmulShape::new(rows, oc, c),
+                )?;
                 Ok(())
             }),
         },
@@ -702,7 +703,7 @@ fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
             cublas: false,
             takes: |rows| rows <= DECODE_MAX_ROWS as usize,
             launch: Box::new(move |out, inp, w, bias, rows, c, oc| {
-                decode_gemv_bench(gpu, decode_ws, pdl, out, inp, w, bias, rows, c, oc)
+                decode_gemv_bench(gpu, decode_ws, pdl, out, inp, w, bias, MatmulShape::new(rows, oc, c))
             }),
         }),
     );
@@ -806,7 +807,8 @@ fn timing_us(t: &host::bench::Timing) -> f64 {
 /// Workspaces are allocated once per shape, outside the timing.
 fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<(String, host::bench::Timing)>> {
     let (m, n, k, sn) = (sets.m, sets.n, sets.k, sets.sets());
-    let mut ws = MatmulWorkspace::new(gpu, split_k_workspace_floats(m, k, n, gpu.sm_count()))?;
+    let gemm = MatmulShape::new(m, n, k);
+    let mut ws = MatmulWorkspace::new(gpu, split_k_workspace_floats(gemm, gpu.sm_count()))?;
     let mut kernels = vec![
         ("ours_fp32_auto", MatmulKernel::Auto),
         ("ours_fp32_tiled", MatmulKernel::Tiled),
@@ -833,9 +835,7 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
                 &inp[i],
                 &w[i],
                 None::<&CudaSlice<f32>>,
-                m,
-                k,
-                n,
+                gemm,
                 &mut ws,
             )?;
             Ok(())
@@ -856,34 +856,19 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
             &inp[i],
             &w[i],
             bias,
-            m,
-            k,
-            n,
+            gemm,
             false,
         )?;
         Ok(())
     })?;
     res.push(("ours_fp32_tc_auto".to_string(), t));
-    let (_, splits) = fp32_tc_plan(m, k, n, gpu.sm_count(), floats);
+    let (_, splits) = fp32_tc_plan(gemm, gpu.sm_count(), floats);
     for shape in &MATMUL_3XTF32_VARIANTS {
         let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
             let GemmSets { inp, w, out, .. } = &mut *sets;
             let bias = None::<&CudaSlice<f32>>;
             let part = Some(ws.partial_mut());
-            matmul_forward_fp32_tc_with(
-                gpu,
-                shape,
-                splits,
-                part,
-                &mut out[i],
-                &inp[i],
-                &w[i],
-                bias,
-                m,
-                k,
-                n,
-                false,
-            )?;
+            matmul_forward_fp32_tc_with(gpu, shape, splits, part, &mut out[i], &inp[i], &w[i], bias, gemm, false)?;
             Ok(())
         })?;
         let tile = shape.name.trim_start_matches("matmul_forward_");
@@ -895,7 +880,7 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
             let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
                 let GemmSets { inp, w, out, .. } = &mut *sets;
                 let bias = None::<&CudaSlice<f32>>;
-                matmul_forward_plan(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, m, k, n, None)?;
+                matmul_forward_plan(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, gemm, None)?;
                 Ok(())
             })?;
             res.push((format!("ours_fp32_tile{tile}"), t));
@@ -911,12 +896,12 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
                     continue;
                 }
                 last = plan.splits;
-                let mut sweep_ws = MatmulWorkspace::new(gpu, plan.workspace_floats(m, n))?;
+                let mut sweep_ws = MatmulWorkspace::new(gpu, plan.workspace_floats(gemm))?;
                 let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
                     let GemmSets { inp, w, out, .. } = &mut *sets;
                     let bias = None::<&CudaSlice<f32>>;
                     let ws = Some(&mut sweep_ws);
-                    matmul_forward_small(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, m, k, n, ws)?;
+                    matmul_forward_small(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, gemm, ws)?;
                     Ok(())
                 })?;
                 res.push((format!("ours_fp32_small_s{}", plan.splits), t));
@@ -928,7 +913,7 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
             let mut last = 1;
             for s in FP32_SWEEP_SPLITS {
                 let plan = TiledPlan::split(tile, k, s);
-                let floats = plan.workspace_floats(m, n);
+                let floats = plan.workspace_floats(gemm);
                 if plan.splits == last || floats > FP32_SWEEP_MAX_WORKSPACE {
                     continue;
                 }
@@ -938,7 +923,7 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
                     let GemmSets { inp, w, out, .. } = &mut *sets;
                     let bias = None::<&CudaSlice<f32>>;
                     let ws = Some(&mut sweep_ws);
-                    matmul_forward_plan(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, m, k, n, ws)?;
+                    matmul_forward_plan(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, gemm, ws)?;
                     Ok(())
                 })?;
                 res.push((format!("ours_fp32_t{tile}_s{}", plan.splits), t));
@@ -1030,10 +1015,55 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         let AttnSets { qkv, k, v: vc, out, .. } = &mut sets;
                         let (o, kc, vcc, q) = (&mut out[i], &mut k[i], &mut vc[i], &qkv[i]);
                         match v {
-                            V::Unfused => attention_forward(gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window)?,
-                            V::Naive => attention_forward_naive(gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window)?,
+                            V::Unfused => attention_forward(
+                                gpu,
+                                o,
+                                kc,
+                                vcc,
+                                q,
+                                AttentionShape {
+                                    b,
+                                    t,
+                                    pos0,
+                                    max_t,
+                                    c,
+                                    nh,
+                                    window,
+                                },
+                            )?,
+                            V::Naive => attention_forward_naive(
+                                gpu,
+                                o,
+                                kc,
+                                vcc,
+                                q,
+                                AttentionShape {
+                                    b,
+                                    t,
+                                    pos0,
+                                    max_t,
+                                    c,
+                                    nh,
+                                    window,
+                                },
+                            )?,
                             V::Flash(p) => attention_forward_flash(
-                                gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window, p, &mut ws,
+                                gpu,
+                                o,
+                                kc,
+                                vcc,
+                                q,
+                                AttentionShape {
+                                    b,
+                                    t,
+                                    pos0,
+                                    max_t,
+                                    c,
+                                    nh,
+                                    window,
+                                },
+                                p,
+                                &mut ws,
                             )?,
                             V::FlashTf32Split(_) | V::FlashBf16Stages(_) => {
                                 let prec = match v {
@@ -1041,7 +1071,22 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                                     _ => FlashPrecision::Tf32,
                                 };
                                 attention_forward_flash(
-                                    gpu, o, kc, vcc, q, b, t, pos0, max_t, c, nh, window, prec, &mut ws,
+                                    gpu,
+                                    o,
+                                    kc,
+                                    vcc,
+                                    q,
+                                    AttentionShape {
+                                        b,
+                                        t,
+                                        pos0,
+                                        max_t,
+                                        c,
+                                        nh,
+                                        window,
+                                    },
+                                    prec,
+                                    &mut ws,
                                 )?
                             }
                         }

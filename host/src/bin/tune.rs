@@ -11,6 +11,7 @@
 use anyhow::Context;
 use clap::Parser;
 use cudarc::driver::CudaSlice;
+use gpu_host::shape::MatmulShape;
 use host::bench::{DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmSets, tf32_variants, time_calls};
 use host::gpu::Gpu;
 use host::gpu::ops::matmul_tf32::{MatmulTf32Error, TuneCache, choose_tile, matmul_forward_tf32_with};
@@ -59,9 +60,7 @@ fn main() -> anyhow::Result<()> {
                         &inp[i],
                         &w[i],
                         None::<&CudaSlice<f32>>,
-                        m,
-                        k,
-                        n,
+                        MatmulShape::new(m, n, k),
                         false,
                     )
                 })?;
@@ -71,7 +70,7 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             let (best_name, best_us) = best.context("no TF32 variants compiled")?;
-            let heur = choose_tile(m, n, sms, gpu.has_wgmma()).name;
+            let heur = choose_tile(MatmulShape::new(m, n, k), sms, gpu.has_wgmma()).name;
             let heur_us = times[heur].as_f64().unwrap_or(f64::NAN);
             println!(
                 "{m:>5} {n:>6} {k:>5}  {best_name:30} {heur:30} {:>8.2}",

@@ -3,6 +3,7 @@
 //! generation loop runs on it exactly as on the GPU engine.
 
 use anyhow::{Context, Result, ensure};
+use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 
 use super::ops::{attention_forward, encoder_forward, layernorm_forward, matmul_forward, residual_forward};
 use crate::cpu::sample::sample_row;
@@ -252,33 +253,45 @@ impl CpuModel {
                 round_bf16(x)
             }
         };
-        encoder_forward(sized(&mut a.residual, n * c), tokens, &p.wte, &p.wpe, b, t, c, pos0);
+        encoder_forward(
+            sized(&mut a.residual, n * c),
+            tokens,
+            &p.wte,
+            &p.wpe,
+            EncoderShape { b, t, c, pos0 },
+        );
         let row_len = cfg.num_heads * self.max_seq_len * cfg.head_size();
         for (lw, (k_all, v_all)) in p.layers.iter().zip(self.kv_cache.iter_mut()) {
             let (k_cache, v_cache) = (&mut k_all[row0 * row_len..], &mut v_all[row0 * row_len..]);
-            layernorm_forward(sized(&mut a.ln1, n * c), &a.residual, &lw.ln1w, &lw.ln1b, n, c);
+            layernorm_forward(
+                sized(&mut a.ln1, n * c),
+                &a.residual,
+                &lw.ln1w,
+                &lw.ln1b,
+                RowShape::new(n, c),
+            );
             round_if(bf16, &mut a.ln1);
             matmul_forward(
                 sized(&mut a.qkv, n * 3 * c),
                 &a.ln1,
                 &lw.qkvw,
                 Some(&lw.qkvb),
-                n,
-                c,
-                3 * c,
+                MatmulShape::new(n, 3 * c, c),
             );
             attention_forward(
                 sized(&mut a.atty, n * c),
                 k_cache,
                 v_cache,
                 &a.qkv,
-                b,
-                t,
-                pos0,
-                self.max_seq_len,
-                c,
-                nh,
-                self.window,
+                AttentionShape {
+                    b,
+                    t,
+                    pos0,
+                    max_t: self.max_seq_len,
+                    c,
+                    nh,
+                    window: self.window,
+                },
             );
             round_if(bf16, &mut a.atty);
             matmul_forward(
@@ -286,21 +299,23 @@ impl CpuModel {
                 &a.atty,
                 &lw.attprojw,
                 Some(&lw.attprojb),
-                n,
-                c,
-                c,
+                MatmulShape::new(n, c, c),
             );
             residual_forward(sized(&mut a.residual2, n * c), &a.residual, &a.attproj, n * c);
-            layernorm_forward(sized(&mut a.ln2, n * c), &a.residual2, &lw.ln2w, &lw.ln2b, n, c);
+            layernorm_forward(
+                sized(&mut a.ln2, n * c),
+                &a.residual2,
+                &lw.ln2w,
+                &lw.ln2b,
+                RowShape::new(n, c),
+            );
             round_if(bf16, &mut a.ln2);
             matmul_forward(
                 sized(&mut a.fch, n * 4 * c),
                 &a.ln2,
                 &lw.fcw,
                 Some(&lw.fcb),
-                n,
-                c,
-                4 * c,
+                MatmulShape::new(n, 4 * c, c),
             );
             super::ops::gelu_forward(sized(&mut a.fch_gelu, n * 4 * c), &a.fch, n * 4 * c);
             round_if(bf16, &mut a.fch_gelu);
@@ -309,13 +324,17 @@ impl CpuModel {
                 &a.fch_gelu,
                 &lw.fcprojw,
                 Some(&lw.fcprojb),
-                n,
-                4 * c,
-                c,
+                MatmulShape::new(n, c, 4 * c),
             );
             residual_forward(sized(&mut a.residual, n * c), &a.residual2, &a.fcproj, n * c);
         }
-        layernorm_forward(sized(&mut a.lnf, n * c), &a.residual, &p.lnfw, &p.lnfb, n, c);
+        layernorm_forward(
+            sized(&mut a.lnf, n * c),
+            &a.residual,
+            &p.lnfw,
+            &p.lnfb,
+            RowShape::new(n, c),
+        );
         round_if(bf16, &mut a.lnf);
 
         // LM head (tied to wte, no bias) on the wanted rows only.
@@ -334,7 +353,13 @@ impl CpuModel {
                 &a.head_in
             }
         };
-        matmul_forward(sized(&mut a.logits, rows * vp), head_in, &p.wte, None, rows, c, vp);
+        matmul_forward(
+            sized(&mut a.logits, rows * vp),
+            head_in,
+            &p.wte,
+            None,
+            MatmulShape::new(rows, vp, c),
+        );
     }
 }
 

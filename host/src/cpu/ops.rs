@@ -10,6 +10,7 @@
 //! Sizes are checked with `assert!`: these are internal contracts between the
 //! forward pass and its ops, not user input (the forward pass validates that).
 
+pub use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
 pub use gpu_kernels::params::crossentropy::IGNORED_TARGET;
 use rayon::prelude::*;
 
@@ -23,17 +24,8 @@ const GELU_CUBIC: f32 = 0.044_715;
 /// Token plus position embedding: `out[b, t, :] = wte[inp[b, t], :] + wpe[pos0 + t, :]`.
 ///
 /// `out` is `[B*T*C]`, `inp` `[B*T]`, `wte` `[Vp*C]`, `wpe` `[maxT*C]`.
-#[allow(clippy::too_many_arguments)]
-pub fn encoder_forward(
-    out: &mut [f32],
-    inp: &[u32],
-    wte: &[f32],
-    wpe: &[f32],
-    b: usize,
-    t: usize,
-    c: usize,
-    pos0: usize,
-) {
+pub fn encoder_forward(out: &mut [f32], inp: &[u32], wte: &[f32], wpe: &[f32], shape: EncoderShape) {
+    let EncoderShape { b, t, c, pos0 } = shape;
     assert!(out.len() >= b * t * c && inp.len() >= b * t);
     assert!(
         wpe.len() >= (pos0 + t) * c,
@@ -55,11 +47,11 @@ pub fn encoder_forward(
 }
 
 /// Token plus position embedding with a position per row: `out[r, :] =
-/// wte[inp[r], :] + wpe[min(pos[r], maxT - 1), :]` for `n` rows (a decode
-/// step over sequences at different positions; a position past the table
-/// is an idle row, clamped as the kernel does).
-#[allow(clippy::too_many_arguments)]
-pub fn encoder_forward_rows(out: &mut [f32], inp: &[u32], pos: &[u32], wte: &[f32], wpe: &[f32], n: usize, c: usize) {
+/// wte[inp[r], :] + wpe[min(pos[r], maxT - 1), :]` for `shape.rows` rows
+/// (a decode step over sequences at different positions; a position past
+/// the table is an idle row, clamped as the kernel does).
+pub fn encoder_forward_rows(out: &mut [f32], inp: &[u32], pos: &[u32], wte: &[f32], wpe: &[f32], shape: RowShape) {
+    let RowShape { rows: n, c } = shape;
     assert!(out.len() >= n * c && inp.len() >= n && pos.len() >= n && wpe.len() >= c);
     let max_pos = wpe.len() / c;
     out[..n * c].par_chunks_mut(c).enumerate().for_each(|(r, out_r)| {
@@ -74,11 +66,11 @@ pub fn encoder_forward_rows(out: &mut [f32], inp: &[u32], pos: &[u32], wte: &[f3
 }
 
 /// A decode step's keys and values into the cache, each row at its own
-/// position: row `r` of `qkv` (`[n, 3C]`) gives its query to `q[r]`, its
-/// key and value to cache row `cache_row[r]` (`None`: row `r`; the caches
-/// are `[rows][NH][maxT][HS]`) at `pos[r]`; a row at or past `max_t`, or
-/// whose cache row is past the caches' rows, is idle (nothing cached).
-#[allow(clippy::too_many_arguments)]
+/// position: row `r` of `qkv` (`[n, 3C]`, `n = shape.rows`) gives its query
+/// to `q[r]`, its key and value to cache row `cache_row[r]` (`None`: row
+/// `r`; the caches are `[rows][NH][maxT][HS]`) at `pos[r]`; a row at or past
+/// `max_t`, or whose cache row is past the caches' rows, is idle (nothing
+/// cached).
 pub fn kv_cache_store(
     q: &mut [f32],
     k_cache: &mut [f32],
@@ -86,11 +78,9 @@ pub fn kv_cache_store(
     qkv: &[f32],
     pos: &[u32],
     cache_row: Option<&[u32]>,
-    n: usize,
-    c: usize,
-    nh: usize,
-    max_t: usize,
+    shape: KvCacheShape,
 ) {
+    let KvCacheShape { rows: n, c, nh, max_t } = shape;
     assert!(q.len() >= n * c && qkv.len() >= n * 3 * c && pos.len() >= n);
     assert!(cache_row.is_none_or(|m| m.len() >= n));
     let cache_rows = k_cache.len().min(v_cache.len()) / (c * max_t);
@@ -112,10 +102,11 @@ pub fn kv_cache_store(
     }
 }
 
-/// Layer normalisation of each of the `n` rows of `c` channels:
-/// `out = (inp - mean) / sqrt(var + eps) * weight + bias`, biased variance,
-/// eps = [`LAYERNORM_EPS`].
-pub fn layernorm_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], n: usize, c: usize) {
+/// Layer normalisation of each of the `shape.rows` rows of `shape.c`
+/// channels: `out = (inp - mean) / sqrt(var + eps) * weight + bias`, biased
+/// variance, eps = [`LAYERNORM_EPS`].
+pub fn layernorm_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], shape: RowShape) {
+    let RowShape { rows: n, c } = shape;
     assert!(out.len() >= n * c && inp.len() >= n * c && weight.len() >= c && bias.len() >= c);
     out[..n * c]
         .par_chunks_mut(c)
@@ -135,7 +126,6 @@ pub fn layernorm_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f
 
 /// `residual = inp1 + inp2`, then `out = layernorm(residual)`: the GPU's
 /// fused kernel, here plainly the two ops in turn.
-#[allow(clippy::too_many_arguments)]
 pub fn residual_layernorm_forward(
     residual: &mut [f32],
     out: &mut [f32],
@@ -143,11 +133,10 @@ pub fn residual_layernorm_forward(
     inp2: &[f32],
     weight: &[f32],
     bias: &[f32],
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) {
-    residual_forward(residual, inp1, inp2, n * c);
-    layernorm_forward(out, residual, weight, bias, n, c);
+    residual_forward(residual, inp1, inp2, shape.len());
+    layernorm_forward(out, residual, weight, bias, shape);
 }
 
 /// Number of independent partial sums per dot product. Several accumulators
@@ -159,50 +148,42 @@ const MATMUL_ROW_TILE: usize = 4;
 /// cache while every input row is multiplied with it.
 const MATMUL_OC_BLOCK: usize = 64;
 
-/// `out[n, oc] = sum_i inp[n, i] * weight[oc, i] + bias[oc]`, weights stored
+/// `out[m, n] = sum_i inp[m, i] * weight[n, i] + bias[n]`, weights stored
 /// (out, in) like llm.c and PyTorch's `nn.Linear`.
 ///
 /// Parallel over blocks of output channels, each block computed for all rows
 /// and then copied into place. Each dot product is the same function of its
 /// two rows wherever it is computed (see `dot_tile`).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_forward(
-    out: &mut [f32],
-    inp: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    n: usize,
-    c: usize,
-    oc: usize,
-) {
-    assert!(out.len() >= n * oc && inp.len() >= n * c && weight.len() >= oc * c);
+pub fn matmul_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: Option<&[f32]>, shape: MatmulShape) {
+    let MatmulShape { m, n, k } = shape;
+    assert!(out.len() >= m * n && inp.len() >= m * k && weight.len() >= n * k);
     if let Some(bias) = bias {
-        assert!(bias.len() >= oc);
+        assert!(bias.len() >= n);
     }
-    let blocks: Vec<(usize, Vec<f32>)> = (0..oc.div_ceil(MATMUL_OC_BLOCK))
+    let blocks: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(MATMUL_OC_BLOCK))
         .into_par_iter()
         .map(|blk| {
             let o0 = blk * MATMUL_OC_BLOCK;
-            let o1 = (o0 + MATMUL_OC_BLOCK).min(oc);
+            let o1 = (o0 + MATMUL_OC_BLOCK).min(n);
             let width = o1 - o0;
             // block[r * width + (o - o0)] = out[r, o]
-            let mut block = vec![0f32; n * width];
+            let mut block = vec![0f32; m * width];
             let mut r = 0;
-            while r < n {
-                let rows = (n - r).min(MATMUL_ROW_TILE);
+            while r < m {
+                let rows = (m - r).min(MATMUL_ROW_TILE);
                 for o in o0..o1 {
-                    let w = &weight[o * c..(o + 1) * c];
+                    let w = &weight[o * k..(o + 1) * k];
                     let mut sums = [0f32; MATMUL_ROW_TILE];
                     if rows == MATMUL_ROW_TILE {
-                        dot_tile::<MATMUL_ROW_TILE>(&mut sums, &inp[r * c..], w, c);
+                        dot_tile::<MATMUL_ROW_TILE>(&mut sums, &inp[r * k..], w, k);
                     } else {
-                        for k in 0..rows {
-                            dot_tile::<1>((&mut sums[k..k + 1]).try_into().unwrap(), &inp[(r + k) * c..], w, c);
+                        for j in 0..rows {
+                            dot_tile::<1>((&mut sums[j..j + 1]).try_into().unwrap(), &inp[(r + j) * k..], w, k);
                         }
                     }
                     let b = bias.map_or(0.0, |b| b[o]);
-                    for k in 0..rows {
-                        block[(r + k) * width + (o - o0)] = sums[k] + b;
+                    for j in 0..rows {
+                        block[(r + j) * width + (o - o0)] = sums[j] + b;
                     }
                 }
                 r += rows;
@@ -211,34 +192,34 @@ pub fn matmul_forward(
         })
         .collect();
     for (o0, block) in blocks {
-        let width = block.len() / n.max(1);
-        for r in 0..n {
-            out[r * oc + o0..r * oc + o0 + width].copy_from_slice(&block[r * width..(r + 1) * width]);
+        let width = block.len() / m.max(1);
+        for r in 0..m {
+            out[r * n + o0..r * n + o0 + width].copy_from_slice(&block[r * width..(r + 1) * width]);
         }
     }
 }
 
-/// `sums[k] = dot(inp[k*c..(k+1)*c], w)` for `R` consecutive rows of `inp`,
+/// `sums[j] = dot(inp[j*k..(j+1)*k], w)` for `R` consecutive rows of `inp`,
 /// each with [`DOT_LANES`] partial sums reduced in a fixed order, so a row's
 /// result is the same for every `R`.
-fn dot_tile<const R: usize>(sums: &mut [f32; R], inp: &[f32], w: &[f32], c: usize) {
-    let full = c - c % DOT_LANES;
+fn dot_tile<const R: usize>(sums: &mut [f32; R], inp: &[f32], w: &[f32], k: usize) {
+    let full = k - k % DOT_LANES;
     let mut acc = [[0f32; DOT_LANES]; R];
     for i in (0..full).step_by(DOT_LANES) {
         let wl = &w[i..i + DOT_LANES];
-        for k in 0..R {
-            let x = &inp[k * c + i..k * c + i + DOT_LANES];
+        for j in 0..R {
+            let x = &inp[j * k + i..j * k + i + DOT_LANES];
             for l in 0..DOT_LANES {
-                acc[k][l] += x[l] * wl[l];
+                acc[j][l] += x[l] * wl[l];
             }
         }
     }
-    for k in 0..R {
+    for j in 0..R {
         let mut tail = 0f32;
-        for i in full..c {
-            tail += inp[k * c + i] * w[i];
+        for i in full..k {
+            tail += inp[j * k + i] * w[i];
         }
-        sums[k] = acc[k].iter().sum::<f32>() + tail;
+        sums[j] = acc[j].iter().sum::<f32>() + tail;
     }
 }
 
@@ -249,20 +230,22 @@ fn dot_tile<const R: usize>(sums: &mut [f32; R], inp: &[f32], w: &[f32], c: usiz
 /// of this call's tokens are stored at positions `pos0..pos0+t`; then each
 /// query at absolute position `p` attends to the keys `max(0, p-window+1)..=p`
 /// (`window == 0`: all of `0..=p`) with scale `1/sqrt(HS)`.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward(
     out: &mut [f32],
     k_cache: &mut [f32],
     v_cache: &mut [f32],
     qkv: &[f32],
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
 ) {
+    let AttentionShape {
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    } = shape;
     let hs = c / nh;
     assert!(hs * nh == c, "channels {c} not divisible by heads {nh}");
     assert!(
@@ -417,43 +400,38 @@ pub fn crossentropy_forward(losses: &mut [f32], logits: &[f32], targets: &[u32],
         });
 }
 
-/// `out[n, oc] = round_bf16(inp[n, c]) · weight[oc, c]ᵀ (+ bias[oc])`, then
+/// `out[m, n] = round_bf16(inp[m, k]) · weight[n, k]ᵀ (+ bias[n])`, then
 /// GELU if `gelu`: the CPU twin of the bf16 tensor-core matmul. Each input
 /// is rounded to the nearest bf16, ties to even (`half::bf16::from_f32`, as
 /// the kernel's `cvt.rn.bf16x2`); a product of two bf16 is exact, and unlike
 /// the f32 ops above the sum is taken in f64 (with the bias) and rounded
 /// once, so the kernel's only freedom, its f32 summation, is all that the
 /// two differ by. GELU is [`gelu_forward`]'s.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_bf16(
     out: &mut [f32],
     inp: &[f32],
     weight: &[half::bf16],
     bias: Option<&[f32]>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) {
-    assert!(out.len() >= n * oc && inp.len() >= n * c && weight.len() >= oc * c);
+    let MatmulShape { m, n, k } = shape;
+    assert!(out.len() >= m * n && inp.len() >= m * k && weight.len() >= n * k);
     if let Some(bias) = bias {
-        assert!(bias.len() >= oc);
+        assert!(bias.len() >= n);
     }
-    let rounded: Vec<f64> = inp[..n * c].iter().map(|&x| half::bf16::from_f32(x).to_f64()).collect();
-    let weight: Vec<f64> = weight[..oc * c].iter().map(|w| w.to_f64()).collect();
-    out[..n * oc]
-        .par_chunks_mut(oc.max(1))
-        .enumerate()
-        .for_each(|(r, row)| {
-            let a = &rounded[r * c..(r + 1) * c];
-            for (o, y) in row.iter_mut().enumerate() {
-                let w = &weight[o * c..(o + 1) * c];
-                let dot: f64 = a.iter().zip(w).map(|(a, w)| a * w).sum();
-                *y = (dot + bias.map_or(0.0, |b| b[o] as f64)) as f32;
-            }
-        });
+    let rounded: Vec<f64> = inp[..m * k].iter().map(|&x| half::bf16::from_f32(x).to_f64()).collect();
+    let weight: Vec<f64> = weight[..n * k].iter().map(|w| w.to_f64()).collect();
+    out[..m * n].par_chunks_mut(n.max(1)).enumerate().for_each(|(r, row)| {
+        let a = &rounded[r * k..(r + 1) * k];
+        for (o, y) in row.iter_mut().enumerate() {
+            let w = &weight[o * k..(o + 1) * k];
+            let dot: f64 = a.iter().zip(w).map(|(a, w)| a * w).sum();
+            *y = (dot + bias.map_or(0.0, |b| b[o] as f64)) as f32;
+        }
+    });
     if gelu {
-        let pre = out[..n * oc].to_vec();
-        gelu_forward(out, &pre, n * oc);
+        let pre = out[..m * n].to_vec();
+        gelu_forward(out, &pre, m * n);
     }
 }

@@ -14,6 +14,7 @@
 
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
@@ -31,7 +32,7 @@ use crate::gpu::ops::crossentropy::crossentropy_forward;
 use crate::gpu::ops::decode::{DecodeLaunch, decode_attention};
 use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_forward_rows};
 use crate::gpu::ops::flash_attention::{
-    AttentionShape, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+    FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
 };
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::kv_cache::kv_cache_store;
@@ -673,20 +674,26 @@ fn flash_workspace_floats(max_batch: usize, nh: usize, max_seq_len: usize) -> us
     max_batch * nh * FLASH_DECODE_MAX_T as usize * parts * (FLASH_HEAD_SIZE as usize + ML_FLOATS)
 }
 
-/// (inner size, outputs) of a forward call's five matmuls (qkv, attention
-/// projection, MLP up, MLP down, LM head) for `c` channels, `heads_c`
-/// channels of heads, `hidden` MLP units and `vocab` LM-head rows: the
-/// whole model (C, C, 4C, Vp) or a tensor-parallel rank's share.
-fn matmul_shapes(c: usize, heads_c: usize, hidden: usize, vocab: usize) -> [(usize, usize); 5] {
-    [(c, 3 * heads_c), (heads_c, c), (c, hidden), (hidden, c), (c, vocab)]
+/// The shapes of a forward call's five matmuls (qkv, attention projection,
+/// MLP up, MLP down, LM head) over `rows` positions, for `c` channels,
+/// `heads_c` channels of heads, `hidden` MLP units and `vocab` LM-head rows:
+/// the whole model (C, C, 4C, Vp) or a tensor-parallel rank's share.
+fn matmul_shapes(rows: usize, c: usize, heads_c: usize, hidden: usize, vocab: usize) -> [MatmulShape; 5] {
+    [
+        MatmulShape::new(rows, 3 * heads_c, c),
+        MatmulShape::new(rows, c, heads_c),
+        MatmulShape::new(rows, hidden, c),
+        MatmulShape::new(rows, c, hidden),
+        MatmulShape::new(rows, vocab, c),
+    ]
 }
 
 /// Split-K workspace floats for every FP32 matmul of `shapes` (as
-/// [`matmul_shapes`]) with up to `rows` positions.
-fn fp32_matmul_workspace_floats(shapes: &[(usize, usize)], rows: usize, sms: usize) -> usize {
+/// [`matmul_shapes`]; each with its most rows).
+fn fp32_matmul_workspace_floats(shapes: &[MatmulShape], sms: usize) -> usize {
     shapes
         .iter()
-        .map(|&(k, n)| split_k_workspace_floats(rows, k, n, sms))
+        .map(|&shape| split_k_workspace_floats(shape, sms))
         .max()
         .unwrap_or(0)
 }
@@ -694,7 +701,7 @@ fn fp32_matmul_workspace_floats(shapes: &[(usize, usize)], rows: usize, sms: usi
 /// [`fp32_matmul_workspace_floats`] of the whole model.
 fn model_workspace_floats(config: &ModelConfig, rows: usize, sms: usize) -> usize {
     let (c, vp) = (config.channels, config.padded_vocab_size);
-    fp32_matmul_workspace_floats(&matmul_shapes(c, c, 4 * c, vp), rows, sms)
+    fp32_matmul_workspace_floats(&matmul_shapes(rows, c, c, 4 * c, vp), sms)
 }
 
 /// The matmuls' scratch memory, made once with the engine.
@@ -715,14 +722,13 @@ struct MatmulScratch {
 /// the output has too few tiles to fill the GPU.
 const TF32_SPLIT_MAX_ROWS: usize = 2048;
 
-/// Whether [`matmul`] of `n` rows and inner size `c` runs on the TF32 tensor
-/// cores (else on an FP32 kernel: GEMV for few rows).
-fn takes_tf32_path(precision: Precision, n: usize, c: usize) -> bool {
-    precision == Precision::Tf32 && choose(n) != MatmulKernel::Gemv && c.is_multiple_of(TF32_C_MULTIPLE)
+/// Whether [`matmul`] of `m` rows and inner size `k` runs on the TF32
+/// tensor cores (else on an FP32 kernel: GEMV for few rows).
+fn takes_tf32_path(precision: Precision, m: usize, k: usize) -> bool {
+    precision == Precision::Tf32 && choose(m) != MatmulKernel::Gemv && k.is_multiple_of(TF32_C_MULTIPLE)
 }
 
 /// Layernorm, its output rounded to TF32 when `round` (for a TF32 matmul).
-#[allow(clippy::too_many_arguments)]
 fn layernorm(
     gpu: &Gpu,
     round: bool,
@@ -730,13 +736,12 @@ fn layernorm(
     inp: &CudaSlice<f32>,
     weight: &CudaSlice<f32>,
     bias: &CudaSlice<f32>,
-    n: usize,
-    c: usize,
+    shape: RowShape,
 ) -> Result<(), OpError> {
     if round {
-        layernorm_forward_tf32(gpu, out, inp, weight, bias, n, c)
+        layernorm_forward_tf32(gpu, out, inp, weight, bias, shape)
     } else {
-        layernorm_forward(gpu, out, inp, weight, bias, n, c)
+        layernorm_forward(gpu, out, inp, weight, bias, shape)
     }
 }
 
@@ -757,15 +762,13 @@ fn matmul(
     (weight, weight_tf32, inp_rounded): (WeightRef<'_>, Option<&CudaSlice<f32>>, bool),
     round_out: bool,
     bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), OpError> {
     let weight = match weight {
-        WeightRef::Bf16(w) => return matmul_forward_bf16(gpu, out, inp, w, bias, n, c, oc, false),
+        WeightRef::Bf16(w) => return matmul_forward_bf16(gpu, out, inp, w, bias, shape, false),
         WeightRef::F32(w) => w,
     };
-    if takes_tf32_path(precision, n, c) {
+    if takes_tf32_path(precision, shape.m, shape.k) {
         let opts = Tf32Options {
             gelu: false,
             inp_rounded,
@@ -773,12 +776,12 @@ fn matmul(
             split_workspace: ws.tf32_split.as_mut(),
         };
         let w = weight_tf32.unwrap_or(weight);
-        return matmul_forward_tf32_opts(gpu, opts, out, inp, w, bias, n, c, oc)
+        return matmul_forward_tf32_opts(gpu, opts, out, inp, w, bias, shape)
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
     }
-    if ws.fp32_tensor_cores && choose(n) != MatmulKernel::Gemv && c.is_multiple_of(TF32_C_MULTIPLE) {
+    if ws.fp32_tensor_cores && choose(shape.m) != MatmulKernel::Gemv && shape.k.is_multiple_of(TF32_C_MULTIPLE) {
         let partial = Some(ws.fp32.partial_mut());
-        return matmul_forward_fp32_tc(gpu, partial, out, inp, weight, bias, n, c, oc, false)
+        return matmul_forward_fp32_tc(gpu, partial, out, inp, weight, bias, shape, false)
             .map_err(|e| OpError::shape("matmul_forward_fp32_tc", e.to_string()));
     }
     matmul_forward_ws(
@@ -789,16 +792,13 @@ fn matmul(
         inp,
         weight,
         bias,
-        n,
-        c,
-        oc,
+        shape,
         &mut ws.fp32,
     )
 }
 
 /// The LM head's input rows: all of `ln` (`b * t` rows of `c`), or the last
 /// position of each of the `b` sequences, gathered into `head_in`.
-#[allow(clippy::too_many_arguments)]
 fn head_rows<'a, T: DeviceRepr>(
     gpu: &Gpu,
     heads: Heads<'_>,
@@ -853,16 +853,13 @@ impl Heads<'_> {
 /// A linear layer on bf16 activations ([`Bf16Acts`]): the bf16 `wgmma`
 /// matmul, which needs bf16 weights (an engine with bf16 activations has
 /// them: [`bf16_acts`]).
-#[allow(clippy::too_many_arguments)]
 fn matmul_bf16_acts(
     gpu: &Gpu,
     out: Bf16Out<'_>,
     inp: &CudaSlice<bf16>,
     weight: WeightRef<'_>,
     bias: Option<&CudaSlice<f32>>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
     let WeightRef::Bf16(w) = weight else {
@@ -871,7 +868,7 @@ fn matmul_bf16_acts(
             "bf16 activations need bf16 weights",
         ));
     };
-    matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, n, c, oc, gelu)
+    matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, shape, gelu)
 }
 
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
@@ -886,13 +883,7 @@ fn attention(
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &CudaSlice<f32>,
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    shape: AttentionShape,
 ) -> Result<()> {
     match flash {
         Some(ws) => {
@@ -903,11 +894,9 @@ fn attention(
                 Precision::Bf16 => FlashPrecision::Bf16,
                 Precision::Fp32 => FlashPrecision::Fp32,
             };
-            attention_forward_flash(
-                gpu, out, k_cache, v_cache, qkv, b, t, pos0, max_t, c, nh, window, fp, ws,
-            )?
+            attention_forward_flash(gpu, out, k_cache, v_cache, qkv, shape, fp, ws)?
         }
-        None => attention_forward(gpu, out, k_cache, v_cache, qkv, b, t, pos0, max_t, c, nh, window)?,
+        None => attention_forward(gpu, out, k_cache, v_cache, qkv, shape)?,
     }
     Ok(())
 }
@@ -926,6 +915,8 @@ impl GpuEngine {
         let cfg = self.config;
         let (c, nh, vp) = (cfg.channels, cfg.num_heads, cfg.padded_vocab_size);
         let n = b * t;
+        // Every row-wise op of the call (layernorms, the per-row encoder).
+        let row_shape = RowShape::new(n, c);
         ensure!(
             n <= self.max_rows,
             "a forward call of {n} positions exceeds the {} this engine holds activations for",
@@ -972,14 +963,24 @@ impl GpuEngine {
         let round_head = tf32.is_some() && takes_tf32_path(prec, rows, c);
 
         match (place, p.wte.as_ref(), per_row.as_deref()) {
-            (Placement::Shared { pos0, .. }, WeightRef::F32(wte), _) => {
-                encoder_forward(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?
-            }
-            (Placement::Shared { pos0, .. }, WeightRef::Bf16(wte), _) => {
-                encoder_forward_bf16(gpu, &mut a.residual, &a.tokens, wte, &p.wpe, b, t, c, pos0)?
-            }
+            (Placement::Shared { pos0, .. }, WeightRef::F32(wte), _) => encoder_forward(
+                gpu,
+                &mut a.residual,
+                &a.tokens,
+                wte,
+                &p.wpe,
+                EncoderShape { b, t, c, pos0 },
+            )?,
+            (Placement::Shared { pos0, .. }, WeightRef::Bf16(wte), _) => encoder_forward_bf16(
+                gpu,
+                &mut a.residual,
+                &a.tokens,
+                wte,
+                &p.wpe,
+                EncoderShape { b, t, c, pos0 },
+            )?,
             (Placement::PerRow | Placement::Chunks, wte, Some(s)) => {
-                encoder_forward_rows(gpu, &mut a.residual, &a.tokens, &s.pos, wte, &p.wpe, n, c)?
+                encoder_forward_rows(gpu, &mut a.residual, &a.tokens, &s.pos, wte, &p.wpe, row_shape)?
             }
             (Placement::PerRow | Placement::Chunks, _, None) => anyhow::bail!("the slot state is missing"),
         }
@@ -992,8 +993,16 @@ impl GpuEngine {
         let mut a16 = a.bf16.as_mut();
         let first = p.layers.first().context("the model has no layers")?;
         match a16.as_deref_mut() {
-            Some(x) => layernorm_forward_bf16(gpu, &mut x.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?,
-            None => layernorm(gpu, round_acts, &mut a.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?,
+            Some(x) => layernorm_forward_bf16(gpu, &mut x.ln, &a.residual, &first.ln1w, &first.ln1b, row_shape)?,
+            None => layernorm(
+                gpu,
+                round_acts,
+                &mut a.ln,
+                &a.residual,
+                &first.ln1w,
+                &first.ln1b,
+                row_shape,
+            )?,
         }
         for (li, (lw, (k_cache, v_cache))) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
             let rounded = |i: usize| tf32.map(|t| &t.layers[li][i]);
@@ -1001,7 +1010,15 @@ impl GpuEngine {
             match a16.as_deref_mut() {
                 Some(x) => {
                     let out = Bf16Out::F32(&mut a.qkv);
-                    matmul_bf16_acts(gpu, out, &x.ln, lw.qkvw.as_ref(), Some(&lw.qkvb), n, c, 3 * c, false)?
+                    matmul_bf16_acts(
+                        gpu,
+                        out,
+                        &x.ln,
+                        lw.qkvw.as_ref(),
+                        Some(&lw.qkvb),
+                        MatmulShape::new(n, 3 * c, c),
+                        false,
+                    )?
                 }
                 None => matmul(
                     gpu,
@@ -1012,9 +1029,7 @@ impl GpuEngine {
                     (lw.qkvw.as_ref(), rounded(0), round_acts),
                     round_acts,
                     Some(&lw.qkvb),
-                    n,
-                    c,
-                    3 * c,
+                    MatmulShape::new(n, 3 * c, c),
                 )?,
             }
             // Whether attention wrote its output as the bf16 acts' copy itself.
@@ -1024,41 +1039,24 @@ impl GpuEngine {
                     // The call's rows are cache rows row0..row0 + b.
                     let rows = row0 * c * self.max_seq_len..(row0 + b) * c * self.max_seq_len;
                     let (k, v) = (&mut k_cache.slice_mut(rows.clone()), &mut v_cache.slice_mut(rows));
+                    let shape = AttentionShape {
+                        b,
+                        t,
+                        pos0,
+                        max_t: self.max_seq_len,
+                        c,
+                        nh,
+                        window: self.window,
+                    };
                     match (a16.as_deref_mut(), flash.as_deref_mut()) {
                         // A bf16 prefill: the kernel writes the attention
                         // projection's bf16 input directly (no f32 output, no
                         // conversion pass).
                         (Some(x), Some(ws)) if t > FLASH_DECODE_MAX_T as usize => {
-                            let max_t = self.max_seq_len;
-                            let window = self.window;
-                            let shape = AttentionShape {
-                                b,
-                                t,
-                                pos0,
-                                max_t,
-                                c,
-                                nh,
-                                window,
-                            };
                             attention_forward_flash_bf16_out(gpu, &mut x.atty, k, v, &a.qkv, shape, ws)?;
                             atty_in_bf16 = true;
                         }
-                        (_, ws) => attention(
-                            gpu,
-                            ws,
-                            prec,
-                            &mut a.atty,
-                            k,
-                            v,
-                            &a.qkv,
-                            b,
-                            t,
-                            pos0,
-                            self.max_seq_len,
-                            c,
-                            nh,
-                            self.window,
-                        )?,
+                        (_, ws) => attention(gpu, ws, prec, &mut a.atty, k, v, &a.qkv, shape)?,
                     }
                 }
                 (Placement::PerRow | Placement::Chunks, Some(s)) => {
@@ -1066,7 +1064,8 @@ impl GpuEngine {
                     let max_t = self.max_seq_len;
                     let cache_row = (place == Placement::Chunks).then_some(&s.cache_row);
                     let pos = &s.pos;
-                    kv_cache_store(gpu, &mut s.q, k_cache, v_cache, &a.qkv, pos, cache_row, n, c, nh, max_t)?;
+                    let shape = KvCacheShape { rows: n, c, nh, max_t };
+                    kv_cache_store(gpu, &mut s.q, k_cache, v_cache, &a.qkv, pos, cache_row, shape)?;
                     let launch = DecodeLaunch::new(false);
                     let (k, v) = (&*k_cache, &*v_cache);
                     decode_attention(
@@ -1099,9 +1098,7 @@ impl GpuEngine {
                         &x.atty,
                         lw.attprojw.as_ref(),
                         Some(&lw.attprojb),
-                        n,
-                        c,
-                        c,
+                        MatmulShape::new(n, c, c),
                         false,
                     )?
                 }
@@ -1114,19 +1111,34 @@ impl GpuEngine {
                     (lw.attprojw.as_ref(), rounded(1), false),
                     false,
                     Some(&lw.attprojb),
-                    n,
-                    c,
-                    c,
+                    MatmulShape::new(n, c, c),
                 )?,
             }
             let (res, proj) = (&mut a.residual2, &a.proj);
             match a16.as_deref_mut() {
-                Some(x) => {
-                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual, proj, &lw.ln2w, &lw.ln2b, n, c)?
-                }
+                Some(x) => residual_layernorm_forward_bf16(
+                    gpu,
+                    res,
+                    &mut x.ln,
+                    &a.residual,
+                    proj,
+                    &lw.ln2w,
+                    &lw.ln2b,
+                    row_shape,
+                )?,
                 None => {
                     let ln = &mut a.ln;
-                    residual_layernorm_forward(gpu, round_acts, res, ln, &a.residual, proj, &lw.ln2w, &lw.ln2b, n, c)?
+                    residual_layernorm_forward(
+                        gpu,
+                        round_acts,
+                        res,
+                        ln,
+                        &a.residual,
+                        proj,
+                        &lw.ln2w,
+                        &lw.ln2b,
+                        row_shape,
+                    )?
                 }
             }
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x)))), ln2(x) in a.ln
@@ -1135,11 +1147,19 @@ impl GpuEngine {
                 (fcw @ WeightRef::Bf16(_), _) if a16.is_some() => {
                     let x = a16.as_deref_mut().expect("checked by the guard");
                     let out = Bf16Out::Bf16(&mut x.fch_gelu);
-                    matmul_bf16_acts(gpu, out, &x.ln, fcw, Some(&lw.fcb), n, c, 4 * c, true)?
+                    matmul_bf16_acts(gpu, out, &x.ln, fcw, Some(&lw.fcb), MatmulShape::new(n, 4 * c, c), true)?
                 }
                 // bf16: fc and GELU in one kernel.
                 (WeightRef::Bf16(fcw), _) => {
-                    matmul_forward_bf16(gpu, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c, true)?;
+                    matmul_forward_bf16(
+                        gpu,
+                        &mut a.fch_gelu,
+                        &a.ln,
+                        fcw,
+                        Some(&lw.fcb),
+                        MatmulShape::new(n, 4 * c, c),
+                        true,
+                    )?;
                 }
                 // On the wgmma path: fc, GELU and the rounding fcproj wants, in one kernel.
                 (_, Some(fcw)) => {
@@ -1149,12 +1169,30 @@ impl GpuEngine {
                         round_out: true,
                         split_workspace: None,
                     };
-                    matmul_forward_tf32_opts(gpu, opts, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), n, c, 4 * c)
-                        .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
+                    matmul_forward_tf32_opts(
+                        gpu,
+                        opts,
+                        &mut a.fch_gelu,
+                        &a.ln,
+                        fcw,
+                        Some(&lw.fcb),
+                        MatmulShape::new(n, 4 * c, c),
+                    )
+                    .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
                 }
                 (fcw, None) => {
                     let fcw = (fcw, rounded(2), false);
-                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fcw, false, Some(&lw.fcb), n, c, 4 * c)?;
+                    matmul(
+                        gpu,
+                        prec,
+                        ws,
+                        &mut a.fch,
+                        &a.ln,
+                        fcw,
+                        false,
+                        Some(&lw.fcb),
+                        MatmulShape::new(n, 4 * c, c),
+                    )?;
                     gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
                 }
             }
@@ -1167,9 +1205,7 @@ impl GpuEngine {
                         &x.fch_gelu,
                         lw.fcprojw.as_ref(),
                         Some(&lw.fcprojb),
-                        n,
-                        4 * c,
-                        c,
+                        MatmulShape::new(n, c, 4 * c),
                         false,
                     )?
                 }
@@ -1182,9 +1218,7 @@ impl GpuEngine {
                     (lw.fcprojw.as_ref(), rounded(3), round_acts),
                     false,
                     Some(&lw.fcprojb),
-                    n,
-                    4 * c,
-                    c,
+                    MatmulShape::new(n, c, 4 * c),
                 )?,
             }
             // The residual stream, and the layernorm that reads it next.
@@ -1195,11 +1229,11 @@ impl GpuEngine {
             let (res, proj) = (&mut a.residual, &a.proj);
             match a16.as_deref_mut() {
                 Some(x) => {
-                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual2, proj, next_w, next_b, n, c)?
+                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual2, proj, next_w, next_b, row_shape)?
                 }
                 None => {
                     let ln = &mut a.ln;
-                    residual_layernorm_forward(gpu, round_next, res, ln, &a.residual2, proj, next_w, next_b, n, c)?
+                    residual_layernorm_forward(gpu, round_next, res, ln, &a.residual2, proj, next_w, next_b, row_shape)?
                 }
             }
         }
@@ -1214,12 +1248,30 @@ impl GpuEngine {
             Some(x) => {
                 let head_in = head_rows(gpu, heads, &x.ln, &mut x.head_in, c)?;
                 let out = Bf16Out::F32(&mut a.logits);
-                matmul_bf16_acts(gpu, out, head_in, p.wte.as_ref(), None, rows, c, vp, false)?;
+                matmul_bf16_acts(
+                    gpu,
+                    out,
+                    head_in,
+                    p.wte.as_ref(),
+                    None,
+                    MatmulShape::new(rows, vp, c),
+                    false,
+                )?;
             }
             None => {
                 let head_in = head_rows(gpu, heads, &a.ln, &mut a.head_in, c)?;
                 let head_w = (p.wte.as_ref(), tf32.map(|t| &t.wte), round_head);
-                matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, rows, c, vp)?;
+                matmul(
+                    gpu,
+                    prec,
+                    ws,
+                    &mut a.logits,
+                    head_in,
+                    head_w,
+                    false,
+                    None,
+                    MatmulShape::new(rows, vp, c),
+                )?;
             }
         }
         self.last = Some(Last { b, rows });

@@ -10,6 +10,7 @@
 //! computed once: every rank would compute the same values.
 
 use anyhow::{Context, Result, ensure};
+use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 
 use super::{RankParams, RankShard, plan, shard_params};
 use crate::cpu::forward::{CpuParams, argmax};
@@ -113,42 +114,74 @@ impl Backend for CpuTp {
         let max_t = self.max_seq_len;
         let mut residual = vec![0.0; n * c];
         let first = &self.ranks[0].params;
-        encoder_forward(&mut residual, tokens, &first.wte, &first.wpe, b, t, c, pos0);
+        encoder_forward(
+            &mut residual,
+            tokens,
+            &first.wte,
+            &first.wpe,
+            EncoderShape { b, t, c, pos0 },
+        );
         let (mut ln, mut residual2, mut reduced) = (vec![0.0; n * c], vec![0.0; n * c], vec![0.0; n * c]);
         let mut part = vec![0.0; n * c];
         for li in 0..cfg.num_layers {
             // The replicated layernorm parameters (rank 0's copy; the ranks then borrow mutably).
             let shared = &self.ranks[0].params.layers[li];
             let (ln2w, ln2b) = (shared.ln2w.clone(), shared.ln2b.clone());
-            layernorm_forward(&mut ln, &residual, &shared.ln1w, &shared.ln1b, n, c);
+            layernorm_forward(&mut ln, &residual, &shared.ln1w, &shared.ln1b, RowShape::new(n, c));
             reduced.fill(0.0);
             for rank in &mut self.ranks {
                 let (lw, cr) = (&rank.params.layers[li], rank.shard.channels());
                 let mut qkv = vec![0.0; n * 3 * cr];
-                matmul_forward(&mut qkv, &ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * cr);
+                matmul_forward(&mut qkv, &ln, &lw.qkvw, Some(&lw.qkvb), MatmulShape::new(n, 3 * cr, c));
                 let mut atty = vec![0.0; n * cr];
                 let (k, v) = &mut rank.kv_cache[li];
                 let nhr = rank.shard.num_heads();
-                attention_forward(&mut atty, k, v, &qkv, b, t, pos0, max_t, cr, nhr, 0);
-                matmul_forward(&mut part, &atty, &lw.attprojw, Some(&lw.attprojb), n, cr, c);
+                attention_forward(
+                    &mut atty,
+                    k,
+                    v,
+                    &qkv,
+                    AttentionShape {
+                        b,
+                        t,
+                        pos0,
+                        max_t,
+                        c: cr,
+                        nh: nhr,
+                        window: 0,
+                    },
+                );
+                matmul_forward(
+                    &mut part,
+                    &atty,
+                    &lw.attprojw,
+                    Some(&lw.attprojb),
+                    MatmulShape::new(n, c, cr),
+                );
                 accumulate(&mut reduced, &part);
             }
             residual_forward(&mut residual2, &residual, &reduced, n * c);
-            layernorm_forward(&mut ln, &residual2, &ln2w, &ln2b, n, c);
+            layernorm_forward(&mut ln, &residual2, &ln2w, &ln2b, RowShape::new(n, c));
             reduced.fill(0.0);
             for rank in &self.ranks {
                 let (lw, hr) = (&rank.params.layers[li], rank.shard.hidden.len());
                 let mut fch = vec![0.0; n * hr];
-                matmul_forward(&mut fch, &ln, &lw.fcw, Some(&lw.fcb), n, c, hr);
+                matmul_forward(&mut fch, &ln, &lw.fcw, Some(&lw.fcb), MatmulShape::new(n, hr, c));
                 let mut gelu = vec![0.0; n * hr];
                 gelu_forward(&mut gelu, &fch, n * hr);
-                matmul_forward(&mut part, &gelu, &lw.fcprojw, Some(&lw.fcprojb), n, hr, c);
+                matmul_forward(
+                    &mut part,
+                    &gelu,
+                    &lw.fcprojw,
+                    Some(&lw.fcprojb),
+                    MatmulShape::new(n, c, hr),
+                );
                 accumulate(&mut reduced, &part);
             }
             residual_forward(&mut residual, &residual2, &reduced, n * c);
         }
         let first = &self.ranks[0].params;
-        layernorm_forward(&mut ln, &residual, &first.lnfw, &first.lnfb, n, c);
+        layernorm_forward(&mut ln, &residual, &first.lnfw, &first.lnfb, RowShape::new(n, c));
         let rows = match want {
             LogitsWanted::All => n,
             LogitsWanted::Last => b,
@@ -165,7 +198,13 @@ impl Backend for CpuTp {
         for rank in &self.ranks {
             let vocab = rank.shard.vocab.clone();
             let mut local = vec![0.0; rows * vocab.len()];
-            matmul_forward(&mut local, &head_in, &rank.params.head, None, rows, c, vocab.len());
+            matmul_forward(
+                &mut local,
+                &head_in,
+                &rank.params.head,
+                None,
+                MatmulShape::new(rows, vocab.len(), c),
+            );
             for (r, row) in local.chunks_exact(vocab.len()).enumerate() {
                 self.logits[r * vp + vocab.start..r * vp + vocab.end].copy_from_slice(row);
             }

@@ -1,15 +1,16 @@
 //! `matmul_forward`: `out = inp · weightᵀ + bias` in FP32 (twin of
-//! `cpu::ops::matmul_forward`), with an optional fused GELU epilogue.
+//! `cpu::ops::matmul_forward`), with an optional fused GELU epilogue. Sizes
+//! travel as a [`MatmulShape`] (`out[m, n] = inp[m, k] · weight[n, k]ᵀ`).
 //!
 //! Kernels: GEMV (a handful of rows, decode), GEMV in chunks of rows (short
 //! prompts, when predicted faster), and the shared-memory tiled kernel with a
-//! 128x128 or 64x128 block tile, optionally split over `c` (split-K): each of
+//! 128x128 or 64x128 block tile, optionally split over `k` (split-K): each of
 //! S splits writes a partial tile to a [`MatmulWorkspace`], and a second
 //! kernel sums the S partials in a fixed order (deterministic, no atomics)
 //! and applies bias and GELU. [`plan_tiled`] picks tile and S with a wave
 //! model of the GPU ([`predict_tiled_us`]), for the device's real SM count.
 //!
-//! For few rows (`n <= SMALL_MAX_ROWS`) the small-M kernel
+//! For few rows (`m <= SMALL_MAX_ROWS`) the small-M kernel
 //! (`gpu_kernels::ops::matmul_small`: 64x64 tiles, split-K finished by the
 //! last block of each tile, one launch) competes too; [`plan_auto`] holds
 //! the rule that picks among all of them.
@@ -30,7 +31,7 @@ pub use plan::*;
 pub use workspace::*;
 
 use super::args::{OpError, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::{Gpu, GpuError};
+use crate::{Gpu, GpuError, MatmulShape};
 
 const OP: &str = "matmul_forward";
 /// Threads per warp (the GEMV kernel gives each output column one warp).
@@ -42,7 +43,7 @@ const MAX_GRID_YZ: u32 = 65535;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulKernel {
     /// With a workspace ([`matmul_forward_ws`]): [`plan_auto`]'s choice
-    /// (GEMV for `n <= MATMUL_GEMV_MAX_ROWS`, else the fastest predicted of
+    /// (GEMV for `m <= MATMUL_GEMV_MAX_ROWS`, else the fastest predicted of
     /// the tiled plan with split-K, the small-M kernel and chunked GEMV).
     /// Without one ([`matmul_forward_with`]): [`choose`].
     Auto,
@@ -59,21 +60,21 @@ pub enum MatmulKernel {
     Naive,
 }
 
-/// The kernel [`MatmulKernel::Auto`] picks for `n` rows when no workspace is
+/// The kernel [`MatmulKernel::Auto`] picks for `m` rows when no workspace is
 /// given.
-pub fn choose(n: usize) -> MatmulKernel {
-    if n <= MATMUL_GEMV_MAX_ROWS as usize {
+pub fn choose(m: usize) -> MatmulKernel {
+    if m <= MATMUL_GEMV_MAX_ROWS as usize {
         MatmulKernel::Gemv
     } else {
         MatmulKernel::Tiled
     }
 }
 
-/// Launch configuration of the tiled kernel under `plan` for an `n x oc`
+/// Launch configuration of the tiled kernel under `plan` for an `m x n`
 /// output (grid z = splits).
-pub fn tiled_launch_config(plan: &TiledPlan, n: u32, oc: u32) -> Result<(&'static str, LaunchConfig), OpError> {
+pub fn tiled_launch_config(plan: &TiledPlan, m: u32, n: u32) -> Result<(&'static str, LaunchConfig), OpError> {
     let (name, threads, _) = plan.kernel();
-    let rows = n.div_ceil(plan.tile_m);
+    let rows = m.div_ceil(plan.tile_m);
     if rows > MAX_GRID_YZ {
         return Err(OpError::TooLarge {
             op: OP,
@@ -91,17 +92,17 @@ pub fn tiled_launch_config(plan: &TiledPlan, n: u32, oc: u32) -> Result<(&'stati
     Ok((
         name,
         LaunchConfig {
-            grid_dim: (oc.div_ceil(MATMUL_TILE_N), rows, plan.splits),
+            grid_dim: (n.div_ceil(MATMUL_TILE_N), rows, plan.splits),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: matmul_shared_bytes(plan.tile_m),
         },
     ))
 }
 
-/// Launch configuration of the small-M kernel under `plan` for an `n x oc`
+/// Launch configuration of the small-M kernel under `plan` for an `m x n`
 /// output: one block per 64x64 tile and split.
-pub fn small_launch_config(plan: &SmallPlan, n: u32, oc: u32) -> Result<LaunchConfig, OpError> {
-    let rows = n.div_ceil(MATMUL_SMALL_TILE_M);
+pub fn small_launch_config(plan: &SmallPlan, m: u32, n: u32) -> Result<LaunchConfig, OpError> {
+    let rows = m.div_ceil(MATMUL_SMALL_TILE_M);
     for (what, value) in [("row blocks", rows), ("splits", plan.splits)] {
         if value > MAX_GRID_YZ {
             return Err(OpError::TooLarge {
@@ -112,47 +113,45 @@ pub fn small_launch_config(plan: &SmallPlan, n: u32, oc: u32) -> Result<LaunchCo
         }
     }
     Ok(LaunchConfig {
-        grid_dim: (oc.div_ceil(MATMUL_SMALL_TILE_N), rows, plan.splits.max(1)),
+        grid_dim: (n.div_ceil(MATMUL_SMALL_TILE_N), rows, plan.splits.max(1)),
         block_dim: (MATMUL_SMALL_BLOCK, 1, 1),
         shared_mem_bytes: matmul_small_shared_bytes(),
     })
 }
 
 /// Kernel name and launch configuration of a one-launch kernel (`Tiled`,
-/// `Gemv`, `Naive`; `Auto` as [`choose`]) for an `n x oc` output over depth
-/// `c` on `sms` SMs.
+/// `Gemv`, `Naive`; `Auto` as [`choose`]) for `shape` on `sms` SMs.
 pub fn launch_config(
     kernel: MatmulKernel,
-    n: u32,
-    c: u32,
-    oc: u32,
+    shape: MatmulShape,
     sms: usize,
 ) -> Result<(&'static str, LaunchConfig), OpError> {
+    let (m, n) = (to_u32(OP, "m", shape.m)?, to_u32(OP, "n", shape.n)?);
     match kernel {
-        MatmulKernel::Auto => launch_config(choose(n as usize), n, c, oc, sms),
+        MatmulKernel::Auto => launch_config(choose(shape.m), shape, sms),
         MatmulKernel::Tiled => {
-            let plan = plan_tiled(n as usize, c as usize, oc as usize, sms, 0);
-            tiled_launch_config(&plan, n, oc)
+            let plan = plan_tiled(shape, sms, 0);
+            tiled_launch_config(&plan, m, n)
         }
         MatmulKernel::Gemv => {
-            if n > MATMUL_GEMV_MAX_ROWS {
+            if m > MATMUL_GEMV_MAX_ROWS {
                 return Err(OpError::shape(
                     OP,
-                    format!("the GEMV kernel takes at most {MATMUL_GEMV_MAX_ROWS} rows, got {n}"),
+                    format!("the GEMV kernel takes at most {MATMUL_GEMV_MAX_ROWS} rows, got {m}"),
                 ));
             }
             let cols_per_block = MATMUL_GEMV_BLOCK / WARP;
             Ok((
                 MATMUL_FORWARD_GEMV,
                 LaunchConfig {
-                    grid_dim: (oc.div_ceil(cols_per_block), 1, 1),
+                    grid_dim: (n.div_ceil(cols_per_block), 1, 1),
                     block_dim: (MATMUL_GEMV_BLOCK, 1, 1),
                     shared_mem_bytes: 0,
                 },
             ))
         }
         MatmulKernel::Naive => {
-            let rows = n.div_ceil(MATMUL_NAIVE_SIDE);
+            let rows = m.div_ceil(MATMUL_NAIVE_SIDE);
             if rows > MAX_GRID_YZ {
                 return Err(OpError::TooLarge {
                     op: OP,
@@ -163,15 +162,15 @@ pub fn launch_config(
             Ok((
                 MATMUL_FORWARD_NAIVE,
                 LaunchConfig {
-                    grid_dim: (oc.div_ceil(MATMUL_NAIVE_SIDE), rows, 1),
+                    grid_dim: (n.div_ceil(MATMUL_NAIVE_SIDE), rows, 1),
                     block_dim: (MATMUL_NAIVE_SIDE, MATMUL_NAIVE_SIDE, 1),
                     shared_mem_bytes: 0,
                 },
             ))
         }
         MatmulKernel::Small => {
-            let plan = plan_small(n as usize, c as usize, oc as usize, sms, 0);
-            Ok((MATMUL_FORWARD_SMALL, small_launch_config(&plan, n, oc)?))
+            let plan = plan_small(shape, sms, 0);
+            Ok((MATMUL_FORWARD_SMALL, small_launch_config(&plan, m, n)?))
         }
         MatmulKernel::SplitK | MatmulKernel::GemvChunked => {
             Err(OpError::shape(OP, format!("{kernel:?} is not a single launch")))
@@ -179,49 +178,40 @@ pub fn launch_config(
     }
 }
 
-/// `out[n, oc] = inp[n, c] · weight[oc, c]ᵀ (+ bias[oc])`.
-#[allow(clippy::too_many_arguments)]
+/// `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`.
 pub fn matmul_forward<B: DevicePtr<f32>>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), OpError> {
-    matmul_forward_with(gpu, MatmulKernel::Auto, false, out, inp, weight, bias, n, c, oc)
+    matmul_forward_with(gpu, MatmulKernel::Auto, false, out, inp, weight, bias, shape)
 }
 
 /// [`matmul_forward`] followed by GELU, fused into the epilogue.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_gelu<B: DevicePtr<f32>>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), OpError> {
-    matmul_forward_with(gpu, MatmulKernel::Auto, true, out, inp, weight, bias, n, c, oc)
+    matmul_forward_with(gpu, MatmulKernel::Auto, true, out, inp, weight, bias, shape)
 }
 
 /// [`matmul_forward`] on the baseline kernel.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_naive<B: DevicePtr<f32>>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), OpError> {
-    matmul_forward_with(gpu, MatmulKernel::Naive, false, out, inp, weight, bias, n, c, oc)
+    matmul_forward_with(gpu, MatmulKernel::Naive, false, out, inp, weight, bias, shape)
 }
 
 /// The matmul on a chosen kernel, with or without the GELU epilogue, and no
@@ -235,15 +225,13 @@ pub fn matmul_forward_with<B: DevicePtr<f32>>(
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
 ) -> Result<(), OpError> {
-    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, n, c, oc)? else {
+    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, shape)? else {
         return Ok(());
     };
     let kernel = match kernel {
-        MatmulKernel::Auto => choose(n),
+        MatmulKernel::Auto => choose(shape.m),
         MatmulKernel::SplitK => {
             return Err(OpError::shape(
                 OP,
@@ -267,19 +255,17 @@ pub fn matmul_forward_ws<B: DevicePtr<f32>>(
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     ws: &mut MatmulWorkspace,
 ) -> Result<(), OpError> {
-    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, n, c, oc)? else {
+    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, shape)? else {
         return Ok(());
     };
     args.run(gpu, kernel, Some(ws))
 }
 
 /// The tiled kernel under an explicit `plan` (tests, tuning): `plan.splits >
-/// 1` needs `ws` with `plan.workspace_floats(n, oc)` floats.
+/// 1` needs `ws` with `plan.workspace_floats(shape)` floats.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_plan<B: DevicePtr<f32>>(
     gpu: &Gpu,
@@ -289,19 +275,17 @@ pub fn matmul_forward_plan<B: DevicePtr<f32>>(
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     ws: Option<&mut MatmulWorkspace>,
 ) -> Result<(), OpError> {
-    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, n, c, oc)? else {
+    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, shape)? else {
         return Ok(());
     };
     args.tiled(gpu, plan, ws)
 }
 
 /// The small-M kernel under an explicit `plan` (tests, tuning): `plan.splits
-/// > 1` needs `ws` with `plan.workspace_floats(n, oc)` floats.
+/// > 1` needs `ws` with `plan.workspace_floats(shape)` floats.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_small<B: DevicePtr<f32>>(
     gpu: &Gpu,
@@ -311,12 +295,10 @@ pub fn matmul_forward_small<B: DevicePtr<f32>>(
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     ws: Option<&mut MatmulWorkspace>,
 ) -> Result<(), OpError> {
-    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, n, c, oc)? else {
+    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, shape)? else {
         return Ok(());
     };
     args.small(gpu, plan, ws)
@@ -328,15 +310,12 @@ struct Args {
     inp: *const f32,
     weight: *const f32,
     bias: *const f32,
-    n: usize,
-    c: usize,
-    oc: usize,
+    shape: MatmulShape,
     gelu: bool,
 }
 
 impl Args {
     /// Checks sizes and buffer lengths; `None` when the output is empty.
-    #[allow(clippy::too_many_arguments)]
     fn new<B: DevicePtr<f32>>(
         gpu: &Gpu,
         gelu: bool,
@@ -344,20 +323,19 @@ impl Args {
         inp: &impl DevicePtr<f32>,
         weight: &impl DevicePtr<f32>,
         bias: Option<&B>,
-        n: usize,
-        c: usize,
-        oc: usize,
+        shape: MatmulShape,
     ) -> Result<Option<Self>, OpError> {
-        count_u32(OP, "n * c", &[n, c])?;
-        count_u32(OP, "n * oc", &[n, oc])?;
-        count_u32(OP, "oc * c", &[oc, c])?;
-        check_len(OP, "out", out.len(), n * oc)?;
-        check_len(OP, "inp", inp.len(), n * c)?;
-        check_len(OP, "weight", weight.len(), oc * c)?;
+        let MatmulShape { m, n, k } = shape;
+        count_u32(OP, "m * k", &[m, k])?;
+        count_u32(OP, "m * n", &[m, n])?;
+        count_u32(OP, "n * k", &[n, k])?;
+        check_len(OP, "out", out.len(), m * n)?;
+        check_len(OP, "inp", inp.len(), m * k)?;
+        check_len(OP, "weight", weight.len(), n * k)?;
         if let Some(b) = bias {
-            check_len(OP, "bias", b.len(), oc)?;
+            check_len(OP, "bias", b.len(), n)?;
         }
-        if n == 0 || oc == 0 {
+        if m == 0 || n == 0 {
             return Ok(None);
         }
         Ok(Some(Args {
@@ -365,9 +343,7 @@ impl Args {
             inp: in_ptr(gpu, inp),
             weight: in_ptr(gpu, weight),
             bias: bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b)),
-            n,
-            c,
-            oc,
+            shape,
             gelu,
         }))
     }
@@ -376,35 +352,35 @@ impl Args {
     fn params(&self, r0: usize, rows: usize) -> MatmulParams {
         MatmulParams {
             // Device addresses: offset, never dereferenced here.
-            out: self.out.wrapping_add(r0 * self.oc),
-            inp: self.inp.wrapping_add(r0 * self.c),
+            out: self.out.wrapping_add(r0 * self.shape.n),
+            inp: self.inp.wrapping_add(r0 * self.shape.k),
             weight: self.weight,
             bias: self.bias,
             n: rows as u32,
-            c: self.c as u32,
-            oc: self.oc as u32,
+            c: self.shape.k as u32,
+            oc: self.shape.n as u32,
             gelu: self.gelu as u32,
-            k_chunk: self.c as u32,
+            k_chunk: self.shape.k as u32,
         }
     }
 
     /// Run on `kernel`; `Auto` and `SplitK` plan with `ws`.
     fn run(&self, gpu: &Gpu, kernel: MatmulKernel, ws: Option<&mut MatmulWorkspace>) -> Result<(), OpError> {
-        let (n, c, oc, sms) = (self.n, self.c, self.oc, gpu.sm_count());
+        let (shape, sms) = (self.shape, gpu.sm_count());
         let ws_floats = ws.as_ref().map_or(0, |w| w.floats);
         match kernel {
-            MatmulKernel::Auto => match plan_auto(n, c, oc, sms, ws_floats) {
+            MatmulKernel::Auto => match plan_auto(shape, sms, ws_floats) {
                 AutoPlan::Gemv => self.single(gpu, MatmulKernel::Gemv),
                 AutoPlan::GemvChunked => self.gemv_chunked(gpu),
                 AutoPlan::Small(plan) => self.small(gpu, &plan, ws),
                 AutoPlan::Tiled(plan) => self.tiled(gpu, &plan, ws),
             },
-            MatmulKernel::Small => self.small(gpu, &plan_small(n, c, oc, sms, ws_floats), ws),
+            MatmulKernel::Small => self.small(gpu, &plan_small(shape, sms, ws_floats), ws),
             MatmulKernel::SplitK => {
-                let plan = plan_tiled(n, c, oc, sms, ws_floats);
+                let plan = plan_tiled(shape, sms, ws_floats);
                 self.tiled(gpu, &plan, ws)
             }
-            MatmulKernel::Tiled => self.tiled(gpu, &plan_tiled(n, c, oc, sms, 0), None),
+            MatmulKernel::Tiled => self.tiled(gpu, &plan_tiled(shape, sms, 0), None),
             MatmulKernel::GemvChunked => self.gemv_chunked(gpu),
             MatmulKernel::Gemv | MatmulKernel::Naive => self.single(gpu, kernel),
         }
@@ -412,45 +388,40 @@ impl Args {
 
     /// One launch of `Gemv` or `Naive` over all rows.
     fn single(&self, gpu: &Gpu, kernel: MatmulKernel) -> Result<(), OpError> {
-        let (name, cfg) = launch_config(
-            kernel,
-            to_u32(OP, "n", self.n)?,
-            self.c as u32,
-            to_u32(OP, "oc", self.oc)?,
-            gpu.sm_count(),
-        )?;
-        // SAFETY: out n*oc, inp n*c, weight oc*c and bias oc floats (checked
+        let (name, cfg) = launch_config(kernel, self.shape, gpu.sm_count())?;
+        // SAFETY: out m*n, inp m*k, weight n*k and bias n floats (checked
         // in `Args::new`); the configuration comes from `launch_config` for
-        // this kernel (GEMV only for n <= MATMUL_GEMV_MAX_ROWS); kernels check
+        // this kernel (GEMV only for m <= MATMUL_GEMV_MAX_ROWS); kernels check
         // alignment before any 16-byte access.
-        unsafe { gpu.launch(name, cfg, self.params(0, self.n))? };
+        unsafe { gpu.launch(name, cfg, self.params(0, self.shape.m))? };
         Ok(())
     }
 
     /// The small-M kernel under `plan`.
     fn small(&self, gpu: &Gpu, plan: &SmallPlan, ws: Option<&mut MatmulWorkspace>) -> Result<(), OpError> {
-        let (n, c, oc) = (self.n, self.c, self.oc);
+        let shape = self.shape;
+        let MatmulShape { m, n, k } = shape;
         let tk = MATMUL_SMALL_TILE_K as usize;
         let chunk = plan.k_chunk as usize;
         let splits = plan.splits.max(1) as usize;
         let valid = if splits == 1 {
-            chunk >= c
+            chunk >= k
         } else {
-            chunk > 0 && chunk.is_multiple_of(tk) && c.div_ceil(chunk) == splits
+            chunk > 0 && chunk.is_multiple_of(tk) && k.div_ceil(chunk) == splits
         };
         if !valid {
             return Err(OpError::shape(
                 OP,
-                format!("small-M plan {plan:?} does not cut c = {c} into {splits} non-empty multiples of {tk}"),
+                format!("small-M plan {plan:?} does not cut k = {k} into {splits} non-empty multiples of {tk}"),
             ));
         }
-        let cfg = small_launch_config(plan, to_u32(OP, "n", n)?, to_u32(OP, "oc", oc)?)?;
+        let cfg = small_launch_config(plan, to_u32(OP, "m", m)?, to_u32(OP, "n", n)?)?;
         let (partial, counters) = if splits > 1 {
             let Some(ws) = ws else {
                 return Err(OpError::shape(OP, "a split small-M plan needs a MatmulWorkspace"));
             };
-            check_len(OP, "split-K workspace", ws.floats, plan.workspace_floats(n, oc))?;
-            check_len(OP, "split-K counters", ws.counters.len(), SmallPlan::tiles(n, oc))?;
+            check_len(OP, "split-K workspace", ws.floats, plan.workspace_floats(shape))?;
+            check_len(OP, "split-K counters", ws.counters.len(), SmallPlan::tiles(shape))?;
             (out_ptr(gpu, &mut ws.partial), out_ptr(gpu, &mut ws.counters))
         } else {
             (std::ptr::null_mut(), std::ptr::null_mut())
@@ -462,14 +433,14 @@ impl Args {
             bias: self.bias,
             partial,
             counters,
-            n: n as u32,
-            c: c as u32,
-            oc: oc as u32,
+            n: m as u32,
+            c: k as u32,
+            oc: n as u32,
             gelu: self.gelu as u32,
-            k_chunk: if splits == 1 { c as u32 } else { plan.k_chunk },
+            k_chunk: if splits == 1 { k as u32 } else { plan.k_chunk },
             splits: splits as u32,
         };
-        // SAFETY: out n*oc, inp n*c, weight oc*c and bias oc floats (checked
+        // SAFETY: out m*n, inp m*k, weight n*k and bias n floats (checked
         // in `Args::new`); k_chunk and splits as the kernel requires (checked
         // above); when split, the workspace holds the plan's partials and at
         // least one counter per tile, zero between calls (the kernel's last
@@ -484,17 +455,11 @@ impl Args {
     /// GEMV launches over chunks of `MATMUL_GEMV_MAX_ROWS` rows.
     fn gemv_chunked(&self, gpu: &Gpu) -> Result<(), OpError> {
         let rows = MATMUL_GEMV_MAX_ROWS as usize;
-        for r0 in (0..self.n).step_by(rows) {
-            let m = rows.min(self.n - r0);
-            let (name, cfg) = launch_config(
-                MatmulKernel::Gemv,
-                m as u32,
-                self.c as u32,
-                to_u32(OP, "oc", self.oc)?,
-                gpu.sm_count(),
-            )?;
-            // SAFETY: rows r0..r0+m of out (m*oc floats from r0*oc) and inp
-            // (m*c floats from r0*c) lie within the checked n*oc and n*c;
+        for r0 in (0..self.shape.m).step_by(rows) {
+            let m = rows.min(self.shape.m - r0);
+            let (name, cfg) = launch_config(MatmulKernel::Gemv, self.shape.with_rows(m), gpu.sm_count())?;
+            // SAFETY: rows r0..r0+m of out (m*n floats from r0*n) and inp
+            // (m*k floats from r0*k) lie within the checked m*n and m*k;
             // weight and bias as checked; m <= MATMUL_GEMV_MAX_ROWS as the
             // GEMV kernel requires; it checks alignment before 16-byte loads.
             unsafe { gpu.launch(name, cfg, self.params(r0, m))? };
@@ -504,68 +469,69 @@ impl Args {
 
     /// The tiled kernel under `plan`; split plans then run the reduction.
     fn tiled(&self, gpu: &Gpu, plan: &TiledPlan, ws: Option<&mut MatmulWorkspace>) -> Result<(), OpError> {
-        let (n, c, oc) = (self.n, self.c, self.oc);
+        let shape = self.shape;
+        let MatmulShape { m, n, k } = shape;
         if plan.tile_m != MATMUL_TILE_M && plan.tile_m != MATMUL_TILE_M_MID {
             return Err(OpError::shape(
                 OP,
                 format!("no tiled kernel has {}-row tiles", plan.tile_m),
             ));
         }
-        let (n32, oc32) = (to_u32(OP, "n", n)?, to_u32(OP, "oc", oc)?);
+        let (m32, n32) = (to_u32(OP, "m", m)?, to_u32(OP, "n", n)?);
         if plan.splits <= 1 {
-            let (name, cfg) = tiled_launch_config(&TiledPlan::unsplit(plan.tile_m, c), n32, oc32)?;
-            // SAFETY: out n*oc, inp n*c, weight oc*c and bias oc floats
+            let (name, cfg) = tiled_launch_config(&TiledPlan::unsplit(plan.tile_m, k), m32, n32)?;
+            // SAFETY: out m*n, inp m*k, weight n*k and bias n floats
             // (checked in `Args::new`); grid, block and shared memory from
             // `tiled_launch_config` for this tile (same params constants as
-            // the kernel); one split with k_chunk = c; the kernel checks
+            // the kernel); one split with k_chunk = k; the kernel checks
             // alignment before any 16-byte access.
-            unsafe { gpu.launch(name, cfg, self.params(0, n))? };
+            unsafe { gpu.launch(name, cfg, self.params(0, m))? };
             return Ok(());
         }
         let tk = MATMUL_TILE_K as usize;
         let chunk = plan.k_chunk as usize;
-        if chunk == 0 || !chunk.is_multiple_of(tk) || c.div_ceil(chunk) != plan.splits as usize {
+        if chunk == 0 || !chunk.is_multiple_of(tk) || k.div_ceil(chunk) != plan.splits as usize {
             return Err(OpError::shape(
                 OP,
                 format!(
-                    "split plan {plan:?} does not cut c = {c} into {} non-empty multiples of {tk}",
+                    "split plan {plan:?} does not cut k = {k} into {} non-empty multiples of {tk}",
                     plan.splits
                 ),
             ));
         }
-        let need = plan.workspace_floats(n, oc);
+        let need = plan.workspace_floats(shape);
         let Some(ws) = ws else {
             return Err(OpError::shape(OP, "a split-K plan needs a MatmulWorkspace"));
         };
         check_len(OP, "split-K workspace", ws.floats, need)?;
         let partial = out_ptr(gpu, &mut ws.partial);
-        let (name, cfg) = tiled_launch_config(plan, n32, oc32)?;
+        let (name, cfg) = tiled_launch_config(plan, m32, n32)?;
         let params = MatmulParams {
             out: partial,
             bias: std::ptr::null(),
             gelu: 0,
             k_chunk: plan.k_chunk,
-            ..self.params(0, n)
+            ..self.params(0, m)
         };
-        // SAFETY: the workspace holds splits*n*oc floats (checked above) and
-        // block z writes only its [n, oc] slice z; inp n*c and weight oc*c
+        // SAFETY: the workspace holds splits*m*n floats (checked above) and
+        // block z writes only its [m, n] slice z; inp m*k and weight n*k
         // floats (checked in `Args::new`); k_chunk is a nonzero multiple of
-        // MATMUL_TILE_K with ceil(c / k_chunk) = splits = grid z, bias null
+        // MATMUL_TILE_K with ceil(k / k_chunk) = splits = grid z, bias null
         // and gelu 0 as a split launch requires; grid, block and shared
         // memory from `tiled_launch_config` for this tile.
         unsafe { gpu.launch(name, cfg, params)? };
-        count_u32(OP, "n * oc", &[n, oc])?;
+        count_u32(OP, "m * n", &[m, n])?;
         let reduce = MatmulSplitReduceParams {
             out: self.out,
             partial,
             bias: self.bias,
-            n: n32,
-            oc: oc32,
+            n: m32,
+            oc: n32,
             splits: plan.splits,
             gelu: self.gelu as u32,
         };
-        // SAFETY: out n*oc and bias oc floats (checked in `Args::new`), n*oc
-        // fits u32 (checked above); the workspace holds the splits*n*oc
+        // SAFETY: out m*n and bias n floats (checked in `Args::new`), m*n
+        // fits u32 (checked above); the workspace holds the splits*m*n
         // partials the launch above writes first (same stream).
         unsafe { launch_split_reduce(gpu, reduce)? };
         Ok(())
@@ -587,13 +553,14 @@ pub fn split_reduce_launch_config(outputs: u32) -> LaunchConfig {
 /// finishes with: `p.out = epilogue(sum over s of p.partial[s])`.
 ///
 /// # Safety
-/// `p.out` holds `n * oc` floats (`n * oc` fits u32), `p.bias` `oc` floats
-/// or is null, `p.partial` the `splits * n * oc` partial sums, written by
+/// `p.out` holds `p.n * p.oc` floats (the product fits u32), `p.bias`
+/// `p.oc` floats or is null, `p.partial` the `splits` partial outputs,
+/// written by
 /// work queued earlier on [`Gpu::stream`]. The kernel checks alignment
 /// before its 16-byte accesses.
 pub(crate) unsafe fn launch_split_reduce(gpu: &Gpu, p: MatmulSplitReduceParams) -> Result<(), GpuError> {
     let cfg = split_reduce_launch_config(p.n * p.oc);
-    // SAFETY: the caller's contract; the grid covers n*oc outputs.
+    // SAFETY: the caller's contract; the grid covers p.n*p.oc outputs.
     unsafe { gpu.launch(MATMUL_SPLIT_REDUCE, cfg, p) }
 }
 
@@ -645,14 +612,15 @@ mod tests {
     fn plans_respect_workspace_and_bounds() {
         for &m in &GEMM_M {
             for &(n, k) in &GEMM_NK {
-                let unsplit = plan_tiled(m, k, n, SMS, 0);
+                let shape = MatmulShape { m, n, k };
+                let unsplit = plan_tiled(shape, SMS, 0);
                 assert_eq!(unsplit.splits, 1);
-                let ws = split_k_workspace_floats(m, k, n, SMS);
-                let plan = plan_tiled(m, k, n, SMS, ws);
-                assert!(plan.workspace_floats(m, n) <= ws, "{m} {n} {k}: {plan:?}");
+                let ws = split_k_workspace_floats(shape, SMS);
+                let plan = plan_tiled(shape, SMS, ws);
+                assert!(plan.workspace_floats(shape) <= ws, "{m} {n} {k}: {plan:?}");
                 assert!(plan.splits == 1 || plan.k_chunk as usize >= MIN_SPLIT_DEPTH);
-                let t = predict_tiled_us(&plan, m, k, n, SMS);
-                assert!(t <= predict_tiled_us(&unsplit, m, k, n, SMS));
+                let t = predict_tiled_us(&plan, shape, SMS);
+                assert!(t <= predict_tiled_us(&unsplit, shape, SMS));
                 println!("M={m} N={n} K={k}: {plan:?} {t:.1} us (unsplit {unsplit:?})");
             }
         }
@@ -661,7 +629,7 @@ mod tests {
     /// The shapes the split targets split; the large-M, many-tile ones do not.
     #[test]
     fn split_k_where_the_grid_underfills() {
-        let plan = |m, n, k| plan_tiled(m, k, n, SMS, usize::MAX);
+        let plan = |m, n, k| plan_tiled(MatmulShape { m, n, k }, SMS, usize::MAX);
         assert!(plan(64, 768, 3072).splits > 1);
         assert!(plan(64, 768, 768).splits > 1);
         assert!(plan(1024, 768, 768).splits > 1);
@@ -678,8 +646,10 @@ mod tests {
     /// n = 1024); GEMV for decode.
     #[test]
     fn auto_takes_the_small_kernel_where_it_measured_faster() {
-        let ws = |m, n, k| split_k_workspace_floats(m, k, n, SMS);
-        let auto = |m, n, k| plan_auto(m, k, n, SMS, ws(m, n, k));
+        let auto = |m, n, k| {
+            let shape = MatmulShape { m, n, k };
+            plan_auto(shape, SMS, split_k_workspace_floats(shape, SMS))
+        };
         let small = |p: AutoPlan| matches!(p, AutoPlan::Small(_));
         for (m, n, k) in [(64, 2304, 768), (64, 3072, 768), (64, 768, 768), (64, 768, 3072)] {
             assert!(
@@ -712,7 +682,7 @@ mod tests {
             (768, 768, 4, 17.3),
         ] {
             let plan = SmallPlan::split(k, splits);
-            let got = predict_small_us(&plan, 64, k, n, SMS);
+            let got = predict_small_us(&plan, MatmulShape { m: 64, n, k }, SMS);
             assert!((got / want - 1.0).abs() < 0.12, "{n} {k} {splits}: {got} vs {want}");
         }
     }
@@ -723,16 +693,17 @@ mod tests {
     fn small_plans_respect_workspace() {
         for m in [9, 64, 100, 128] {
             for &(n, k) in &GEMM_NK {
-                assert_eq!(plan_small(m, k, n, SMS, 0).splits, 1);
-                let ws = split_k_workspace_floats(m, k, n, SMS);
-                let plan = plan_small(m, k, n, SMS, ws);
-                assert!(plan.workspace_floats(m, n) <= ws, "{m} {n} {k}: {plan:?}");
+                let shape = MatmulShape { m, n, k };
+                assert_eq!(plan_small(shape, SMS, 0).splits, 1);
+                let ws = split_k_workspace_floats(shape, SMS);
+                let plan = plan_small(shape, SMS, ws);
+                assert!(plan.workspace_floats(shape) <= ws, "{m} {n} {k}: {plan:?}");
                 if plan.splits > 1 {
                     let counters = ws / (2 * MATMUL_SMALL_PARTIAL_FLOATS as usize) + 1;
-                    assert!(SmallPlan::tiles(m, n) <= counters);
+                    assert!(SmallPlan::tiles(shape) <= counters);
                     assert!(plan.k_chunk as usize >= SMALL_MIN_SPLIT_DEPTH);
                 }
-                let t = predict_small_us(&plan, m, k, n, SMS);
+                let t = predict_small_us(&plan, shape, SMS);
                 println!("small M={m} N={n} K={k}: {plan:?} {t:.1} us");
             }
         }
@@ -741,9 +712,9 @@ mod tests {
     #[test]
     fn small_launch_covers_the_output() {
         for plan in [SmallPlan::unsplit(768), SmallPlan::split(768, 11)] {
-            for (n, oc) in [(1, 1), (64, 2304), (65, 770), (128, 33)] {
-                let cfg = small_launch_config(&plan, n, oc).unwrap();
-                assert!(cfg.grid_dim.0 * MATMUL_SMALL_TILE_N >= oc && cfg.grid_dim.1 * MATMUL_SMALL_TILE_M >= n);
+            for (m, n) in [(1, 1), (64, 2304), (65, 770), (128, 33)] {
+                let cfg = small_launch_config(&plan, m, n).unwrap();
+                assert!(cfg.grid_dim.0 * MATMUL_SMALL_TILE_N >= n && cfg.grid_dim.1 * MATMUL_SMALL_TILE_M >= m);
                 assert_eq!(cfg.grid_dim.2, plan.splits);
                 assert!(cfg.shared_mem_bytes <= SM_SHARED_LIMIT_BYTES);
             }
@@ -759,11 +730,15 @@ mod tests {
     fn wave_model_reproduces_its_fit_points() {
         let close = |got: f64, want: f64| (got / want - 1.0).abs() < 0.05;
         let large = |c| TiledPlan::unsplit(MATMUL_TILE_M, c);
-        let t = predict_tiled_us(&large(768), 8192, 768, 3072, SMS);
+        let t = predict_tiled_us(&large(768), MatmulShape::new(8192, 3072, 768), SMS);
         assert!(close(t, 963.0), "{t}");
-        let t = predict_tiled_us(&large(768), 1024, 768, 2304, SMS);
+        let t = predict_tiled_us(&large(768), MatmulShape::new(1024, 2304, 768), SMS);
         assert!(close(t, 164.0), "{t}");
-        let t = predict_tiled_us(&TiledPlan::unsplit(MATMUL_TILE_M_MID, 768), 1024, 768, 768, SMS);
+        let t = predict_tiled_us(
+            &TiledPlan::unsplit(MATMUL_TILE_M_MID, 768),
+            MatmulShape::new(1024, 768, 768),
+            SMS,
+        );
         assert!(close(t, 75.5), "{t}");
     }
 }

@@ -4,6 +4,7 @@
 //! rule ([`plan_auto`]) that picks the fastest.
 
 use super::WARP;
+use crate::MatmulShape;
 use gpu_kernels::params::matmul::{
     MATMUL_BLOCK, MATMUL_BLOCK_MID, MATMUL_BLOCKS_PER_SM, MATMUL_BLOCKS_PER_SM_MID, MATMUL_FORWARD, MATMUL_FORWARD_MID,
     MATMUL_GEMV_MAX_ROWS, MATMUL_SMALL_BLOCKS_PER_SM, MATMUL_SMALL_PARTIAL_FLOATS, MATMUL_SMALL_TILE_K,
@@ -101,28 +102,28 @@ const SMALL_MAX_SPLIT_WAVES: usize = 2;
 /// small-M kernel, whose model is fitted to absolute times.
 const TILED_SMALL_N_MISSING_US: f64 = 9.0;
 
-/// `(splits, k_chunk)` cutting `c` into at most `splits` chunks, each a
+/// `(splits, k_chunk)` cutting `k` into at most `splits` chunks, each a
 /// multiple of `step` deep and none empty (the count may come out lower);
 /// `None` when that leaves one chunk.
-fn split_depth(c: usize, splits: usize, step: usize) -> Option<(u32, u32)> {
-    let chunk = c.div_ceil(splits.max(1)).div_ceil(step) * step;
-    (chunk > 0 && chunk < c).then(|| (c.div_ceil(chunk) as u32, chunk as u32))
+fn split_depth(k: usize, splits: usize, step: usize) -> Option<(u32, u32)> {
+    let chunk = k.div_ceil(splits.max(1)).div_ceil(step) * step;
+    (chunk > 0 && chunk < k).then(|| (k.div_ceil(chunk) as u32, chunk as u32))
 }
 
-/// Every distinct split of `c` a planner considers: [`split_depth`] for 2..=
+/// Every distinct split of `k` a planner considers: [`split_depth`] for 2..=
 /// `MAX_SPLITS` asked, while the chunk stays at least `min_depth` deep, each
 /// resulting split count once.
-fn split_candidates(c: usize, step: usize, min_depth: usize) -> impl Iterator<Item = (u32, u32)> {
+fn split_candidates(k: usize, step: usize, min_depth: usize) -> impl Iterator<Item = (u32, u32)> {
     let mut last_splits = 1;
     (2..=MAX_SPLITS)
-        .map_while(move |s| split_depth(c, s, step).filter(|&(_, chunk)| chunk as usize >= min_depth))
+        .map_while(move |s| split_depth(k, s, step).filter(|&(_, chunk)| chunk as usize >= min_depth))
         .filter(move |&(splits, _)| std::mem::replace(&mut last_splits, splits) != splits)
 }
 
 /// How the tiled kernel runs: block tile rows (`MATMUL_TILE_M` or
 /// `MATMUL_TILE_M_MID`; the tile is always `MATMUL_TILE_N` columns wide) and
-/// the split of `c`: `splits` blocks along grid z, each covering `k_chunk`
-/// of `c` (the last one the rest). `splits == 1` is the plain kernel.
+/// the split of `k`: `splits` blocks along grid z, each covering `k_chunk`
+/// of `k` (the last one the rest). `splits == 1` is the plain kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TiledPlan {
     pub tile_m: u32,
@@ -132,32 +133,32 @@ pub struct TiledPlan {
 
 impl TiledPlan {
     /// The unsplit kernel with a `tile_m`-row tile.
-    pub fn unsplit(tile_m: u32, c: usize) -> Self {
+    pub fn unsplit(tile_m: u32, k: usize) -> Self {
         TiledPlan {
             tile_m,
             splits: 1,
-            k_chunk: c as u32,
+            k_chunk: k as u32,
         }
     }
 
-    /// At most `splits` splits of `c`, each a multiple of `MATMUL_TILE_K`
+    /// At most `splits` splits of `k`, each a multiple of `MATMUL_TILE_K`
     /// deep (so 16-byte loads stay aligned), none empty: the split count may
     /// come out lower than asked.
-    pub fn split(tile_m: u32, c: usize, splits: usize) -> Self {
-        match split_depth(c, splits, MATMUL_TILE_K as usize) {
+    pub fn split(tile_m: u32, k: usize, splits: usize) -> Self {
+        match split_depth(k, splits, MATMUL_TILE_K as usize) {
             Some((splits, k_chunk)) => TiledPlan {
                 tile_m,
                 splits,
                 k_chunk,
             },
-            None => Self::unsplit(tile_m, c),
+            None => Self::unsplit(tile_m, k),
         }
     }
 
-    /// Floats of workspace this plan needs for an `n x oc` output.
-    pub fn workspace_floats(&self, n: usize, oc: usize) -> usize {
+    /// Floats of workspace this plan needs for an `m x n` output.
+    pub fn workspace_floats(&self, shape: MatmulShape) -> usize {
         if self.splits > 1 {
-            self.splits as usize * n * oc
+            self.splits as usize * shape.out_len()
         } else {
             0
         }
@@ -172,9 +173,10 @@ impl TiledPlan {
         }
     }
 
-    /// Blocks of the tiled launch for an `n x oc` output.
-    pub fn blocks(&self, n: usize, oc: usize) -> usize {
-        n.div_ceil(self.tile_m as usize) * oc.div_ceil(MATMUL_TILE_N as usize) * self.splits as usize
+    /// Blocks of the tiled launch for an `m x n` output.
+    pub fn blocks(&self, shape: MatmulShape) -> usize {
+        let MatmulShape { m, n, .. } = shape;
+        m.div_ceil(self.tile_m as usize) * n.div_ceil(MATMUL_TILE_N as usize) * self.splits as usize
     }
 }
 
@@ -184,7 +186,7 @@ fn efficiency(warps: usize) -> f64 {
     EFF_MAX * w / (w + EFF_HALF_WARPS)
 }
 
-/// Predicted time of `plan` for `out[n, oc] = inp[n, c] · weightᵀ` on `sms`
+/// Predicted time of `plan` for `out[m, n] = inp[m, k] · weightᵀ` on `sms`
 /// SMs, µs, by waves: a grid that fits the resident slots (`sms x blocks per
 /// SM`) spreads breadth-first, so the busiest SM runs `ceil(blocks / sms)`
 /// blocks at once; a larger grid runs in `ceil(blocks / slots)` full waves
@@ -193,11 +195,12 @@ fn efficiency(warps: usize) -> f64 {
 /// one launch plus writing and reading the partials. Coarse (it ignores
 /// memory bandwidth of the operands, fine for K >= 64 on these tiles); its
 /// job is ranking plans.
-pub fn predict_tiled_us(plan: &TiledPlan, n: usize, c: usize, oc: usize, sms: usize) -> f64 {
+pub fn predict_tiled_us(plan: &TiledPlan, shape: MatmulShape, sms: usize) -> f64 {
+    let MatmulShape { m, n, k } = shape;
     let (_, threads, resident) = plan.kernel();
     let (warps, resident) = ((threads / WARP) as usize, resident as usize);
-    let blocks = plan.blocks(n, oc);
-    let depth = (plan.k_chunk as usize).min(c);
+    let blocks = plan.blocks(shape);
+    let depth = (plan.k_chunk as usize).min(k);
     let block_us = 2.0 * (plan.tile_m * MATMUL_TILE_N) as f64 * depth as f64 / SM_PEAK_FLOPS * 1e6;
     let sms = sms.max(1);
     let slots = sms * resident;
@@ -211,10 +214,10 @@ pub fn predict_tiled_us(plan: &TiledPlan, n: usize, c: usize, oc: usize, sms: us
     if plan.splits <= 1 {
         return gemm;
     }
-    // Rows padded to the mid tile: the plan then depends on n only through
-    // ceil(n / 64), which `split_k_workspace_floats` relies on.
-    let rows = n.div_ceil(MATMUL_TILE_M_MID as usize) * MATMUL_TILE_M_MID as usize;
-    let partial_bytes = (plan.splits as usize * rows * oc * F32_BYTES) as f64;
+    // Rows padded to the mid tile: the plan then depends on m only through
+    // ceil(m / 64), which `split_k_workspace_floats` relies on.
+    let rows = m.div_ceil(MATMUL_TILE_M_MID as usize) * MATMUL_TILE_M_MID as usize;
+    let partial_bytes = (plan.splits as usize * rows * n * F32_BYTES) as f64;
     let bw = if partial_bytes <= PARTIAL_L2_BYTES {
         PARTIAL_BW_L2
     } else {
@@ -226,16 +229,17 @@ pub fn predict_tiled_us(plan: &TiledPlan, n: usize, c: usize, oc: usize, sms: us
 
 /// Predicted time of the chunked GEMV path ([`MatmulKernel::GemvChunked`](super::MatmulKernel::GemvChunked)),
 /// µs: one launch per `MATMUL_GEMV_MAX_ROWS` rows, each bound by its warps'
-/// serial walk over `c` or by streaming the weights from memory.
-pub fn predict_gemv_chunked_us(n: usize, c: usize, oc: usize) -> f64 {
-    let chunks = n.div_ceil(MATMUL_GEMV_MAX_ROWS as usize);
-    let walk = c.div_ceil(GEMV_STEP_FLOATS) as f64 * GEMV_STEP_US;
-    let stream = (oc * c * F32_BYTES) as f64 / PARTIAL_BW_HBM * 1e6;
+/// serial walk over `k` or by streaming the weights from memory.
+pub fn predict_gemv_chunked_us(shape: MatmulShape) -> f64 {
+    let MatmulShape { m, n, k } = shape;
+    let chunks = m.div_ceil(MATMUL_GEMV_MAX_ROWS as usize);
+    let walk = k.div_ceil(GEMV_STEP_FLOATS) as f64 * GEMV_STEP_US;
+    let stream = (n * k * F32_BYTES) as f64 / PARTIAL_BW_HBM * 1e6;
     chunks as f64 * (GEMV_LAUNCH_US + walk.max(stream))
 }
 
 /// How the small-M kernel runs: `splits` blocks per 64x64 output tile
-/// (grid z), each covering `k_chunk` of `c` (the last one the rest). With
+/// (grid z), each covering `k_chunk` of `k` (the last one the rest). With
 /// `splits > 1` the partial tiles go through a [`MatmulWorkspace`](super::MatmulWorkspace) and the
 /// last block of each tile sums them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,38 +249,39 @@ pub struct SmallPlan {
 }
 
 impl SmallPlan {
-    /// One split: every block covers all of `c` (no workspace).
-    pub fn unsplit(c: usize) -> Self {
+    /// One split: every block covers all of `k` (no workspace).
+    pub fn unsplit(k: usize) -> Self {
         SmallPlan {
             splits: 1,
-            k_chunk: c as u32,
+            k_chunk: k as u32,
         }
     }
 
-    /// At most `splits` splits of `c`, each a multiple of
+    /// At most `splits` splits of `k`, each a multiple of
     /// `MATMUL_SMALL_TILE_K` deep, none empty: the count may come out lower
     /// than asked.
-    pub fn split(c: usize, splits: usize) -> Self {
-        match split_depth(c, splits, MATMUL_SMALL_TILE_K as usize) {
+    pub fn split(k: usize, splits: usize) -> Self {
+        match split_depth(k, splits, MATMUL_SMALL_TILE_K as usize) {
             Some((splits, k_chunk)) => SmallPlan { splits, k_chunk },
-            None => Self::unsplit(c),
+            None => Self::unsplit(k),
         }
     }
 
-    /// Output tiles of an `n x oc` output.
-    pub fn tiles(n: usize, oc: usize) -> usize {
-        n.div_ceil(MATMUL_SMALL_TILE_M as usize) * oc.div_ceil(MATMUL_SMALL_TILE_N as usize)
+    /// Output tiles of an `m x n` output.
+    pub fn tiles(shape: MatmulShape) -> usize {
+        let MatmulShape { m, n, .. } = shape;
+        m.div_ceil(MATMUL_SMALL_TILE_M as usize) * n.div_ceil(MATMUL_SMALL_TILE_N as usize)
     }
 
     /// Blocks of the launch.
-    pub fn blocks(&self, n: usize, oc: usize) -> usize {
-        Self::tiles(n, oc) * self.splits.max(1) as usize
+    pub fn blocks(&self, shape: MatmulShape) -> usize {
+        Self::tiles(shape) * self.splits.max(1) as usize
     }
 
     /// Floats of workspace the plan needs (partial tiles; 0 unsplit).
-    pub fn workspace_floats(&self, n: usize, oc: usize) -> usize {
+    pub fn workspace_floats(&self, shape: MatmulShape) -> usize {
         if self.splits > 1 {
-            self.blocks(n, oc) * MATMUL_SMALL_PARTIAL_FLOATS as usize
+            self.blocks(shape) * MATMUL_SMALL_PARTIAL_FLOATS as usize
         } else {
             0
         }
@@ -286,11 +291,12 @@ impl SmallPlan {
 /// Predicted time of the small-M kernel under `plan`, µs: the busiest SM's
 /// blocks (spread breadth-first while the grid fits the resident slots, else
 /// full waves) times their k-slices, plus the last blocks' sum.
-pub fn predict_small_us(plan: &SmallPlan, n: usize, c: usize, oc: usize, sms: usize) -> f64 {
+pub fn predict_small_us(plan: &SmallPlan, shape: MatmulShape, sms: usize) -> f64 {
+    let k = shape.k;
     let resident = MATMUL_SMALL_BLOCKS_PER_SM as usize;
     let sms = sms.max(1);
-    let blocks = plan.blocks(n, oc);
-    let slices = (plan.k_chunk as usize).min(c).div_ceil(MATMUL_SMALL_TILE_K as usize);
+    let blocks = plan.blocks(shape);
+    let slices = (plan.k_chunk as usize).min(k).div_ceil(MATMUL_SMALL_TILE_K as usize);
     let per_sm = if blocks <= sms * resident {
         blocks.div_ceil(sms)
     } else {
@@ -308,16 +314,17 @@ pub fn predict_small_us(plan: &SmallPlan, n: usize, c: usize, oc: usize, sms: us
 
 /// The fastest small-M plan by [`predict_small_us`] whose partials fit
 /// `workspace_floats` (0: unsplit only). Ties keep fewer splits.
-pub fn plan_small(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: usize) -> SmallPlan {
-    let mut best = SmallPlan::unsplit(c);
-    let mut best_us = predict_small_us(&best, n, c, oc, sms);
+pub fn plan_small(shape: MatmulShape, sms: usize, workspace_floats: usize) -> SmallPlan {
+    let k = shape.k;
+    let mut best = SmallPlan::unsplit(k);
+    let mut best_us = predict_small_us(&best, shape, sms);
     let slots = sms.max(1) * MATMUL_SMALL_BLOCKS_PER_SM as usize;
-    for (splits, k_chunk) in split_candidates(c, MATMUL_SMALL_TILE_K as usize, SMALL_MIN_SPLIT_DEPTH) {
+    for (splits, k_chunk) in split_candidates(k, MATMUL_SMALL_TILE_K as usize, SMALL_MIN_SPLIT_DEPTH) {
         let plan = SmallPlan { splits, k_chunk };
-        if plan.blocks(n, oc) > SMALL_MAX_SPLIT_WAVES * slots || plan.workspace_floats(n, oc) > workspace_floats {
+        if plan.blocks(shape) > SMALL_MAX_SPLIT_WAVES * slots || plan.workspace_floats(shape) > workspace_floats {
             continue;
         }
-        let us = predict_small_us(&plan, n, c, oc, sms);
+        let us = predict_small_us(&plan, shape, sms);
         if us < best_us {
             (best, best_us) = (plan, us);
         }
@@ -335,59 +342,61 @@ pub enum AutoPlan {
 }
 
 /// The rule of [`MatmulKernel::Auto`](super::MatmulKernel::Auto) (with a split-K workspace of
-/// `workspace_floats`): GEMV for `n <= MATMUL_GEMV_MAX_ROWS` (decode: the
+/// `workspace_floats`): GEMV for `m <= MATMUL_GEMV_MAX_ROWS` (decode: the
 /// weights are streamed once, nothing else comes close); otherwise the
 /// tiled plan ([`plan_tiled`], split-K within the workspace), unless
-/// chunked GEMV (`n <= FP32_CHUNKED_GEMV_MAX_ROWS`) is predicted faster;
-/// then, for `n <= SMALL_MAX_ROWS`, the small-M kernel ([`plan_small`])
+/// chunked GEMV (`m <= FP32_CHUNKED_GEMV_MAX_ROWS`) is predicted faster;
+/// then, for `m <= SMALL_MAX_ROWS`, the small-M kernel ([`plan_small`])
 /// where it is predicted faster than that tiled plan. Ties keep the tiled
 /// plan.
-pub fn plan_auto(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: usize) -> AutoPlan {
-    if n <= MATMUL_GEMV_MAX_ROWS as usize {
+pub fn plan_auto(shape: MatmulShape, sms: usize, workspace_floats: usize) -> AutoPlan {
+    let m = shape.m;
+    if m <= MATMUL_GEMV_MAX_ROWS as usize {
         return AutoPlan::Gemv;
     }
-    let tiled = plan_tiled(n, c, oc, sms, workspace_floats);
-    let tiled_us = predict_tiled_us(&tiled, n, c, oc, sms);
+    let tiled = plan_tiled(shape, sms, workspace_floats);
+    let tiled_us = predict_tiled_us(&tiled, shape, sms);
     // Chunked GEMV against the tiled plan in the wave model's own units (as
     // calibrated together), then the small-M kernel against the winner.
     let mut best = AutoPlan::Tiled(tiled);
-    if n <= FP32_CHUNKED_GEMV_MAX_ROWS && predict_gemv_chunked_us(n, c, oc) < tiled_us {
+    if m <= FP32_CHUNKED_GEMV_MAX_ROWS && predict_gemv_chunked_us(shape) < tiled_us {
         best = AutoPlan::GemvChunked;
     }
-    if n <= SMALL_MAX_ROWS && best == AutoPlan::Tiled(tiled) {
-        let small = plan_small(n, c, oc, sms, workspace_floats);
-        if predict_small_us(&small, n, c, oc, sms) < tiled_us + TILED_SMALL_N_MISSING_US {
+    if m <= SMALL_MAX_ROWS && best == AutoPlan::Tiled(tiled) {
+        let small = plan_small(shape, sms, workspace_floats);
+        if predict_small_us(&small, shape, sms) < tiled_us + TILED_SMALL_N_MISSING_US {
             best = AutoPlan::Small(small);
         }
     }
     best
 }
 
-/// The fastest tiled plan by [`predict_tiled_us`] for an `n x oc` output
-/// over depth `c` on `sms` SMs, among both tiles unsplit and split-K plans
+/// The fastest tiled plan by [`predict_tiled_us`] for an `m x n` output
+/// over depth `k` on `sms` SMs, among both tiles unsplit and split-K plans
 /// whose partials fit `workspace_floats` (0: no split-K). Splits are at least
 /// `MIN_SPLIT_DEPTH` deep, at most `MAX_SPLITS`, and the grid at most
 /// `MAX_SPLIT_WAVES` waves. Ties keep the earlier candidate (large tile,
 /// fewer splits).
-pub fn plan_tiled(n: usize, c: usize, oc: usize, sms: usize, workspace_floats: usize) -> TiledPlan {
-    let mut best = TiledPlan::unsplit(MATMUL_TILE_M, c);
-    let mut best_us = predict_tiled_us(&best, n, c, oc, sms);
+pub fn plan_tiled(shape: MatmulShape, sms: usize, workspace_floats: usize) -> TiledPlan {
+    let k = shape.k;
+    let mut best = TiledPlan::unsplit(MATMUL_TILE_M, k);
+    let mut best_us = predict_tiled_us(&best, shape, sms);
     for tile_m in [MATMUL_TILE_M, MATMUL_TILE_M_MID] {
         let mut consider = |plan: TiledPlan| {
-            let us = predict_tiled_us(&plan, n, c, oc, sms);
+            let us = predict_tiled_us(&plan, shape, sms);
             if us < best_us {
                 (best, best_us) = (plan, us);
             }
         };
-        consider(TiledPlan::unsplit(tile_m, c));
-        let slots = sms.max(1) * TiledPlan::unsplit(tile_m, c).kernel().2 as usize;
-        for (splits, k_chunk) in split_candidates(c, MATMUL_TILE_K as usize, MIN_SPLIT_DEPTH) {
+        consider(TiledPlan::unsplit(tile_m, k));
+        let slots = sms.max(1) * TiledPlan::unsplit(tile_m, k).kernel().2 as usize;
+        for (splits, k_chunk) in split_candidates(k, MATMUL_TILE_K as usize, MIN_SPLIT_DEPTH) {
             let plan = TiledPlan {
                 tile_m,
                 splits,
                 k_chunk,
             };
-            if plan.blocks(n, oc) > MAX_SPLIT_WAVES * slots || plan.workspace_floats(n, oc) > workspace_floats {
+            if plan.blocks(shape) > MAX_SPLIT_WAVES * slots || plan.workspace_floats(shape) > workspace_floats {
                 continue;
             }
             consider(plan);

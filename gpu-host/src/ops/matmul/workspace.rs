@@ -5,25 +5,25 @@ use cudarc::driver::CudaSlice;
 use gpu_kernels::params::matmul::{MATMUL_SMALL_PARTIAL_FLOATS, MATMUL_SMALL_TILE_M, MATMUL_TILE_M_MID};
 
 use super::plan::{SMALL_MAX_ROWS, plan_small, plan_tiled};
-use crate::{Gpu, GpuError};
+use crate::{Gpu, GpuError, MatmulShape};
 
-/// Workspace floats that let every call with `n <= max_n` rows (depth `c`,
-/// `oc` columns) on `sms` SMs run the plan [`plan_tiled`] picks with no
-/// limit. Plans depend on `n` only through `ceil(n / MATMUL_TILE_M_MID)`, so
-/// one `n` per 64 rows (the largest) is checked; likewise the small-M
-/// kernel's split plans for `n <= SMALL_MAX_ROWS`.
-pub fn split_k_workspace_floats(max_n: usize, c: usize, oc: usize, sms: usize) -> usize {
+/// Workspace floats that let every call of `max` with at most `max.m`
+/// rows on `sms` SMs run the plan [`plan_tiled`] picks with no limit. Plans depend on `m` only through `ceil(m / MATMUL_TILE_M_MID)`, so
+/// one `m` per 64 rows (the largest) is checked; likewise the small-M
+/// kernel's split plans for `m <= SMALL_MAX_ROWS`.
+pub fn split_k_workspace_floats(max: MatmulShape, sms: usize) -> usize {
+    let max_m = max.m;
     let step = MATMUL_TILE_M_MID as usize;
-    let tiled = (1..=max_n.div_ceil(step)).map(|b| {
-        let n = (b * step).min(max_n);
-        plan_tiled(n, c, oc, sms, usize::MAX).workspace_floats(n, oc)
+    let tiled = (1..=max_m.div_ceil(step)).map(|b| {
+        let shape = max.with_rows((b * step).min(max_m));
+        plan_tiled(shape, sms, usize::MAX).workspace_floats(shape)
     });
-    // The small-M kernel's plans depend on n through ceil(n / 64) too.
-    let small_rows = max_n.min(SMALL_MAX_ROWS);
+    // The small-M kernel's plans depend on m through ceil(m / 64) too.
+    let small_rows = max_m.min(SMALL_MAX_ROWS);
     let small_step = MATMUL_SMALL_TILE_M as usize;
     let small = (1..=small_rows.div_ceil(small_step)).map(|b| {
-        let n = (b * small_step).min(small_rows);
-        plan_small(n, c, oc, sms, usize::MAX).workspace_floats(n, oc)
+        let shape = max.with_rows((b * small_step).min(small_rows));
+        plan_small(shape, sms, usize::MAX).workspace_floats(shape)
     });
     tiled.chain(small).max().unwrap_or(0)
 }

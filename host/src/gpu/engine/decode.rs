@@ -16,6 +16,7 @@ use std::ops::Range;
 use anyhow::{Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
+use gpu_host::shape::MatmulShape;
 use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS, DECODE_PREFETCH_RANGES};
 
 use super::{Activations, DeviceParams, GpuEngine, Last};
@@ -677,9 +678,7 @@ impl Step<'_> {
                 lw.qkvw.as_ref(),
                 Some(&lw.qkvb),
                 qkv_out,
-                b,
-                c,
-                3 * c,
+                MatmulShape::new(b, 3 * c, c),
             )?;
             decode_attention(
                 gpu,
@@ -711,9 +710,7 @@ impl Step<'_> {
                 attproj.0,
                 attproj.1,
                 out,
-                b,
-                c,
-                c,
+                MatmulShape::new(b, c, c),
             )?;
             // x + fcproj(gelu(fc(ln2(x))))
             let out = Output::Rows {
@@ -731,9 +728,7 @@ impl Step<'_> {
                 lw.fcw.as_ref(),
                 Some(&lw.fcb),
                 out,
-                b,
-                c,
-                4 * c,
+                MatmulShape::new(b, 4 * c, c),
             )?;
             let out = Output::Rows {
                 out: &mut a.residual,
@@ -750,9 +745,7 @@ impl Step<'_> {
                 fcproj.0,
                 fcproj.1,
                 out,
-                b,
-                4 * c,
-                c,
+                MatmulShape::new(b, c, 4 * c),
             )?;
         }
         // lnf, the LM head (tied to wte, no bias) and the greedy choice,
@@ -774,9 +767,7 @@ impl Step<'_> {
             p.wte.as_ref(),
             None,
             out,
-            b,
-            c,
-            vp,
+            MatmulShape::new(b, vp, c),
         )?;
         if let Some((rows, streams)) = self.sample {
             // The sampled choice replaces the argmax as the ids and the next

@@ -16,6 +16,7 @@
 //! (3xTF32 tensor cores beyond the GEMV's rows, as [`GpuEngine`] by
 //! default). See docs/performance.md for where it pays.
 
+use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
 use std::collections::HashMap;
 
 use anyhow::{Context, Result, ensure};
@@ -208,8 +209,8 @@ impl Rank {
             ),
             false => None,
         };
-        let shapes = matmul_shapes(c, cr, hr, vr);
-        let floats = fp32_matmul_workspace_floats(&shapes, rows, gpu.sm_count());
+        let shapes = matmul_shapes(rows, c, cr, hr, vr);
+        let floats = fp32_matmul_workspace_floats(&shapes, gpu.sm_count());
         let matmul_ws = MatmulScratch {
             fp32: MatmulWorkspace::new(&gpu, floats).with_context(|| oom("the matmul workspace"))?,
             fp32_tensor_cores: true,
@@ -237,8 +238,7 @@ impl Rank {
         })
     }
 
-    /// A linear layer of this rank: `out[n, oc] = inp[n, k] · w[oc, k]ᵀ (+ bias)`.
-    #[allow(clippy::too_many_arguments)]
+    /// A linear layer of this rank: `out[m, n] = inp[m, k] · w[n, k]ᵀ (+ bias)`.
     fn linear(
         gpu: &Gpu,
         ws: &mut MatmulScratch,
@@ -246,12 +246,10 @@ impl Rank {
         inp: &CudaSlice<f32>,
         w: &CudaSlice<f32>,
         bias: Option<&CudaSlice<f32>>,
-        n: usize,
-        k: usize,
-        oc: usize,
+        shape: MatmulShape,
     ) -> Result<()> {
         let weight = (WeightRef::F32(w), None, false);
-        matmul(gpu, Precision::Fp32, ws, out, inp, weight, false, bias, n, k, oc)?;
+        matmul(gpu, Precision::Fp32, ws, out, inp, weight, false, bias, shape)?;
         Ok(())
     }
 }
@@ -425,9 +423,14 @@ impl TpEngine {
         for r in &mut self.ranks {
             let (gpu, p, a) = (&r.gpu, &r.params, &mut r.acts);
             match (place, r.step.as_ref()) {
-                (Place::Shared { pos0 }, _) => {
-                    encoder_forward(gpu, &mut a.residual, &a.tokens, &p.wte, &p.wpe, b, t, c, pos0)?
-                }
+                (Place::Shared { pos0 }, _) => encoder_forward(
+                    gpu,
+                    &mut a.residual,
+                    &a.tokens,
+                    &p.wte,
+                    &p.wpe,
+                    EncoderShape { b, t, c, pos0 },
+                )?,
                 (Place::PerRow, Some(s)) => encoder_forward_rows(
                     gpu,
                     &mut a.residual,
@@ -435,20 +438,34 @@ impl TpEngine {
                     &s.pos,
                     WeightRef::F32(&p.wte),
                     &p.wpe,
-                    n,
-                    c,
+                    RowShape::new(n, c),
                 )?,
                 (Place::PerRow, None) => anyhow::bail!("no per-row decode state"),
             }
             let first = p.layers.first().context("the model has no layers")?;
-            layernorm_forward(gpu, &mut a.ln, &a.residual, &first.ln1w, &first.ln1b, n, c)?;
+            layernorm_forward(
+                gpu,
+                &mut a.ln,
+                &a.residual,
+                &first.ln1w,
+                &first.ln1b,
+                RowShape::new(n, c),
+            )?;
         }
         for li in 0..cfg.num_layers {
             // Attention over each rank's heads, then its share of the projection.
             for r in &mut self.ranks {
                 let (gpu, lw, a, ws) = (&r.gpu, &r.params.layers[li], &mut r.acts, &mut r.matmul_ws);
                 let (cr, nhr) = (r.shard.channels(), r.shard.num_heads());
-                Rank::linear(gpu, ws, &mut a.qkv, &a.ln, &lw.qkvw, Some(&lw.qkvb), n, c, 3 * cr)?;
+                Rank::linear(
+                    gpu,
+                    ws,
+                    &mut a.qkv,
+                    &a.ln,
+                    &lw.qkvw,
+                    Some(&lw.qkvb),
+                    MatmulShape::new(n, 3 * cr, c),
+                )?;
                 let (k, v) = &mut r.kv_cache[li];
                 match (place, r.step.as_mut()) {
                     (Place::Shared { pos0 }, _) => {
@@ -457,7 +474,22 @@ impl TpEngine {
                         let (flash, out) = (r.flash.as_mut(), &mut a.atty);
                         let prec = Precision::Fp32;
                         attention(
-                            gpu, flash, prec, out, &mut k, &mut v, &a.qkv, b, t, pos0, max_t, cr, nhr, 0,
+                            gpu,
+                            flash,
+                            prec,
+                            out,
+                            &mut k,
+                            &mut v,
+                            &a.qkv,
+                            AttentionShape {
+                                b,
+                                t,
+                                pos0,
+                                max_t,
+                                c: cr,
+                                nh: nhr,
+                                window: 0,
+                            },
                         )?;
                     }
                     (Place::PerRow, Some(s)) => {
@@ -470,10 +502,12 @@ impl TpEngine {
                             &a.qkv,
                             pos,
                             None::<&CudaSlice<u32>>,
-                            n,
-                            cr,
-                            nhr,
-                            max_t,
+                            KvCacheShape {
+                                rows: n,
+                                c: cr,
+                                nh: nhr,
+                                max_t,
+                            },
                         )?;
                         let launch = DecodeLaunch::new(false);
                         let out = &mut a.atty;
@@ -488,9 +522,7 @@ impl TpEngine {
                     &a.atty,
                     &lw.attprojw,
                     Some(&lw.attprojb),
-                    n,
-                    cr,
-                    c,
+                    MatmulShape::new(n, c, cr),
                 )?;
             }
             self.all_reduce_proj(n * c)?;
@@ -499,8 +531,26 @@ impl TpEngine {
                 let (gpu, lw, a, ws) = (&r.gpu, &r.params.layers[li], &mut r.acts, &mut r.matmul_ws);
                 let hr = r.shard.hidden.len();
                 let (res, ln) = (&mut a.residual2, &mut a.ln);
-                residual_layernorm_forward(gpu, false, res, ln, &a.residual, &a.proj, &lw.ln2w, &lw.ln2b, n, c)?;
-                Rank::linear(gpu, ws, &mut a.fch, &a.ln, &lw.fcw, Some(&lw.fcb), n, c, hr)?;
+                residual_layernorm_forward(
+                    gpu,
+                    false,
+                    res,
+                    ln,
+                    &a.residual,
+                    &a.proj,
+                    &lw.ln2w,
+                    &lw.ln2b,
+                    RowShape::new(n, c),
+                )?;
+                Rank::linear(
+                    gpu,
+                    ws,
+                    &mut a.fch,
+                    &a.ln,
+                    &lw.fcw,
+                    Some(&lw.fcb),
+                    MatmulShape::new(n, hr, c),
+                )?;
                 gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * hr)?;
                 Rank::linear(
                     gpu,
@@ -509,9 +559,7 @@ impl TpEngine {
                     &a.fch_gelu,
                     &lw.fcprojw,
                     Some(&lw.fcprojb),
-                    n,
-                    hr,
-                    c,
+                    MatmulShape::new(n, c, hr),
                 )?;
             }
             self.all_reduce_proj(n * c)?;
@@ -523,7 +571,7 @@ impl TpEngine {
                     None => (&p.lnfw, &p.lnfb),
                 };
                 let (res, ln) = (&mut a.residual, &mut a.ln);
-                residual_layernorm_forward(gpu, false, res, ln, &a.residual2, &a.proj, w, bias, n, c)?;
+                residual_layernorm_forward(gpu, false, res, ln, &a.residual2, &a.proj, w, bias, RowShape::new(n, c))?;
             }
         }
         let rows = match want {
@@ -534,7 +582,15 @@ impl TpEngine {
             let (gpu, p, a, ws) = (&r.gpu, &r.params, &mut r.acts, &mut r.matmul_ws);
             let head_in = super::head_rows(gpu, super::Heads::from_want(want, b, t), &a.ln, &mut a.head_in, c)?;
             let vr = r.shard.vocab.len();
-            Rank::linear(gpu, ws, &mut a.logits, head_in, &p.head, None, rows, c, vr)?;
+            Rank::linear(
+                gpu,
+                ws,
+                &mut a.logits,
+                head_in,
+                &p.head,
+                None,
+                MatmulShape::new(rows, vr, c),
+            )?;
         }
         Ok(())
     }

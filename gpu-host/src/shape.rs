@@ -1,0 +1,120 @@
+//! The sizes of an op's call, named, in one `Copy` value: what the launch
+//! wrappers of [`ops`](crate::ops) take instead of lists of bare `usize`s,
+//! and what their CPU twins (the `host` crate's `cpu::ops`) take too, so a
+//! wrapper and its twin read the same fields in the same argument position.
+//!
+//! These are host-side types: the kernels see sizes only through their
+//! `#[repr(C)]` parameter structs in `gpu_kernels::params`, which the
+//! wrappers fill from a shape (and which keep llm.c's field names: a
+//! matmul's `n, c, oc` there are [`MatmulShape`]'s `m, k, n`).
+
+/// A matmul `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`, weights
+/// stored (out, in) like llm.c and PyTorch's `nn.Linear`.
+///
+/// The one order of the three sizes everywhere in this workspace, BLAS's
+/// and the tune cache's `"M,N,K"`: `m` rows of the input and the output
+/// (tokens), `n` output columns (out features, rows of `weight`), `k` the
+/// inner size (in features).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulShape {
+    /// Rows of `inp` and `out`.
+    pub m: usize,
+    /// Columns of `out`: rows of `weight`, entries of `bias`.
+    pub n: usize,
+    /// The inner size: columns of `inp` and of `weight`.
+    pub k: usize,
+}
+
+impl MatmulShape {
+    pub const fn new(m: usize, n: usize, k: usize) -> Self {
+        MatmulShape { m, n, k }
+    }
+
+    /// The same matmul over `m` rows (the same weights, another batch).
+    pub const fn with_rows(self, m: usize) -> Self {
+        MatmulShape { m, ..self }
+    }
+
+    /// Elements of `out`: `m * n`.
+    pub const fn out_len(self) -> usize {
+        self.m * self.n
+    }
+
+    /// Elements of `inp`: `m * k`.
+    pub const fn inp_len(self) -> usize {
+        self.m * self.k
+    }
+
+    /// Elements of `weight`: `n * k`.
+    pub const fn weight_len(self) -> usize {
+        self.n * self.k
+    }
+}
+
+/// `rows` independent rows of `c` channels each: the shape of the row-wise
+/// ops (layernorm, the fused residual + layernorm, the per-row encoder).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowShape {
+    pub rows: usize,
+    pub c: usize,
+}
+
+impl RowShape {
+    pub const fn new(rows: usize, c: usize) -> Self {
+        RowShape { rows, c }
+    }
+
+    /// Elements of a `[rows, c]` buffer.
+    pub const fn len(self) -> usize {
+        self.rows * self.c
+    }
+
+    /// Whether there is nothing to compute (no rows or no channels).
+    pub const fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The encoder's call: `b` sequences of `t` positions from `pos0`, `c`
+/// channels (`out` is `[b, t, c]`, token ids `[b, t]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EncoderShape {
+    pub b: usize,
+    pub t: usize,
+    pub c: usize,
+    /// Position of each sequence's first token.
+    pub pos0: usize,
+}
+
+/// A decode step's rows of `qkv` stored into one layer's KV caches: `rows`
+/// rows of `c` channels in `nh` heads, caches of `max_t` positions
+/// (`kv_cache_store`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvCacheShape {
+    pub rows: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub max_t: usize,
+}
+
+/// The problem of one attention call: `b` sequences of `t` new positions
+/// from `pos0`, caches of `max_t` positions, `c` channels in `nh` heads,
+/// each query seeing its last `window` keys (0: all). Taken by the unfused
+/// and the flash kernels' wrappers and by the CPU twin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionShape {
+    pub b: usize,
+    pub t: usize,
+    pub pos0: usize,
+    pub max_t: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub window: usize,
+}
+
+impl AttentionShape {
+    /// Channels per head, `c / nh` (0 without heads).
+    pub fn head_size(self) -> usize {
+        self.c.checked_div(self.nh).unwrap_or(0)
+    }
+}
