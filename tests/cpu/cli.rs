@@ -288,7 +288,7 @@ fn attention_window_flag_matches_the_library() {
         let mut model = CpuModel::new(&ckpt.weights().unwrap(), 1, ids.len() + n).unwrap();
         model.set_attention_window(window);
         let mut s = Sampler::new(SamplingParams::GREEDY).unwrap();
-        generate(&mut model, &[ids.clone()], n, &mut s, |_, _| {})
+        generate(&mut model, std::slice::from_ref(&ids), n, &mut s, |_, _| {})
             .unwrap()
             .tokens[0]
             .clone()
