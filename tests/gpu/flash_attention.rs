@@ -68,6 +68,15 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     } = k;
     let c = nh * HS;
     let max_t = pos0 + t + CACHE_SLACK;
+    let shape = AttentionShape {
+        b,
+        t,
+        pos0,
+        max_t,
+        c,
+        nh,
+        window,
+    };
     let mut rng = crate::seed::rng();
     let qkv = random_vec(b * t * 3 * c, 1.0);
     let cache_len = b * nh * max_t * HS;
@@ -87,21 +96,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     let (mut k_cpu, mut v_cpu) = (prefix(), prefix());
     let (k_init, v_init) = (k_cpu.clone(), v_cpu.clone());
     let mut out_cpu = vec![0f32; b * t * c];
-    host::cpu::ops::attention_forward(
-        &mut out_cpu,
-        &mut k_cpu,
-        &mut v_cpu,
-        &qkv,
-        AttentionShape {
-            b,
-            t,
-            pos0,
-            max_t,
-            c,
-            nh,
-            window,
-        },
-    );
+    host::cpu::ops::attention_forward(&mut out_cpu, &mut k_cpu, &mut v_cpu, &qkv, shape);
 
     let mut ws = FlashWorkspace::new(gpu, b, nh, max_t).unwrap();
     ws.force_tf32_kv_split(kv_split);
@@ -111,59 +106,11 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     let mut d_v = gpu.upload(&v_init).unwrap();
     let mut d_out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
     let r = match path {
-        Path::Auto => attention_forward_flash(
-            gpu,
-            &mut d_out,
-            &mut d_k,
-            &mut d_v,
-            &d_qkv,
-            AttentionShape {
-                b,
-                t,
-                pos0,
-                max_t,
-                c,
-                nh,
-                window,
-            },
-            precision,
-            &mut ws,
-        ),
-        Path::Prefill => attention_forward_flash_prefill(
-            gpu,
-            &mut d_out,
-            &mut d_k,
-            &mut d_v,
-            &d_qkv,
-            AttentionShape {
-                b,
-                t,
-                pos0,
-                max_t,
-                c,
-                nh,
-                window,
-            },
-            precision,
-            &mut ws,
-        ),
-        Path::Decode => attention_forward_flash_decode(
-            gpu,
-            &mut d_out,
-            &mut d_k,
-            &mut d_v,
-            &d_qkv,
-            AttentionShape {
-                b,
-                t,
-                pos0,
-                max_t,
-                c,
-                nh,
-                window,
-            },
-            &mut ws,
-        ),
+        Path::Auto => attention_forward_flash(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, precision, &mut ws),
+        Path::Prefill => {
+            attention_forward_flash_prefill(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, precision, &mut ws)
+        }
+        Path::Decode => attention_forward_flash_decode(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, &mut ws),
     };
     r.map_err(|e| format!("{k:?}: launch failed: {e}"))?;
     gpu.synchronize().map_err(|e| format!("{k:?}: kernel fault: {e}"))?;
@@ -324,27 +271,6 @@ fn flash_prefill_bf16_out_is_the_f32_output_rounded() {
                     ws.force_bf16_stages(Some(stages));
                     let d_qkv = gpu.upload(&qkv).unwrap();
                     let (mut d_k, mut d_v) = (gpu.upload(&prefix).unwrap(), gpu.upload(&prefix).unwrap());
-                    let mut out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
-                    attention_forward_flash_prefill(
-                        &gpu,
-                        &mut out,
-                        &mut d_k,
-                        &mut d_v,
-                        &d_qkv,
-                        AttentionShape {
-                            b,
-                            t,
-                            pos0,
-                            max_t,
-                            c,
-                            nh,
-                            window,
-                        },
-                        FlashPrecision::Bf16,
-                        &mut ws,
-                    )
-                    .unwrap();
-                    let mut out16 = gpu.upload(&vec![half::bf16::NAN; b * t * c]).unwrap();
                     let shape = AttentionShape {
                         b,
                         t,
@@ -354,6 +280,19 @@ fn flash_prefill_bf16_out_is_the_f32_output_rounded() {
                         nh,
                         window,
                     };
+                    let mut out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
+                    attention_forward_flash_prefill(
+                        &gpu,
+                        &mut out,
+                        &mut d_k,
+                        &mut d_v,
+                        &d_qkv,
+                        shape,
+                        FlashPrecision::Bf16,
+                        &mut ws,
+                    )
+                    .unwrap();
+                    let mut out16 = gpu.upload(&vec![half::bf16::NAN; b * t * c]).unwrap();
                     attention_forward_flash_bf16_out(&gpu, &mut out16, &mut d_k, &mut d_v, &d_qkv, shape, &mut ws)
                         .unwrap();
                     let (f, h) = (gpu.download(&out).unwrap(), gpu.download(&out16).unwrap());
@@ -410,21 +349,16 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
             let (k_init, v_init) = (prefix(), prefix());
             let (mut k_cpu, mut v_cpu) = (k_init.clone(), v_init.clone());
             let mut out_cpu = vec![0f32; b * t * c];
-            host::cpu::ops::attention_forward(
-                &mut out_cpu,
-                &mut k_cpu,
-                &mut v_cpu,
-                &qkv,
-                AttentionShape {
-                    b,
-                    t,
-                    pos0,
-                    max_t,
-                    c,
-                    nh,
-                    window,
-                },
-            );
+            let shape = AttentionShape {
+                b,
+                t,
+                pos0,
+                max_t,
+                c,
+                nh,
+                window,
+            };
+            host::cpu::ops::attention_forward(&mut out_cpu, &mut k_cpu, &mut v_cpu, &qkv, shape);
             let run = |rounded: bool| -> Vec<f32> {
                 let mut ws = FlashWorkspace::new(&gpu, b, nh, max_t).unwrap();
                 ws.force_tf32_kv_split(Some(split));
@@ -439,15 +373,7 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
                     &mut d_k,
                     &mut d_v,
                     &d_qkv,
-                    AttentionShape {
-                        b,
-                        t,
-                        pos0,
-                        max_t,
-                        c,
-                        nh,
-                        window,
-                    },
+                    shape,
                     FlashPrecision::Tf32,
                     &mut ws,
                 )

@@ -823,41 +823,19 @@ fn attention_case(
     for (i, t) in std::iter::once(t0).chain(std::iter::repeat_n(1, steps)).enumerate() {
         let qkv = random_vec(b * t * 3 * c, 1.5);
         let mut want = vec![0f32; b * t * c];
-        cpu::attention_forward(
-            &mut want,
-            &mut ck,
-            &mut cv,
-            &qkv,
-            AttentionShape {
-                b,
-                t,
-                pos0,
-                max_t,
-                c,
-                nh,
-                window,
-            },
-        );
+        let shape = AttentionShape {
+            b,
+            t,
+            pos0,
+            max_t,
+            c,
+            nh,
+            window,
+        };
+        cpu::attention_forward(&mut want, &mut ck, &mut cv, &qkv, shape);
         let dq = gpu.upload(&qkv).unwrap();
         let mut out = poisoned(gpu, b * t * c);
-        attention_forward_variant(
-            gpu,
-            v,
-            &mut out,
-            &mut gk,
-            &mut gv,
-            &dq,
-            AttentionShape {
-                b,
-                t,
-                pos0,
-                max_t,
-                c,
-                nh,
-                window,
-            },
-        )
-        .unwrap();
+        attention_forward_variant(gpu, v, &mut out, &mut gk, &mut gv, &dq, shape).unwrap();
         let what = format!("attention {v:?} b={b} t={t} pos0={pos0} c={c} nh={nh} window={window} (call {i})");
         check(&what, &down(gpu, &out), &want, 1e-5, 1e-4);
         pos0 += t;

@@ -1011,84 +1011,28 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         V::FlashBf16Stages(stages) => Some(stages),
                         _ => None,
                     });
+                    let shape = AttentionShape {
+                        b,
+                        t,
+                        pos0,
+                        max_t,
+                        c,
+                        nh,
+                        window,
+                    };
+                    let flash = match v {
+                        V::Flash(prec) => Some(prec),
+                        V::FlashTf32Split(_) => Some(FlashPrecision::Tf32),
+                        V::FlashBf16Stages(_) => Some(FlashPrecision::Bf16),
+                        V::Unfused | V::Naive => None,
+                    };
                     let timing = time_calls::<anyhow::Error>(gpu, sets.sets(), args.warmup, args.samples, |i| {
                         let AttnSets { qkv, k, v: vc, out, .. } = &mut sets;
                         let (o, kc, vcc, q) = (&mut out[i], &mut k[i], &mut vc[i], &qkv[i]);
-                        match v {
-                            V::Unfused => attention_forward(
-                                gpu,
-                                o,
-                                kc,
-                                vcc,
-                                q,
-                                AttentionShape {
-                                    b,
-                                    t,
-                                    pos0,
-                                    max_t,
-                                    c,
-                                    nh,
-                                    window,
-                                },
-                            )?,
-                            V::Naive => attention_forward_naive(
-                                gpu,
-                                o,
-                                kc,
-                                vcc,
-                                q,
-                                AttentionShape {
-                                    b,
-                                    t,
-                                    pos0,
-                                    max_t,
-                                    c,
-                                    nh,
-                                    window,
-                                },
-                            )?,
-                            V::Flash(p) => attention_forward_flash(
-                                gpu,
-                                o,
-                                kc,
-                                vcc,
-                                q,
-                                AttentionShape {
-                                    b,
-                                    t,
-                                    pos0,
-                                    max_t,
-                                    c,
-                                    nh,
-                                    window,
-                                },
-                                p,
-                                &mut ws,
-                            )?,
-                            V::FlashTf32Split(_) | V::FlashBf16Stages(_) => {
-                                let prec = match v {
-                                    V::FlashBf16Stages(_) => FlashPrecision::Bf16,
-                                    _ => FlashPrecision::Tf32,
-                                };
-                                attention_forward_flash(
-                                    gpu,
-                                    o,
-                                    kc,
-                                    vcc,
-                                    q,
-                                    AttentionShape {
-                                        b,
-                                        t,
-                                        pos0,
-                                        max_t,
-                                        c,
-                                        nh,
-                                        window,
-                                    },
-                                    prec,
-                                    &mut ws,
-                                )?
-                            }
+                        match (v, flash) {
+                            (_, Some(prec)) => attention_forward_flash(gpu, o, kc, vcc, q, shape, prec, &mut ws)?,
+                            (V::Naive, None) => attention_forward_naive(gpu, o, kc, vcc, q, shape)?,
+                            (_, None) => attention_forward(gpu, o, kc, vcc, q, shape)?,
                         }
                         Ok(())
                     })?;

@@ -917,6 +917,8 @@ impl GpuEngine {
         let n = b * t;
         // Every row-wise op of the call (layernorms, the per-row encoder).
         let row_shape = RowShape::new(n, c);
+        // The layers' matmuls over the call's n rows.
+        let [qkv_mm, attproj_mm, fc_mm, fcproj_mm, _] = matmul_shapes(n, c, c, 4 * c, vp);
         ensure!(
             n <= self.max_rows,
             "a forward call of {n} positions exceeds the {} this engine holds activations for",
@@ -961,6 +963,7 @@ impl GpuEngine {
             (LogitsWanted::Last, ..) => b,
         };
         let round_head = tf32.is_some() && takes_tf32_path(prec, rows, c);
+        let head_mm = MatmulShape::new(rows, vp, c);
 
         match (place, p.wte.as_ref(), per_row.as_deref()) {
             (Placement::Shared { pos0, .. }, WeightRef::F32(wte), _) => encoder_forward(
@@ -1010,15 +1013,7 @@ impl GpuEngine {
             match a16.as_deref_mut() {
                 Some(x) => {
                     let out = Bf16Out::F32(&mut a.qkv);
-                    matmul_bf16_acts(
-                        gpu,
-                        out,
-                        &x.ln,
-                        lw.qkvw.as_ref(),
-                        Some(&lw.qkvb),
-                        MatmulShape::new(n, 3 * c, c),
-                        false,
-                    )?
+                    matmul_bf16_acts(gpu, out, &x.ln, lw.qkvw.as_ref(), Some(&lw.qkvb), qkv_mm, false)?
                 }
                 None => matmul(
                     gpu,
@@ -1029,7 +1024,7 @@ impl GpuEngine {
                     (lw.qkvw.as_ref(), rounded(0), round_acts),
                     round_acts,
                     Some(&lw.qkvb),
-                    MatmulShape::new(n, 3 * c, c),
+                    qkv_mm,
                 )?,
             }
             // Whether attention wrote its output as the bf16 acts' copy itself.
@@ -1098,7 +1093,7 @@ impl GpuEngine {
                         &x.atty,
                         lw.attprojw.as_ref(),
                         Some(&lw.attprojb),
-                        MatmulShape::new(n, c, c),
+                        attproj_mm,
                         false,
                     )?
                 }
@@ -1111,7 +1106,7 @@ impl GpuEngine {
                     (lw.attprojw.as_ref(), rounded(1), false),
                     false,
                     Some(&lw.attprojb),
-                    MatmulShape::new(n, c, c),
+                    attproj_mm,
                 )?,
             }
             let (res, proj) = (&mut a.residual2, &a.proj);
@@ -1147,19 +1142,11 @@ impl GpuEngine {
                 (fcw @ WeightRef::Bf16(_), _) if a16.is_some() => {
                     let x = a16.as_deref_mut().expect("checked by the guard");
                     let out = Bf16Out::Bf16(&mut x.fch_gelu);
-                    matmul_bf16_acts(gpu, out, &x.ln, fcw, Some(&lw.fcb), MatmulShape::new(n, 4 * c, c), true)?
+                    matmul_bf16_acts(gpu, out, &x.ln, fcw, Some(&lw.fcb), fc_mm, true)?
                 }
                 // bf16: fc and GELU in one kernel.
                 (WeightRef::Bf16(fcw), _) => {
-                    matmul_forward_bf16(
-                        gpu,
-                        &mut a.fch_gelu,
-                        &a.ln,
-                        fcw,
-                        Some(&lw.fcb),
-                        MatmulShape::new(n, 4 * c, c),
-                        true,
-                    )?;
+                    matmul_forward_bf16(gpu, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), fc_mm, true)?;
                 }
                 // On the wgmma path: fc, GELU and the rounding fcproj wants, in one kernel.
                 (_, Some(fcw)) => {
@@ -1169,30 +1156,12 @@ impl GpuEngine {
                         round_out: true,
                         split_workspace: None,
                     };
-                    matmul_forward_tf32_opts(
-                        gpu,
-                        opts,
-                        &mut a.fch_gelu,
-                        &a.ln,
-                        fcw,
-                        Some(&lw.fcb),
-                        MatmulShape::new(n, 4 * c, c),
-                    )
-                    .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
+                    matmul_forward_tf32_opts(gpu, opts, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), fc_mm)
+                        .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
                 }
                 (fcw, None) => {
                     let fcw = (fcw, rounded(2), false);
-                    matmul(
-                        gpu,
-                        prec,
-                        ws,
-                        &mut a.fch,
-                        &a.ln,
-                        fcw,
-                        false,
-                        Some(&lw.fcb),
-                        MatmulShape::new(n, 4 * c, c),
-                    )?;
+                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fcw, false, Some(&lw.fcb), fc_mm)?;
                     gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
                 }
             }
@@ -1205,7 +1174,7 @@ impl GpuEngine {
                         &x.fch_gelu,
                         lw.fcprojw.as_ref(),
                         Some(&lw.fcprojb),
-                        MatmulShape::new(n, c, 4 * c),
+                        fcproj_mm,
                         false,
                     )?
                 }
@@ -1218,7 +1187,7 @@ impl GpuEngine {
                     (lw.fcprojw.as_ref(), rounded(3), round_acts),
                     false,
                     Some(&lw.fcprojb),
-                    MatmulShape::new(n, c, 4 * c),
+                    fcproj_mm,
                 )?,
             }
             // The residual stream, and the layernorm that reads it next.
@@ -1248,30 +1217,12 @@ impl GpuEngine {
             Some(x) => {
                 let head_in = head_rows(gpu, heads, &x.ln, &mut x.head_in, c)?;
                 let out = Bf16Out::F32(&mut a.logits);
-                matmul_bf16_acts(
-                    gpu,
-                    out,
-                    head_in,
-                    p.wte.as_ref(),
-                    None,
-                    MatmulShape::new(rows, vp, c),
-                    false,
-                )?;
+                matmul_bf16_acts(gpu, out, head_in, p.wte.as_ref(), None, head_mm, false)?;
             }
             None => {
                 let head_in = head_rows(gpu, heads, &a.ln, &mut a.head_in, c)?;
                 let head_w = (p.wte.as_ref(), tf32.map(|t| &t.wte), round_head);
-                matmul(
-                    gpu,
-                    prec,
-                    ws,
-                    &mut a.logits,
-                    head_in,
-                    head_w,
-                    false,
-                    None,
-                    MatmulShape::new(rows, vp, c),
-                )?;
+                matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, head_mm)?;
             }
         }
         self.last = Some(Last { b, rows });
