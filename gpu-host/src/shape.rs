@@ -97,6 +97,16 @@ pub struct KvCacheShape {
     pub max_t: usize,
 }
 
+/// The logits a sampling call reads (`sample_forward`): `n` rows, each's
+/// first `v` entries (the real vocabulary; any padding after them is never
+/// read), row `i` starting at element `i * row_stride`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SampleShape {
+    pub n: usize,
+    pub v: usize,
+    pub row_stride: usize,
+}
+
 /// The problem of one attention call: `b` sequences of `t` new positions
 /// from `pos0`, caches of `max_t` positions, `c` channels in `nh` heads,
 /// each query seeing its last `window` keys (0: all). Taken by the unfused

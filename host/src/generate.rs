@@ -119,21 +119,30 @@ pub trait Backend {
     }
 }
 
+/// What a [`Backend`] was built for, which [`check_forward_args`] checks a
+/// call against.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardLimits<'a> {
+    /// Rows per call.
+    pub max_batch: usize,
+    /// Positions per sequence.
+    pub max_seq_len: usize,
+    /// Token ids below it are valid.
+    pub vocab_size: usize,
+    /// What was built, as the messages name it: "model", "engine".
+    pub built: &'a str,
+}
+
 /// The argument checks every [`Backend::forward`] makes before touching its
-/// buffers: a non-empty call of `b` rows of `t` ids, within the `max_batch`
-/// rows and `max_seq_len` positions it was built for (`built` names what was
-/// built in the message: "model", "engine"), every id below `vocab_size`.
-#[allow(clippy::too_many_arguments)]
-pub fn check_forward_args(
-    tokens: &[u32],
-    b: usize,
-    t: usize,
-    pos0: usize,
-    max_batch: usize,
-    max_seq_len: usize,
-    vocab_size: usize,
-    built: &str,
-) -> Result<()> {
+/// buffers: a non-empty call of `b` rows of `t` ids from `pos0`, within the
+/// rows and positions of `limits`, every id below its vocabulary.
+pub fn check_forward_args(tokens: &[u32], b: usize, t: usize, pos0: usize, limits: ForwardLimits) -> Result<()> {
+    let ForwardLimits {
+        max_batch,
+        max_seq_len,
+        vocab_size,
+        built,
+    } = limits;
     ensure!(b > 0 && t > 0, "empty forward call (b = {b}, t = {t})");
     ensure!(
         b <= max_batch,

@@ -14,6 +14,7 @@ use gpu_kernels::params::sample::{
     top_p_target,
 };
 use host::cpu::sample::{argmax, sample_forward, sample_row};
+use host::gpu::shape::SampleShape;
 use host::sample::{Sampler, SamplingParams};
 use rand::Rng;
 use sample_stats::{assert_fits, exact_probs, random_logits, row, test_rng};
@@ -318,9 +319,11 @@ fn batched_twin_uses_strides_counters_and_next_tokens() {
         &rows,
         Some(&counter[..]),
         Some(&mut next[..]),
-        n,
-        v,
-        stride,
+        SampleShape {
+            n,
+            v,
+            row_stride: stride,
+        },
     );
     assert_eq!(out, next);
     for r in 0..n {
@@ -328,7 +331,18 @@ fn batched_twin_uses_strides_counters_and_next_tokens() {
         assert_eq!(out[r], want);
     }
     let mut zero_counter = vec![u32::MAX; n];
-    sample_forward(&mut zero_counter, &logits, &rows, None, None, n, v, stride);
+    sample_forward(
+        &mut zero_counter,
+        &logits,
+        &rows,
+        None,
+        None,
+        SampleShape {
+            n,
+            v,
+            row_stride: stride,
+        },
+    );
     for r in 0..n {
         assert_eq!(
             zero_counter[r],

@@ -14,6 +14,7 @@ use host::cpu::CpuModel;
 use host::generate::{Backend, LogitsWanted, StopReason, generate};
 use host::gpu::engine::{DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
 use host::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, decode_attention};
+use host::gpu::shape::SampleShape;
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
@@ -630,9 +631,11 @@ fn decode_graph_samples_like_the_cpu_twin() {
                 &rows,
                 Some(&vec![(pos + 1) as u32; b]),
                 None,
-                b,
-                cfg.vocab_size,
-                cfg.padded_vocab_size,
+                SampleShape {
+                    n: b,
+                    v: cfg.vocab_size,
+                    row_stride: cfg.padded_vocab_size,
+                },
             );
             assert_eq!(
                 ids, twin,

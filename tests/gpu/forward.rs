@@ -39,20 +39,33 @@ fn random_tokens(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
 }
 
+/// How [`compare_with_cpu`]'s random checkpoint is stored: its weights'
+/// dtype, and safetensors (else llm.c's format).
+#[derive(Clone, Copy)]
+struct CheckpointFormat {
+    dtype: DType,
+    safetensors: bool,
+}
+
+/// llm.c's format in f32, the engine's usual checkpoint.
+const LLMC_F32: CheckpointFormat = CheckpointFormat {
+    dtype: DType::F32,
+    safetensors: false,
+};
+
 /// GPU logits (all positions) against the CPU model's, for a random
 /// checkpoint (made only when a GPU is there: the 124M one is large).
-#[allow(clippy::too_many_arguments)]
 fn compare_with_cpu(
     what: &str,
     cfg: &ModelConfig,
-    dtype: DType,
-    safetensors: bool,
+    format: CheckpointFormat,
     b: usize,
     t: usize,
     precision: Precision,
     tol: f32,
 ) {
     let Some(gpu) = crate::kernels::skip::gpu() else { return };
+    let CheckpointFormat { dtype, safetensors } = format;
     let ckpt = checkpoint(cfg, crate::seed::rng().random(), dtype, safetensors);
     let w = ckpt.weights().unwrap();
     let cfg = w.config;
@@ -91,23 +104,13 @@ fn logits_match_cpu_small_models() {
     compare_with_cpu(
         "tiny",
         &tiny_config(),
-        DType::F32,
-        false,
+        LLMC_F32,
         4,
         64,
         Precision::Fp32,
         FP32_LOGITS_TOL,
     );
-    compare_with_cpu(
-        "odd",
-        &odd_config(),
-        DType::F32,
-        false,
-        3,
-        80,
-        Precision::Fp32,
-        FP32_LOGITS_TOL,
-    );
+    compare_with_cpu("odd", &odd_config(), LLMC_F32, 3, 80, Precision::Fp32, FP32_LOGITS_TOL);
 }
 
 #[test]
@@ -119,8 +122,10 @@ fn logits_match_cpu_from_transposed_and_half_checkpoints() {
         compare_with_cpu(
             &what,
             &tiny_config(),
-            dtype,
-            true,
+            CheckpointFormat {
+                dtype,
+                safetensors: true,
+            },
             4,
             64,
             Precision::Fp32,
@@ -130,8 +135,10 @@ fn logits_match_cpu_from_transposed_and_half_checkpoints() {
     compare_with_cpu(
         "tiny llm.c bf16",
         &tiny_config(),
-        DType::BF16,
-        false,
+        CheckpointFormat {
+            dtype: DType::BF16,
+            safetensors: false,
+        },
         2,
         33,
         Precision::Fp32,
@@ -145,8 +152,7 @@ fn logits_match_cpu_gpt2_124m_b4_t64() {
     compare_with_cpu(
         "gpt2-124M",
         &ModelConfig::GPT2_124M,
-        DType::F32,
-        false,
+        LLMC_F32,
         4,
         64,
         Precision::Fp32,
@@ -161,8 +167,7 @@ fn tf32_logits_are_close_to_cpu() {
     compare_with_cpu(
         "gpt2-124M",
         &ModelConfig::GPT2_124M,
-        DType::F32,
-        false,
+        LLMC_F32,
         4,
         64,
         Precision::Tf32,

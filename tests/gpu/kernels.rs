@@ -23,7 +23,7 @@ use host::gpu::ops::layernorm::{
     layernorm_forward_bf16, layernorm_forward_variant, residual_layernorm_forward, residual_layernorm_forward_bf16,
 };
 use host::gpu::ops::matmul::{
-    MatmulKernel, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_with, matmul_forward_ws, plan_tiled,
+    MatmulKernel, MatmulOptions, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_with, plan_tiled,
     split_k_workspace_floats,
 };
 use host::gpu::ops::residual::residual_forward_variant;
@@ -458,7 +458,20 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
                 for gelu in [false, true] {
                     let mut out = poisoned(&gpu, n * oc);
                     let b = with_bias.then_some(&db);
-                    matmul_forward_with(&gpu, k, gelu, &mut out, &di, &dw, b, MatmulShape::new(n, oc, c)).unwrap();
+                    matmul_forward_with(
+                        &gpu,
+                        MatmulOptions {
+                            kernel: k,
+                            gelu,
+                            workspace: None,
+                        },
+                        &mut out,
+                        &di,
+                        &dw,
+                        b,
+                        MatmulShape::new(n, oc, c),
+                    )
+                    .unwrap();
                     let what = format!("matmul {k:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
                     check(
                         &what,
@@ -476,14 +489,16 @@ fn matmul_matches_cpu_all_kernels_and_edges() {
                 let b = with_bias.then_some(&db);
                 matmul_forward_plan(
                     &gpu,
-                    &plan,
-                    gelu,
+                    MatmulOptions {
+                        kernel: plan,
+                        gelu,
+                        workspace: Some(&mut ws),
+                    },
                     &mut out,
                     &di,
                     &dw,
                     b,
                     MatmulShape::new(n, oc, c),
-                    Some(&mut ws),
                 )
                 .unwrap();
                 let what = format!("matmul {plan:?} gelu={gelu} bias={with_bias} n={n} c={c} oc={oc}");
@@ -560,16 +575,18 @@ fn matmul_split_k_matches_cpu() {
                     let mut runs = Vec::new();
                     for _ in 0..2 {
                         let mut out = poisoned(&gpu, n * oc);
-                        matmul_forward_ws(
+                        matmul_forward_with(
                             &gpu,
-                            k,
-                            gelu,
+                            MatmulOptions {
+                                kernel: k,
+                                gelu,
+                                workspace: Some(&mut ws),
+                            },
                             &mut out,
                             &di,
                             &dw,
                             b,
                             MatmulShape::new(n, oc, c),
-                            &mut ws,
                         )
                         .unwrap();
                         runs.push(down(&gpu, &out));
@@ -652,14 +669,16 @@ fn matmul_split_k_explicit_plans_and_unaligned() {
                     let mut ov = out.slice_mut(off..off + n * oc);
                     matmul_forward_plan(
                         &gpu,
-                        &plan,
-                        gelu,
+                        MatmulOptions {
+                            kernel: plan,
+                            gelu,
+                            workspace: Some(&mut ws),
+                        },
                         &mut ov,
                         &vi,
                         &vw,
                         Some(&db),
                         MatmulShape::new(n, oc, c),
-                        Some(&mut ws),
                     )
                     .unwrap();
                     let got = down(&gpu, &out);
@@ -746,14 +765,16 @@ fn matmul_tiled_unaligned_operands() {
             let mut out = poisoned(&gpu, n * oc);
             matmul_forward_plan(
                 &gpu,
-                &plan,
-                false,
+                MatmulOptions {
+                    kernel: plan,
+                    gelu: false,
+                    workspace: None,
+                },
                 &mut out,
                 &vi,
                 &vw,
                 Some(&db),
                 MatmulShape::new(n, oc, c),
-                None,
             )
             .unwrap();
             let what = format!("matmul {plan:?} unaligned n={n} c={c} oc={oc}");
@@ -762,8 +783,11 @@ fn matmul_tiled_unaligned_operands() {
         let mut out = poisoned(&gpu, n * oc);
         matmul_forward_with(
             &gpu,
-            MatmulKernel::Tiled,
-            false,
+            MatmulOptions {
+                kernel: MatmulKernel::Tiled,
+                gelu: false,
+                workspace: None,
+            },
             &mut out,
             &vi,
             &vw,
@@ -787,8 +811,11 @@ fn matmul_rejects_short_buffers() {
     let mut out = poisoned(&gpu, 4);
     let r = matmul_forward_with(
         &gpu,
-        MatmulKernel::Auto,
-        false,
+        MatmulOptions {
+            kernel: MatmulKernel::Auto,
+            gelu: false,
+            workspace: None,
+        },
         &mut out,
         &di,
         &dw,
@@ -798,20 +825,19 @@ fn matmul_rejects_short_buffers() {
     assert!(r.is_err(), "out holds 4 floats, 6 needed");
 }
 
-/// One attention case: prefill `t0` tokens, then `steps` single-token decode
-/// steps, each checked (output and caches) against the CPU.
-#[allow(clippy::too_many_arguments)]
-fn attention_case(
-    gpu: &Gpu,
-    v: Variant,
-    b: usize,
-    t0: usize,
-    steps: usize,
-    max_t: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
-) {
+/// One attention case: prefill `prefill.t` tokens (from position 0), then
+/// `steps` single-token decode steps, each checked (output and caches)
+/// against the CPU.
+fn attention_case(gpu: &Gpu, v: Variant, prefill: AttentionShape, steps: usize) {
+    let AttentionShape {
+        b,
+        t: t0,
+        max_t,
+        c,
+        nh,
+        window,
+        ..
+    } = prefill;
     let hs = c / nh;
     let cache = b * nh * max_t * hs;
     // Caches start as random garbage on both sides: positions not yet
@@ -849,14 +875,118 @@ fn attention_case(
 fn attention_matches_cpu_prefill_and_decode() {
     let Some(gpu) = skip::gpu() else { return };
     for v in VARIANTS {
-        attention_case(&gpu, v, 1, 1, 3, 16, 768, 12, 0);
-        attention_case(&gpu, v, 3, 37, 4, 64, 768, 12, 0);
-        attention_case(&gpu, v, 4, 64, 2, 128, 768, 12, 0);
-        attention_case(&gpu, v, 1, 1021, 3, 1024, 768, 12, 0);
-        attention_case(&gpu, v, 3, 100, 2, 128, 1024, 16, 0);
-        attention_case(&gpu, v, 3, 29, 2, 40, 96, 3, 0); // head size 32
-        attention_case(&gpu, v, 2, 11, 2, 16, 60, 5, 0); // head size 12: no 16-byte loads
-        attention_case(&gpu, v, 2, 9, 2, 16, 30, 5, 0); // head size 6: the K/V store's scalar path
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 1,
+                t: 1,
+                pos0: 0,
+                max_t: 16,
+                c: 768,
+                nh: 12,
+                window: 0,
+            },
+            3,
+        );
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 3,
+                t: 37,
+                pos0: 0,
+                max_t: 64,
+                c: 768,
+                nh: 12,
+                window: 0,
+            },
+            4,
+        );
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 4,
+                t: 64,
+                pos0: 0,
+                max_t: 128,
+                c: 768,
+                nh: 12,
+                window: 0,
+            },
+            2,
+        );
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 1,
+                t: 1021,
+                pos0: 0,
+                max_t: 1024,
+                c: 768,
+                nh: 12,
+                window: 0,
+            },
+            3,
+        );
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 3,
+                t: 100,
+                pos0: 0,
+                max_t: 128,
+                c: 1024,
+                nh: 16,
+                window: 0,
+            },
+            2,
+        );
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 3,
+                t: 29,
+                pos0: 0,
+                max_t: 40,
+                c: 96,
+                nh: 3,
+                window: 0,
+            },
+            2,
+        ); // head size 32
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 2,
+                t: 11,
+                pos0: 0,
+                max_t: 16,
+                c: 60,
+                nh: 5,
+                window: 0,
+            },
+            2,
+        ); // head size 12: no 16-byte loads
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 2,
+                t: 9,
+                pos0: 0,
+                max_t: 16,
+                c: 30,
+                nh: 5,
+                window: 0,
+            },
+            2,
+        ); // head size 6: the K/V store's scalar path
     }
 }
 
@@ -865,8 +995,34 @@ fn attention_matches_cpu_prefill_and_decode() {
 fn attention_windowed_matches_cpu() {
     let Some(gpu) = skip::gpu() else { return };
     for v in VARIANTS {
-        attention_case(&gpu, v, 3, 100, 5, 128, 768, 12, 16);
-        attention_case(&gpu, v, 1, 300, 3, 512, 768, 12, 128);
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 3,
+                t: 100,
+                pos0: 0,
+                max_t: 128,
+                c: 768,
+                nh: 12,
+                window: 16,
+            },
+            5,
+        );
+        attention_case(
+            &gpu,
+            v,
+            AttentionShape {
+                b: 1,
+                t: 300,
+                pos0: 0,
+                max_t: 512,
+                c: 768,
+                nh: 12,
+                window: 128,
+            },
+            3,
+        );
     }
 }
 

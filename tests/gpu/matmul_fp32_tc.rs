@@ -9,7 +9,7 @@ use gpu_host::shape::MatmulShape;
 use gpu_kernels::params::matmul_tf32::MATMUL_3XTF32_VARIANTS;
 use host::cpu::ops as cpu;
 use host::gpu::ops::matmul_tf32::{
-    FP32_TC_MAX_SPLITS, fp32_tc_plan, matmul_forward_fp32_tc, matmul_forward_fp32_tc_with,
+    FP32_TC_MAX_SPLITS, Tf32TileOptions, fp32_tc_plan, matmul_forward_fp32_tc, matmul_forward_fp32_tc_with,
 };
 
 use crate::kernels::{check, down, poisoned, random_vec, skip};
@@ -69,15 +69,17 @@ fn matmul_fp32_tc_matches_cpu_every_tile_and_split() {
                         let db_ref = with_bias.then_some(&db);
                         matmul_forward_fp32_tc_with(
                             &gpu,
-                            shape,
-                            splits,
-                            Some(&mut ws),
+                            Tf32TileOptions {
+                                splits,
+                                gelu,
+                                split_workspace: Some(&mut ws),
+                                ..Tf32TileOptions::new(*shape)
+                            },
                             &mut out,
                             &di,
                             &dw,
                             db_ref,
                             MatmulShape::new(n, oc, c),
-                            gelu,
                         )
                         .unwrap();
                         let what = format!(
@@ -116,7 +118,6 @@ fn matmul_fp32_tc_planned_gpt2_shapes() {
                 &dw,
                 None::<&CudaSlice<f32>>,
                 MatmulShape::new(n, oc, c),
-                false,
             )
             .unwrap();
             let what = format!("planned {} x{splits} n={n} c={c} oc={oc}", shape.name);

@@ -10,8 +10,8 @@ use gpu_kernels::params::matmul::{MATMUL_SMALL_TILE_K, MATMUL_SMALL_TILE_M, MATM
 use host::cpu::ops as cpu;
 use host::gpu::Gpu;
 use host::gpu::ops::matmul::{
-    AutoPlan, MatmulKernel, MatmulWorkspace, SmallPlan, matmul_forward_small, matmul_forward_ws, plan_auto,
-    split_k_workspace_floats,
+    AutoPlan, MatmulKernel, MatmulOptions, MatmulWorkspace, SmallPlan, matmul_forward_small, matmul_forward_with,
+    plan_auto, split_k_workspace_floats,
 };
 
 use crate::kernels::{check, down, poisoned, random_vec, skip};
@@ -129,14 +129,16 @@ fn matmul_small_matches_cpu_every_split() {
                         let b = with_bias.then_some(&db);
                         matmul_forward_small(
                             &gpu,
-                            &plan,
-                            gelu,
+                            MatmulOptions {
+                                kernel: plan,
+                                gelu,
+                                workspace: Some(&mut ws),
+                            },
                             &mut out,
                             &di,
                             &dw,
                             b,
                             MatmulShape::new(n, oc, c),
-                            Some(&mut ws),
                         )
                         .unwrap();
                         let what =
@@ -174,14 +176,16 @@ fn matmul_small_unaligned_operands() {
             let mut vo = out.slice_mut(1..);
             matmul_forward_small(
                 &gpu,
-                &plan,
-                true,
+                MatmulOptions {
+                    kernel: plan,
+                    gelu: true,
+                    workspace: Some(&mut ws),
+                },
                 &mut vo,
                 &vi,
                 &vw,
                 Some(&db),
                 MatmulShape::new(n, oc, c),
-                Some(&mut ws),
             )
             .unwrap();
             let got = down(&gpu, &out);
@@ -212,14 +216,16 @@ fn matmul_small_is_deterministic() {
                 let mut out = poisoned(&gpu, n * oc);
                 matmul_forward_small(
                     &gpu,
-                    &plan,
-                    false,
+                    MatmulOptions {
+                        kernel: plan,
+                        gelu: false,
+                        workspace: Some(&mut ws),
+                    },
                     &mut out,
                     &di,
                     &dw,
                     Some(&db),
                     MatmulShape::new(n, oc, c),
-                    Some(&mut ws),
                 )
                 .unwrap();
                 down(&gpu, &out)
@@ -248,28 +254,32 @@ fn matmul_small_checks_its_workspace() {
     assert!(
         matmul_forward_small(
             &gpu,
-            &plan,
-            false,
+            MatmulOptions {
+                kernel: plan,
+                gelu: false,
+                workspace: None
+            },
             &mut out,
             &di,
             &dw,
             none,
-            MatmulShape::new(n, oc, c),
-            None
+            MatmulShape::new(n, oc, c)
         )
         .is_err()
     );
     let mut small = MatmulWorkspace::new(&gpu, plan.workspace_floats(MatmulShape::new(n, oc, c)) - 1).unwrap();
     let r = matmul_forward_small(
         &gpu,
-        &plan,
-        false,
+        MatmulOptions {
+            kernel: plan,
+            gelu: false,
+            workspace: Some(&mut small),
+        },
         &mut out,
         &di,
         &dw,
         none,
         MatmulShape::new(n, oc, c),
-        Some(&mut small),
     );
     assert!(r.is_err());
     let bad = SmallPlan {
@@ -279,14 +289,16 @@ fn matmul_small_checks_its_workspace() {
     let mut ws = MatmulWorkspace::new(&gpu, bad.workspace_floats(MatmulShape::new(n, oc, c))).unwrap();
     let r = matmul_forward_small(
         &gpu,
-        &bad,
-        false,
+        MatmulOptions {
+            kernel: bad,
+            gelu: false,
+            workspace: Some(&mut ws),
+        },
         &mut out,
         &di,
         &dw,
         none,
         MatmulShape::new(n, oc, c),
-        Some(&mut ws),
     );
     assert!(r.is_err(), "a chunk that is not a multiple of the k-slice");
     assert!(down(&gpu, &out).iter().all(|v| v.is_nan()), "a refused call wrote");
@@ -317,16 +329,18 @@ fn matmul_small_through_auto() {
         let mut ws = MatmulWorkspace::from_buffer(&gpu, poisoned(&gpu, floats.max(1))).unwrap();
         for k in [MatmulKernel::Auto, MatmulKernel::Small] {
             let mut out = poisoned(&gpu, n * oc);
-            matmul_forward_ws(
+            matmul_forward_with(
                 &gpu,
-                k,
-                true,
+                MatmulOptions {
+                    kernel: k,
+                    gelu: true,
+                    workspace: Some(&mut ws),
+                },
                 &mut out,
                 &di,
                 &dw,
                 Some(&db),
                 MatmulShape::new(n, oc, c),
-                &mut ws,
             )
             .unwrap();
             let what = format!("matmul {k:?} gelu=true n={n} c={c} oc={oc}");

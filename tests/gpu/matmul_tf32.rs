@@ -21,8 +21,8 @@ use host::bench::{Blas, BlasMode};
 use host::cpu::ops::{matmul_forward, round_tf32};
 use host::gpu::Gpu;
 use host::gpu::ops::matmul_tf32::{
-    MatmulTf32Error, choose_tile, matmul_forward_tf32, matmul_forward_tf32_with, predicted_cost, tf32_blocks,
-    tf32_variants,
+    MatmulTf32Error, Tf32TileOptions, choose_tile, matmul_forward_tf32, matmul_forward_tf32_with, predicted_cost,
+    tf32_blocks, tf32_variants,
 };
 use rand::Rng;
 
@@ -85,13 +85,15 @@ fn check(gpu: &Gpu, shape: Option<&TileShape>, n: usize, c: usize, oc: usize, bi
     match shape {
         Some(s) => matmul_forward_tf32_with(
             gpu,
-            s,
+            Tf32TileOptions {
+                gelu: act,
+                ..Tf32TileOptions::new(*s)
+            },
             &mut d_out,
             &d_inp,
             &d_w,
             d_b_ref,
             MatmulShape::new(n, oc, c),
-            act,
         )
         .unwrap(),
         None => matmul_forward_tf32(gpu, &mut d_out, &d_inp, &d_w, d_b_ref, MatmulShape::new(n, oc, c), act).unwrap(),
@@ -359,13 +361,12 @@ fn matmul_tf32_wgmma_error_matches_cublas() {
             let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
             matmul_forward_tf32_with(
                 &gpu,
-                s,
+                Tf32TileOptions::new(*s),
                 &mut d_out,
                 &d_inp,
                 &d_w_rounded,
                 None::<&CudaSlice<f32>>,
                 MatmulShape::new(n, oc, c),
-                false,
             )
             .unwrap();
             let (max_abs, rmse) = errors(&gpu.download(&d_out).unwrap(), &want, oc, s.name);
@@ -545,18 +546,19 @@ fn matmul_tf32_split_k_every_wgmma_tile() {
             let db = b.as_ref().map(|b| gpu.upload(b).unwrap());
             let mut ws = gpu.upload(&vec![f32::NAN; splits * n * oc]).unwrap();
             let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
-            host::gpu::ops::matmul_tf32::matmul_forward_tf32_split_with(
+            host::gpu::ops::matmul_tf32::matmul_forward_tf32_with(
                 &gpu,
-                s,
-                splits,
-                &mut ws,
+                Tf32TileOptions {
+                    splits,
+                    gelu: act,
+                    split_workspace: Some(&mut ws),
+                    ..Tf32TileOptions::new(*s)
+                },
                 &mut d_out,
                 &di,
                 &dw,
                 db.as_ref(),
                 MatmulShape::new(n, oc, c),
-                act,
-                false,
             )
             .unwrap();
             let got = gpu.download(&d_out).unwrap();

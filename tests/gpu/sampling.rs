@@ -11,6 +11,7 @@ use cudarc::driver::CudaSlice;
 use gpu_kernels::params::sample::{SAMPLE_BLOCK, SampleRow};
 use host::gpu::Gpu;
 use host::gpu::ops::sample::{DeviceSampleRow, sample_forward};
+use host::gpu::shape::SampleShape;
 use rand::Rng;
 use rand::rngs::StdRng;
 use sample_stats::{assert_fits, exact_probs, random_logits, row, test_rng};
@@ -50,9 +51,11 @@ impl Batch<'_> {
             &dr,
             dc.as_ref(),
             dn.as_mut(),
-            self.n,
-            self.v,
-            self.stride,
+            SampleShape {
+                n: self.n,
+                v: self.v,
+                row_stride: self.stride,
+            },
         )
         .unwrap();
         let ids = gpu.download(&out).unwrap();
@@ -73,9 +76,11 @@ impl Batch<'_> {
             self.rows,
             self.counter,
             None,
-            self.n,
-            self.v,
-            self.stride,
+            SampleShape {
+                n: self.n,
+                v: self.v,
+                row_stride: self.stride,
+            },
         );
         out
     }
@@ -392,9 +397,11 @@ fn wrapper_rejects_bad_arguments() {
             &rows,
             counter,
             None::<&mut CudaSlice<u32>>,
-            n,
-            v,
-            stride,
+            SampleShape {
+                n,
+                v,
+                row_stride: stride,
+            },
         )
     };
     assert!(launch(None, 2, 0, 50).is_err(), "empty vocabulary");

@@ -132,8 +132,11 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    let tile = auto_tile(gpu, shape);
-    matmul_forward_tf32_with(gpu, &tile, out, inp, weight, bias, shape, gelu)
+    let opts = Tf32TileOptions {
+        gelu,
+        ..Tf32TileOptions::new(auto_tile(gpu, shape))
+    };
+    matmul_forward_tf32_with(gpu, opts, out, inp, weight, bias, shape)
 }
 
 /// How [`matmul_forward_tf32_opts`] runs beyond the defaults of
@@ -178,33 +181,25 @@ where
     let splits = tf32_splits(&tile, shape, gpu.sm_count());
     match opts.split_workspace {
         Some(ws) if splits > 1 && !opts.round_out && ws.len() >= splits * shape.out_len() => {
-            matmul_forward_tf32_split_with(
-                gpu,
-                &tile,
+            let opts = Tf32TileOptions {
+                tile,
                 splits,
-                ws,
-                out,
-                inp,
-                weight,
-                bias,
-                shape,
-                opts.gelu,
-                opts.inp_rounded,
-            )
+                gelu: opts.gelu,
+                inp_rounded: opts.inp_rounded,
+                split_workspace: Some(ws),
+            };
+            matmul_forward_tf32_with(gpu, opts, out, inp, weight, bias, shape)
         }
-        _ => launch(
-            gpu,
-            &tile,
-            out,
-            inp,
-            weight,
-            bias,
-            shape,
-            opts.gelu,
-            opts.inp_rounded,
-            None,
-            opts.round_out,
-        ),
+        _ => {
+            let how = Launch {
+                tile,
+                gelu: opts.gelu,
+                inp_rounded: opts.inp_rounded,
+                split: None,
+                round_out: opts.round_out,
+            };
+            launch(gpu, how, out, inp, weight, bias, shape)
+        }
     }
 }
 
@@ -230,22 +225,51 @@ pub fn tf32_splits(tile: &TileShape, shape: MatmulShape, sms: usize) -> usize {
         .clamp(1, TF32_MAX_SPLITS)
 }
 
-/// [`matmul_forward_tf32_with`] split over `k` in `splits` parts: partial
-/// sums into `workspace` (`splits * m * n` floats), then
-/// `matmul_split_reduce` adds them in order, with the bias and GELU.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_forward_tf32_split_with<O, I, W, B>(
+/// An explicit TF32 or 3xTF32 kernel and how it runs: what
+/// [`matmul_forward_tf32_with`] and [`matmul_forward_fp32_tc_with`] take (the
+/// `tune` and `bench` sweeps, the tests), where [`Tf32Options`] leaves the
+/// tile and the split to the planner.
+pub struct Tf32TileOptions<'a> {
+    /// The tile shape: one of `MATMUL_TF32_VARIANTS` or
+    /// `MATMUL_TF32_WGMMA_VARIANTS` (TF32), of `MATMUL_3XTF32_VARIANTS`
+    /// (3xTF32).
+    pub tile: TileShape,
+    /// Parts `k` is split into (1: none); more need `split_workspace`.
+    pub splits: usize,
+    /// Apply GELU after the bias.
+    pub gelu: bool,
+    /// As [`Tf32Options::inp_rounded`] (TF32 tiles only: 3xTF32 reads plain
+    /// f32).
+    pub inp_rounded: bool,
+    /// Scratch for the partial sums of a split: `splits * m * n` floats.
+    pub split_workspace: Option<&'a mut CudaSlice<f32>>,
+}
+
+impl Tf32TileOptions<'_> {
+    /// `tile` unsplit, no GELU, `inp` not rounded.
+    pub fn new(tile: TileShape) -> Self {
+        Tf32TileOptions {
+            tile,
+            splits: 1,
+            gelu: false,
+            inp_rounded: false,
+            split_workspace: None,
+        }
+    }
+}
+
+/// [`matmul_forward_tf32`] with an explicit tile and split count. Split over
+/// `k` in `splits` parts: partial sums into the split workspace (`splits *
+/// m * n` floats), then `matmul_split_reduce` adds them in order, with the
+/// bias and GELU.
+pub fn matmul_forward_tf32_with<O, I, W, B>(
     gpu: &Gpu,
-    tile: &TileShape,
-    splits: usize,
-    workspace: &mut CudaSlice<f32>,
+    opts: Tf32TileOptions,
     out: &mut O,
     inp: &I,
     weight: &W,
     bias: Option<&B>,
     shape: MatmulShape,
-    gelu: bool,
-    inp_rounded: bool,
 ) -> Result<(), MatmulTf32Error>
 where
     O: DevicePtrMut<f32>,
@@ -253,34 +277,38 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
+    let Tf32TileOptions {
+        tile,
+        splits,
+        gelu,
+        inp_rounded,
+        split_workspace,
+    } = opts;
     let ktiles = shape.k.div_ceil(MATMUL_TF32_BK as usize);
     let per_split = ktiles.div_ceil(splits.max(1)).max(1);
     let splits = ktiles.div_ceil(per_split).max(1);
+    let how = Launch {
+        tile,
+        gelu,
+        inp_rounded,
+        split: None,
+        round_out: false,
+    };
     if splits == 1 {
-        return launch(gpu, tile, out, inp, weight, bias, shape, gelu, inp_rounded, None, false);
+        return launch(gpu, how, out, inp, weight, bias, shape);
     }
     let MatmulShape { m, n, .. } = shape;
-    if workspace.len() < splits * m * n {
-        return Err(MatmulTf32Error::TooSmall(
-            "split workspace",
-            workspace.len(),
-            splits * m * n,
-        ));
-    }
+    let have = split_workspace.as_ref().map_or(0, |w| w.len());
+    let Some(workspace) = split_workspace.filter(|w| w.len() >= splits * m * n) else {
+        return Err(MatmulTf32Error::TooSmall("split workspace", have, splits * m * n));
+    };
     check_buffers(out.len(), inp, weight, bias, shape)?;
-    launch(
-        gpu,
-        tile,
-        workspace,
-        inp,
-        weight,
-        None::<&B>,
-        shape,
-        false,
-        inp_rounded,
-        Some((splits, per_split)),
-        false,
-    )?;
+    let partials = Launch {
+        gelu: false,
+        split: Some((splits, per_split)),
+        ..how
+    };
+    launch(gpu, partials, workspace, inp, weight, None::<&B>, shape)?;
     let stream = gpu.stream.clone();
     let (ws_p, _g1) = workspace.device_ptr(&stream);
     let (out_p, _g2) = out.device_ptr_mut(&stream);
@@ -333,15 +361,14 @@ pub fn fp32_tc_plan(shape: MatmulShape, sms: usize, workspace_floats: usize) -> 
     (tile, splits)
 }
 
-/// `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`, then GELU if
-/// `gelu`, at FP32's accuracy on the TF32 tensor cores: each product as
-/// three TF32 products of the operands' big and small halves (3xTF32; the
-/// dropped small·small term is ~2^-22 of the product). Inputs and weights
-/// are plain f32 (no rounded copies). Split over `k` ([`fp32_tc_plan`])
-/// where the output has too few tiles to fill the GPU, the partial sums in
-/// `workspace`. `k` must be a multiple of 4. Twin of
-/// `cpu::ops::matmul_forward`.
-#[allow(clippy::too_many_arguments)]
+/// `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])` at FP32's accuracy
+/// on the TF32 tensor cores: each product as three TF32 products of the
+/// operands' big and small halves (3xTF32; the dropped small·small term is
+/// ~2^-22 of the product). Inputs and weights are plain f32 (no rounded
+/// copies). Split over `k` ([`fp32_tc_plan`]) where the output has too few
+/// tiles to fill the GPU, the partial sums in `workspace`. `k` must be a
+/// multiple of 4. Twin of `cpu::ops::matmul_forward`; for the GELU epilogue,
+/// [`matmul_forward_fp32_tc_with`].
 pub fn matmul_forward_fp32_tc<O, I, W, B>(
     gpu: &Gpu,
     workspace: Option<&mut CudaSlice<f32>>,
@@ -350,7 +377,6 @@ pub fn matmul_forward_fp32_tc<O, I, W, B>(
     weight: &W,
     bias: Option<&B>,
     shape: MatmulShape,
-    gelu: bool,
 ) -> Result<(), MatmulTf32Error>
 where
     O: DevicePtrMut<f32>,
@@ -360,24 +386,26 @@ where
 {
     let floats = workspace.as_ref().map_or(0, |w| w.len());
     let (tile, splits) = fp32_tc_plan(shape, gpu.sm_count(), floats);
-    matmul_forward_fp32_tc_with(gpu, &tile, splits, workspace, out, inp, weight, bias, shape, gelu)
+    let opts = Tf32TileOptions {
+        splits,
+        split_workspace: workspace,
+        ..Tf32TileOptions::new(tile)
+    };
+    matmul_forward_fp32_tc_with(gpu, opts, out, inp, weight, bias, shape)
 }
 
 /// [`matmul_forward_fp32_tc`] with an explicit 3xTF32 tile (one of
-/// `MATMUL_3XTF32_VARIANTS`) and split count (1: none; more needs
-/// `workspace` of `splits * m * n` floats), for the bench's sweeps.
-#[allow(clippy::too_many_arguments)]
+/// `MATMUL_3XTF32_VARIANTS`), split count (1: none; more needs a split
+/// workspace of `splits * m * n` floats, and without one runs unsplit) and
+/// GELU, for the bench's sweeps. `inp_rounded` is ignored.
 pub fn matmul_forward_fp32_tc_with<O, I, W, B>(
     gpu: &Gpu,
-    tile: &TileShape,
-    splits: usize,
-    workspace: Option<&mut CudaSlice<f32>>,
+    opts: Tf32TileOptions,
     out: &mut O,
     inp: &I,
     weight: &W,
     bias: Option<&B>,
     shape: MatmulShape,
-    gelu: bool,
 ) -> Result<(), MatmulTf32Error>
 where
     O: DevicePtrMut<f32>,
@@ -385,15 +413,15 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    if !MATMUL_3XTF32_VARIANTS.iter().any(|v| v.name == tile.name) {
-        return Err(MatmulTf32Error::NotFp32Tc(tile.name));
+    if !MATMUL_3XTF32_VARIANTS.iter().any(|v| v.name == opts.tile.name) {
+        return Err(MatmulTf32Error::NotFp32Tc(opts.tile.name));
     }
-    match workspace {
-        Some(ws) if splits > 1 => {
-            matmul_forward_tf32_split_with(gpu, tile, splits, ws, out, inp, weight, bias, shape, gelu, false)
-        }
-        _ => launch(gpu, tile, out, inp, weight, bias, shape, gelu, false, None, false),
-    }
+    let opts = Tf32TileOptions {
+        splits: if opts.split_workspace.is_some() { opts.splits } else { 1 },
+        inp_rounded: false,
+        ..opts
+    };
+    matmul_forward_tf32_with(gpu, opts, out, inp, weight, bias, shape)
 }
 
 /// The size checks of every TF32 launch (`out_len`: floats of one output).
@@ -587,40 +615,27 @@ fn tune_cache(gpu: &Gpu) -> Option<&'static TuneCache> {
         .as_ref()
 }
 
-/// [`matmul_forward_tf32`] with an explicit tile shape (one of `MATMUL_TF32_VARIANTS`).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_forward_tf32_with<O, I, W, B>(
-    gpu: &Gpu,
-    tile: &TileShape,
-    out: &mut O,
-    inp: &I,
-    weight: &W,
-    bias: Option<&B>,
-    shape: MatmulShape,
-    gelu: bool,
-) -> Result<(), MatmulTf32Error>
-where
-    O: DevicePtrMut<f32>,
-    I: DevicePtr<f32>,
-    W: DevicePtr<f32>,
-    B: DevicePtr<f32>,
-{
-    launch(gpu, tile, out, inp, weight, bias, shape, gelu, false, None, false)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn launch<O, I, W, B>(
-    gpu: &Gpu,
-    tile: &TileShape,
-    out: &mut O,
-    inp: &I,
-    weight: &W,
-    bias: Option<&B>,
-    shape: MatmulShape,
+/// How [`launch`] runs one kernel: named, so its flags do not travel as a
+/// row of positional `bool`s.
+#[derive(Clone, Copy)]
+struct Launch {
+    tile: TileShape,
     gelu: bool,
     inp_rounded: bool,
+    /// `(splits, k-tiles per split)`: `out` is then the workspace of
+    /// `splits` partial outputs.
     split: Option<(usize, usize)>,
     round_out: bool,
+}
+
+fn launch<O, I, W, B>(
+    gpu: &Gpu,
+    how: Launch,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    shape: MatmulShape,
 ) -> Result<(), MatmulTf32Error>
 where
     O: DevicePtrMut<f32>,
@@ -628,6 +643,14 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
+    let Launch {
+        tile,
+        gelu,
+        inp_rounded,
+        split,
+        round_out,
+    } = how;
+    let tile = &tile;
     let MatmulShape { m, n, k } = shape;
     if !k.is_multiple_of(TF32_C_MULTIPLE) {
         return Err(MatmulTf32Error::BadC(k));

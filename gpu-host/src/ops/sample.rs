@@ -9,7 +9,7 @@ use gpu_kernels::params::sample::{
 };
 
 use super::args::{OpError, check_len, in_ptr, out_ptr, to_u32};
-use crate::Gpu;
+use crate::{Gpu, SampleShape};
 
 const OP: &str = "sample_forward";
 
@@ -36,14 +36,13 @@ pub fn launch_config(n: u32) -> LaunchConfig {
 
 /// For `i < n`: `out[i]` (and `next_tokens[i]` when given) = the id row `i`
 /// chooses from the first `v` entries of `logits[i * row_stride..]` (the
-/// padding after them is never read), with settings `rows[i]` and draw
-/// counter `counter[i]` (0 for every row when `None`; the engine passes
-/// each row's position, so each step draws fresh numbers).
+/// padding after them is never read; see [`SampleShape`]), with settings
+/// `rows[i]` and draw counter `counter[i]` (0 for every row when `None`; the
+/// engine passes each row's position, so each step draws fresh numbers).
 ///
 /// Rows may overlap (`row_stride` may be below `v`, even 0): logits are
 /// only read. The same logits, settings, counter and row index give the
 /// same id on every run and every GPU.
-#[allow(clippy::too_many_arguments)]
 pub fn sample_forward<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<u32>,
@@ -51,30 +50,35 @@ pub fn sample_forward<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
     rows: &impl DevicePtr<DeviceSampleRow>,
     counter: Option<&C>,
     next_tokens: Option<&mut N>,
-    n: usize,
-    v: usize,
-    row_stride: usize,
+    shape: SampleShape,
 ) -> Result<(), OpError> {
-    let streams: Option<&C> = None;
-    sample_forward_streams(gpu, out, logits, rows, counter, streams, next_tokens, n, v, row_stride)
+    let draws = Draws { counter, streams: None };
+    sample_forward_streams(gpu, out, logits, rows, draws, next_tokens, shape)
 }
 
-/// [`sample_forward`] where row `i` draws from stream `streams[i]` instead
-/// of stream `i` (a server's sequences sit in any row of a step, yet each
-/// draws what it would alone: `cpu::sample::sample_row`'s `stream`).
-#[allow(clippy::too_many_arguments)]
+/// Where each row's random numbers come from: its Philox counter and its
+/// stream (`None`: 0 for every row, and stream `i` for row `i`).
+pub struct Draws<'a, C> {
+    /// Row `i`'s draw counter `counter[i]`.
+    pub counter: Option<&'a C>,
+    /// Row `i`'s stream `streams[i]` (a server's sequences sit in any row
+    /// of a step, yet each draws what it would alone:
+    /// `cpu::sample::sample_row`'s `stream`).
+    pub streams: Option<&'a C>,
+}
+
+/// [`sample_forward`] with each row's counter and stream given by `draws`.
 pub fn sample_forward_streams<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<u32>,
     logits: &impl DevicePtr<f32>,
     rows: &impl DevicePtr<DeviceSampleRow>,
-    counter: Option<&C>,
-    streams: Option<&C>,
+    draws: Draws<'_, C>,
     next_tokens: Option<&mut N>,
-    n: usize,
-    v: usize,
-    row_stride: usize,
+    shape: SampleShape,
 ) -> Result<(), OpError> {
+    let SampleShape { n, v, row_stride } = shape;
+    let Draws { counter, streams } = draws;
     if v == 0 {
         return Err(OpError::shape(OP, "empty vocabulary"));
     }

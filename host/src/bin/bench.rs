@@ -36,15 +36,15 @@ use host::gpu::ops::decode::{
 };
 use host::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
 use host::gpu::ops::matmul::{
-    FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulWorkspace, SMALL_MAX_ROWS, SmallPlan, TiledPlan,
-    matmul_forward_plan, matmul_forward_small, matmul_forward_with, matmul_forward_ws, split_k_workspace_floats,
+    FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulOptions, MatmulWorkspace, SMALL_MAX_ROWS, SmallPlan, TiledPlan,
+    matmul_forward_plan, matmul_forward_small, matmul_forward_with, split_k_workspace_floats,
 };
 use host::gpu::ops::matmul_bf16::{
     Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_with,
 };
 use host::gpu::ops::matmul_tf32::{
-    MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, fp32_tc_plan, matmul_forward_fp32_tc, matmul_forward_fp32_tc_with,
-    matmul_forward_tf32, matmul_forward_tf32_opts, matmul_forward_tf32_with,
+    MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_plan, matmul_forward_fp32_tc,
+    matmul_forward_fp32_tc_with, matmul_forward_tf32, matmul_forward_tf32_opts, matmul_forward_tf32_with,
 };
 use host::gpu::ops::weight::WeightRef;
 use host::gpu::replicas::DeviceList;
@@ -353,13 +353,12 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                     let GemmSets { inp, w, out, .. } = &mut sets;
                     matmul_forward_tf32_with(
                         gpu,
-                        shape,
+                        Tf32TileOptions::new(*shape),
                         &mut out[i],
                         &inp[i],
                         &w[i],
                         None::<&cudarc::driver::CudaSlice<f32>>,
                         gemm,
-                        false,
                     )
                 })?;
                 record(
@@ -680,8 +679,11 @@ fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
             launch: Box::new(|out, inp, w, bias, rows, c, oc| {
                 matmul_forward_with(
                     gpu,
-                    MatmulKernel::Gemv,
-                    false,
+                    MatmulOptions {
+                        kernel: MatmulKernel::Gemv,
+                        gelu: false,
+                        workspace: None,
+                    },
                     out,
                     inp,
                     w,
@@ -827,16 +829,18 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
     for (name, kernel) in kernels {
         let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
             let GemmSets { inp, w, out, .. } = &mut *sets;
-            matmul_forward_ws(
+            matmul_forward_with(
                 gpu,
-                kernel,
-                false,
+                MatmulOptions {
+                    kernel,
+                    gelu: false,
+                    workspace: Some(&mut ws),
+                },
                 &mut out[i],
                 &inp[i],
                 &w[i],
                 None::<&CudaSlice<f32>>,
                 gemm,
-                &mut ws,
             )?;
             Ok(())
         })?;
@@ -849,16 +853,7 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
     let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
         let GemmSets { inp, w, out, .. } = &mut *sets;
         let bias = None::<&CudaSlice<f32>>;
-        matmul_forward_fp32_tc(
-            gpu,
-            Some(ws.partial_mut()),
-            &mut out[i],
-            &inp[i],
-            &w[i],
-            bias,
-            gemm,
-            false,
-        )?;
+        matmul_forward_fp32_tc(gpu, Some(ws.partial_mut()), &mut out[i], &inp[i], &w[i], bias, gemm)?;
         Ok(())
     })?;
     res.push(("ours_fp32_tc_auto".to_string(), t));
@@ -868,7 +863,19 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
             let GemmSets { inp, w, out, .. } = &mut *sets;
             let bias = None::<&CudaSlice<f32>>;
             let part = Some(ws.partial_mut());
-            matmul_forward_fp32_tc_with(gpu, shape, splits, part, &mut out[i], &inp[i], &w[i], bias, gemm, false)?;
+            matmul_forward_fp32_tc_with(
+                gpu,
+                Tf32TileOptions {
+                    splits,
+                    split_workspace: part,
+                    ..Tf32TileOptions::new(*shape)
+                },
+                &mut out[i],
+                &inp[i],
+                &w[i],
+                bias,
+                gemm,
+            )?;
             Ok(())
         })?;
         let tile = shape.name.trim_start_matches("matmul_forward_");
@@ -880,7 +887,19 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
             let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
                 let GemmSets { inp, w, out, .. } = &mut *sets;
                 let bias = None::<&CudaSlice<f32>>;
-                matmul_forward_plan(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, gemm, None)?;
+                matmul_forward_plan(
+                    gpu,
+                    MatmulOptions {
+                        kernel: plan,
+                        gelu: false,
+                        workspace: None,
+                    },
+                    &mut out[i],
+                    &inp[i],
+                    &w[i],
+                    bias,
+                    gemm,
+                )?;
                 Ok(())
             })?;
             res.push((format!("ours_fp32_tile{tile}"), t));
@@ -901,7 +920,19 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
                     let GemmSets { inp, w, out, .. } = &mut *sets;
                     let bias = None::<&CudaSlice<f32>>;
                     let ws = Some(&mut sweep_ws);
-                    matmul_forward_small(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, gemm, ws)?;
+                    matmul_forward_small(
+                        gpu,
+                        MatmulOptions {
+                            kernel: plan,
+                            gelu: false,
+                            workspace: ws,
+                        },
+                        &mut out[i],
+                        &inp[i],
+                        &w[i],
+                        bias,
+                        gemm,
+                    )?;
                     Ok(())
                 })?;
                 res.push((format!("ours_fp32_small_s{}", plan.splits), t));
@@ -923,7 +954,19 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
                     let GemmSets { inp, w, out, .. } = &mut *sets;
                     let bias = None::<&CudaSlice<f32>>;
                     let ws = Some(&mut sweep_ws);
-                    matmul_forward_plan(gpu, &plan, false, &mut out[i], &inp[i], &w[i], bias, gemm, ws)?;
+                    matmul_forward_plan(
+                        gpu,
+                        MatmulOptions {
+                            kernel: plan,
+                            gelu: false,
+                            workspace: ws,
+                        },
+                        &mut out[i],
+                        &inp[i],
+                        &w[i],
+                        bias,
+                        gemm,
+                    )?;
                     Ok(())
                 })?;
                 res.push((format!("ours_fp32_t{tile}_s{}", plan.splits), t));

@@ -27,7 +27,7 @@ use host::gpu::engine::GpuEngine;
 use host::gpu::replicas::Replicas;
 use host::serve::backend::SlotBackend;
 use host::serve::engine::SchedulerConfig;
-use host::serve::http::AppState;
+use host::serve::http::{AppState, ServerLimits};
 use host::serve::{CANCEL_WAIT, run_server, start_engine};
 use host::tokenizer::Gpt2Tokenizer;
 
@@ -158,10 +158,12 @@ fn run(cli: Cli) -> Result<()> {
         tokenizer,
         Arc::clone(&engine.metrics),
         cli.model_name.clone(),
-        engine.max_seq_len,
-        engine.vocab_size,
-        engine.slots,
-        cli.max_queue,
+        ServerLimits {
+            max_seq_len: engine.max_seq_len,
+            vocab_size: engine.vocab_size,
+            slots: engine.slots,
+            max_queue: cli.max_queue,
+        },
     ));
     let grace = Duration::from_secs(cli.shutdown_grace);
     runtime.block_on(async {

@@ -14,7 +14,7 @@ use cudarc::driver::CudaSlice;
 use gpu_host::shape::MatmulShape;
 use host::bench::{DEFAULT_SAMPLES, DEFAULT_WARMUP, GemmSets, tf32_variants, time_calls};
 use host::gpu::Gpu;
-use host::gpu::ops::matmul_tf32::{MatmulTf32Error, TuneCache, choose_tile, matmul_forward_tf32_with};
+use host::gpu::ops::matmul_tf32::{MatmulTf32Error, Tf32TileOptions, TuneCache, choose_tile, matmul_forward_tf32_with};
 
 /// Token counts swept: decode batches, short prompts, full contexts.
 const TUNE_M: [usize; 7] = [1, 8, 64, 256, 1024, 4096, 8192];
@@ -55,13 +55,12 @@ fn main() -> anyhow::Result<()> {
                     let GemmSets { inp, w, out, .. } = &mut sets;
                     matmul_forward_tf32_with(
                         &gpu,
-                        shape,
+                        Tf32TileOptions::new(*shape),
                         &mut out[i],
                         &inp[i],
                         &w[i],
                         None::<&CudaSlice<f32>>,
                         MatmulShape::new(m, n, k),
-                        false,
                     )
                 })?;
                 times.insert(shape.name.into(), t.median_us.into());

@@ -7,7 +7,7 @@ use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
 
 use super::ops::{attention_forward, encoder_forward, layernorm_forward, matmul_forward, residual_forward};
 use crate::cpu::sample::sample_row;
-use crate::generate::{Backend, LogitsWanted, check_forward_args};
+use crate::generate::{Backend, ForwardLimits, LogitsWanted, check_forward_args};
 use crate::model::{Layer, ModelConfig, Tensor, Weights};
 use crate::serve::backend::{Draw, SlotBackend, SlotChunk, SlotToken, check_slot_chunks, check_slot_rows};
 
@@ -214,7 +214,18 @@ impl Backend for CpuModel {
     fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
         self.last = None;
         let v = self.config.vocab_size;
-        check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "model")?;
+        check_forward_args(
+            tokens,
+            b,
+            t,
+            pos0,
+            ForwardLimits {
+                max_batch: self.max_batch,
+                max_seq_len: self.max_seq_len,
+                vocab_size: v,
+                built: "model",
+            },
+        )?;
         self.run_rows(tokens, b, t, pos0, want, 0);
         self.last = Some((b, if want == LogitsWanted::All { b * t } else { b }));
         Ok(())

@@ -6,6 +6,7 @@
 //! f64 anywhere), so the two choose the same id bit for bit; the tests use
 //! it as the GPU's oracle and check its draws against the exact softmax.
 
+use gpu_host::shape::SampleShape;
 use gpu_kernels::params::sample::{
     SampleRow, draw_target, is_greedy, key_logit, logit_key, row_random, sample_weight, temperature_scale,
     top_p_active, top_p_target,
@@ -17,17 +18,15 @@ use gpu_kernels::params::sample::{
 /// `None`). Same arguments, in the same order, as the launch wrapper.
 ///
 /// Panics when a buffer is shorter than that needs (a test oracle: loud).
-#[allow(clippy::too_many_arguments)]
 pub fn sample_forward(
     out: &mut [u32],
     logits: &[f32],
     rows: &[SampleRow],
     counter: Option<&[u32]>,
     mut next_tokens: Option<&mut [u32]>,
-    n: usize,
-    v: usize,
-    row_stride: usize,
+    shape: SampleShape,
 ) {
+    let SampleShape { n, v, row_stride } = shape;
     assert!(v > 0, "sample_forward: empty vocabulary");
     for i in 0..n {
         let row = &logits[i * row_stride..i * row_stride + v];

@@ -14,14 +14,14 @@
 
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
+use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape, SampleShape};
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
 use gpu_kernels::params::sample::SampleRow;
 use half::bf16;
 
-use crate::generate::{Backend, LogitsWanted, check_forward_args, check_targets};
+use crate::generate::{Backend, ForwardLimits, LogitsWanted, check_forward_args, check_targets};
 use crate::gpu::Gpu;
 use crate::gpu::ops::argmax::argmax_forward;
 use crate::gpu::ops::args::OpError;
@@ -40,12 +40,14 @@ use crate::gpu::ops::layernorm::{
     layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
     residual_layernorm_forward_bf16,
 };
-use crate::gpu::ops::matmul::{MatmulKernel, MatmulWorkspace, choose, matmul_forward_ws, split_k_workspace_floats};
+use crate::gpu::ops::matmul::{
+    MatmulKernel, MatmulOptions, MatmulWorkspace, choose, matmul_forward_with, split_k_workspace_floats,
+};
 use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma};
 use crate::gpu::ops::matmul_tf32::{
     TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_fp32_tc, matmul_forward_tf32_opts,
 };
-use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward_streams};
+use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
 use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, Layer, ModelConfig, Tensor, Weights};
@@ -710,7 +712,7 @@ struct MatmulScratch {
     fp32: MatmulWorkspace,
     /// FP32 matmuls beyond the GEMV's rows on the tensor cores as 3xTF32
     /// (`matmul_forward_fp32_tc`, FP32's accuracy; the default), else on the
-    /// CUDA cores (`matmul_forward_ws`). See [`GpuEngine::set_fp32_tensor_cores`].
+    /// CUDA cores (`matmul_forward_with` with a workspace). See [`GpuEngine::set_fp32_tensor_cores`].
     fp32_tensor_cores: bool,
     /// TF32 (wgmma) split-K partial sums, on GPUs with the wgmma kernels:
     /// [`TF32_MAX_SPLITS`] outputs of up to [`TF32_SPLIT_MAX_ROWS`] rows by
@@ -781,19 +783,21 @@ fn matmul(
     }
     if ws.fp32_tensor_cores && choose(shape.m) != MatmulKernel::Gemv && shape.k.is_multiple_of(TF32_C_MULTIPLE) {
         let partial = Some(ws.fp32.partial_mut());
-        return matmul_forward_fp32_tc(gpu, partial, out, inp, weight, bias, shape, false)
+        return matmul_forward_fp32_tc(gpu, partial, out, inp, weight, bias, shape)
             .map_err(|e| OpError::shape("matmul_forward_fp32_tc", e.to_string()));
     }
-    matmul_forward_ws(
+    matmul_forward_with(
         gpu,
-        MatmulKernel::Auto,
-        false,
+        MatmulOptions {
+            kernel: MatmulKernel::Auto,
+            gelu: false,
+            workspace: Some(&mut ws.fp32),
+        },
         out,
         inp,
         weight,
         bias,
         shape,
-        &mut ws.fp32,
     )
 }
 
@@ -1244,7 +1248,18 @@ impl Backend for GpuEngine {
         let v = cfg.vocab_size;
         self.last = None;
         self.mark_ids_stale();
-        check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "engine")?;
+        check_forward_args(
+            tokens,
+            b,
+            t,
+            pos0,
+            ForwardLimits {
+                max_batch: self.max_batch,
+                max_seq_len: self.max_seq_len,
+                vocab_size: v,
+                built: "engine",
+            },
+        )?;
         if t == 1 && want == LogitsWanted::Last && self.decode_path_in_use(b) != DecodePath::Unfused {
             return self.decode_forward(tokens, b, pos0);
         }
@@ -1359,12 +1374,16 @@ impl Backend for GpuEngine {
             &mut a.ids,
             &a.logits.slice(first..),
             &s.rows,
-            Some(&s.counter),
-            Some(&s.streams),
+            Draws {
+                counter: Some(&s.counter),
+                streams: Some(&s.streams),
+            },
             None::<&mut CudaSlice<u32>>,
-            b,
-            v,
-            per_row * vp,
+            SampleShape {
+                n: b,
+                v,
+                row_stride: per_row * vp,
+            },
         )?;
         let mut ids = vec![0u32; b];
         self.gpu

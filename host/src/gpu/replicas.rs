@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use gpu_kernels::params::sample::SampleRow;
 
-use crate::generate::{Backend, LogitsWanted, check_forward_args};
+use crate::generate::{Backend, ForwardLimits, LogitsWanted, check_forward_args};
 use crate::gpu::engine::{GpuEngine, Precision};
 use crate::gpu::{Gpu, GpuError};
 use crate::model::{ModelConfig, Weights};
@@ -442,7 +442,18 @@ impl Backend for Replicas {
         self.last = None;
         self.slot_last = None;
         let (max_batch, v) = (self.max_batch(), self.config.vocab_size);
-        check_forward_args(tokens, b, t, pos0, max_batch, self.max_seq_len, v, "set of replicas")?;
+        check_forward_args(
+            tokens,
+            b,
+            t,
+            pos0,
+            ForwardLimits {
+                max_batch,
+                max_seq_len: self.max_seq_len,
+                vocab_size: v,
+                built: "set of replicas",
+            },
+        )?;
         if pos0 == 0 {
             self.started = None;
         } else {

@@ -30,13 +30,9 @@ use crate::tokenizer::Gpt2Tokenizer;
 /// Seconds a client is told to wait (`Retry-After`) when the queue is full.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
-/// What every handler shares.
-pub struct AppState {
-    pub commands: Sender<Command>,
-    pub tokenizer: Arc<Gpt2Tokenizer>,
-    pub metrics: Arc<Metrics>,
-    /// The name `/v1/models` lists and replies carry.
-    pub model_id: String,
+/// The sizes a server was started with, which requests are checked against.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerLimits {
     /// Positions per sequence (prompt + completion).
     pub max_seq_len: usize,
     /// The model's vocabulary (a prompt token beyond it is refused).
@@ -45,30 +41,33 @@ pub struct AppState {
     pub slots: usize,
     /// Jobs that may wait for a slot before requests get 429.
     pub max_queue: usize,
+}
+
+/// What every handler shares.
+pub struct AppState {
+    pub commands: Sender<Command>,
+    pub tokenizer: Arc<Gpt2Tokenizer>,
+    pub metrics: Arc<Metrics>,
+    /// The name `/v1/models` lists and replies carry.
+    pub model_id: String,
+    pub limits: ServerLimits,
     next_id: AtomicU64,
 }
 
 impl AppState {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         commands: Sender<Command>,
         tokenizer: Arc<Gpt2Tokenizer>,
         metrics: Arc<Metrics>,
         model_id: String,
-        max_seq_len: usize,
-        vocab_size: usize,
-        slots: usize,
-        max_queue: usize,
+        limits: ServerLimits,
     ) -> AppState {
         AppState {
             commands,
             tokenizer,
             metrics,
             model_id,
-            max_seq_len,
-            vocab_size,
-            slots,
-            max_queue,
+            limits,
             next_id: AtomicU64::new(0),
         }
     }
@@ -190,7 +189,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             "gpt2_kv_slots_total",
             "gauge",
             "KV cache slots (--max-running).",
-            state.slots.to_string(),
+            state.limits.slots.to_string(),
         ),
         (
             "gpt2_kv_positions_in_use",
@@ -202,7 +201,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             "gpt2_kv_positions_total",
             "gauge",
             "KV cache positions, over all slots.",
-            (state.slots * state.max_seq_len).to_string(),
+            (state.limits.slots * state.limits.max_seq_len).to_string(),
         ),
         (
             "gpt2_tokens_per_second",
@@ -255,7 +254,7 @@ struct Planned {
 fn plan(state: &AppState, req: &CompletionRequest) -> Result<Planned, ApiError> {
     let mut prompts = Vec::with_capacity(req.prompts.len());
     let mut max_tokens = Vec::with_capacity(req.prompts.len());
-    let window = state.max_seq_len;
+    let window = state.limits.max_seq_len;
     for (i, text) in req.prompts.iter().enumerate() {
         let ids = state
             .tokenizer
@@ -264,12 +263,12 @@ fn plan(state: &AppState, req: &CompletionRequest) -> Result<Planned, ApiError> 
         if ids.is_empty() {
             return Err(ApiError::invalid(Some("prompt"), format!("prompt {i} has no tokens")));
         }
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= state.vocab_size) {
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= state.limits.vocab_size) {
             return Err(ApiError::invalid(
                 Some("prompt"),
                 format!(
                     "prompt {i} has token {bad}, outside this model's vocabulary of {}",
-                    state.vocab_size
+                    state.limits.vocab_size
                 ),
             ));
         }
@@ -328,10 +327,13 @@ async fn completions(
     let sampler = Sampler::new(req.sampling).map_err(|e| ApiError::invalid(None, format!("{e:#}")))?;
     let n = planned.prompts.len();
 
-    if n > state.max_queue {
+    if n > state.limits.max_queue {
         return Err(ApiError::invalid(
             Some("prompt"),
-            format!("{n} prompts can never fit this server's queue of {}", state.max_queue),
+            format!(
+                "{n} prompts can never fit this server's queue of {}",
+                state.limits.max_queue
+            ),
         ));
     }
     // Admission: room in the queue for every prompt, or 429.
@@ -339,7 +341,7 @@ async fn completions(
     if metrics
         .queued
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-            (q + n <= state.max_queue).then_some(q + n)
+            (q + n <= state.limits.max_queue).then_some(q + n)
         })
         .is_err()
     {
@@ -348,7 +350,7 @@ async fn completions(
             status: StatusCode::TOO_MANY_REQUESTS.as_u16(),
             message: format!(
                 "the server is busy: {} prompts are already waiting (--max-queue); retry later",
-                state.max_queue
+                state.limits.max_queue
             ),
             kind: "rate_limit_error",
             param: None,

@@ -17,7 +17,7 @@ use crate::cpu::forward::{CpuParams, argmax};
 use crate::cpu::ops::{
     attention_forward, encoder_forward, gelu_forward, layernorm_forward, matmul_forward, residual_forward,
 };
-use crate::generate::{Backend, LogitsWanted, check_forward_args};
+use crate::generate::{Backend, ForwardLimits, LogitsWanted, check_forward_args};
 use crate::model::{ModelConfig, Weights};
 
 /// One simulated rank.
@@ -105,10 +105,12 @@ impl Backend for CpuTp {
             b,
             t,
             pos0,
-            self.max_batch,
-            self.max_seq_len,
-            cfg.vocab_size,
-            "model",
+            ForwardLimits {
+                max_batch: self.max_batch,
+                max_seq_len: self.max_seq_len,
+                vocab_size: cfg.vocab_size,
+                built: "model",
+            },
         )?;
         let (c, vp, n) = (cfg.channels, cfg.padded_vocab_size, b * t);
         let max_t = self.max_seq_len;

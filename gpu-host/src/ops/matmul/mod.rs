@@ -42,10 +42,10 @@ const MAX_GRID_YZ: u32 = 65535;
 /// Which matmul kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulKernel {
-    /// With a workspace ([`matmul_forward_ws`]): [`plan_auto`]'s choice
+    /// With a workspace ([`MatmulOptions::workspace`]): [`plan_auto`]'s choice
     /// (GEMV for `m <= MATMUL_GEMV_MAX_ROWS`, else the fastest predicted of
     /// the tiled plan with split-K, the small-M kernel and chunked GEMV).
-    /// Without one ([`matmul_forward_with`]): [`choose`].
+    /// Without one: [`choose`].
     Auto,
     /// The tiled kernel unsplit, tile by [`plan_tiled`].
     Tiled,
@@ -178,6 +178,34 @@ pub fn launch_config(
     }
 }
 
+/// How a matmul runs beyond [`matmul_forward`]'s defaults: which kernel,
+/// the GELU epilogue, and the split-K scratch.
+///
+/// `K` is the kernel choice: a [`MatmulKernel`] for [`matmul_forward_with`],
+/// an explicit [`TiledPlan`] for [`matmul_forward_plan`], an explicit
+/// [`SmallPlan`] for [`matmul_forward_small`].
+pub struct MatmulOptions<'a, K = MatmulKernel> {
+    /// The kernel, or the plan, that runs.
+    pub kernel: K,
+    /// Apply GELU after the bias, in the epilogue.
+    pub gelu: bool,
+    /// Scratch for split-K partial sums. Without it `SplitK` is refused and
+    /// `Auto` never splits ([`choose`]); a split plan needs
+    /// `plan.workspace_floats(shape)` floats of it.
+    pub workspace: Option<&'a mut MatmulWorkspace>,
+}
+
+impl Default for MatmulOptions<'_> {
+    /// `Auto`, no GELU, no workspace: [`matmul_forward`].
+    fn default() -> Self {
+        MatmulOptions {
+            kernel: MatmulKernel::Auto,
+            gelu: false,
+            workspace: None,
+        }
+    }
+}
+
 /// `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`.
 pub fn matmul_forward<B: DevicePtr<f32>>(
     gpu: &Gpu,
@@ -187,7 +215,7 @@ pub fn matmul_forward<B: DevicePtr<f32>>(
     bias: Option<&B>,
     shape: MatmulShape,
 ) -> Result<(), OpError> {
-    matmul_forward_with(gpu, MatmulKernel::Auto, false, out, inp, weight, bias, shape)
+    matmul_forward_with(gpu, MatmulOptions::default(), out, inp, weight, bias, shape)
 }
 
 /// [`matmul_forward`] followed by GELU, fused into the epilogue.
@@ -199,7 +227,11 @@ pub fn matmul_forward_gelu<B: DevicePtr<f32>>(
     bias: Option<&B>,
     shape: MatmulShape,
 ) -> Result<(), OpError> {
-    matmul_forward_with(gpu, MatmulKernel::Auto, true, out, inp, weight, bias, shape)
+    let opts = MatmulOptions {
+        gelu: true,
+        ..MatmulOptions::default()
+    };
+    matmul_forward_with(gpu, opts, out, inp, weight, bias, shape)
 }
 
 /// [`matmul_forward`] on the baseline kernel.
@@ -211,31 +243,39 @@ pub fn matmul_forward_naive<B: DevicePtr<f32>>(
     bias: Option<&B>,
     shape: MatmulShape,
 ) -> Result<(), OpError> {
-    matmul_forward_with(gpu, MatmulKernel::Naive, false, out, inp, weight, bias, shape)
+    let opts = MatmulOptions {
+        kernel: MatmulKernel::Naive,
+        ..MatmulOptions::default()
+    };
+    matmul_forward_with(gpu, opts, out, inp, weight, bias, shape)
 }
 
-/// The matmul on a chosen kernel, with or without the GELU epilogue, and no
-/// split-K workspace (`SplitK` is refused; `Auto` never splits).
-#[allow(clippy::too_many_arguments)]
+/// The matmul on a chosen kernel, with or without the GELU epilogue. With a
+/// split-K workspace this is the FP32 entry point of the engine (`Auto`:
+/// GEMV, chunked GEMV or the tiled plan, whichever is predicted fastest,
+/// split-K within the workspace); without one, `SplitK` is refused and
+/// `Auto` never splits.
 pub fn matmul_forward_with<B: DevicePtr<f32>>(
     gpu: &Gpu,
-    kernel: MatmulKernel,
-    gelu: bool,
+    opts: MatmulOptions,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
     shape: MatmulShape,
 ) -> Result<(), OpError> {
-    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, shape)? else {
+    let Some(args) = Args::new(gpu, opts.gelu, out, inp, weight, bias, shape)? else {
         return Ok(());
     };
-    let kernel = match kernel {
+    if let Some(ws) = opts.workspace {
+        return args.run(gpu, opts.kernel, Some(ws));
+    }
+    let kernel = match opts.kernel {
         MatmulKernel::Auto => choose(shape.m),
         MatmulKernel::SplitK => {
             return Err(OpError::shape(
                 OP,
-                "split-K needs a MatmulWorkspace (matmul_forward_ws)",
+                "split-K needs a MatmulWorkspace (MatmulOptions::workspace)",
             ));
         }
         k => k,
@@ -243,65 +283,38 @@ pub fn matmul_forward_with<B: DevicePtr<f32>>(
     args.run(gpu, kernel, None)
 }
 
-/// The matmul on a chosen kernel with a split-K workspace: the FP32 entry
-/// point of the engine (`Auto`: GEMV, chunked GEMV or the tiled plan,
-/// whichever is predicted fastest, split-K within the workspace).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_forward_ws<B: DevicePtr<f32>>(
-    gpu: &Gpu,
-    kernel: MatmulKernel,
-    gelu: bool,
-    out: &mut impl DevicePtrMut<f32>,
-    inp: &impl DevicePtr<f32>,
-    weight: &impl DevicePtr<f32>,
-    bias: Option<&B>,
-    shape: MatmulShape,
-    ws: &mut MatmulWorkspace,
-) -> Result<(), OpError> {
-    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, shape)? else {
-        return Ok(());
-    };
-    args.run(gpu, kernel, Some(ws))
-}
-
-/// The tiled kernel under an explicit `plan` (tests, tuning): `plan.splits >
-/// 1` needs `ws` with `plan.workspace_floats(shape)` floats.
-#[allow(clippy::too_many_arguments)]
+/// The tiled kernel under an explicit plan (tests, tuning): `plan.splits >
+/// 1` needs a workspace of `plan.workspace_floats(shape)` floats.
 pub fn matmul_forward_plan<B: DevicePtr<f32>>(
     gpu: &Gpu,
-    plan: &TiledPlan,
-    gelu: bool,
+    opts: MatmulOptions<'_, TiledPlan>,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
     shape: MatmulShape,
-    ws: Option<&mut MatmulWorkspace>,
 ) -> Result<(), OpError> {
-    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, shape)? else {
+    let Some(args) = Args::new(gpu, opts.gelu, out, inp, weight, bias, shape)? else {
         return Ok(());
     };
-    args.tiled(gpu, plan, ws)
+    args.tiled(gpu, &opts.kernel, opts.workspace)
 }
 
-/// The small-M kernel under an explicit `plan` (tests, tuning): `plan.splits
-/// > 1` needs `ws` with `plan.workspace_floats(shape)` floats.
-#[allow(clippy::too_many_arguments)]
+/// The small-M kernel under an explicit plan (tests, tuning): `plan.splits
+/// > 1` needs a workspace of `plan.workspace_floats(shape)` floats.
 pub fn matmul_forward_small<B: DevicePtr<f32>>(
     gpu: &Gpu,
-    plan: &SmallPlan,
-    gelu: bool,
+    opts: MatmulOptions<'_, SmallPlan>,
     out: &mut impl DevicePtrMut<f32>,
     inp: &impl DevicePtr<f32>,
     weight: &impl DevicePtr<f32>,
     bias: Option<&B>,
     shape: MatmulShape,
-    ws: Option<&mut MatmulWorkspace>,
 ) -> Result<(), OpError> {
-    let Some(args) = Args::new(gpu, gelu, out, inp, weight, bias, shape)? else {
+    let Some(args) = Args::new(gpu, opts.gelu, out, inp, weight, bias, shape)? else {
         return Ok(());
     };
-    args.small(gpu, plan, ws)
+    args.small(gpu, &opts.kernel, opts.workspace)
 }
 
 /// One call's checked arguments: device addresses and sizes.

@@ -16,7 +16,7 @@ use std::ops::Range;
 use anyhow::{Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
-use gpu_host::shape::MatmulShape;
+use gpu_host::shape::{MatmulShape, SampleShape};
 use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS, DECODE_PREFETCH_RANGES};
 
 use super::{Activations, DeviceParams, GpuEngine, Last};
@@ -27,7 +27,7 @@ use crate::gpu::ops::decode::{
 use crate::gpu::ops::decode_step::{
     DecodeStepTable, StepBuffers, StepLaunch, StepLayer, StepModel, decode_step, decode_step_config,
 };
-use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward_streams};
+use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
 use crate::gpu::ops::weight::WeightRef;
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::ModelConfig;
@@ -591,12 +591,16 @@ impl Step<'_> {
                 &mut d.ids,
                 &a.logits,
                 rows,
-                Some(&d.pos),
-                Some(streams),
+                Draws {
+                    counter: Some(&d.pos),
+                    streams: Some(streams),
+                },
                 Some(&mut d.tokens),
-                b,
-                v,
-                vp,
+                SampleShape {
+                    n: b,
+                    v,
+                    row_stride: vp,
+                },
             )?;
         }
         Ok(())
@@ -774,7 +778,22 @@ impl Step<'_> {
             // step's tokens; the draw counter is the position it will take
             // (the LM head advanced `pos` to it).
             let streams = Some(streams);
-            sample_forward_streams(gpu, ids, &a.logits, rows, Some(&*pos), streams, Some(tokens), b, v, vp)?;
+            sample_forward_streams(
+                gpu,
+                ids,
+                &a.logits,
+                rows,
+                Draws {
+                    counter: Some(&*pos),
+                    streams,
+                },
+                Some(tokens),
+                SampleShape {
+                    n: b,
+                    v,
+                    row_stride: vp,
+                },
+            )?;
         }
         Ok(())
     }

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
+use gpu_host::shape::SampleShape;
 use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
 use gpu_kernels::params::sample::{SampleRow, is_greedy};
 
@@ -29,7 +30,7 @@ use super::{AttentionKind, Chosen, DecodePath, GpuEngine, Last, Placement, Preci
 use crate::generate::LogitsWanted;
 use crate::gpu::Gpu;
 use crate::gpu::ops::decode::DecodeWorkspace;
-use crate::gpu::ops::sample::{DeviceSampleRow, sample_forward_streams};
+use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::ModelConfig;
 use crate::serve::backend::{Draw, SlotBackend, SlotChunk, SlotToken, check_slot_chunks, check_slot_rows};
@@ -413,12 +414,12 @@ impl SlotBackend for GpuEngine {
                 &mut s.ids.slice_mut(0..n),
                 &self.acts.logits,
                 &s.settings.slice(0..n),
-                Some(&counter),
-                Some(&streams),
+                Draws {
+                    counter: Some(&counter),
+                    streams: Some(&streams),
+                },
                 None::<&mut CudaSlice<u32>>,
-                n,
-                v,
-                vp,
+                SampleShape { n, v, row_stride: vp },
             )?;
             gpu.memcpy_dtoh(&s.ids.slice(0..n), &mut host_ids)
                 .ctx("reading the chosen ids")?;

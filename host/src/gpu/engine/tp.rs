@@ -29,7 +29,7 @@ use super::{
     MatmulScratch, Precision, attention, flash_supported, fp32_matmul_workspace_floats, matmul, matmul_shapes,
 };
 use crate::cpu::forward::CpuParams;
-use crate::generate::{Backend, LogitsWanted, check_forward_args};
+use crate::generate::{Backend, ForwardLimits, LogitsWanted, check_forward_args};
 use crate::gpu::Gpu;
 use crate::gpu::ops::argmax::argmax_forward_values;
 use crate::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, decode_attention};
@@ -619,7 +619,18 @@ impl Backend for TpEngine {
     fn forward(&mut self, tokens: &[u32], b: usize, t: usize, pos0: usize, want: LogitsWanted) -> Result<()> {
         self.last = None;
         let v = self.config.vocab_size;
-        check_forward_args(tokens, b, t, pos0, self.max_batch, self.max_seq_len, v, "engine")?;
+        check_forward_args(
+            tokens,
+            b,
+            t,
+            pos0,
+            ForwardLimits {
+                max_batch: self.max_batch,
+                max_seq_len: self.max_seq_len,
+                vocab_size: v,
+                built: "engine",
+            },
+        )?;
         self.run(tokens, b, t, pos0, want)?;
         let rows = match want {
             LogitsWanted::All => b * t,
