@@ -122,24 +122,31 @@ pub fn warp_reduce_sum(v: f32) -> f32 {
 /// pairwise sum over the lanes, in another order than `warp_reduce_sum`'s.
 #[inline(always)]
 pub fn warp_reduce_sum_many<const R: usize>(v: [f32; R]) -> f32 {
-    const { assert!(R.is_power_of_two() && R <= 32) };
+    /// Butterfly levels of a warp (log2 of 32).
+    const LEVELS: usize = 5;
+    const { assert!(R.is_power_of_two() && R <= 32 && 1 << LEVELS == super::WARP_SIZE) };
     let lane = super::lane_id();
     let mut vals = v;
-    let (mut live, mut offset) = (R, super::WARP_SIZE / 2);
-    while live > 1 {
-        let half = live / 2;
-        let upper = lane & offset != 0;
-        for i in 0..half {
-            let (keep, send) = if upper {
-                (vals[i + half], vals[i])
-            } else {
-                (vals[i], vals[i + half])
-            };
-            vals[i] = keep + shfl_xor_f32(send, offset);
+    // Written out level by level and value by value (constant indices): as
+    // loops, 32 values left the array in local memory.
+    super::unroll!(level < LEVELS => {
+        let half = R >> (level + 1);
+        if half > 0 {
+            let offset = (super::WARP_SIZE / 2) >> level;
+            let upper = lane & offset != 0;
+            super::unroll!(i < 16 => {
+                if i < half {
+                    let (keep, send) = if upper {
+                        (vals[i + half], vals[i])
+                    } else {
+                        (vals[i], vals[i + half])
+                    };
+                    vals[i] = keep + shfl_xor_f32(send, offset);
+                }
+            });
         }
-        live = half;
-        offset /= 2;
-    }
+    });
+    let mut offset = (super::WARP_SIZE / 2) >> R.trailing_zeros();
     // The lanes that differ only in the bits below `offset` hold parts of
     // the same sum.
     while offset > 0 {

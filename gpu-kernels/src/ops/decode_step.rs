@@ -735,6 +735,142 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
     }
 }
 
+/// Columns a warp multiplies at once in [`tile_gemv_rows`]: each staged
+/// value read from shared memory serves this many. Two: with four (32
+/// sums a lane), the row and column addresses pushed the step past its
+/// 128 registers and ptxas spilled.
+const ROWS_TILE_COLS: usize = 2;
+/// Sums a warp makes at once in [`tile_gemv_rows`]: every row of each column.
+const ROWS_TILE_OUTS: usize = ROWS_TILE_COLS * ROWS;
+/// k values a lane takes per step in [`tile_gemv_rows`] (one 8-byte load).
+const PAIR: usize = 2;
+/// Two floats, one 8-byte shared-memory access.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct F2([f32; PAIR]);
+
+/// Whether the steps of two rows and more multiply their tiles on the FMA
+/// units ([`tile_gemv_rows`]) rather than the tensor cores
+/// ([`tile_gemv_mma`]): f32 weights, whose tensor-core product is 3xTF32
+/// (three `mma.sync` and the operands' splits a k slice). Measured on an
+/// H100 at 8 rows (docs/performance.md, decode step 9): fcproj's tiles
+/// (~6 columns of a 3072-long k a block) took 5.4 µs on the FMA units
+/// against 11.5, the step 0.620 ms against 0.650; the wide phases were
+/// slower (the LM head 96 µs against 78), but both paths in one kernel
+/// spilled (ptxas, at its 128 registers), so the choice is per weight type.
+const fn simt_rows<W>() -> bool {
+    size_of::<W>() == size_of::<f32>()
+}
+
+/// [`tile_gemv`] for up to `ROWS` rows on the FMA units (f32 weights, see
+/// [`simt_rows`]): a warp takes [`ROWS_TILE_COLS`] columns against every
+/// staged row, each lane 2 consecutive k; the warp's [`ROWS_TILE_OUTS`]
+/// sums reduce-scatter so lane `i < ROWS_TILE_OUTS` holds column
+/// `i / ROWS`, row `i % ROWS`. With fewer column groups than warps, a group's k is split
+/// over `ks` warps whose partials meet in `red`. Either way thread `t`
+/// runs the epilogues of row `t % ROWS` only ([`simt_row`]), the row its
+/// `best` tracks.
+///
+/// # Safety
+/// The params' contract; the tile's bytes have arrived; `red` holds
+/// `2 * WARPS * ROWS_TILE_OUTS` floats; the rows in `xs` are staged as the weights
+/// multiply them (f32: as read); every thread of the block calls it.
+#[inline(always)]
+unsafe fn tile_gemv_rows<W: Weight>(
+    p: &DecodeStepParams<W>,
+    ph: &Gemv<W>,
+    sm: &Smem,
+    tile: Tile<W>,
+    n: usize,
+    best: &mut (f32, u32),
+) {
+    const CB: usize = ROWS_TILE_COLS;
+    const OUTS: usize = ROWS_TILE_OUTS;
+    let Tile { wt, lo, c0, cols } = tile;
+    let (c_in, tid, lane, warp) = (ph.c_in, thread_idx_x() as usize, lane_id() as usize, warp_id() as usize);
+    let (xs, red) = (sm.xs as *const f32, sm.red);
+    let groups = cols.div_ceil(CB);
+    let mut ks = 1;
+    while groups * ks < WARPS {
+        ks *= 2;
+    }
+    // ks is a power of two; fewer than 2 * WARPS units (`red` holds them).
+    let span = ((c_in + ks - 1) >> ks.trailing_zeros()).next_multiple_of(PAIR);
+    let step = LANES * PAIR;
+    // The output this lane ends with: column `j` of the group, row `r`.
+    let (j, r) = (lane / ROWS, lane % ROWS);
+    // f32 weights (`simt_rows`): the tile is rows of c_in floats.
+    let wf = wt as *const f32;
+    let mut u = warp;
+    while u < groups * ks {
+        let (grp, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
+        let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
+        // acc[jj * ROWS + rr]: column jj of the group, row rr.
+        let mut acc = [0f32; OUTS];
+        let mut k = k_lo + lane * PAIR;
+        while k < k_hi {
+            let mut w = [F2([0.0; PAIR]); CB];
+            unroll!(jj < CB => {
+                if grp * CB + jj < cols {
+                    // SAFETY: column grp*CB + jj < cols of the tile, k + 2 <= c_in (c_in and
+                    // the spans are even); 8-byte aligned (slots are, rows are even).
+                    w[jj] = unsafe { *wf.add((grp * CB + jj) * c_in + k).cast::<F2>() };
+                }
+            });
+            unroll!(rr < ROWS => {
+                if rr < n {
+                    // SAFETY: rr < n rows of c_in, k + 2 <= c_in, 8-byte aligned.
+                    let x = unsafe { *xs.add(rr * c_in + k).cast::<F2>() };
+                    unroll!(jj < CB => {
+                        let a = &mut acc[jj * ROWS + rr];
+                        *a = fma(x.0[1], w[jj].0[1], fma(x.0[0], w[jj].0[0], *a));
+                    });
+                }
+            });
+            k += step;
+        }
+        let s = warp_reduce_sum_many(acc);
+        let col = grp * CB + j;
+        if lane < OUTS && r < n && col < cols {
+            if ks == 1 {
+                // SAFETY: r < n, c0 + col < oc; r is this thread's row.
+                unsafe { epilogue(p, ph, sm, lo, r, c0 + col, s, best) };
+            } else {
+                // SAFETY: u < 2 * WARPS units of OUTS floats.
+                unsafe { *red.add(u * OUTS + lane) = s };
+            }
+        }
+        u += WARPS;
+    }
+    if ks > 1 {
+        sync_threads();
+        // Thread t sums output t % OUTS of group t / OUTS: its row is
+        // still t % ROWS (OUTS is a multiple of ROWS).
+        let (grp, i) = (tid / OUTS, tid % OUTS);
+        let col = grp * CB + i / ROWS;
+        if grp < groups && i % ROWS < n && col < cols {
+            let mut s = 0f32;
+            for part in 0..ks {
+                // SAFETY: written above, before the barrier.
+                s += unsafe { *red.add((grp * ks + part) * OUTS + i) };
+            }
+            // SAFETY: row < n, c0 + col < oc; the row is this thread's.
+            unsafe { epilogue(p, ph, sm, lo, i % ROWS, c0 + col, s, best) };
+        }
+    }
+}
+
+/// The row whose epilogues thread `tid` runs in [`tile_gemv_rows`] (its
+/// lane's, and a split's summing thread's: both `tid % ROWS`).
+#[inline(always)]
+fn simt_row(tid: usize) -> usize {
+    tid % ROWS
+}
+// `tile_gemv_rows`: whole rows of outputs in a warp, every split unit's
+// partials in the multi-row layout's `red`, every group's outputs in the block.
+const _: () = assert!(ROWS_TILE_OUTS.is_multiple_of(ROWS) && ROWS_TILE_OUTS <= LANES);
+const _: () = assert!(2 * WARPS * ROWS_TILE_OUTS <= WARPS * MMA_OUTPUTS);
+
 /// The row whose epilogues thread `tid` runs in [`tile_gemv_mma`] (the
 /// same in every tile: the block's threads are a multiple of
 /// `MMA_OUTPUTS`).
@@ -940,6 +1076,10 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
             // SAFETY: the tile's bytes arrived (the parity wait above); `sm.red` holds the
             // reduction scratch the layout sizes; every thread of the block gets here.
             unsafe { tile_gemv::<W, 1>(p, &ph, sm, tile, n, best) };
+        } else if simt_rows::<W>() {
+            // SAFETY: as for `tile_gemv`; `red` holds WARPS * MMA_OUTPUTS >= 2 * WARPS * OUTS
+            // floats (the layout's size for more than one row); f32 rows are staged as read.
+            unsafe { tile_gemv_rows::<W>(p, &ph, sm, tile, n, best) };
         } else {
             // SAFETY: as for `tile_gemv`: the tile has arrived, `sm.red` is sized by the
             // layout, c_in a multiple of the step; every thread of the block gets here.
@@ -1316,7 +1456,13 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
     let last = GEMVS * nl;
     // The row this thread's epilogues serve (every row's, one by one, with
     // one row), and its best logit (the LM head's epilogue tracks it).
-    let row = if R == 1 { 0 } else { mma_row(tid as usize) };
+    let row = if R == 1 {
+        0
+    } else if simt_rows::<W>() {
+        simt_row(tid as usize)
+    } else {
+        mma_row(tid as usize)
+    };
     for g in 0..=last {
         let mut best = (f32::NEG_INFINITY, u32::MAX);
         // SAFETY: (phases) the params' contract; each phase after the
