@@ -46,7 +46,9 @@ pub mod runtime;
 pub mod shape;
 
 pub use runtime::{Gpu, GpuError, Module, require_gpu_env, test_gpu};
-pub use shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape, SampleShape};
+pub use shape::{
+    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, MatmulShape, RowShape, SampleShape,
+};
 
 /// The `cudarc` this crate is built on: buffers, launch configurations and
 /// driver types, at the version the ops take.

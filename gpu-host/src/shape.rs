@@ -7,6 +7,9 @@
 //! `#[repr(C)]` parameter structs in `gpu_kernels::params`, which the
 //! wrappers fill from a shape (and which keep llm.c's field names: a
 //! matmul's `n, c, oc` there are [`MatmulShape`]'s `m, k, n`).
+//!
+//! [`KvRows`] sits here for the same reason: it names what the per-row KV
+//! cache ops and their twins take, buffers included.
 
 /// A matmul `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`, weights
 /// stored (out, in) like llm.c and PyTorch's `nn.Linear`.
@@ -95,6 +98,37 @@ pub struct KvCacheShape {
     pub c: usize,
     pub nh: usize,
     pub max_t: usize,
+}
+
+/// One layer's KV caches as the per-row decode ops address them: row `r` of
+/// the call at position `pos[r]` of cache row `cache_row[r]` (`None`: row
+/// `r`; the caches are `[rows][nh][max_t][c / nh]`). `C` is how the caches
+/// are held: `&mut` where the op writes them (`kv_cache_store`), `&` where
+/// it only reads them (`decode_attention`); `P` holds the `u32` positions
+/// and cache rows (a device buffer, or `[u32]` for a CPU twin).
+pub struct KvRows<'a, C, P: ?Sized> {
+    pub k_cache: C,
+    pub v_cache: C,
+    pub pos: &'a P,
+    pub cache_row: Option<&'a P>,
+}
+
+/// A decode step's attention (`decode_attention`): `rows` queries, one per
+/// row, of `c` channels in `nh` heads, each seeing its last `window` keys
+/// (0: all); the caches' length is the workspace's `max_t`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeAttentionShape {
+    pub rows: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub window: usize,
+}
+
+impl DecodeAttentionShape {
+    /// Every query sees all its keys (no window).
+    pub const fn new(rows: usize, c: usize, nh: usize) -> Self {
+        DecodeAttentionShape { rows, c, nh, window: 0 }
+    }
 }
 
 /// The logits a sampling call reads (`sample_forward`): `n` rows, each's

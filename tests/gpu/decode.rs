@@ -14,7 +14,7 @@ use host::cpu::CpuModel;
 use host::generate::{Backend, LogitsWanted, StopReason, generate};
 use host::gpu::engine::{DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
 use host::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, decode_attention};
-use host::gpu::shape::SampleShape;
+use host::gpu::shape::{DecodeAttentionShape, KvRows, SampleShape};
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::llmc_bytes;
 use host::model::{DType, ModelConfig};
@@ -535,14 +535,13 @@ fn decode_attention_rows_at_different_positions() {
                 DecodeLaunch::new(pdl),
                 &mut out,
                 &dq,
-                &dk,
-                &dv,
-                &dpos,
-                mapped.then_some(&dmap),
-                n,
-                c,
-                nh,
-                window,
+                KvRows {
+                    k_cache: &dk,
+                    v_cache: &dv,
+                    pos: &dpos,
+                    cache_row: mapped.then_some(&dmap),
+                },
+                DecodeAttentionShape { rows: n, c, nh, window },
             )
             .unwrap();
             let got = down(&gpu, &out);

@@ -41,8 +41,8 @@ use host::cpu::ops::{gelu_forward, matmul_forward_bf16 as cpu_matmul_forward_bf1
 use host::gpu::Gpu;
 use host::gpu::ops::args::OpError;
 use host::gpu::ops::matmul_bf16::{
-    Bf16Out, bf16_blocks, choose_tile, choose_wgmma_tile, matmul_forward_bf16, matmul_forward_bf16_wgmma,
-    matmul_forward_bf16_wgmma_with, matmul_forward_bf16_with,
+    Bf16Out, Bf16TileOptions, bf16_blocks, choose_tile, choose_wgmma_tile, matmul_forward_bf16,
+    matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_with, matmul_forward_bf16_with,
 };
 use rand::Rng;
 
@@ -127,17 +127,14 @@ impl Case {
         let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
         let bias = self.d_b.as_ref();
         match shape {
-            Some(s) => matmul_forward_bf16_with(
-                gpu,
-                s,
-                &mut d_out,
-                &self.d_inp,
-                &self.d_w,
-                bias,
-                MatmulShape::new(n, oc, c),
-                self.gelu,
-            )
-            .unwrap(),
+            Some(s) => {
+                let opts = Bf16TileOptions {
+                    gelu: self.gelu,
+                    ..Bf16TileOptions::new(*s)
+                };
+                let shape = MatmulShape::new(n, oc, c);
+                matmul_forward_bf16_with(gpu, opts, &mut d_out, &self.d_inp, &self.d_w, bias, shape).unwrap()
+            }
             None => matmul_forward_bf16(
                 gpu,
                 &mut d_out,
@@ -182,7 +179,13 @@ impl Case {
         let bias = self.d_b.as_ref();
         let (inp, w) = (&self.d_inp16, &self.d_w);
         let run = |out: Bf16Out<'_>| match shape {
-            Some(s) => matmul_forward_bf16_wgmma_with(gpu, s, out, inp, w, bias, MatmulShape::new(n, oc, c), self.gelu),
+            Some(s) => {
+                let opts = Bf16TileOptions {
+                    gelu: self.gelu,
+                    ..Bf16TileOptions::new(*s)
+                };
+                matmul_forward_bf16_wgmma_with(gpu, opts, out, inp, w, bias, MatmulShape::new(n, oc, c))
+            }
             None => matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, MatmulShape::new(n, oc, c), self.gelu),
         };
         let got = if bf16_out {
@@ -387,17 +390,8 @@ fn matmul_bf16_selects_and_rounds_exactly() {
         let d_w = gpu.upload(&w).unwrap();
         for s in &MATMUL_BF16_VARIANTS {
             let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
-            matmul_forward_bf16_with(
-                &gpu,
-                s,
-                &mut d_out,
-                &d_inp,
-                &d_w,
-                None,
-                MatmulShape::new(n, oc, c),
-                false,
-            )
-            .unwrap();
+            let opts = Bf16TileOptions::new(*s);
+            matmul_forward_bf16_with(&gpu, opts, &mut d_out, &d_inp, &d_w, None, MatmulShape::new(n, oc, c)).unwrap();
             let got = gpu.download(&d_out).unwrap();
             for r in 0..n {
                 for (o, &k) in picks.iter().enumerate() {
@@ -428,7 +422,8 @@ fn matmul_bf16_rejects_c_not_multiple_of_8() {
         let w = gpu.upload(&to_bf16(&random(oc * c, &mut rng))).unwrap();
         let mut out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
         for s in &MATMUL_BF16_VARIANTS {
-            let r = matmul_forward_bf16_with(&gpu, s, &mut out, &inp, &w, None, MatmulShape::new(n, oc, c), false);
+            let opts = Bf16TileOptions::new(*s);
+            let r = matmul_forward_bf16_with(&gpu, opts, &mut out, &inp, &w, None, MatmulShape::new(n, oc, c));
             assert!(matches!(r, Err(OpError::Shape { .. })), "c = {c}: {r:?}");
         }
         let r = matmul_forward_bf16(&gpu, &mut out, &inp, &w, None, MatmulShape::new(n, oc, c), false);
@@ -534,17 +529,8 @@ fn matmul_bf16_wgmma_selects_exactly() {
         let d_w = gpu.upload(&w).unwrap();
         for s in &MATMUL_BF16_WGMMA_VARIANTS {
             let mut d_out = gpu.upload(&vec![f32::NAN; n * oc]).unwrap();
-            matmul_forward_bf16_wgmma_with(
-                &gpu,
-                s,
-                Bf16Out::F32(&mut d_out),
-                &d_inp,
-                &d_w,
-                None,
-                MatmulShape::new(n, oc, c),
-                false,
-            )
-            .unwrap();
+            let (opts, out) = (Bf16TileOptions::new(*s), Bf16Out::F32(&mut d_out));
+            matmul_forward_bf16_wgmma_with(&gpu, opts, out, &d_inp, &d_w, None, MatmulShape::new(n, oc, c)).unwrap();
             let got = gpu.download(&d_out).unwrap();
             for r in 0..n {
                 for (o, &k) in picks.iter().enumerate() {

@@ -5,7 +5,7 @@
 //! reference doing the same; the device sampler with per-row streams
 //! against its CPU twin on the same logits.
 
-use gpu_host::shape::{KvCacheShape, RowShape};
+use gpu_host::shape::{KvCacheShape, KvRows, RowShape};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::sample::SampleRow;
 use half::bf16;
@@ -294,9 +294,21 @@ fn kv_cache_store_matches_cpu() {
         let dpos = gpu.upload(pos).unwrap();
         let dmap = map.map(|m| gpu.upload(m).unwrap());
         let mut dq = poisoned(&gpu, n * c);
-        kv_cache_store(&gpu, &mut dq, &mut dk, &mut dv, &dqkv, &dpos, dmap.as_ref(), shape).unwrap();
+        let cache = KvRows {
+            k_cache: &mut dk,
+            v_cache: &mut dv,
+            pos: &dpos,
+            cache_row: dmap.as_ref(),
+        };
+        kv_cache_store(&gpu, &mut dq, cache, &dqkv, shape).unwrap();
         let mut q = vec![0f32; n * c];
-        host::cpu::ops::kv_cache_store(&mut q, &mut kc, &mut vc, &qkv, pos, map, shape);
+        let cache = KvRows {
+            k_cache: &mut kc[..],
+            v_cache: &mut vc[..],
+            pos,
+            cache_row: map,
+        };
+        host::cpu::ops::kv_cache_store(&mut q, cache, &qkv, shape);
         check(&format!("{what} q"), &down(&gpu, &dq), &q, 0.0, 0.0);
         check(&format!("{what} k"), &down(&gpu, &dk), &kc, 0.0, 0.0);
         check(&format!("{what} v"), &down(&gpu, &dv), &vc, 0.0, 0.0);

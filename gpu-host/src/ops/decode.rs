@@ -13,7 +13,7 @@ use gpu_kernels::params::decode_step::DECODE_STEP_ATTN_KEYS;
 
 use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
 use super::weight::{KernelWeight, WeightRef};
-use crate::{Gpu, MatmulShape};
+use crate::{DecodeAttentionShape, Gpu, KvRows, MatmulShape};
 use gpu_kernels::params::KernelParams;
 
 const OP_GEMV: &str = "decode_gemv";
@@ -713,26 +713,26 @@ where
 }
 
 /// Attention of one query per row over the KV cache, at each row's
-/// position `pos[r]` (keys `0..=pos[r]`, or the last `window`) of its cache
-/// row `cache_row[r]` (`None`: row `r`), heads of size
-/// [`DECODE_HEAD_SIZE`]: `out[n, c]` from `q[n, c]`. A row at or past
-/// `max_t`, or whose cache row is past the caches', is idle.
-#[allow(clippy::too_many_arguments)]
+/// position (keys `0..=pos[r]`, or the last `window`) of its cache row
+/// ([`KvRows`]), heads of size [`DECODE_HEAD_SIZE`]: `out[n, c]` from
+/// `q[n, c]`. A row at or past `max_t`, or whose cache row is past the
+/// caches', is idle.
 pub fn decode_attention(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
     launch: DecodeLaunch<'_>,
     out: &mut CudaSlice<f32>,
     q: &CudaSlice<f32>,
-    k_cache: &CudaSlice<f32>,
-    v_cache: &CudaSlice<f32>,
-    pos: &CudaSlice<u32>,
-    cache_row: Option<&CudaSlice<u32>>,
-    n: usize,
-    c: usize,
-    nh: usize,
-    window: usize,
+    cache: KvRows<'_, &CudaSlice<f32>, CudaSlice<u32>>,
+    shape: DecodeAttentionShape,
 ) -> Result<(), OpError> {
+    let KvRows {
+        k_cache,
+        v_cache,
+        pos,
+        cache_row,
+    } = cache;
+    let DecodeAttentionShape { rows: n, c, nh, window } = shape;
     let max_t = ws.max_t;
     if n == 0 || n > ws.max_rows || nh != ws.nh || nh * DECODE_HEAD_SIZE as usize != c {
         return Err(OpError::shape(

@@ -6,7 +6,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::kv_cache::{KV_CACHE_STORE, KV_CACHE_STORE_BLOCK, KV_CACHE_STORE_VEC, KvCacheStoreParams};
 
 use super::args::{OpError, aligned16, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::{Gpu, KvCacheShape};
+use crate::{Gpu, KvCacheShape, KvRows};
 
 const OP: &str = "kv_cache_store";
 
@@ -20,22 +20,24 @@ fn launch_config(items: u32) -> LaunchConfig {
 }
 
 /// Row `r` of `qkv` (`[n, 3c]`, `n = shape.rows`): its query to `q[r]`, its
-/// key and value to cache row `cache_row[r]` (`None`: row `r`; the caches
-/// are `[rows][nh][max_t][c / nh]`) at position `pos[r]`. A row whose position
-/// is at or past `max_t`, or whose cache row is past the caches' rows, is
-/// idle: nothing of it enters the cache. `pos` and `cache_row` are read on
-/// the device, so a captured graph serves every step.
-#[allow(clippy::too_many_arguments)]
-pub fn kv_cache_store(
+/// key and value into `cache` at the row's position and cache row
+/// ([`KvRows`]). A row whose position is at or past `max_t`, or whose cache
+/// row is past the caches' rows, is idle: nothing of it enters the cache.
+/// The positions and cache rows are read on the device, so a captured graph
+/// serves every step.
+pub fn kv_cache_store<K: DevicePtrMut<f32>, P: DevicePtr<u32>>(
     gpu: &Gpu,
     q: &mut impl DevicePtrMut<f32>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    cache: KvRows<'_, &mut K, P>,
     qkv: &impl DevicePtr<f32>,
-    pos: &impl DevicePtr<u32>,
-    cache_row: Option<&impl DevicePtr<u32>>,
     shape: KvCacheShape,
 ) -> Result<(), OpError> {
+    let KvRows {
+        k_cache,
+        v_cache,
+        pos,
+        cache_row,
+    } = cache;
     let KvCacheShape { rows: n, c, nh, max_t } = shape;
     let vec = KV_CACHE_STORE_VEC as usize;
     if nh == 0 || !c.is_multiple_of(nh) || !(c / nh).is_multiple_of(vec) {

@@ -96,23 +96,45 @@ pub fn matmul_forward_bf16(
     shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
-    let tile = choose_tile(shape, gpu.sm_count());
-    matmul_forward_bf16_with(gpu, &tile, out, inp, weight, bias, shape, gelu)
+    let opts = Bf16TileOptions {
+        gelu,
+        ..Bf16TileOptions::new(choose_tile(shape, gpu.sm_count()))
+    };
+    matmul_forward_bf16_with(gpu, opts, out, inp, weight, bias, shape)
 }
 
-/// [`matmul_forward_bf16`] with an explicit tile shape (one of
-/// `MATMUL_BF16_VARIANTS`).
-#[allow(clippy::too_many_arguments)]
+/// An explicit bf16 kernel and its epilogue: what [`matmul_forward_bf16_with`]
+/// (`T` = [`Bf16TileShape`]) and [`matmul_forward_bf16_wgmma_with`] (`T` =
+/// [`TileShape`]) take (the bench's sweeps, the tests), where the plain entry
+/// points choose the tile.
+#[derive(Clone, Copy, Debug)]
+pub struct Bf16TileOptions<T = Bf16TileShape> {
+    /// The tile shape: one of `MATMUL_BF16_VARIANTS` (mma.sync) or of
+    /// `MATMUL_BF16_WGMMA_VARIANTS` (wgmma).
+    pub tile: T,
+    /// Apply GELU after the bias.
+    pub gelu: bool,
+}
+
+impl<T> Bf16TileOptions<T> {
+    /// `tile`, no GELU.
+    pub fn new(tile: T) -> Self {
+        Bf16TileOptions { tile, gelu: false }
+    }
+}
+
+/// [`matmul_forward_bf16`] with an explicit tile shape.
 pub fn matmul_forward_bf16_with(
     gpu: &Gpu,
-    tile: &Bf16TileShape,
+    opts: Bf16TileOptions,
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
     weight: &CudaSlice<half::bf16>,
     bias: Option<&CudaSlice<f32>>,
     shape: MatmulShape,
-    gelu: bool,
 ) -> Result<(), OpError> {
+    let Bf16TileOptions { tile, gelu } = opts;
+    let tile = &tile;
     let MatmulShape { m, n, k } = shape;
     check_len(OP, "out", out.len(), m * n)?;
     check_shape(OP, inp.len(), weight.len(), bias, shape)?;
@@ -193,23 +215,26 @@ pub fn matmul_forward_bf16_wgmma(
     shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
-    let tile = choose_wgmma_tile(shape, gpu.sm_count());
-    matmul_forward_bf16_wgmma_with(gpu, &tile, out, inp, weight, bias, shape, gelu)
+    let opts = Bf16TileOptions {
+        gelu,
+        ..Bf16TileOptions::new(choose_wgmma_tile(shape, gpu.sm_count()))
+    };
+    matmul_forward_bf16_wgmma_with(gpu, opts, out, inp, weight, bias, shape)
 }
 
 /// [`matmul_forward_bf16_wgmma`] with an explicit tile (one of
 /// `MATMUL_BF16_WGMMA_VARIANTS`).
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_bf16_wgmma_with(
     gpu: &Gpu,
-    tile: &TileShape,
+    opts: Bf16TileOptions<TileShape>,
     out: Bf16Out<'_>,
     inp: &CudaSlice<half::bf16>,
     weight: &CudaSlice<half::bf16>,
     bias: Option<&CudaSlice<f32>>,
     shape: MatmulShape,
-    gelu: bool,
 ) -> Result<(), OpError> {
+    let Bf16TileOptions { tile, gelu } = opts;
+    let tile = &tile;
     if !gpu.has_wgmma() {
         return Err(OpError::shape(
             OP_WGMMA,

@@ -40,7 +40,7 @@ use host::gpu::ops::matmul::{
     matmul_forward_plan, matmul_forward_small, matmul_forward_with, split_k_workspace_floats,
 };
 use host::gpu::ops::matmul_bf16::{
-    Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_with,
+    Bf16Out, Bf16TileOptions, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_with,
 };
 use host::gpu::ops::matmul_tf32::{
     MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_plan, matmul_forward_fp32_tc,
@@ -415,8 +415,8 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                     record("ours_bf16_wgmma_auto_f32_out".into(), "bf16", t);
                     for shape in &MATMUL_BF16_WGMMA_VARIANTS {
                         let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
-                            let out = Bf16Out::Bf16(&mut out16[i]);
-                            matmul_forward_bf16_wgmma_with(gpu, shape, out, &inp16[i], &w16[i], None, gemm, false)
+                            let (opts, out) = (Bf16TileOptions::new(*shape), Bf16Out::Bf16(&mut out16[i]));
+                            matmul_forward_bf16_wgmma_with(gpu, opts, out, &inp16[i], &w16[i], None, gemm)
                         })?;
                         record(
                             format!("ours_{}", shape.name.trim_start_matches("matmul_forward_")),

@@ -10,7 +10,7 @@
 //! Sizes are checked with `assert!`: these are internal contracts between the
 //! forward pass and its ops, not user input (the forward pass validates that).
 
-pub use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
+pub use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, KvRows, MatmulShape, RowShape};
 pub use gpu_kernels::params::crossentropy::IGNORED_TARGET;
 use rayon::prelude::*;
 
@@ -67,19 +67,16 @@ pub fn encoder_forward_rows(out: &mut [f32], inp: &[u32], pos: &[u32], wte: &[f3
 
 /// A decode step's keys and values into the cache, each row at its own
 /// position: row `r` of `qkv` (`[n, 3C]`, `n = shape.rows`) gives its query
-/// to `q[r]`, its key and value to cache row `cache_row[r]` (`None`: row
-/// `r`; the caches are `[rows][NH][maxT][HS]`) at `pos[r]`; a row at or past
-/// `max_t`, or whose cache row is past the caches' rows, is idle (nothing
-/// cached).
-pub fn kv_cache_store(
-    q: &mut [f32],
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
-    qkv: &[f32],
-    pos: &[u32],
-    cache_row: Option<&[u32]>,
-    shape: KvCacheShape,
-) {
+/// to `q[r]`, its key and value into `cache` at its position and cache row
+/// ([`KvRows`]); a row at or past `max_t`, or whose cache row is past the
+/// caches' rows, is idle (nothing cached).
+pub fn kv_cache_store(q: &mut [f32], cache: KvRows<'_, &mut [f32], [u32]>, qkv: &[f32], shape: KvCacheShape) {
+    let KvRows {
+        k_cache,
+        v_cache,
+        pos,
+        cache_row,
+    } = cache;
     let KvCacheShape { rows: n, c, nh, max_t } = shape;
     assert!(q.len() >= n * c && qkv.len() >= n * 3 * c && pos.len() >= n);
     assert!(cache_row.is_none_or(|m| m.len() >= n));

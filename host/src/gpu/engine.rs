@@ -14,7 +14,9 @@
 
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape, SampleShape};
+use gpu_host::shape::{
+    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, MatmulShape, RowShape, SampleShape,
+};
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
 };
@@ -1063,25 +1065,27 @@ impl GpuEngine {
                     let max_t = self.max_seq_len;
                     let cache_row = (place == Placement::Chunks).then_some(&s.cache_row);
                     let pos = &s.pos;
-                    let shape = KvCacheShape { rows: n, c, nh, max_t };
-                    kv_cache_store(gpu, &mut s.q, k_cache, v_cache, &a.qkv, pos, cache_row, shape)?;
-                    let launch = DecodeLaunch::new(false);
-                    let (k, v) = (&*k_cache, &*v_cache);
-                    decode_attention(
-                        gpu,
-                        &mut s.ws,
-                        launch,
-                        &mut a.atty,
-                        &s.q,
-                        k,
-                        v,
+                    let cache = KvRows {
+                        k_cache: &mut *k_cache,
+                        v_cache: &mut *v_cache,
                         pos,
                         cache_row,
-                        n,
+                    };
+                    kv_cache_store(gpu, &mut s.q, cache, &a.qkv, KvCacheShape { rows: n, c, nh, max_t })?;
+                    let cache = KvRows {
+                        k_cache: &*k_cache,
+                        v_cache: &*v_cache,
+                        pos,
+                        cache_row,
+                    };
+                    let launch = DecodeLaunch::new(false);
+                    let shape = DecodeAttentionShape {
+                        rows: n,
                         c,
                         nh,
-                        self.window,
-                    )?;
+                        window: self.window,
+                    };
+                    decode_attention(gpu, &mut s.ws, launch, &mut a.atty, &s.q, cache, shape)?;
                 }
                 (Placement::PerRow | Placement::Chunks, None) => anyhow::bail!("the slot state is missing"),
             }

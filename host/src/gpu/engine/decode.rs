@@ -16,7 +16,7 @@ use std::ops::Range;
 use anyhow::{Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
-use gpu_host::shape::{MatmulShape, SampleShape};
+use gpu_host::shape::{DecodeAttentionShape, KvRows, MatmulShape, SampleShape};
 use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS, DECODE_PREFETCH_RANGES};
 
 use super::{Activations, DeviceParams, GpuEngine, Last};
@@ -690,14 +690,18 @@ impl Step<'_> {
                 next_launch()?,
                 &mut a.atty,
                 &a.qkv,
-                k_cache,
-                v_cache,
-                pos,
-                None,
-                b,
-                c,
-                nh,
-                self.window,
+                KvRows {
+                    k_cache: &*k_cache,
+                    v_cache: &*v_cache,
+                    pos: &*pos,
+                    cache_row: None,
+                },
+                DecodeAttentionShape {
+                    rows: b,
+                    c,
+                    nh,
+                    window: self.window,
+                },
             )?;
             let out = Output::Rows {
                 out: &mut a.residual2,

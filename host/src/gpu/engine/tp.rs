@@ -16,7 +16,9 @@
 //! (3xTF32 tensor cores beyond the GEMV's rows, as [`GpuEngine`] by
 //! default). See docs/performance.md for where it pays.
 
-use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, MatmulShape, RowShape};
+use gpu_host::shape::{
+    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, MatmulShape, RowShape,
+};
 use std::collections::HashMap;
 
 use anyhow::{Context, Result, ensure};
@@ -494,24 +496,28 @@ impl TpEngine {
                     }
                     (Place::PerRow, Some(s)) => {
                         let pos = &s.pos;
-                        kv_cache_store(
-                            gpu,
-                            &mut s.q,
-                            k,
-                            v,
-                            &a.qkv,
+                        let cache = KvRows {
+                            k_cache: &mut *k,
+                            v_cache: &mut *v,
                             pos,
-                            None::<&CudaSlice<u32>>,
-                            KvCacheShape {
-                                rows: n,
-                                c: cr,
-                                nh: nhr,
-                                max_t,
-                            },
-                        )?;
+                            cache_row: None,
+                        };
+                        let shape = KvCacheShape {
+                            rows: n,
+                            c: cr,
+                            nh: nhr,
+                            max_t,
+                        };
+                        kv_cache_store(gpu, &mut s.q, cache, &a.qkv, shape)?;
+                        let cache = KvRows {
+                            k_cache: &*k,
+                            v_cache: &*v,
+                            pos,
+                            cache_row: None,
+                        };
                         let launch = DecodeLaunch::new(false);
-                        let out = &mut a.atty;
-                        decode_attention(gpu, &mut s.ws, launch, out, &s.q, k, v, pos, None, n, cr, nhr, 0)?;
+                        let (out, shape) = (&mut a.atty, DecodeAttentionShape::new(n, cr, nhr));
+                        decode_attention(gpu, &mut s.ws, launch, out, &s.q, cache, shape)?;
                     }
                     (Place::PerRow, None) => anyhow::bail!("no per-row decode state"),
                 }
