@@ -1339,7 +1339,7 @@ fn bench_decode_paths(
 ) -> anyhow::Result<()> {
     let base = DecodeTuning::default();
     // The default (the persistent step where it serves the batch on sm_90a:
-    // up to 8 rows), the chain of fused kernels, and one L2-prefetch experiment
+    // one row over f32 weights, up to 8 over bf16), the chain of fused kernels, and one L2-prefetch experiment
     // on the chain; the other chain knobs were measured slower
     // (docs/performance.md).
     let chain = DecodeTuning {
@@ -1350,8 +1350,9 @@ fn bench_decode_paths(
         prefetch_ahead_bytes: PREFETCH_AHEAD_TRY_BYTES,
         ..chain
     };
-    // The persistent step at every batch it serves (as the default does),
-    // and with a weight ring of 3 and 4 smaller slots.
+    // The persistent step at every batch it serves (the default takes it
+    // at one row over f32 weights), and with a weight ring of 3 and 4
+    // smaller slots.
     let persistent = DecodeTuning {
         persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
         persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,

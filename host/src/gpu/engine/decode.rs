@@ -118,8 +118,11 @@ pub struct DecodeTuning {
     pub persistent: bool,
     /// Most rows a step over f32 weights runs as the persistent kernel (it
     /// serves up to 8; from two rows on its tiles run on the FMA units).
-    /// Default 8: at 8 rows it measured faster than the chain on an H100
-    /// (0.620 against 0.637 ms a step; docs/performance.md, decode step 9).
+    /// Default 1: at 8 rows it is faster than the chain after 64 tokens
+    /// (0.619 against 0.638 ms a step on an H100) but slower at the CLI's
+    /// longer contexts (batch 8 x 256 tokens: 11,600 against 12,050 tok/s;
+    /// x 512: 10,800 against 11,640), where its attention phase grows
+    /// (docs/performance.md, decode step 9).
     pub persistent_max_rows: usize,
     /// The same for bf16 weights. Default 8: at 8 rows the persistent step
     /// measured faster than the chain on an H100 (0.434 against 0.468 ms a
@@ -151,7 +154,7 @@ impl Default for DecodeTuning {
             // bf16, on an H200 (`bench step`; docs/performance.md, decode
             // step 4).
             persistent: true,
-            persistent_max_rows: DECODE_MAX_ROWS as usize,
+            persistent_max_rows: 1,
             persistent_max_rows_bf16: DECODE_MAX_ROWS as usize,
             trace: false,
             step_ring_slots: 0,
