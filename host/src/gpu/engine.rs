@@ -752,22 +752,27 @@ fn layernorm(
 /// A linear layer, dispatched on precision and size: TF32 tensor cores for
 /// prefill-sized TF32 calls; otherwise FP32 on GEMV (decode), chunked GEMV
 /// or the tiled kernel, split over `c` when the grid would under-fill the
-/// GPU (`MatmulKernel::Auto` with the engine's workspace picks). `weight` is
-/// the original, where made its TF32-rounded copy (see [`Tf32Weights`]), and
-/// whether `inp` was rounded to TF32 by its producer; `round_out` asks the
-/// TF32 path to write TF32 values (ignored on the FP32 paths).
-#[allow(clippy::too_many_arguments)]
+/// GPU (`MatmulKernel::Auto` with the engine's workspace picks). `linear`
+/// holds the layer's weight (the original, where made its TF32-rounded copy:
+/// see [`Tf32Weights`]) and bias, whether `inp` was rounded to TF32 by its
+/// producer, and whether the TF32 path is to write TF32 values (both flags
+/// ignored on the FP32 paths).
 fn matmul(
     gpu: &Gpu,
     precision: Precision,
     ws: &mut MatmulScratch,
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
-    (weight, weight_tf32, inp_rounded): (WeightRef<'_>, Option<&CudaSlice<f32>>, bool),
-    round_out: bool,
-    bias: Option<&CudaSlice<f32>>,
+    linear: Linear<'_>,
     shape: MatmulShape,
 ) -> Result<(), OpError> {
+    let Linear {
+        weight,
+        weight_tf32,
+        bias,
+        inp_rounded,
+        round_out,
+    } = linear;
     let weight = match weight {
         WeightRef::Bf16(w) => return matmul_forward_bf16(gpu, out, inp, w, bias, shape, false),
         WeightRef::F32(w) => w,
@@ -801,6 +806,33 @@ fn matmul(
         bias,
         shape,
     )
+}
+
+/// One linear layer as [`matmul`] runs it: its parameters, and how the TF32
+/// path rounds around it (the two flags only matter there).
+#[derive(Clone, Copy)]
+struct Linear<'a> {
+    weight: WeightRef<'a>,
+    /// `weight` rounded to TF32, where the engine made that copy.
+    weight_tf32: Option<&'a CudaSlice<f32>>,
+    bias: Option<&'a CudaSlice<f32>>,
+    /// The producer of `inp` rounded it to TF32.
+    inp_rounded: bool,
+    /// Write TF32 values.
+    round_out: bool,
+}
+
+impl<'a> Linear<'a> {
+    /// `weight` and `bias`, no TF32 copy, no rounding.
+    fn new(weight: WeightRef<'a>, bias: Option<&'a CudaSlice<f32>>) -> Self {
+        Linear {
+            weight,
+            weight_tf32: None,
+            bias,
+            inp_rounded: false,
+            round_out: false,
+        }
+    }
 }
 
 /// The LM head's input rows: all of `ln` (`b * t` rows of `c`), or the last
@@ -1027,9 +1059,12 @@ impl GpuEngine {
                     ws,
                     &mut a.qkv,
                     &a.ln,
-                    (lw.qkvw.as_ref(), rounded(0), round_acts),
-                    round_acts,
-                    Some(&lw.qkvb),
+                    Linear {
+                        weight_tf32: rounded(0),
+                        inp_rounded: round_acts,
+                        round_out: round_acts,
+                        ..Linear::new(lw.qkvw.as_ref(), Some(&lw.qkvb))
+                    },
                     qkv_mm,
                 )?,
             }
@@ -1111,9 +1146,10 @@ impl GpuEngine {
                     ws,
                     &mut a.proj,
                     &a.atty,
-                    (lw.attprojw.as_ref(), rounded(1), false),
-                    false,
-                    Some(&lw.attprojb),
+                    Linear {
+                        weight_tf32: rounded(1),
+                        ..Linear::new(lw.attprojw.as_ref(), Some(&lw.attprojb))
+                    },
                     attproj_mm,
                 )?,
             }
@@ -1168,8 +1204,11 @@ impl GpuEngine {
                         .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
                 }
                 (fcw, None) => {
-                    let fcw = (fcw, rounded(2), false);
-                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fcw, false, Some(&lw.fcb), fc_mm)?;
+                    let fc = Linear {
+                        weight_tf32: rounded(2),
+                        ..Linear::new(fcw, Some(&lw.fcb))
+                    };
+                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fc, fc_mm)?;
                     gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
                 }
             }
@@ -1192,9 +1231,11 @@ impl GpuEngine {
                     ws,
                     &mut a.proj,
                     &a.fch_gelu,
-                    (lw.fcprojw.as_ref(), rounded(3), round_acts),
-                    false,
-                    Some(&lw.fcprojb),
+                    Linear {
+                        weight_tf32: rounded(3),
+                        inp_rounded: round_acts,
+                        ..Linear::new(lw.fcprojw.as_ref(), Some(&lw.fcprojb))
+                    },
                     fcproj_mm,
                 )?,
             }
@@ -1229,8 +1270,12 @@ impl GpuEngine {
             }
             None => {
                 let head_in = head_rows(gpu, heads, &a.ln, &mut a.head_in, c)?;
-                let head_w = (p.wte.as_ref(), tf32.map(|t| &t.wte), round_head);
-                matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, head_mm)?;
+                let head = Linear {
+                    weight_tf32: tf32.map(|t| &t.wte),
+                    inp_rounded: round_head,
+                    ..Linear::new(p.wte.as_ref(), None)
+                };
+                matmul(gpu, prec, ws, &mut a.logits, head_in, head, head_mm)?;
             }
         }
         self.last = Some(Last { b, rows });

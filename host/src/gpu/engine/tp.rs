@@ -28,7 +28,7 @@ use gpu_host::nccl::Collective;
 use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
 
 use super::{
-    MatmulScratch, Precision, attention, flash_supported, fp32_matmul_workspace_floats, matmul, matmul_shapes,
+    Linear, MatmulScratch, Precision, attention, flash_supported, fp32_matmul_workspace_floats, matmul, matmul_shapes,
 };
 use crate::cpu::forward::CpuParams;
 use crate::generate::{Backend, ForwardLimits, LogitsWanted, check_forward_args};
@@ -250,8 +250,8 @@ impl Rank {
         bias: Option<&CudaSlice<f32>>,
         shape: MatmulShape,
     ) -> Result<()> {
-        let weight = (WeightRef::F32(w), None, false);
-        matmul(gpu, Precision::Fp32, ws, out, inp, weight, false, bias, shape)?;
+        let linear = Linear::new(WeightRef::F32(w), bias);
+        matmul(gpu, Precision::Fp32, ws, out, inp, linear, shape)?;
         Ok(())
     }
 }
