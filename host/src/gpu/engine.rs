@@ -15,7 +15,8 @@
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use gpu_host::shape::{
-    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, MatmulShape, RowShape, SampleShape,
+    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape,
+    SampleShape,
 };
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
@@ -39,8 +40,7 @@ use crate::gpu::ops::flash_attention::{
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::kv_cache::kv_cache_store;
 use crate::gpu::ops::layernorm::{
-    layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
-    residual_layernorm_forward_bf16,
+    LayernormOut, layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
 };
 use crate::gpu::ops::matmul::{
     MatmulKernel, MatmulOptions, MatmulWorkspace, choose, matmul_forward_with, split_k_workspace_floats,
@@ -1154,32 +1154,15 @@ impl GpuEngine {
                 )?,
             }
             let (res, proj) = (&mut a.residual2, &a.proj);
-            match a16.as_deref_mut() {
-                Some(x) => residual_layernorm_forward_bf16(
-                    gpu,
-                    res,
-                    &mut x.ln,
-                    &a.residual,
-                    proj,
-                    &lw.ln2w,
-                    &lw.ln2b,
-                    row_shape,
-                )?,
-                None => {
-                    let ln = &mut a.ln;
-                    residual_layernorm_forward(
-                        gpu,
-                        round_acts,
-                        res,
-                        ln,
-                        &a.residual,
-                        proj,
-                        &lw.ln2w,
-                        &lw.ln2b,
-                        row_shape,
-                    )?
-                }
-            }
+            let ln2 = LayernormWeights {
+                weight: &lw.ln2w,
+                bias: &lw.ln2b,
+            };
+            let ln = match a16.as_deref_mut() {
+                Some(x) => LayernormOut::Bf16(&mut x.ln),
+                None => LayernormOut::f32(&mut a.ln, round_acts),
+            };
+            residual_layernorm_forward(gpu, res, ln, &a.residual, proj, ln2, row_shape)?;
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x)))), ln2(x) in a.ln
             match (lw.fcw.as_ref(), rounded(2).filter(|_| round_acts)) {
                 // bf16 on Hopper: fc, GELU and the rounding fcproj wants.
@@ -1244,16 +1227,16 @@ impl GpuEngine {
                 Some(next) => (&next.ln1w, &next.ln1b, round_acts),
                 None => (&p.lnfw, &p.lnfb, round_head),
             };
+            let next_ln = LayernormWeights {
+                weight: next_w,
+                bias: next_b,
+            };
             let (res, proj) = (&mut a.residual, &a.proj);
-            match a16.as_deref_mut() {
-                Some(x) => {
-                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual2, proj, next_w, next_b, row_shape)?
-                }
-                None => {
-                    let ln = &mut a.ln;
-                    residual_layernorm_forward(gpu, round_next, res, ln, &a.residual2, proj, next_w, next_b, row_shape)?
-                }
-            }
+            let ln = match a16.as_deref_mut() {
+                Some(x) => LayernormOut::Bf16(&mut x.ln),
+                None => LayernormOut::f32(&mut a.ln, round_next),
+            };
+            residual_layernorm_forward(gpu, res, ln, &a.residual2, proj, next_ln, row_shape)?;
         }
         // The rows the head reads: every position, each row's last, or the
         // listed ones (a prefill of several chunks).
