@@ -34,7 +34,7 @@ use host::gpu::ops::convert::convert_to_bf16;
 use host::gpu::ops::decode::{
     DecodeLaunch, DecodeWorkspace, GemvWeights, Input as DecodeInput, Output as DecodeOutput, decode_gemv,
 };
-use host::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
+use host::gpu::ops::flash_attention::{FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash};
 use host::gpu::ops::matmul::{
     FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulOptions, MatmulWorkspace, SMALL_MAX_ROWS, SmallPlan, TiledPlan,
     matmul_forward_plan, matmul_forward_small, matmul_forward_with, split_k_workspace_floats,
@@ -1075,7 +1075,10 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         let AttnSets { qkv, k, v: vc, out, .. } = &mut sets;
                         let (o, kc, vcc, q) = (&mut out[i], &mut k[i], &mut vc[i], &qkv[i]);
                         match (v, flash) {
-                            (_, Some(prec)) => attention_forward_flash(gpu, o, kc, vcc, q, shape, prec, &mut ws)?,
+                            (_, Some(precision)) => {
+                                let opts = FlashOptions { precision, ws: &mut ws };
+                                attention_forward_flash(gpu, o, kc, vcc, q, shape, opts)?
+                            }
                             (V::Naive, None) => attention_forward_naive(gpu, o, kc, vcc, q, shape)?,
                             (_, None) => attention_forward(gpu, o, kc, vcc, q, shape)?,
                         }

@@ -35,7 +35,7 @@ use crate::gpu::ops::crossentropy::crossentropy_forward;
 use crate::gpu::ops::decode::{DecodeLaunch, decode_attention};
 use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_forward_rows};
 use crate::gpu::ops::flash_attention::{
-    FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+    FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
 };
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::kv_cache::kv_cache_store;
@@ -912,11 +912,9 @@ fn matmul_bf16_acts(
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
 /// workspace (prefill or flash-decoding, picked by `t` inside), else the
 /// unfused kernel. Same contract either way (docs/design.md).
-#[allow(clippy::too_many_arguments)]
 fn attention(
     gpu: &Gpu,
-    flash: Option<&mut FlashWorkspace>,
-    precision: Precision,
+    flash: Option<FlashOptions<'_>>,
     out: &mut CudaSlice<f32>,
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
@@ -924,19 +922,22 @@ fn attention(
     shape: AttentionShape,
 ) -> Result<()> {
     match flash {
-        Some(ws) => {
-            // Each precision's own products; bf16 rounds Q, K, V and P as
-            // its matmuls round their inputs.
-            let fp = match precision {
-                Precision::Tf32 => FlashPrecision::Tf32,
-                Precision::Bf16 => FlashPrecision::Bf16,
-                Precision::Fp32 => FlashPrecision::Fp32,
-            };
-            attention_forward_flash(gpu, out, k_cache, v_cache, qkv, shape, fp, ws)?
-        }
+        Some(opts) => attention_forward_flash(gpu, out, k_cache, v_cache, qkv, shape, opts)?,
         None => attention_forward(gpu, out, k_cache, v_cache, qkv, shape)?,
     }
     Ok(())
+}
+
+/// The flash kernels' options for an engine of `precision` with workspace
+/// `ws`: each precision's own products (bf16 rounds Q, K, V and P as its
+/// matmuls round their inputs).
+fn flash_options(precision: Precision, ws: &mut FlashWorkspace) -> FlashOptions<'_> {
+    let precision = match precision {
+        Precision::Tf32 => FlashPrecision::Tf32,
+        Precision::Bf16 => FlashPrecision::Bf16,
+        Precision::Fp32 => FlashPrecision::Fp32,
+    };
+    FlashOptions { precision, ws }
 }
 
 impl GpuEngine {
@@ -1092,7 +1093,10 @@ impl GpuEngine {
                             attention_forward_flash_bf16_out(gpu, &mut x.atty, k, v, &a.qkv, shape, ws)?;
                             atty_in_bf16 = true;
                         }
-                        (_, ws) => attention(gpu, ws, prec, &mut a.atty, k, v, &a.qkv, shape)?,
+                        (_, ws) => {
+                            let flash = ws.map(|ws| flash_options(prec, ws));
+                            attention(gpu, flash, &mut a.atty, k, v, &a.qkv, shape)?
+                        }
                     }
                 }
                 (Placement::PerRow | Placement::Chunks, Some(s)) => {

@@ -28,7 +28,8 @@ use gpu_host::nccl::Collective;
 use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
 
 use super::{
-    Linear, MatmulScratch, Precision, attention, flash_supported, fp32_matmul_workspace_floats, matmul, matmul_shapes,
+    Linear, MatmulScratch, Precision, attention, flash_options, flash_supported, fp32_matmul_workspace_floats, matmul,
+    matmul_shapes,
 };
 use crate::cpu::forward::CpuParams;
 use crate::generate::{Backend, ForwardLimits, LogitsWanted, check_forward_args};
@@ -473,13 +474,11 @@ impl TpEngine {
                     (Place::Shared { pos0 }, _) => {
                         let cache = 0..b * cr * max_t;
                         let (mut k, mut v) = (k.slice_mut(cache.clone()), v.slice_mut(cache));
-                        let (flash, out) = (r.flash.as_mut(), &mut a.atty);
-                        let prec = Precision::Fp32;
+                        let flash = r.flash.as_mut().map(|ws| flash_options(Precision::Fp32, ws));
                         attention(
                             gpu,
                             flash,
-                            prec,
-                            out,
+                            &mut a.atty,
                             &mut k,
                             &mut v,
                             &a.qkv,
