@@ -47,7 +47,8 @@ pub mod shape;
 
 pub use runtime::{Gpu, GpuError, Module, require_gpu_env, test_gpu};
 pub use shape::{
-    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, MatmulShape, RowShape, SampleShape,
+    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape,
+    SampleShape,
 };
 
 /// The `cudarc` this crate is built on: buffers, launch configurations and

@@ -8,8 +8,8 @@
 //! wrappers fill from a shape (and which keep llm.c's field names: a
 //! matmul's `n, c, oc` there are [`MatmulShape`]'s `m, k, n`).
 //!
-//! [`KvRows`] sits here for the same reason: it names what the per-row KV
-//! cache ops and their twins take, buffers included.
+//! [`KvRows`] and [`LayernormWeights`] sit here for the same reason: they
+//! name what an op and its twin take, buffers included.
 
 /// A matmul `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`, weights
 /// stored (out, in) like llm.c and PyTorch's `nn.Linear`.
@@ -112,6 +112,23 @@ pub struct KvRows<'a, C, P: ?Sized> {
     pub pos: &'a P,
     pub cache_row: Option<&'a P>,
 }
+
+/// A layernorm's parameters: the `c` scales (`weight`) and shifts (`bias`)
+/// applied after normalising each row. `T` holds them: a device buffer, or
+/// `[f32]` for a CPU twin.
+pub struct LayernormWeights<'a, T: ?Sized> {
+    pub weight: &'a T,
+    pub bias: &'a T,
+}
+
+// By hand: a derive would ask `T: Clone`, which `[f32]` is not.
+impl<T: ?Sized> Clone for LayernormWeights<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: ?Sized> Copy for LayernormWeights<'_, T> {}
 
 /// A decode step's attention (`decode_attention`): `rows` queries, one per
 /// row, of `c` channels in `nh` heads, each seeing its last `window` keys

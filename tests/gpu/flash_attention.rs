@@ -17,7 +17,7 @@
 use gpu_host::shape::AttentionShape;
 use host::gpu::Gpu;
 use host::gpu::ops::flash_attention::{
-    FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+    FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
     attention_forward_flash_decode, attention_forward_flash_prefill,
 };
 use rand::Rng;
@@ -106,9 +106,13 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     let mut d_v = gpu.upload(&v_init).unwrap();
     let mut d_out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
     let r = match path {
-        Path::Auto => attention_forward_flash(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, precision, &mut ws),
+        Path::Auto => {
+            let opts = FlashOptions { precision, ws: &mut ws };
+            attention_forward_flash(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, opts)
+        }
         Path::Prefill => {
-            attention_forward_flash_prefill(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, precision, &mut ws)
+            let opts = FlashOptions { precision, ws: &mut ws };
+            attention_forward_flash_prefill(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, opts)
         }
         Path::Decode => attention_forward_flash_decode(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, &mut ws),
     };
@@ -288,8 +292,10 @@ fn flash_prefill_bf16_out_is_the_f32_output_rounded() {
                         &mut d_v,
                         &d_qkv,
                         shape,
-                        FlashPrecision::Bf16,
-                        &mut ws,
+                        FlashOptions {
+                            precision: FlashPrecision::Bf16,
+                            ws: &mut ws,
+                        },
                     )
                     .unwrap();
                     let mut out16 = gpu.upload(&vec![half::bf16::NAN; b * t * c]).unwrap();
@@ -374,8 +380,10 @@ fn flash_prefill_tf32_kv_rounded_matches_unflagged() {
                     &mut d_v,
                     &d_qkv,
                     shape,
-                    FlashPrecision::Tf32,
-                    &mut ws,
+                    FlashOptions {
+                        precision: FlashPrecision::Tf32,
+                        ws: &mut ws,
+                    },
                 )
                 .unwrap();
                 gpu.synchronize().unwrap();

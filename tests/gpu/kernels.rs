@@ -9,7 +9,7 @@
 pub mod skip;
 
 use cudarc::driver::CudaSlice;
-use gpu_host::shape::{AttentionShape, EncoderShape, MatmulShape, RowShape};
+use gpu_host::shape::{AttentionShape, EncoderShape, LayernormWeights, MatmulShape, RowShape};
 use host::cpu::ops as cpu;
 use host::gpu::Gpu;
 use host::gpu::ops::argmax::{argmax_forward, argmax_forward_values};
@@ -20,7 +20,7 @@ use host::gpu::ops::crossentropy::crossentropy_forward;
 use host::gpu::ops::encoder::encoder_forward_variant;
 use host::gpu::ops::gelu::gelu_forward_variant;
 use host::gpu::ops::layernorm::{
-    layernorm_forward_bf16, layernorm_forward_variant, residual_layernorm_forward, residual_layernorm_forward_bf16,
+    LayernormOut, layernorm_forward_bf16, layernorm_forward_variant, residual_layernorm_forward,
 };
 use host::gpu::ops::matmul::{
     MatmulKernel, MatmulOptions, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_with, plan_tiled,
@@ -279,8 +279,10 @@ fn residual_layernorm_matches_cpu() {
                 &mut want,
                 &inp1[..n * c],
                 &inp2[off..off + n * c],
-                &w,
-                &bias,
+                LayernormWeights {
+                    weight: &w,
+                    bias: &bias,
+                },
                 RowShape::new(n, c),
             );
             if round {
@@ -294,18 +296,9 @@ fn residual_layernorm_matches_cpu() {
             );
             let (mut res, mut out) = (poisoned(&gpu, n * c), poisoned(&gpu, n * c));
             let d2v = d2.slice(off..off + n * c);
-            residual_layernorm_forward(
-                &gpu,
-                round,
-                &mut res,
-                &mut out,
-                &d1,
-                &d2v,
-                &dw,
-                &db,
-                RowShape::new(n, c),
-            )
-            .unwrap();
+            let ln = LayernormWeights { weight: &dw, bias: &db };
+            let out_ln = LayernormOut::f32(&mut out, round);
+            residual_layernorm_forward(&gpu, &mut res, out_ln, &d1, &d2v, ln, RowShape::new(n, c)).unwrap();
             let what = format!("residual_layernorm n={n} c={c} round={round} misaligned={misaligned}");
             check(&format!("{what} (residual)"), &down(&gpu, &res), &want_res, 0.0, 0.0);
             // Rounded outputs: a last-bit difference before rounding can move
@@ -347,8 +340,10 @@ fn layernorm_bf16_out_matches_cpu() {
                 &mut want,
                 &inp1[..n * c],
                 &inp2[off..off + n * c],
-                &w,
-                &bias,
+                LayernormWeights {
+                    weight: &w,
+                    bias: &bias,
+                },
                 RowShape::new(n, c),
             );
             let (d1, d2, dw, db) = (
@@ -361,8 +356,9 @@ fn layernorm_bf16_out_matches_cpu() {
             let what = format!("n={n} c={c} misaligned={misaligned}");
             let mut res = poisoned(&gpu, n * c);
             let mut out = gpu.upload(&vec![half::bf16::NAN; n * c]).unwrap();
-            residual_layernorm_forward_bf16(&gpu, &mut res, &mut out, &d1, &d2v, &dw, &db, RowShape::new(n, c))
-                .unwrap();
+            let ln = LayernormWeights { weight: &dw, bias: &db };
+            let out_ln = LayernormOut::Bf16(&mut out);
+            residual_layernorm_forward(&gpu, &mut res, out_ln, &d1, &d2v, ln, RowShape::new(n, c)).unwrap();
             check(
                 &format!("residual_layernorm_bf16 {what} (residual)"),
                 &down(&gpu, &res),

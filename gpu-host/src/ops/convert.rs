@@ -39,7 +39,13 @@ pub fn convert_to_f32(
     let out_len = out.len();
     let out = out_ptr(gpu, out);
     check_len(OP, "out", out_len, rows * cols)?;
-    convert(gpu, CONVERT_TO_F32, out, inp, rows, cols, dtype, transposed)
+    let src = Source {
+        rows,
+        cols,
+        dtype,
+        transposed,
+    };
+    convert(gpu, CONVERT_TO_F32, out, inp, src)
 }
 
 /// [`convert_to_f32`] to bf16, rounded to nearest even (CPU twin:
@@ -56,25 +62,43 @@ pub fn convert_to_bf16(
     let out_len = out.len();
     let out = out_ptr(gpu, out) as *mut u16;
     check_len(OP, "out", out_len, rows * cols)?;
-    convert(gpu, CONVERT_TO_BF16, out, inp, rows, cols, dtype, transposed)
+    let src = Source {
+        rows,
+        cols,
+        dtype,
+        transposed,
+    };
+    convert(gpu, CONVERT_TO_BF16, out, inp, src)
+}
+
+/// How the input bytes hold the `rows x cols` tensor: elements of `dtype`,
+/// stored `(cols, rows)` when `transposed`.
+#[derive(Clone, Copy)]
+struct Source {
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    transposed: bool,
 }
 
 /// The launch both conversions share: `kernel` takes a `ConvertParams<O>`
 /// whose `out` (checked by the caller) holds `rows * cols` elements of `O`.
-#[allow(clippy::too_many_arguments)]
 fn convert<O>(
     gpu: &Gpu,
     kernel: &'static str,
     out: *mut O,
     inp: &impl DevicePtr<u8>,
-    rows: usize,
-    cols: usize,
-    dtype: DType,
-    transposed: bool,
+    src: Source,
 ) -> Result<(), OpError>
 where
     ConvertParams<O>: KernelParams,
 {
+    let Source {
+        rows,
+        cols,
+        dtype,
+        transposed,
+    } = src;
     let total = count_u32(OP, "rows * cols", &[rows, cols])?;
     check_len(OP, "inp (bytes)", inp.len(), rows * cols * dtype.size())?;
     if total == 0 {

@@ -473,38 +473,44 @@ impl GemvKernels {
     }
 }
 
+/// The parameters one [`decode_gemv`] reads: the prologue's layernorm, the
+/// weight and the epilogue's bias (one layer's linear, its input's
+/// layernorm folded in).
+#[derive(Clone, Copy)]
+pub struct GemvWeights<'a> {
+    /// Layernorm each input row first with this `([k], [k])` weight and bias.
+    pub ln: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>,
+    /// `[n, k]`.
+    pub weight: WeightRef<'a>,
+    /// `[n]`.
+    pub bias: Option<&'a CudaSlice<f32>>,
+}
+
 /// `Output = epilogue(prologue(Input) · weightᵀ)` for `shape.m` rows (see
-/// `DecodeGemvParams`): `ln` layernorms each input row first; `weight` is
-/// `[n, k]`, `bias` `[n]`.
-#[allow(clippy::too_many_arguments)]
+/// `DecodeGemvParams` and [`GemvWeights`]).
 pub fn decode_gemv(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
     launch: DecodeLaunch<'_>,
     input: Input<'_>,
-    ln: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
-    weight: WeightRef<'_>,
-    bias: Option<&CudaSlice<f32>>,
+    weights: GemvWeights<'_>,
     output: Output<'_>,
     shape: MatmulShape,
 ) -> Result<(), OpError> {
-    match weight {
-        WeightRef::F32(_) => gemv_typed::<f32>(gpu, ws, launch, input, ln, weight, bias, output, shape),
-        WeightRef::Bf16(_) => gemv_typed::<u16>(gpu, ws, launch, input, ln, weight, bias, output, shape),
+    match weights.weight {
+        WeightRef::F32(_) => gemv_typed::<f32>(gpu, ws, launch, input, weights, output, shape),
+        WeightRef::Bf16(_) => gemv_typed::<u16>(gpu, ws, launch, input, weights, output, shape),
     }
 }
 
 /// [`decode_gemv`] with weights of element type `W` (`weight`, and the
 /// embedding's `wte`, must hold that type).
-#[allow(clippy::too_many_arguments)]
 fn gemv_typed<W: GemvWeight>(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
     launch: DecodeLaunch<'_>,
     input: Input<'_>,
-    ln: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
-    weight: WeightRef<'_>,
-    bias: Option<&CudaSlice<f32>>,
+    weights: GemvWeights<'_>,
     output: Output<'_>,
     shape: MatmulShape,
 ) -> Result<(), OpError>
@@ -513,6 +519,7 @@ where
 {
     // The kernel's names: n rows, c inner, oc columns.
     let MatmulShape { m: n, n: oc, k: c } = shape;
+    let GemvWeights { ln, weight, bias } = weights;
     let kernels = &W::KERNELS;
     let weight_ptr = W::ptr(gpu, weight).ok_or_else(|| OpError::shape(OP_GEMV, "weight format mismatch"))?;
     if n == 0 || n > ws.max_rows || n > DECODE_MAX_ROWS as usize {

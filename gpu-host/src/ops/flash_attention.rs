@@ -299,9 +299,16 @@ enum Path {
     Decode,
 }
 
+/// What the flash entry points take after `attention_forward`'s arguments
+/// (the unfused kernel's and the CPU twin's): the prefill kernel's product
+/// precision (flash-decoding is FP32 either way) and the workspace.
+pub struct FlashOptions<'a> {
+    pub precision: FlashPrecision,
+    pub ws: &'a mut FlashWorkspace,
+}
+
 /// `attention_forward` with flash kernels: stores K,V, then prefill or
 /// flash-decoding by `t` (see the module docs). Panics on inconsistent sizes.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward_flash(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
@@ -309,24 +316,13 @@ pub fn attention_forward_flash(
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
-    precision: FlashPrecision,
-    ws: &mut FlashWorkspace,
+    opts: FlashOptions<'_>,
 ) -> Result<(), GpuError> {
-    run(
-        gpu,
-        f32_out(gpu, out),
-        k_cache,
-        v_cache,
-        qkv,
-        shape,
-        precision,
-        ws,
-        Path::Auto,
-    )
+    let plan = Plan { opts, path: Path::Auto };
+    run(gpu, f32_out(gpu, out), k_cache, v_cache, qkv, shape, plan)
 }
 
 /// [`attention_forward_flash`] forced onto the prefill kernel (any `t`).
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward_flash_prefill(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
@@ -334,20 +330,13 @@ pub fn attention_forward_flash_prefill(
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
-    precision: FlashPrecision,
-    ws: &mut FlashWorkspace,
+    opts: FlashOptions<'_>,
 ) -> Result<(), GpuError> {
-    run(
-        gpu,
-        f32_out(gpu, out),
-        k_cache,
-        v_cache,
-        qkv,
-        shape,
-        precision,
-        ws,
-        Path::Prefill,
-    )
+    let plan = Plan {
+        opts,
+        path: Path::Prefill,
+    };
+    run(gpu, f32_out(gpu, out), k_cache, v_cache, qkv, shape, plan)
 }
 
 /// [`attention_forward_flash`] forced onto flash-decoding (`t <= FLASH_DECODE_MAX_T`).
@@ -360,17 +349,14 @@ pub fn attention_forward_flash_decode(
     shape: AttentionShape,
     ws: &mut FlashWorkspace,
 ) -> Result<(), GpuError> {
-    run(
-        gpu,
-        f32_out(gpu, out),
-        k_cache,
-        v_cache,
-        qkv,
-        shape,
-        FlashPrecision::Fp32,
-        ws,
-        Path::Decode,
-    )
+    let plan = Plan {
+        opts: FlashOptions {
+            precision: FlashPrecision::Fp32,
+            ws,
+        },
+        path: Path::Decode,
+    };
+    run(gpu, f32_out(gpu, out), k_cache, v_cache, qkv, shape, plan)
 }
 
 /// [`attention_forward_flash_prefill`] in [`FlashPrecision::Bf16`], its
@@ -393,17 +379,14 @@ pub fn attention_forward_flash_bf16_out(
         (p as usize).is_multiple_of(4),
         "attention_forward_flash_bf16_out: out not 4-byte aligned"
     );
-    run(
-        gpu,
-        (Out::Bf16(p), len),
-        k_cache,
-        v_cache,
-        qkv,
-        shape,
-        FlashPrecision::Bf16,
-        ws,
-        Path::Prefill,
-    )
+    let plan = Plan {
+        opts: FlashOptions {
+            precision: FlashPrecision::Bf16,
+            ws,
+        },
+        path: Path::Prefill,
+    };
+    run(gpu, (Out::Bf16(p), len), k_cache, v_cache, qkv, shape, plan)
 }
 
 /// An f32 output buffer as [`run`] takes it: its address (checked aligned)
@@ -413,9 +396,14 @@ fn f32_out(gpu: &Gpu, out: &mut impl DevicePtrMut<f32>) -> (Out, usize) {
     (Out::F32(addr_mut(gpu, out)), len)
 }
 
+/// What an entry point asks [`run`] for: its options and its path.
+struct Plan<'a> {
+    opts: FlashOptions<'a>,
+    path: Path,
+}
+
 /// Every entry point's body: the output as an address and its length in
 /// elements.
-#[allow(clippy::too_many_arguments)]
 fn run(
     gpu: &Gpu,
     (out, out_len): (Out, usize),
@@ -423,10 +411,12 @@ fn run(
     v_cache: &mut impl DevicePtrMut<f32>,
     qkv: &impl DevicePtr<f32>,
     s: Shape,
-    precision: FlashPrecision,
-    ws: &mut FlashWorkspace,
-    path: Path,
+    plan: Plan<'_>,
 ) -> Result<(), GpuError> {
+    let Plan {
+        opts: FlashOptions { precision, ws },
+        path,
+    } = plan;
     s.check(out_len, k_cache.len(), v_cache.len(), qkv.len());
     let decode = match path {
         Path::Auto => s.t <= FLASH_DECODE_MAX_T as usize,

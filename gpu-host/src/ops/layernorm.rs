@@ -1,14 +1,14 @@
 //! `layernorm_forward` (twin of `cpu::ops::layernorm_forward`) and
 //! `residual_layernorm_forward` (twin of `cpu::ops::residual_layernorm_forward`).
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::layernorm::{
     LAYERNORM_BLOCK, LAYERNORM_FORWARD, LAYERNORM_FORWARD_NAIVE, LAYERNORM_NAIVE_BLOCK, LayernormParams,
     RESIDUAL_LAYERNORM_FORWARD, ResidualLayernormParams,
 };
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::{Gpu, RowShape};
+use crate::{Gpu, LayernormWeights, RowShape};
 use half::bf16;
 
 const OP: &str = "layernorm_forward";
@@ -161,63 +161,58 @@ fn launch(
 
 const FUSED_OP: &str = "residual_layernorm_forward";
 
+/// Where [`residual_layernorm_forward`] writes its layernorm, and how.
+pub enum LayernormOut<'a> {
+    /// f32 (as [`layernorm_forward`]).
+    F32(&'a mut CudaSlice<f32>),
+    /// f32 rounded to TF32 (as [`layernorm_forward_tf32`]), for a TF32 matmul
+    /// that reads it.
+    Tf32(&'a mut CudaSlice<f32>),
+    /// bf16, rounded to nearest even (as [`layernorm_forward_bf16`]), for a
+    /// bf16 matmul that reads it.
+    Bf16(&'a mut CudaSlice<bf16>),
+}
+
+impl LayernormOut<'_> {
+    /// `F32`, or `Tf32` when `round_tf32`.
+    pub fn f32(out: &mut CudaSlice<f32>, round_tf32: bool) -> LayernormOut<'_> {
+        if round_tf32 {
+            LayernormOut::Tf32(out)
+        } else {
+            LayernormOut::F32(out)
+        }
+    }
+}
+
 /// `residual = inp1 + inp2`, then `out` = its layernorm (eps 1e-5), in one
 /// launch: the residual add closing a sub-block fused with the layernorm
-/// opening the next. `out` is rounded to TF32 when `round_tf32` (as
-/// [`layernorm_forward_tf32`]); `residual` never is.
-#[allow(clippy::too_many_arguments)]
+/// opening the next. `out` says the layernorm's format; `residual` is f32
+/// either way, never rounded.
 pub fn residual_layernorm_forward(
     gpu: &Gpu,
-    round_tf32: bool,
     residual: &mut impl DevicePtrMut<f32>,
-    out: &mut impl DevicePtrMut<f32>,
+    out: LayernormOut<'_>,
     inp1: &impl DevicePtr<f32>,
     inp2: &impl DevicePtr<f32>,
-    weight: &impl DevicePtr<f32>,
-    bias: &impl DevicePtr<f32>,
+    ln: LayernormWeights<'_, impl DevicePtr<f32>>,
     shape: RowShape,
 ) -> Result<(), OpError> {
-    check_len(FUSED_OP, "out", out.len(), shape.len())?;
-    let out = Dst::F32(out_ptr(gpu, out), round_tf32);
-    residual_launch(gpu, residual, out, inp1, inp2, weight, bias, shape)
-}
-
-/// [`residual_layernorm_forward`] with `out` in bf16, rounded to nearest
-/// even (as [`layernorm_forward_bf16`]); `residual` stays f32.
-#[allow(clippy::too_many_arguments)]
-pub fn residual_layernorm_forward_bf16(
-    gpu: &Gpu,
-    residual: &mut impl DevicePtrMut<f32>,
-    out: &mut impl DevicePtrMut<bf16>,
-    inp1: &impl DevicePtr<f32>,
-    inp2: &impl DevicePtr<f32>,
-    weight: &impl DevicePtr<f32>,
-    bias: &impl DevicePtr<f32>,
-    shape: RowShape,
-) -> Result<(), OpError> {
-    check_len(FUSED_OP, "out", out.len(), shape.len())?;
-    let out = Dst::Bf16(out_ptr(gpu, out).cast::<u16>());
-    residual_launch(gpu, residual, out, inp1, inp2, weight, bias, shape)
-}
-
-/// `out` holds `shape.len()` elements (checked by the caller) and is not
-/// `residual` (a distinct borrow there).
-#[allow(clippy::too_many_arguments)]
-fn residual_launch(
-    gpu: &Gpu,
-    residual: &mut impl DevicePtrMut<f32>,
-    out: Dst,
-    inp1: &impl DevicePtr<f32>,
-    inp2: &impl DevicePtr<f32>,
-    weight: &impl DevicePtr<f32>,
-    bias: &impl DevicePtr<f32>,
-    shape: RowShape,
-) -> Result<(), OpError> {
+    let out_len = match &out {
+        LayernormOut::F32(o) | LayernormOut::Tf32(o) => o.len(),
+        LayernormOut::Bf16(o) => o.len(),
+    };
+    check_len(FUSED_OP, "out", out_len, shape.len())?;
+    let out = match out {
+        LayernormOut::F32(o) => Dst::F32(out_ptr(gpu, o), false),
+        LayernormOut::Tf32(o) => Dst::F32(out_ptr(gpu, o), true),
+        LayernormOut::Bf16(o) => Dst::Bf16(out_ptr(gpu, o).cast::<u16>()),
+    };
     let RowShape { rows, c } = shape;
     count_u32(FUSED_OP, "rows * c", &[rows, c])?;
     check_len(FUSED_OP, "residual", residual.len(), rows * c)?;
     check_len(FUSED_OP, "inp1", inp1.len(), rows * c)?;
     check_len(FUSED_OP, "inp2", inp2.len(), rows * c)?;
+    let LayernormWeights { weight, bias } = ln;
     check_len(FUSED_OP, "weight", weight.len(), c)?;
     check_len(FUSED_OP, "bias", bias.len(), c)?;
     if shape.is_empty() {

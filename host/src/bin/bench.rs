@@ -32,9 +32,9 @@ use host::gpu::ops::args::OpError;
 use host::gpu::ops::attention::{attention_forward, attention_forward_naive};
 use host::gpu::ops::convert::convert_to_bf16;
 use host::gpu::ops::decode::{
-    DecodeLaunch, DecodeWorkspace, Input as DecodeInput, Output as DecodeOutput, decode_gemv,
+    DecodeLaunch, DecodeWorkspace, GemvWeights, Input as DecodeInput, Output as DecodeOutput, decode_gemv,
 };
-use host::gpu::ops::flash_attention::{FlashPrecision, FlashWorkspace, attention_forward_flash};
+use host::gpu::ops::flash_attention::{FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash};
 use host::gpu::ops::matmul::{
     FP32_CHUNKED_GEMV_MAX_ROWS, MatmulKernel, MatmulOptions, MatmulWorkspace, SMALL_MAX_ROWS, SmallPlan, TiledPlan,
     matmul_forward_plan, matmul_forward_small, matmul_forward_with, split_k_workspace_floats,
@@ -462,16 +462,15 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The decode GEMV (`gpu::ops::decode::decode_gemv`) with a bias epilogue.
-#[allow(clippy::too_many_arguments)]
+/// The decode GEMV (`gpu::ops::decode::decode_gemv`) with a bias epilogue
+/// (`weights` without a layernorm).
 fn decode_gemv_bench(
     gpu: &Gpu,
     ws: &std::cell::RefCell<DecodeWorkspace>,
     pdl: bool,
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    bias: Option<&CudaSlice<f32>>,
+    weights: GemvWeights<'_>,
     shape: MatmulShape,
 ) -> anyhow::Result<()> {
     let output = DecodeOutput::Rows {
@@ -485,9 +484,7 @@ fn decode_gemv_bench(
         &mut ws.borrow_mut(),
         launch,
         DecodeInput::Rows(inp),
-        None,
-        WeightRef::F32(w),
-        bias,
+        weights,
         output,
         shape,
     )?;
@@ -705,7 +702,12 @@ fn bench_gemv(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
             cublas: false,
             takes: |rows| rows <= DECODE_MAX_ROWS as usize,
             launch: Box::new(move |out, inp, w, bias, rows, c, oc| {
-                decode_gemv_bench(gpu, decode_ws, pdl, out, inp, w, bias, MatmulShape::new(rows, oc, c))
+                let weights = GemvWeights {
+                    ln: None,
+                    weight: WeightRef::F32(w),
+                    bias,
+                };
+                decode_gemv_bench(gpu, decode_ws, pdl, out, inp, weights, MatmulShape::new(rows, oc, c))
             }),
         }),
     );
@@ -1073,7 +1075,10 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         let AttnSets { qkv, k, v: vc, out, .. } = &mut sets;
                         let (o, kc, vcc, q) = (&mut out[i], &mut k[i], &mut vc[i], &qkv[i]);
                         match (v, flash) {
-                            (_, Some(prec)) => attention_forward_flash(gpu, o, kc, vcc, q, shape, prec, &mut ws)?,
+                            (_, Some(precision)) => {
+                                let opts = FlashOptions { precision, ws: &mut ws };
+                                attention_forward_flash(gpu, o, kc, vcc, q, shape, opts)?
+                            }
                             (V::Naive, None) => attention_forward_naive(gpu, o, kc, vcc, q, shape)?,
                             (_, None) => attention_forward(gpu, o, kc, vcc, q, shape)?,
                         }

@@ -10,7 +10,9 @@
 //! Sizes are checked with `assert!`: these are internal contracts between the
 //! forward pass and its ops, not user input (the forward pass validates that).
 
-pub use gpu_host::shape::{AttentionShape, EncoderShape, KvCacheShape, KvRows, MatmulShape, RowShape};
+pub use gpu_host::shape::{
+    AttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape,
+};
 pub use gpu_kernels::params::crossentropy::IGNORED_TARGET;
 use rayon::prelude::*;
 
@@ -128,12 +130,11 @@ pub fn residual_layernorm_forward(
     out: &mut [f32],
     inp1: &[f32],
     inp2: &[f32],
-    weight: &[f32],
-    bias: &[f32],
+    ln: LayernormWeights<'_, [f32]>,
     shape: RowShape,
 ) {
     residual_forward(residual, inp1, inp2, shape.len());
-    layernorm_forward(out, residual, weight, bias, shape);
+    layernorm_forward(out, residual, ln.weight, ln.bias, shape);
 }
 
 /// Number of independent partial sums per dot product. Several accumulators

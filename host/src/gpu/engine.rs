@@ -15,7 +15,8 @@
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use gpu_host::shape::{
-    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, MatmulShape, RowShape, SampleShape,
+    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape,
+    SampleShape,
 };
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
@@ -34,13 +35,12 @@ use crate::gpu::ops::crossentropy::crossentropy_forward;
 use crate::gpu::ops::decode::{DecodeLaunch, decode_attention};
 use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_forward_rows};
 use crate::gpu::ops::flash_attention::{
-    FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+    FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
 };
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::kv_cache::kv_cache_store;
 use crate::gpu::ops::layernorm::{
-    layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
-    residual_layernorm_forward_bf16,
+    LayernormOut, layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
 };
 use crate::gpu::ops::matmul::{
     MatmulKernel, MatmulOptions, MatmulWorkspace, choose, matmul_forward_with, split_k_workspace_floats,
@@ -752,22 +752,27 @@ fn layernorm(
 /// A linear layer, dispatched on precision and size: TF32 tensor cores for
 /// prefill-sized TF32 calls; otherwise FP32 on GEMV (decode), chunked GEMV
 /// or the tiled kernel, split over `c` when the grid would under-fill the
-/// GPU (`MatmulKernel::Auto` with the engine's workspace picks). `weight` is
-/// the original, where made its TF32-rounded copy (see [`Tf32Weights`]), and
-/// whether `inp` was rounded to TF32 by its producer; `round_out` asks the
-/// TF32 path to write TF32 values (ignored on the FP32 paths).
-#[allow(clippy::too_many_arguments)]
+/// GPU (`MatmulKernel::Auto` with the engine's workspace picks). `linear`
+/// holds the layer's weight (the original, where made its TF32-rounded copy:
+/// see [`Tf32Weights`]) and bias, whether `inp` was rounded to TF32 by its
+/// producer, and whether the TF32 path is to write TF32 values (both flags
+/// ignored on the FP32 paths).
 fn matmul(
     gpu: &Gpu,
     precision: Precision,
     ws: &mut MatmulScratch,
     out: &mut CudaSlice<f32>,
     inp: &CudaSlice<f32>,
-    (weight, weight_tf32, inp_rounded): (WeightRef<'_>, Option<&CudaSlice<f32>>, bool),
-    round_out: bool,
-    bias: Option<&CudaSlice<f32>>,
+    linear: Linear<'_>,
     shape: MatmulShape,
 ) -> Result<(), OpError> {
+    let Linear {
+        weight,
+        weight_tf32,
+        bias,
+        inp_rounded,
+        round_out,
+    } = linear;
     let weight = match weight {
         WeightRef::Bf16(w) => return matmul_forward_bf16(gpu, out, inp, w, bias, shape, false),
         WeightRef::F32(w) => w,
@@ -801,6 +806,33 @@ fn matmul(
         bias,
         shape,
     )
+}
+
+/// One linear layer as [`matmul`] runs it: its parameters, and how the TF32
+/// path rounds around it (the two flags only matter there).
+#[derive(Clone, Copy)]
+struct Linear<'a> {
+    weight: WeightRef<'a>,
+    /// `weight` rounded to TF32, where the engine made that copy.
+    weight_tf32: Option<&'a CudaSlice<f32>>,
+    bias: Option<&'a CudaSlice<f32>>,
+    /// The producer of `inp` rounded it to TF32.
+    inp_rounded: bool,
+    /// Write TF32 values.
+    round_out: bool,
+}
+
+impl<'a> Linear<'a> {
+    /// `weight` and `bias`, no TF32 copy, no rounding.
+    fn new(weight: WeightRef<'a>, bias: Option<&'a CudaSlice<f32>>) -> Self {
+        Linear {
+            weight,
+            weight_tf32: None,
+            bias,
+            inp_rounded: false,
+            round_out: false,
+        }
+    }
 }
 
 /// The LM head's input rows: all of `ln` (`b * t` rows of `c`), or the last
@@ -880,11 +912,9 @@ fn matmul_bf16_acts(
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
 /// workspace (prefill or flash-decoding, picked by `t` inside), else the
 /// unfused kernel. Same contract either way (docs/design.md).
-#[allow(clippy::too_many_arguments)]
 fn attention(
     gpu: &Gpu,
-    flash: Option<&mut FlashWorkspace>,
-    precision: Precision,
+    flash: Option<FlashOptions<'_>>,
     out: &mut CudaSlice<f32>,
     k_cache: &mut impl DevicePtrMut<f32>,
     v_cache: &mut impl DevicePtrMut<f32>,
@@ -892,19 +922,22 @@ fn attention(
     shape: AttentionShape,
 ) -> Result<()> {
     match flash {
-        Some(ws) => {
-            // Each precision's own products; bf16 rounds Q, K, V and P as
-            // its matmuls round their inputs.
-            let fp = match precision {
-                Precision::Tf32 => FlashPrecision::Tf32,
-                Precision::Bf16 => FlashPrecision::Bf16,
-                Precision::Fp32 => FlashPrecision::Fp32,
-            };
-            attention_forward_flash(gpu, out, k_cache, v_cache, qkv, shape, fp, ws)?
-        }
+        Some(opts) => attention_forward_flash(gpu, out, k_cache, v_cache, qkv, shape, opts)?,
         None => attention_forward(gpu, out, k_cache, v_cache, qkv, shape)?,
     }
     Ok(())
+}
+
+/// The flash kernels' options for an engine of `precision` with workspace
+/// `ws`: each precision's own products (bf16 rounds Q, K, V and P as its
+/// matmuls round their inputs).
+fn flash_options(precision: Precision, ws: &mut FlashWorkspace) -> FlashOptions<'_> {
+    let precision = match precision {
+        Precision::Tf32 => FlashPrecision::Tf32,
+        Precision::Bf16 => FlashPrecision::Bf16,
+        Precision::Fp32 => FlashPrecision::Fp32,
+    };
+    FlashOptions { precision, ws }
 }
 
 impl GpuEngine {
@@ -1027,9 +1060,12 @@ impl GpuEngine {
                     ws,
                     &mut a.qkv,
                     &a.ln,
-                    (lw.qkvw.as_ref(), rounded(0), round_acts),
-                    round_acts,
-                    Some(&lw.qkvb),
+                    Linear {
+                        weight_tf32: rounded(0),
+                        inp_rounded: round_acts,
+                        round_out: round_acts,
+                        ..Linear::new(lw.qkvw.as_ref(), Some(&lw.qkvb))
+                    },
                     qkv_mm,
                 )?,
             }
@@ -1057,7 +1093,10 @@ impl GpuEngine {
                             attention_forward_flash_bf16_out(gpu, &mut x.atty, k, v, &a.qkv, shape, ws)?;
                             atty_in_bf16 = true;
                         }
-                        (_, ws) => attention(gpu, ws, prec, &mut a.atty, k, v, &a.qkv, shape)?,
+                        (_, ws) => {
+                            let flash = ws.map(|ws| flash_options(prec, ws));
+                            attention(gpu, flash, &mut a.atty, k, v, &a.qkv, shape)?
+                        }
                     }
                 }
                 (Placement::PerRow | Placement::Chunks, Some(s)) => {
@@ -1111,39 +1150,23 @@ impl GpuEngine {
                     ws,
                     &mut a.proj,
                     &a.atty,
-                    (lw.attprojw.as_ref(), rounded(1), false),
-                    false,
-                    Some(&lw.attprojb),
+                    Linear {
+                        weight_tf32: rounded(1),
+                        ..Linear::new(lw.attprojw.as_ref(), Some(&lw.attprojb))
+                    },
                     attproj_mm,
                 )?,
             }
             let (res, proj) = (&mut a.residual2, &a.proj);
-            match a16.as_deref_mut() {
-                Some(x) => residual_layernorm_forward_bf16(
-                    gpu,
-                    res,
-                    &mut x.ln,
-                    &a.residual,
-                    proj,
-                    &lw.ln2w,
-                    &lw.ln2b,
-                    row_shape,
-                )?,
-                None => {
-                    let ln = &mut a.ln;
-                    residual_layernorm_forward(
-                        gpu,
-                        round_acts,
-                        res,
-                        ln,
-                        &a.residual,
-                        proj,
-                        &lw.ln2w,
-                        &lw.ln2b,
-                        row_shape,
-                    )?
-                }
-            }
+            let ln2 = LayernormWeights {
+                weight: &lw.ln2w,
+                bias: &lw.ln2b,
+            };
+            let ln = match a16.as_deref_mut() {
+                Some(x) => LayernormOut::Bf16(&mut x.ln),
+                None => LayernormOut::f32(&mut a.ln, round_acts),
+            };
+            residual_layernorm_forward(gpu, res, ln, &a.residual, proj, ln2, row_shape)?;
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x)))), ln2(x) in a.ln
             match (lw.fcw.as_ref(), rounded(2).filter(|_| round_acts)) {
                 // bf16 on Hopper: fc, GELU and the rounding fcproj wants.
@@ -1168,8 +1191,11 @@ impl GpuEngine {
                         .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
                 }
                 (fcw, None) => {
-                    let fcw = (fcw, rounded(2), false);
-                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fcw, false, Some(&lw.fcb), fc_mm)?;
+                    let fc = Linear {
+                        weight_tf32: rounded(2),
+                        ..Linear::new(fcw, Some(&lw.fcb))
+                    };
+                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fc, fc_mm)?;
                     gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
                 }
             }
@@ -1192,9 +1218,11 @@ impl GpuEngine {
                     ws,
                     &mut a.proj,
                     &a.fch_gelu,
-                    (lw.fcprojw.as_ref(), rounded(3), round_acts),
-                    false,
-                    Some(&lw.fcprojb),
+                    Linear {
+                        weight_tf32: rounded(3),
+                        inp_rounded: round_acts,
+                        ..Linear::new(lw.fcprojw.as_ref(), Some(&lw.fcprojb))
+                    },
                     fcproj_mm,
                 )?,
             }
@@ -1203,16 +1231,16 @@ impl GpuEngine {
                 Some(next) => (&next.ln1w, &next.ln1b, round_acts),
                 None => (&p.lnfw, &p.lnfb, round_head),
             };
+            let next_ln = LayernormWeights {
+                weight: next_w,
+                bias: next_b,
+            };
             let (res, proj) = (&mut a.residual, &a.proj);
-            match a16.as_deref_mut() {
-                Some(x) => {
-                    residual_layernorm_forward_bf16(gpu, res, &mut x.ln, &a.residual2, proj, next_w, next_b, row_shape)?
-                }
-                None => {
-                    let ln = &mut a.ln;
-                    residual_layernorm_forward(gpu, round_next, res, ln, &a.residual2, proj, next_w, next_b, row_shape)?
-                }
-            }
+            let ln = match a16.as_deref_mut() {
+                Some(x) => LayernormOut::Bf16(&mut x.ln),
+                None => LayernormOut::f32(&mut a.ln, round_next),
+            };
+            residual_layernorm_forward(gpu, res, ln, &a.residual2, proj, next_ln, row_shape)?;
         }
         // The rows the head reads: every position, each row's last, or the
         // listed ones (a prefill of several chunks).
@@ -1229,8 +1257,12 @@ impl GpuEngine {
             }
             None => {
                 let head_in = head_rows(gpu, heads, &a.ln, &mut a.head_in, c)?;
-                let head_w = (p.wte.as_ref(), tf32.map(|t| &t.wte), round_head);
-                matmul(gpu, prec, ws, &mut a.logits, head_in, head_w, false, None, head_mm)?;
+                let head = Linear {
+                    weight_tf32: tf32.map(|t| &t.wte),
+                    inp_rounded: round_head,
+                    ..Linear::new(p.wte.as_ref(), None)
+                };
+                matmul(gpu, prec, ws, &mut a.logits, head_in, head, head_mm)?;
             }
         }
         self.last = Some(Last { b, rows });

@@ -22,7 +22,7 @@ use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MA
 use super::{Activations, DeviceParams, GpuEngine, Last};
 use crate::gpu::Gpu;
 use crate::gpu::ops::decode::{
-    DecodeLaunch, DecodeWorkspace, Embed, Input, L2Prefetch, Output, decode_attention, decode_gemv,
+    DecodeLaunch, DecodeWorkspace, Embed, GemvWeights, Input, L2Prefetch, Output, decode_attention, decode_gemv,
 };
 use crate::gpu::ops::decode_step::{
     DecodeStepTable, StepBuffers, StepLaunch, StepLayer, StepModel, decode_step, decode_step_config,
@@ -675,15 +675,17 @@ impl Step<'_> {
                 nh,
                 max_t: self.max_t,
             };
-            let ln1 = Some((&lw.ln1w, &lw.ln1b));
+            let qkv = GemvWeights {
+                ln: Some((&lw.ln1w, &lw.ln1b)),
+                weight: lw.qkvw.as_ref(),
+                bias: Some(&lw.qkvb),
+            };
             decode_gemv(
                 gpu,
                 ws,
                 next_launch()?,
                 input,
-                ln1,
-                lw.qkvw.as_ref(),
-                Some(&lw.qkvb),
+                qkv,
                 qkv_out,
                 MatmulShape::new(b, 3 * c, c),
             )?;
@@ -711,15 +713,17 @@ impl Step<'_> {
                 residual: Some(&a.residual),
                 gelu: false,
             };
-            let attproj = (lw.attprojw.as_ref(), Some(&lw.attprojb));
+            let attproj = GemvWeights {
+                ln: None,
+                weight: lw.attprojw.as_ref(),
+                bias: Some(&lw.attprojb),
+            };
             decode_gemv(
                 gpu,
                 ws,
                 next_launch()?,
                 Input::Rows(&a.atty),
-                None,
-                attproj.0,
-                attproj.1,
+                attproj,
                 out,
                 MatmulShape::new(b, c, c),
             )?;
@@ -729,15 +733,17 @@ impl Step<'_> {
                 residual: None,
                 gelu: true,
             };
-            let ln2 = Some((&lw.ln2w, &lw.ln2b));
+            let fc = GemvWeights {
+                ln: Some((&lw.ln2w, &lw.ln2b)),
+                weight: lw.fcw.as_ref(),
+                bias: Some(&lw.fcb),
+            };
             decode_gemv(
                 gpu,
                 ws,
                 next_launch()?,
                 Input::Rows(&a.residual2),
-                ln2,
-                lw.fcw.as_ref(),
-                Some(&lw.fcb),
+                fc,
                 out,
                 MatmulShape::new(b, 4 * c, c),
             )?;
@@ -746,15 +752,17 @@ impl Step<'_> {
                 residual: Some(&a.residual2),
                 gelu: false,
             };
-            let fcproj = (lw.fcprojw.as_ref(), Some(&lw.fcprojb));
+            let fcproj = GemvWeights {
+                ln: None,
+                weight: lw.fcprojw.as_ref(),
+                bias: Some(&lw.fcprojb),
+            };
             decode_gemv(
                 gpu,
                 ws,
                 next_launch()?,
                 Input::Rows(&a.fch_gelu),
-                None,
-                fcproj.0,
-                fcproj.1,
+                fcproj,
                 out,
                 MatmulShape::new(b, c, 4 * c),
             )?;
@@ -768,15 +776,17 @@ impl Step<'_> {
             pos_next: pos,
             v,
         };
-        let lnf = Some((&p.lnfw, &p.lnfb));
+        let head = GemvWeights {
+            ln: Some((&p.lnfw, &p.lnfb)),
+            weight: p.wte.as_ref(),
+            bias: None,
+        };
         decode_gemv(
             gpu,
             ws,
             next_launch()?,
             Input::Rows(&a.residual),
-            lnf,
-            p.wte.as_ref(),
-            None,
+            head,
             out,
             MatmulShape::new(b, vp, c),
         )?;

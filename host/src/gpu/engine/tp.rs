@@ -17,7 +17,7 @@
 //! default). See docs/performance.md for where it pays.
 
 use gpu_host::shape::{
-    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, MatmulShape, RowShape,
+    AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape,
 };
 use std::collections::HashMap;
 
@@ -28,7 +28,8 @@ use gpu_host::nccl::Collective;
 use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
 
 use super::{
-    MatmulScratch, Precision, attention, flash_supported, fp32_matmul_workspace_floats, matmul, matmul_shapes,
+    Linear, MatmulScratch, Precision, attention, flash_options, flash_supported, fp32_matmul_workspace_floats, matmul,
+    matmul_shapes,
 };
 use crate::cpu::forward::CpuParams;
 use crate::generate::{Backend, ForwardLimits, LogitsWanted, check_forward_args};
@@ -39,7 +40,7 @@ use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_rows};
 use crate::gpu::ops::flash_attention::FlashWorkspace;
 use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::kv_cache::kv_cache_store;
-use crate::gpu::ops::layernorm::{layernorm_forward, residual_layernorm_forward};
+use crate::gpu::ops::layernorm::{LayernormOut, layernorm_forward, residual_layernorm_forward};
 use crate::gpu::ops::matmul::MatmulWorkspace;
 use crate::gpu::ops::weight::WeightRef;
 use crate::gpu::runtime::CudaContextExt;
@@ -250,8 +251,8 @@ impl Rank {
         bias: Option<&CudaSlice<f32>>,
         shape: MatmulShape,
     ) -> Result<()> {
-        let weight = (WeightRef::F32(w), None, false);
-        matmul(gpu, Precision::Fp32, ws, out, inp, weight, false, bias, shape)?;
+        let linear = Linear::new(WeightRef::F32(w), bias);
+        matmul(gpu, Precision::Fp32, ws, out, inp, linear, shape)?;
         Ok(())
     }
 }
@@ -473,13 +474,11 @@ impl TpEngine {
                     (Place::Shared { pos0 }, _) => {
                         let cache = 0..b * cr * max_t;
                         let (mut k, mut v) = (k.slice_mut(cache.clone()), v.slice_mut(cache));
-                        let (flash, out) = (r.flash.as_mut(), &mut a.atty);
-                        let prec = Precision::Fp32;
+                        let flash = r.flash.as_mut().map(|ws| flash_options(Precision::Fp32, ws));
                         attention(
                             gpu,
                             flash,
-                            prec,
-                            out,
+                            &mut a.atty,
                             &mut k,
                             &mut v,
                             &a.qkv,
@@ -536,18 +535,12 @@ impl TpEngine {
             for r in &mut self.ranks {
                 let (gpu, lw, a, ws) = (&r.gpu, &r.params.layers[li], &mut r.acts, &mut r.matmul_ws);
                 let hr = r.shard.hidden.len();
-                let (res, ln) = (&mut a.residual2, &mut a.ln);
-                residual_layernorm_forward(
-                    gpu,
-                    false,
-                    res,
-                    ln,
-                    &a.residual,
-                    &a.proj,
-                    &lw.ln2w,
-                    &lw.ln2b,
-                    RowShape::new(n, c),
-                )?;
+                let (res, ln) = (&mut a.residual2, LayernormOut::F32(&mut a.ln));
+                let ln2 = LayernormWeights {
+                    weight: &lw.ln2w,
+                    bias: &lw.ln2b,
+                };
+                residual_layernorm_forward(gpu, res, ln, &a.residual, &a.proj, ln2, RowShape::new(n, c))?;
                 Rank::linear(
                     gpu,
                     ws,
@@ -572,12 +565,13 @@ impl TpEngine {
             // The residual stream, and the layernorm that reads it next.
             for r in &mut self.ranks {
                 let (gpu, p, a) = (&r.gpu, &r.params, &mut r.acts);
-                let (w, bias) = match p.layers.get(li + 1) {
+                let (weight, bias) = match p.layers.get(li + 1) {
                     Some(next) => (&next.ln1w, &next.ln1b),
                     None => (&p.lnfw, &p.lnfb),
                 };
-                let (res, ln) = (&mut a.residual, &mut a.ln);
-                residual_layernorm_forward(gpu, false, res, ln, &a.residual2, &a.proj, w, bias, RowShape::new(n, c))?;
+                let next_ln = LayernormWeights { weight, bias };
+                let (res, ln) = (&mut a.residual, LayernormOut::F32(&mut a.ln));
+                residual_layernorm_forward(gpu, res, ln, &a.residual2, &a.proj, next_ln, RowShape::new(n, c))?;
             }
         }
         let rows = match want {
