@@ -209,7 +209,6 @@ pub fn decode_step<'a>(
 }
 
 /// [`decode_step`] over weights of element type `W`.
-#[allow(clippy::too_many_arguments)]
 fn step_typed<'a, W: KernelWeight>(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,

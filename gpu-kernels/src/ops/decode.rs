@@ -801,6 +801,8 @@ pub(crate) unsafe fn mma_stage_step<W: MmaWeight>(
 /// # Safety
 /// `xs` holds `n` rows of `c` floats (16-byte aligned); `k_hi <= c`.
 #[inline(always)]
+// Kept: a device helper inlined into its kernels, whose arguments are
+// the caller's registers; a struct for them would only rename them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn mma_batch<W: MmaWeight>(
     acc: &mut [f32; MMA_ACC],

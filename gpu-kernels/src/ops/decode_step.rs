@@ -591,6 +591,8 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
 /// The params' contract; `r < n`, `lo <= col < ph.oc`; `sm` holds the
 /// phase's bias slice and the residual rows.
 #[inline(always)]
+// Kept: a device helper inlined into its kernels, whose arguments are
+// the caller's registers; a struct for them would only rename them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn epilogue<W: Weight>(
     p: &DecodeStepParams<W>,
@@ -995,6 +997,8 @@ struct Smem {
 /// before it); every thread of the block calls it, after a grid barrier
 /// that published the phase's inputs.
 #[inline(always)]
+// Kept: a device helper inlined into its kernels, whose arguments are
+// the caller's registers; a struct for them would only rename them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     p: &DecodeStepParams<W>,

@@ -74,6 +74,8 @@ fn vec_loads(p: &MatmulParams) -> bool {
 /// `src` holds `nrows * c` floats; `k_end <= c`; with `vec`, `c % 4 == 0`,
 /// `k_end % 4 == 0`, `k0 % 4 == 0` and `src` is 16-byte aligned.
 #[inline(always)]
+// Kept: a device helper inlined into its kernels, whose arguments are
+// the caller's registers; a struct for them would only rename them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn fetch(
     src: *const f32,

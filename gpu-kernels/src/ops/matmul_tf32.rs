@@ -490,6 +490,8 @@ pub(crate) enum TileOut {
 /// holds `n * oc` elements (16-byte aligned for f32, 8-byte for bf16),
 /// `bias` `oc` floats or is null.
 #[inline(always)]
+// Kept: a device helper inlined into its kernels, whose arguments are
+// the caller's registers; a struct for them would only rename them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn store_tile(
     tile: *const f32,
