@@ -1,5 +1,5 @@
-//! One 16-byte aligned vector of four 4-byte values, for the kernels'
-//! vector loads and stores.
+//! Aligned vectors of four and of two 4-byte values ([`Vec4`], [`Vec2`]),
+//! for the kernels' vector loads and stores.
 //!
 //! Reading or writing a [`Vec4`] through a pointer the caller knows to be
 //! 16-byte aligned compiles to one vector instruction (`ld.v4` / `st.v4`,
@@ -14,3 +14,10 @@
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
 pub struct Vec4<T>(pub [T; 4]);
+
+/// Two values moved as one 8-byte access (`ld.v2` / `st.v2`): two floats,
+/// or two words of bf16 pairs. Meant for 4-byte `T`; the pointer must be
+/// 8-byte aligned, as for [`Vec4`]'s 16.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct Vec2<T>(pub [T; 2]);

@@ -34,6 +34,7 @@ use super::decode::{
 use super::gelu::gelu;
 use super::vec4::{VEC, load4, load4_cg, store4};
 use super::weight::Weight;
+use crate::device::Vec2;
 use crate::device::math::{fma, rsqrt_precise};
 use crate::device::mma::{cp_async_4, cp_async_16, cp_async_commit, cp_async_wait_group, shared_addr};
 use crate::device::shared::dynamic_shared_align16;
@@ -746,10 +747,6 @@ const ROWS_TILE_COLS: usize = 2;
 const ROWS_TILE_OUTS: usize = ROWS_TILE_COLS * ROWS;
 /// k values a lane takes per step in [`tile_gemv_rows`] (one 8-byte load).
 const PAIR: usize = 2;
-/// Two floats, one 8-byte shared-memory access.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct F2([f32; PAIR]);
 
 /// Whether the steps of two rows and more multiply their tiles on the FMA
 /// units ([`tile_gemv_rows`]) rather than the tensor cores
@@ -811,18 +808,18 @@ unsafe fn tile_gemv_rows<W: Weight>(
         let mut acc = [0f32; OUTS];
         let mut k = k_lo + lane * PAIR;
         while k < k_hi {
-            let mut w = [F2([0.0; PAIR]); CB];
+            let mut w = [Vec2([0.0; PAIR]); CB];
             unroll!(jj < CB => {
                 if grp * CB + jj < cols {
                     // SAFETY: column grp*CB + jj < cols of the tile, k + 2 <= c_in (c_in and
                     // the spans are even); 8-byte aligned (slots are, rows are even).
-                    w[jj] = unsafe { *wf.add((grp * CB + jj) * c_in + k).cast::<F2>() };
+                    w[jj] = unsafe { *wf.add((grp * CB + jj) * c_in + k).cast::<Vec2<f32>>() };
                 }
             });
             unroll!(rr < ROWS => {
                 if rr < n {
                     // SAFETY: rr < n rows of c_in, k + 2 <= c_in, 8-byte aligned.
-                    let x = unsafe { *xs.add(rr * c_in + k).cast::<F2>() };
+                    let x = unsafe { *xs.add(rr * c_in + k).cast::<Vec2<f32>>() };
                     unroll!(jj < CB => {
                         let a = &mut acc[jj * ROWS + rr];
                         *a = fma(x.0[1], w[jj].0[1], fma(x.0[0], w[jj].0[0], *a));

@@ -1,6 +1,7 @@
 //! Layernorm over rows of `c` channels.
 
 use super::vec4::{VEC, aligned16, load4, store4};
+use crate::device::Vec2;
 use crate::device::bf16::f32_to_bf16;
 use crate::device::math::rsqrt_precise;
 use crate::device::mma::{pack_bf16x2, to_tf32};
@@ -93,18 +94,13 @@ impl Out {
                 )
             },
             // SAFETY: `i + 4` is inside the row; `aligned()` gave 8-byte alignment and `i` is
-            // a multiple of 4, so the `U2` (two bf16 pairs) store is aligned.
+            // a multiple of 4, so the `Vec2` (two bf16 pairs) store is aligned.
             Out::Bf16(out) => unsafe {
-                *out.add(i).cast::<U2>() = U2([pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3])]);
+                *out.add(i).cast::<Vec2<u32>>() = Vec2([pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3])]);
             },
         }
     }
 }
-
-/// Four bf16 stored as one 8-byte access.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct U2([u32; 2]);
 
 /// True when every pointer is 16-byte aligned and rows are whole vectors, so
 /// 16-byte loads of every row stay aligned.

@@ -31,10 +31,10 @@
 //! one kernel per shape in [`crate::params::matmul_bf16::MATMUL_BF16_VARIANTS`].
 
 use super::matmul_tf32::{TileOut, grouped_tile, park_fragments, store_tile, wait_for_oldest_stage};
-use crate::device::Vec4;
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group, mma_m16n8k16_bf16, pack_bf16x2};
 use crate::device::shared::dynamic_shared;
 use crate::device::{UNROLL_MAX, unroll};
+use crate::device::{Vec2, Vec4};
 use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
 use crate::params::matmul_bf16::*;
 
@@ -80,10 +80,6 @@ const CONVERT_MAX_CHUNKS: usize = 4;
 /// aligned, which `cp.async` of 16 bytes needs.
 #[repr(C, align(16))]
 struct Align16([u8; CHUNK_BYTES]);
-/// Two words (4 bf16) moved as one 8-byte access.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct U2([u32; WORDS_PER_CHUNK]);
 
 /// Bytes of the shared-memory layout of one block (must equal
 /// `Bf16TileShape::shared_bytes`, checked where the kernels are exported):
@@ -167,10 +163,10 @@ unsafe fn convert_slab<const ROWS: usize, const THREADS: usize>(dst: *mut u32, s
     unroll!(i < CONVERT_MAX_CHUNKS => {
         if i < per_thread {
             let [x0, x1, x2, x3] = v[i].0;
-            let words = U2([pack_bf16x2(x0, x1), pack_bf16x2(x2, x3)]);
+            let words = Vec2([pack_bf16x2(x0, x1), pack_bf16x2(x2, x3)]);
             // SAFETY: the same chunk index in `dst`'s ROWS * ROW_WORDS words, 8-byte
             // aligned (16-byte base, 2 words a chunk); no other thread reads it yet.
-            unsafe { *dst.add((tid + i * THREADS) * WORDS_PER_CHUNK).cast::<U2>() = words };
+            unsafe { *dst.add((tid + i * THREADS) * WORDS_PER_CHUNK).cast::<Vec2<u32>>() = words };
         }
     });
 }

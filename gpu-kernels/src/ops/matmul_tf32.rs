@@ -25,6 +25,7 @@
 //! one kernel per shape in [`crate::params::matmul_tf32::MATMUL_TF32_VARIANTS`].
 
 use super::gelu::gelu;
+use crate::device::Vec2;
 use crate::device::Vec4;
 use crate::device::bf16::f32_to_bf16;
 use crate::device::mma::{
@@ -68,10 +69,6 @@ const _: () = assert!(K_PER_LANE * LANES_PER_ROW == BK && VECS_PER_LANE * STEPS_
 /// aligned, which `cp.async` of 16 bytes needs.
 #[repr(C, align(16))]
 struct Align16([f32; CHUNK]);
-/// Two floats moved as one 8-byte access.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct F2([f32; 2]);
 /// Padding (floats) of the epilogue's staging rows: with a stride of
 /// `BN + 8` words, the 8-byte fragment stores of a half-warp (rows g..g+3,
 /// columns 2t) cover all 32 banks once.
@@ -457,8 +454,8 @@ pub(crate) unsafe fn park_fragments<const MI: usize, const NI: usize>(
             let col = col0 + ni * MMA_N + 2 * t;
             // SAFETY: inside the tile (the caller's contract).
             unsafe {
-                *tile.add(r * ldo + col).cast::<F2>() = F2([frag[0], frag[1]]);
-                *tile.add((r + FRAG_ROW_HALF) * ldo + col).cast::<F2>() = F2([frag[2], frag[3]]);
+                *tile.add(r * ldo + col).cast::<Vec2<f32>>() = Vec2([frag[0], frag[1]]);
+                *tile.add((r + FRAG_ROW_HALF) * ldo + col).cast::<Vec2<f32>>() = Vec2([frag[2], frag[3]]);
             }
         });
     });
@@ -560,8 +557,8 @@ pub(crate) unsafe fn store_tile(
                         let lo = pack_bf16x2(finish(v[0], col), finish(v[1], col + 1));
                         let hi = pack_bf16x2(finish(v[2], col + 2), finish(v[3], col + 3));
                         // SAFETY: vector_ok: col + 4 <= oc and `dst` is 8-byte aligned (oc % 4 == 0, col
-                        // % 4 == 0, out 8-byte aligned), as the `U2` store needs.
-                        unsafe { *dst.cast::<U2>() = U2([lo, hi]) };
+                        // % 4 == 0, out 8-byte aligned), as the `Vec2` store needs.
+                        unsafe { *dst.cast::<Vec2<u32>>() = Vec2([lo, hi]) };
                     } else {
                         for (j, &x) in v.iter().enumerate() {
                             if col + j < oc {
@@ -576,11 +573,6 @@ pub(crate) unsafe fn store_tile(
         chunk += threads;
     }
 }
-
-/// Two 32-bit words stored as one 8-byte access (four bf16).
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct U2([u32; 2]);
 
 /// Exports one kernel per tile shape; the name comes from the shape so the
 /// host's launch configuration and the kernel are always the same shape.

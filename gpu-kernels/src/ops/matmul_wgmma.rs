@@ -44,7 +44,6 @@
 //!   store sequences per thread (which made the 128x256 kernel 16k
 //!   instructions long, and slow).
 
-use crate::device::Vec4;
 use crate::device::mma::{shared_addr, to_tf32};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::tma::{
@@ -55,6 +54,7 @@ use crate::device::wgmma::{
     SWIZZLE_ROW_BYTES, WgmmaAccumulator, descriptor_k_major_sw128, fence_proxy_async_shared, wgmma_commit_group,
     wgmma_fence,
 };
+use crate::device::{Vec2, Vec4};
 use crate::device::{WARP_SIZE, block_idx_x, block_idx_y, named_barrier_sync, sync_threads, thread_idx_x};
 use crate::ops::matmul_tf32::{TileOut, grouped_tile, store_tile};
 use crate::params::matmul_bf16::*;
@@ -130,10 +130,6 @@ struct Gemm {
     k_tiles_per_split: usize,
 }
 
-/// Two floats stored as one 8-byte access.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct F2([f32; 2]);
 /// Bytes of one 16-byte chunk of a staged row.
 const CHUNK_BYTES: usize = 16;
 /// Chunks [`round_stage`] loads before it stores any (latency vs registers).
@@ -379,8 +375,8 @@ unsafe fn matmul_wgmma_body<
         let col = GROUP_COLS * (pair / 2) + 2 * t;
         // SAFETY: row < BM and col + 2 <= BN < ldo: inside the tile parked over the
         // stages (all consumers are past the barrier above); col is even, so the
-        // 8-byte `F2` store is aligned.
-        unsafe { *tile.add(row * ldo + col).cast::<F2>() = F2(v) };
+        // 8-byte `Vec2` store is aligned.
+        unsafe { *tile.add(row * ldo + col).cast::<Vec2<f32>>() = Vec2(v) };
     });
     named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
     // SAFETY: every consumer's fragments are parked (the named barrier above); `out`

@@ -4,6 +4,7 @@
 //! step reads without a second copy of each kernel's code.
 
 use super::vec4::load4;
+use crate::device::Vec2;
 use crate::device::bf16::{bf16_to_f32, bf16x2_hi, bf16x2_lo, f32_to_bf16};
 
 /// A weight element: f32, or `u16` holding bf16 bits.
@@ -59,11 +60,6 @@ impl Weight for f32 {
     }
 }
 
-/// Two words, 8-byte aligned: four bf16 in one `ld.v2.u32`.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct U2([u32; 2]);
-
 /// bf16 as its bits. Element `2j` of a load is the low half of word `j`
 /// (little-endian).
 impl Weight for u16 {
@@ -93,7 +89,7 @@ impl Weight for u16 {
     #[inline(always)]
     unsafe fn load4_f32(p: *const u16, i: usize) -> [f32; 4] {
         // SAFETY: the caller's contract: 8 bytes, 8-byte aligned.
-        let w = unsafe { (*(p.add(i) as *const U2)).0 };
+        let w = unsafe { (*(p.add(i) as *const Vec2<u32>)).0 };
         [bf16x2_lo(w[0]), bf16x2_hi(w[0]), bf16x2_lo(w[1]), bf16x2_hi(w[1])]
     }
 }

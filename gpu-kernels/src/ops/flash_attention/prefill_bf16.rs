@@ -27,6 +27,7 @@
 
 use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax, q_vectors};
 use super::{BK, DIM_STEPS, HS, MMA_N, STRIDE, VEC, ld4};
+use crate::device::Vec2;
 use crate::device::lane_id;
 use crate::device::mma::{ldmatrix_x4_trans, mma_m16n8k16_bf16, pack_bf16x2, shared_addr};
 use crate::device::unroll;
@@ -188,16 +189,12 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
                 if bf16 {
                     *(p.out_bf16.add(e) as *mut u32) = pack_bf16x2(v[0], v[1]);
                 } else {
-                    *(p.out.add(e) as *mut Pair) = Pair(v);
+                    *(p.out.add(e) as *mut Vec2<f32>) = Vec2(v);
                 }
             }
         });
     }
 }
-
-/// Two floats stored as one 8-byte access.
-#[repr(C, align(8))]
-struct Pair([f32; 2]);
 
 /// Prefill flash attention with bf16 tensor-core products (bf16 Q, K, V and
 /// P, f32 accumulate and softmax), a 3-tile f32 ring.
