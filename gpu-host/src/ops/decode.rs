@@ -13,7 +13,7 @@ use gpu_kernels::params::decode_step::DECODE_STEP_ATTN_KEYS;
 
 use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
 use super::weight::{KernelWeight, WeightRef};
-use crate::{DecodeAttentionShape, Gpu, KvRows, MatmulShape};
+use crate::{DecodeAttentionShape, Gpu, KvRows, LayernormWeights, MatmulShape};
 use gpu_kernels::params::KernelParams;
 
 const OP_GEMV: &str = "decode_gemv";
@@ -478,8 +478,8 @@ impl GemvKernels {
 /// layernorm folded in).
 #[derive(Clone, Copy)]
 pub struct GemvWeights<'a> {
-    /// Layernorm each input row first with this `([k], [k])` weight and bias.
-    pub ln: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>,
+    /// Layernorm each input row first with these (`[k]` each).
+    pub ln: Option<LayernormWeights<'a, CudaSlice<f32>>>,
     /// `[n, k]`.
     pub weight: WeightRef<'a>,
     /// `[n]`.
@@ -604,7 +604,7 @@ where
             addrs.extend([p.wte as usize, p.wpe as usize, p.embed_out as usize]);
         }
     }
-    if let Some((w, b)) = ln {
+    if let Some(LayernormWeights { weight: w, bias: b }) = ln {
         check_len(OP_GEMV, "ln_weight", w.len(), c)?;
         check_len(OP_GEMV, "ln_bias", b.len(), c)?;
         p.ln_weight = in_ptr(gpu, w);

@@ -16,7 +16,7 @@ use std::ops::Range;
 use anyhow::{Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
-use gpu_host::shape::{DecodeAttentionShape, KvRows, MatmulShape, SampleShape};
+use gpu_host::shape::{DecodeAttentionShape, KvRows, LayernormWeights, MatmulShape, SampleShape};
 use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS, DECODE_PREFETCH_RANGES};
 
 use super::{Activations, DeviceParams, GpuEngine, Last};
@@ -676,7 +676,10 @@ impl Step<'_> {
                 max_t: self.max_t,
             };
             let qkv = GemvWeights {
-                ln: Some((&lw.ln1w, &lw.ln1b)),
+                ln: Some(LayernormWeights {
+                    weight: &lw.ln1w,
+                    bias: &lw.ln1b,
+                }),
                 weight: lw.qkvw.as_ref(),
                 bias: Some(&lw.qkvb),
             };
@@ -734,7 +737,10 @@ impl Step<'_> {
                 gelu: true,
             };
             let fc = GemvWeights {
-                ln: Some((&lw.ln2w, &lw.ln2b)),
+                ln: Some(LayernormWeights {
+                    weight: &lw.ln2w,
+                    bias: &lw.ln2b,
+                }),
                 weight: lw.fcw.as_ref(),
                 bias: Some(&lw.fcb),
             };
@@ -777,7 +783,10 @@ impl Step<'_> {
             v,
         };
         let head = GemvWeights {
-            ln: Some((&p.lnfw, &p.lnfb)),
+            ln: Some(LayernormWeights {
+                weight: &p.lnfw,
+                bias: &p.lnfb,
+            }),
             weight: p.wte.as_ref(),
             bias: None,
         };
