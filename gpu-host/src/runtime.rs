@@ -14,7 +14,8 @@
 //! tensor maps, pinned memory), each with its SAFETY comment. [`dptr`] and
 //! [`dptr_mut`] are safe: a raw device address is only dangerous in a launch.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -31,6 +32,9 @@ pub const REQUIRE_GPU_ENV: &str = "GPT2_REQUIRE_GPU";
 /// module instead of the sm_90a one, e.g. to compare the two matmul engines
 /// end to end.
 pub const PORTABLE_KERNELS_ENV: &str = "GPT2_PORTABLE_KERNELS";
+/// Environment variable that turns off [`Gpu::launch`]'s chaining of kernels
+/// with PDL (to compare; see [`Gpu::set_chain_pdl`]).
+pub const NO_CHAIN_PDL_ENV: &str = "GPT2_NO_CHAIN_PDL";
 /// The compute capability the sm_90a module (with `wgmma`) runs on: PTX for
 /// an architecture-specific target loads on exactly that architecture.
 const SM90A_CAPABILITY: (i32, i32) = (9, 0);
@@ -94,6 +98,12 @@ pub struct Gpu {
     l2_bytes: usize,
     /// Dynamic shared memory a block may opt in to.
     max_shared_optin: usize,
+    /// Kernels of `kernels` that start with the PDL wait
+    /// (`device::grid_dependency_sync`), found in the PTX; empty for the
+    /// portable module, where the wait compiles to nothing.
+    chainable: HashSet<String>,
+    /// Whether [`Gpu::launch`] chains the `chainable` kernels with PDL.
+    chain_pdl: AtomicBool,
 }
 
 impl Gpu {
@@ -121,7 +131,7 @@ impl Gpu {
             attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
-        let portable = std::env::var(PORTABLE_KERNELS_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+        let portable = env_flag(PORTABLE_KERNELS_ENV);
         let wgmma = capability == SM90A_CAPABILITY && !portable;
         let ptx = if wgmma {
             crate::GPU_KERNELS_SM90A_PTX
@@ -134,6 +144,11 @@ impl Gpu {
         let sm_count = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let l2_bytes = attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?.max(0) as usize;
         let max_shared_optin = attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize;
+        let chainable = if wgmma {
+            kernels_waiting_first(ptx)
+        } else {
+            HashSet::new()
+        };
         Ok(Self {
             ctx,
             stream,
@@ -141,6 +156,8 @@ impl Gpu {
             l2_bytes,
             max_shared_optin,
             wgmma,
+            chain_pdl: AtomicBool::new(!chainable.is_empty() && !env_flag(NO_CHAIN_PDL_ENV)),
+            chainable,
             tensor_maps: Mutex::new(TensorMapCache::default()),
             shared_limits: Mutex::new(HashMap::new()),
             kernels: Module::new(module),
@@ -232,15 +249,44 @@ impl Gpu {
     /// for what the kernel reads and writes under `cfg` (the op wrappers in
     /// `ops` check those sizes before calling this); `cfg` must respect
     /// the kernel's block-size and shared-memory assumptions.
+    ///
+    /// A kernel that starts with the PDL wait (`device::grid_dependency_sync`)
+    /// is launched with PDL while [`Gpu::chain_pdl`] is on: its launch and
+    /// its weight loads overlap the previous kernel's tail.
     pub unsafe fn launch<P: KernelParams>(
         &self,
         name: &'static str,
         cfg: LaunchConfig,
         params: P,
     ) -> Result<(), GpuError> {
+        if self.chain_pdl() && self.chainable.contains(name) {
+            // SAFETY: forwarded; the kernel waits on its dependency before it
+            // reads or writes anything an earlier kernel touches (its PTX
+            // starts with the wait, and `grid_dependency_sync`'s contract).
+            return unsafe { self.launch_pdl(name, cfg, params, true) };
+        }
         // SAFETY: forwarded from this function's contract (`name` is a kernel
         // of the `gpu-kernels` module).
         unsafe { self.launch_in(&self.kernels, name, cfg, params) }
+    }
+
+    /// Whether [`Gpu::launch`] chains kernels with PDL (on by default where
+    /// the sm_90a module is loaded, unless [`NO_CHAIN_PDL_ENV`] is set).
+    pub fn chain_pdl(&self) -> bool {
+        self.chain_pdl.load(Ordering::Relaxed)
+    }
+
+    /// Turn [`Gpu::launch`]'s PDL chaining on or off (benchmarks compare
+    /// both); it stays off where no loaded kernel waits on its dependency.
+    pub fn set_chain_pdl(&self, on: bool) {
+        self.chain_pdl
+            .store(on && !self.chainable.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Whether kernel `name` starts with the PDL wait, so [`Gpu::launch`]
+    /// may chain it.
+    pub fn is_chainable(&self, name: &str) -> bool {
+        self.chainable.contains(name)
     }
 
     /// [`Gpu::launch`] with programmatic dependent launch (PDL) when `pdl`:
@@ -264,7 +310,7 @@ impl Gpu {
         use cudarc::driver::sys;
         if !pdl {
             // SAFETY: forwarded from this function's contract.
-            return unsafe { self.launch(name, cfg, params) };
+            return unsafe { self.launch_in(&self.kernels, name, cfg, params) };
         }
         let f = self.function(name)?;
         let mut block = ParamBlock(params);
@@ -530,6 +576,55 @@ impl Gpu {
     }
 }
 
+/// Whether environment variable `name` is set to something other than "" or "0".
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The kernels of a PTX module whose body issues `griddepcontrol.wait`
+/// before anything else that touches memory, so they may be launched with
+/// PDL (`device::grid_dependency_sync` at their start). An entry's body runs
+/// from its `.entry` line to the first line that is a lone `}`. Loads of a
+/// kernel's weights may come first (they are never written by a kernel):
+/// what counts is that no store and no atomic precedes the wait, and no
+/// load other than `ld.param` and `cp.async` (the weight prefetch of the
+/// matmuls) does.
+fn kernels_waiting_first(ptx: &str) -> HashSet<String> {
+    let mut found = HashSet::new();
+    let mut lines = ptx.lines();
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.trim_start().strip_prefix(".visible .entry ") else {
+            continue;
+        };
+        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        for body in lines.by_ref() {
+            let op = body.trim_start();
+            if body == "}" {
+                break;
+            }
+            if op.starts_with("griddepcontrol.wait") {
+                found.insert(name.clone());
+                // Skip the rest of this entry.
+                for rest in lines.by_ref() {
+                    if rest == "}" {
+                        break;
+                    }
+                }
+                break;
+            }
+            let touches_memory = op.starts_with("st.")
+                || op.starts_with("atom.")
+                || op.starts_with("red.")
+                || op.starts_with("cp.async.bulk")
+                || (op.starts_with("ld.") && !op.starts_with("ld.param"));
+            if touches_memory {
+                break;
+            }
+        }
+    }
+    found
+}
+
 /// Tensor maps per device allocation of the cache.
 const TENSOR_MAPS_PER_CHUNK: usize = 256;
 /// Distinct maps kept before the cache starts over (after a synchronize).
@@ -650,5 +745,77 @@ pub fn test_gpu() -> Option<Gpu> {
             eprintln!("skipped: no usable GPU ({e})");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernels_waiting_first;
+
+    /// The kernels of the engine's forward pass that `Gpu::launch` chains
+    /// with PDL on Hopper: each must start with the wait in the sm_90a PTX.
+    const CHAINED: [&str; 12] = [
+        "encoder_forward",
+        "layernorm_forward",
+        "residual_layernorm_forward",
+        "matmul_forward_3xtf32_32x64",
+        "matmul_forward_3xtf32_64x64",
+        "matmul_split_reduce",
+        "matmul_forward_bf16_wgmma_128x128",
+        "matmul_forward_tf32_wgmma_128x256",
+        "kv_cache_store",
+        "gelu_forward",
+        "attention_forward_flash_tf32",
+        "sample_forward",
+    ];
+
+    #[test]
+    fn the_forward_kernels_wait_first_in_the_sm90a_module() {
+        let found = kernels_waiting_first(crate::GPU_KERNELS_SM90A_PTX);
+        for name in CHAINED {
+            assert!(found.contains(name), "{name} does not start with griddepcontrol.wait");
+        }
+        // The decode GEMV loads its first weights before the wait with plain
+        // loads: it is launched with PDL by its own flag, never chained.
+        assert!(!found.contains("decode_gemv"));
+    }
+
+    #[test]
+    fn the_portable_module_has_no_waits() {
+        assert!(kernels_waiting_first(crate::GPU_KERNELS_PTX).is_empty());
+    }
+
+    #[test]
+    fn a_store_or_load_before_the_wait_disqualifies_a_kernel() {
+        let ptx = "\
+.visible .entry good(
+\t.param .align 8 .b8 good_param_0[8]
+)
+{
+\tld.param.u64 \t%rd1, [good_param_0];
+\tcp.async.cg.shared.global [%r1], [%rd1], 16;
+\tgriddepcontrol.wait;
+\tst.global.f32 \t[%rd1], %f1;
+}
+.visible .entry stores_first(
+)
+{
+\tst.global.f32 \t[%rd1], %f1;
+\tgriddepcontrol.wait;
+}
+.visible .entry loads_first(
+)
+{
+\tld.global.nc.f32 \t%f1, [%rd1];
+\tgriddepcontrol.wait;
+}
+.visible .entry never(
+)
+{
+\tret;
+}
+";
+        let found = kernels_waiting_first(ptx);
+        assert_eq!(found.into_iter().collect::<Vec<_>>(), vec!["good".to_string()]);
     }
 }

@@ -123,6 +123,20 @@ pub fn launch_dependents() {
     }
 }
 
+/// The start of a kernel in a chain of dependent launches: wait for the
+/// previous kernel ([`grid_dependency_wait`]), then let the next one launch
+/// ([`launch_dependents`]), so at most one kernel waits ahead of the running
+/// one. Nothing written by an earlier kernel may be read, and nothing at all
+/// written, before it. Kernels that call it first are launched with PDL by
+/// the host where the sm_90a module is loaded (the host finds the wait in
+/// the kernel's PTX); the next kernel's launch then overlaps this one's
+/// tail. A no-op outside the sm_90a module and without PDL.
+#[inline(always)]
+pub fn grid_dependency_sync() {
+    grid_dependency_wait();
+    launch_dependents();
+}
+
 /// `__syncthreads_or(pred)`: a block-wide barrier (like [`sync_threads`])
 /// that also returns, to every thread, whether `pred` was true in any of
 /// them (`bar.red.or.pred`). Broadcasts one thread's decision, such as

@@ -37,6 +37,8 @@ fn warp_best(mut v: f32, mut i: u32) -> (f32, u32) {
 /// Buffers as documented on [`ArgmaxParams`]; `2 * 32` words of dynamic shared memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn argmax_forward(p: ArgmaxParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let row = block_idx_x();
     if row >= p.n {
         return;

@@ -51,6 +51,8 @@ fn cache_at(p: &AttentionParams, b: u32, h: u32, pos: u32) -> usize {
 /// `b*t*3c` and `b*nh*max_t*hs` fit in u32.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let (c, hs, t) = (p.c, p.c / p.nh, p.t);
     let total = p.b * t * c;
     // Where channel `ch` of token `bt` is read, and where it lands in the cache.
@@ -108,6 +110,8 @@ pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
 /// shared memory as above.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward(p: AttentionParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let (tq, h, b) = (block_idx_x(), block_idx_y(), block_idx_z());
     let hs = (p.c / p.nh) as usize;
     let tid = thread_idx_x() as usize;

@@ -44,6 +44,8 @@ unsafe fn read_element<O>(p: &ConvertParams<O>, idx: u32) -> f32 {
 /// size; `out` holds `rows * cols` floats.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn convert_to_f32(p: ConvertParams<f32>) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let total = p.rows * p.cols;
     let mut idx = global_idx_x();
     while idx < total {
@@ -60,6 +62,8 @@ pub unsafe extern "ptx-kernel" fn convert_to_f32(p: ConvertParams<f32>) {
 /// As [`convert_to_f32`]; `out` holds `rows * cols` bf16 values.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn convert_to_bf16(p: ConvertParams<u16>) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let total = p.rows * p.cols;
     let mut idx = global_idx_x();
     while idx < total {
@@ -76,6 +80,8 @@ pub unsafe extern "ptx-kernel" fn convert_to_bf16(p: ConvertParams<u16>) {
 /// `x` holds `n` floats.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn round_tf32(p: RoundTf32Params) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let mut idx = global_idx_x();
     while idx < p.n {
         // SAFETY: idx < n, the caller promises the size.

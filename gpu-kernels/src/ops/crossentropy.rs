@@ -17,6 +17,8 @@ use crate::params::crossentropy::{CrossentropyParams, IGNORED_TARGET};
 /// shared memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn crossentropy_forward(p: CrossentropyParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let row = block_idx_x();
     if row >= p.n {
         return;

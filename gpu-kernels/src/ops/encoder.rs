@@ -65,6 +65,8 @@ unsafe fn encoder_vec4<W: Weight>(p: EncoderParams<W>) {
 /// As `encoder_vec4`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn encoder_forward(p: EncoderParams<f32>) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     // SAFETY: forwarded.
     unsafe { encoder_vec4(p) }
 }
@@ -75,6 +77,8 @@ pub unsafe extern "ptx-kernel" fn encoder_forward(p: EncoderParams<f32>) {
 /// As `encoder_vec4`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn encoder_forward_bf16(p: EncoderParams<u16>) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     // SAFETY: forwarded.
     unsafe { encoder_vec4(p) }
 }

@@ -34,6 +34,8 @@ pub fn gelu(x: f32) -> f32 {
 /// Buffers hold `n` floats and are 16-byte aligned (the host checks).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn gelu_forward(p: GeluParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let n4 = p.n / VEC as u32;
     let mut i = global_idx_x();
     while i < n4 {

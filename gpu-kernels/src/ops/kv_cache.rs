@@ -29,6 +29,8 @@ pub(crate) unsafe fn cache_row(cache_row: *const u32, r: usize) -> usize {
 /// `c / nh` multiples of 4 (the host checks).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn kv_cache_store(p: KvCacheStoreParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     // 32-bit index arithmetic (64-bit division is a long software sequence
     // on the GPU): `n * 3 * c` < 2^32 (the host checks).
     let (c, nh, max_t) = (p.c, p.nh, p.max_t as usize);

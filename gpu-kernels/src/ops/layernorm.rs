@@ -293,6 +293,8 @@ fn warp_row(n: u32) -> Option<usize> {
 /// Buffers as documented on [`LayernormParams`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn layernorm_forward(p: LayernormParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let Some(row) = warp_row(p.n) else { return };
     let c = p.c as usize;
     // SAFETY: row < n, so the row's c floats are inside `inp`/`out`; the
@@ -320,6 +322,8 @@ pub unsafe extern "ptx-kernel" fn layernorm_forward(p: LayernormParams) {
 /// `out` overlap neither each other nor the inputs.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn residual_layernorm_forward(p: ResidualLayernormParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let Some(row) = warp_row(p.n) else { return };
     let c = p.c as usize;
     let at = row * c;

@@ -297,6 +297,8 @@ unsafe fn tiled<const BM: usize, const THREADS: usize>(p: &MatmulParams) {
 /// Buffers as documented on [`MatmulParams`]; launch as above.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn matmul_forward(p: MatmulParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     // SAFETY: forwarded contract.
     unsafe { tiled::<{ MATMUL_TILE_M as usize }, { MATMUL_BLOCK as usize }>(&p) }
 }
@@ -311,6 +313,8 @@ pub unsafe extern "ptx-kernel" fn matmul_forward(p: MatmulParams) {
 /// Buffers as documented on [`MatmulParams`]; launch as above.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn matmul_forward_mid(p: MatmulParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     // SAFETY: forwarded contract.
     unsafe { tiled::<{ MATMUL_TILE_M_MID as usize }, { MATMUL_BLOCK_MID as usize }>(&p) }
 }
@@ -374,6 +378,8 @@ unsafe fn store_row(p: &MatmulParams, vals: [f32; VEC], row: usize, col0: usize)
 /// Buffers as documented on [`MatmulSplitReduceParams`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn matmul_split_reduce(p: MatmulSplitReduceParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     const PER: usize = MATMUL_SPLIT_REDUCE_PER_THREAD as usize;
     /// Partials loaded before they are added (memory-level parallelism; the
     /// additions stay in split order).
@@ -454,6 +460,8 @@ const GEMV_LOADS_IN_FLIGHT: usize = 4;
 /// Buffers as documented on [`MatmulParams`]; `n <= MATMUL_GEMV_MAX_ROWS`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn matmul_forward_gemv(p: MatmulParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     const ROWS: usize = MATMUL_GEMV_MAX_ROWS as usize;
     let col = (block_idx_x() * (block_dim_x() / WARP_SIZE) + warp_id()) as usize;
     let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);

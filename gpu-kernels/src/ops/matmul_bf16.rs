@@ -35,7 +35,7 @@ use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group
 use crate::device::shared::dynamic_shared;
 use crate::device::{UNROLL_MAX, unroll};
 use crate::device::{Vec2, Vec4};
-use crate::device::{WARP_SIZE, block_idx_x, sync_threads, thread_idx_x};
+use crate::device::{WARP_SIZE, block_idx_x, grid_dependency_sync, sync_threads, thread_idx_x};
 use crate::params::matmul_bf16::*;
 
 const BK: usize = MATMUL_BF16_BK as usize;
@@ -295,16 +295,26 @@ unsafe fn matmul_bf16_body<
         |i: usize| unsafe { smem.add(STAGES * (inp_slab_bytes + w_slab_bytes) + i * a_tile_bytes) }.cast::<u32>();
     // SAFETY: the slabs are in the layout and aligned; `inp`/`weight` are the launch's
     // n x c and oc x c matrices, 16-byte aligned with c % 8 == 0.
-    let load_stage = |stage: usize, kt: usize| unsafe {
+    let load_inp = |stage: usize, kt: usize| unsafe {
         load_slab::<f32, BM, THREADS>(inp_slab(stage), p.inp, m0, kt * BK, n, c, tid);
+    };
+    // SAFETY: as for `load_inp`.
+    let load_weight = |stage: usize, kt: usize| unsafe {
         load_slab::<u16, BN, THREADS>(w_slab(stage), p.weight, n0, kt * BK, oc, c, tid);
     };
 
     let ktiles = c.div_ceil(BK);
-    // Prologue: fill STAGES-1 stages (always commit, so group counts line up).
+    // Prologue: fill STAGES-1 stages (always commit, so group counts line up),
+    // the weights' slabs before the PDL wait (no kernel writes them).
     for s in 0..STAGES - 1 {
         if s < ktiles {
-            load_stage(s, s);
+            load_weight(s, s);
+        }
+    }
+    grid_dependency_sync();
+    for s in 0..STAGES - 1 {
+        if s < ktiles {
+            load_inp(s, s);
         }
         cp_async_commit();
     }
@@ -336,7 +346,8 @@ unsafe fn matmul_bf16_body<
         // loads and the mma, so its copy instructions issue while the loads
         // are in flight.
         if kt + STAGES - 1 < ktiles {
-            load_stage(write_stage, kt + STAGES - 1);
+            load_inp(write_stage, kt + STAGES - 1);
+            load_weight(write_stage, kt + STAGES - 1);
         }
         cp_async_commit();
         mma_fragments::<MI, NI>(&mut acc, &frags);

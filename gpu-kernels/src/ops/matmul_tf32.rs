@@ -33,7 +33,7 @@ use crate::device::mma::{
 };
 use crate::device::shared::dynamic_shared;
 use crate::device::{UNROLL_MAX, unroll};
-use crate::device::{WARP_SIZE, block_idx_x, block_idx_y, sync_threads, thread_idx_x};
+use crate::device::{WARP_SIZE, block_idx_x, block_idx_y, grid_dependency_sync, sync_threads, thread_idx_x};
 use crate::params::matmul_tf32::*;
 
 const BK: usize = MATMUL_TF32_BK as usize;
@@ -327,10 +327,13 @@ unsafe fn matmul_tf32_body<
     let stage_floats = (BM + BN) * LDS;
     // SAFETY: stage < STAGES, both slabs inside the stage ring; `inp`/`weight` are the
     // launch's n x c and oc x c matrices, 16-byte aligned with c % 4 == 0.
-    let load_stage = |stage: usize, kt: usize| unsafe {
+    let load_inp = |stage: usize, kt: usize| unsafe {
         let sa = smem.add(stage * stage_floats);
-        let sb = sa.add(BM * LDS);
         load_slab::<BM, THREADS>(sa, p.inp, m0, (kt0 + kt) * BK, n, c, tid);
+    };
+    // SAFETY: as for `load_inp`, the stage's B slab after its BM A rows.
+    let load_weight = |stage: usize, kt: usize| unsafe {
+        let sb = smem.add(stage * stage_floats + BM * LDS);
         load_slab::<BN, THREADS>(sb, p.weight, n0, (kt0 + kt) * BK, oc, c, tid);
     };
 
@@ -343,9 +346,18 @@ unsafe fn matmul_tf32_body<
     let round_stage = |stage: usize| unsafe { round_stage::<THREADS>(smem.add(stage * stage_floats), BM + BN, tid) };
 
     // Prologue: fill STAGES-1 stages (always commit, so group counts line up).
+    // No kernel writes the weights, so their slabs go out before the PDL
+    // wait and overlap the previous kernel's tail; the first group holds
+    // them all, which only makes them land earlier than they are needed.
     for s in 0..STAGES - 1 {
         if s < ktiles {
-            load_stage(s, s);
+            load_weight(s, s);
+        }
+    }
+    grid_dependency_sync();
+    for s in 0..STAGES - 1 {
+        if s < ktiles {
+            load_inp(s, s);
         }
         cp_async_commit();
     }
@@ -383,7 +395,8 @@ unsafe fn matmul_tf32_body<
         // K_PER_LANE = 2 * CHUNK words stay inside the row, 16-byte aligned.
         unsafe { mma_vector::<MI, NI, SPLIT3>(&mut acc, sa, sb, g, t * K_PER_LANE) };
         if kt + STAGES - 1 < ktiles {
-            load_stage(write_stage, kt + STAGES - 1);
+            load_inp(write_stage, kt + STAGES - 1);
+            load_weight(write_stage, kt + STAGES - 1);
         }
         cp_async_commit();
         // SAFETY: as above, the lane's second vector (VECS_PER_LANE == 2).

@@ -55,7 +55,9 @@ use crate::device::wgmma::{
     wgmma_fence,
 };
 use crate::device::{Vec2, Vec4};
-use crate::device::{WARP_SIZE, block_idx_x, block_idx_y, named_barrier_sync, sync_threads, thread_idx_x};
+use crate::device::{
+    WARP_SIZE, block_idx_x, block_idx_y, grid_dependency_sync, named_barrier_sync, sync_threads, thread_idx_x,
+};
 use crate::ops::matmul_tf32::{TileOut, grouped_tile, store_tile};
 use crate::params::matmul_bf16::*;
 use crate::params::matmul_tf32::*;
@@ -243,6 +245,9 @@ unsafe fn matmul_wgmma_body<
         fence_mbarrier_init();
     }
     sync_threads();
+    // The barriers' set-up overlaps the previous kernel's tail (PDL); the
+    // maps' matrices are read only after this.
+    grid_dependency_sync();
 
     // Split-K: block row `y` of the grid takes k-tiles `first..last` and
     // writes a partial tile (no bias, no GELU) to slice `y` of `out`.

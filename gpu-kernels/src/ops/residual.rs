@@ -11,6 +11,8 @@ use crate::params::residual::ResidualParams;
 /// Buffers hold `n` floats and are 16-byte aligned (the host checks).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn residual_forward(p: ResidualParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let n4 = p.n / VEC as u32;
     let mut i = global_idx_x();
     while i < n4 {

@@ -714,6 +714,8 @@ unsafe fn sampled(x: *const f32, v: u32, cfg: &SampleRow, random: u64, sm: Smem)
 /// logits are readable, `1 <= v <= SAMPLE_MAX_VOCAB`); launch as above.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn sample_forward(p: SampleParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let row = block_idx_x();
     if row >= p.n {
         return;

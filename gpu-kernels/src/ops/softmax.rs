@@ -45,6 +45,8 @@ pub(crate) unsafe fn row_max_sum_exp(x: *const f32, v: usize) -> (f32, f32) {
 /// Buffers as documented on [`SoftmaxParams`]; 32 floats of dynamic shared memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn softmax_forward(p: SoftmaxParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let row = block_idx_x();
     if row >= p.n {
         return;

@@ -181,6 +181,8 @@ fn parse_shape(s: &str) -> Result<(usize, usize), String> {
 struct Report {
     device: String,
     l2_bytes: usize,
+    /// Whether `Gpu::launch` chained kernels with PDL (`GPT2_NO_CHAIN_PDL`).
+    chain_pdl: bool,
     gemm: Vec<GemmResult>,
     /// The `gemv` section's rows (see `bench_gemv`).
     gemv: Vec<serde_json::Value>,
@@ -211,9 +213,15 @@ fn main() -> anyhow::Result<()> {
     let mut report = Report {
         device: gpu.name(),
         l2_bytes: gpu.l2_bytes(),
+        chain_pdl: gpu.chain_pdl(),
         ..Default::default()
     };
-    println!("device: {} (L2 {} MB)", report.device, report.l2_bytes >> 20);
+    println!(
+        "device: {} (L2 {} MB), kernels chained with PDL: {}",
+        report.device,
+        report.l2_bytes >> 20,
+        report.chain_pdl
+    );
 
     for s in &sections {
         match s.as_str() {

@@ -37,7 +37,6 @@ use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_fo
 use crate::gpu::ops::flash_attention::{
     FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
 };
-use crate::gpu::ops::gelu::gelu_forward;
 use crate::gpu::ops::kv_cache::kv_cache_store;
 use crate::gpu::ops::layernorm::{
     LayernormOut, layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
@@ -47,7 +46,8 @@ use crate::gpu::ops::matmul::{
 };
 use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma};
 use crate::gpu::ops::matmul_tf32::{
-    TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, matmul_forward_fp32_tc, matmul_forward_tf32_opts,
+    TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_plan, matmul_forward_fp32_tc_with,
+    matmul_forward_tf32_opts,
 };
 use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
 use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
@@ -181,7 +181,7 @@ struct Activations {
     qkv: CudaSlice<f32>,
     atty: CudaSlice<f32>,
     proj: CudaSlice<f32>,
-    fch: CudaSlice<f32>,
+    /// `gelu(fc(ln2(x)))`: fc's epilogue applies the GELU.
     fch_gelu: CudaSlice<f32>,
     /// `[max_batch, C]`: the last position of each row, for `LogitsWanted::Last`.
     head_in: CudaSlice<f32>,
@@ -447,7 +447,6 @@ impl GpuEngine {
                 qkv: alloc(rows * 3 * c)?,
                 atty: alloc(rows * c)?,
                 proj: alloc(rows * c)?,
-                fch: alloc(rows * 4 * c)?,
                 fch_gelu: alloc(rows * 4 * c)?,
                 head_in: alloc(max_batch * c)?,
                 logits: alloc(rows * config.padded_vocab_size)?,
@@ -544,9 +543,9 @@ impl GpuEngine {
         let others = config.num_parameters() - matrices;
         let weight_bytes = matrices * precision.weight_format().bytes() + others * F32_BYTES;
         let kv = 2 * l * max_batch * max_seq_len * c;
-        // residual, residual2, ln, atty, proj (C each), qkv (3C), fch, fch_gelu
-        // (4C each), logits (Vp), and crossentropy's targets and losses (1 each)
-        let acts = rows * (5 * c + 3 * c + 8 * c) + rows * (vp + 2) + max_batch * c;
+        // residual, residual2, ln, atty, proj (C each), qkv (3C), fch_gelu
+        // (4C), logits (Vp), and crossentropy's targets and losses (1 each)
+        let acts = rows * (5 * c + 3 * c + 4 * c) + rows * (vp + 2) + max_batch * c;
         let flash = if flash_supported(config, max_batch, max_seq_len) {
             flash_workspace_floats(max_batch, config.num_heads, max_seq_len)
         } else {
@@ -772,14 +771,15 @@ fn matmul(
         bias,
         inp_rounded,
         round_out,
+        gelu,
     } = linear;
     let weight = match weight {
-        WeightRef::Bf16(w) => return matmul_forward_bf16(gpu, out, inp, w, bias, shape, false),
+        WeightRef::Bf16(w) => return matmul_forward_bf16(gpu, out, inp, w, bias, shape, gelu),
         WeightRef::F32(w) => w,
     };
     if takes_tf32_path(precision, shape.m, shape.k) {
         let opts = Tf32Options {
-            gelu: false,
+            gelu,
             inp_rounded,
             round_out,
             split_workspace: ws.tf32_split.as_mut(),
@@ -789,15 +789,22 @@ fn matmul(
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
     }
     if ws.fp32_tensor_cores && choose(shape.m) != MatmulKernel::Gemv && shape.k.is_multiple_of(TF32_C_MULTIPLE) {
-        let partial = Some(ws.fp32.partial_mut());
-        return matmul_forward_fp32_tc(gpu, partial, out, inp, weight, bias, shape)
+        let partial = ws.fp32.partial_mut();
+        let (tile, splits) = fp32_tc_plan(shape, gpu.sm_count(), partial.len());
+        let opts = Tf32TileOptions {
+            splits,
+            gelu,
+            split_workspace: Some(partial),
+            ..Tf32TileOptions::new(tile)
+        };
+        return matmul_forward_fp32_tc_with(gpu, opts, out, inp, weight, bias, shape)
             .map_err(|e| OpError::shape("matmul_forward_fp32_tc", e.to_string()));
     }
     matmul_forward_with(
         gpu,
         MatmulOptions {
             kernel: MatmulKernel::Auto,
-            gelu: false,
+            gelu,
             workspace: Some(&mut ws.fp32),
         },
         out,
@@ -820,6 +827,8 @@ struct Linear<'a> {
     inp_rounded: bool,
     /// Write TF32 values.
     round_out: bool,
+    /// GELU after the bias, in the matmul's epilogue.
+    gelu: bool,
 }
 
 impl<'a> Linear<'a> {
@@ -831,6 +840,7 @@ impl<'a> Linear<'a> {
             bias,
             inp_rounded: false,
             round_out: false,
+            gelu: false,
         }
     }
 }
@@ -1117,7 +1127,8 @@ impl GpuEngine {
                         pos,
                         cache_row,
                     };
-                    let launch = DecodeLaunch::new(false);
+                    // Chained with PDL as `Gpu::launch` chains its neighbours.
+                    let launch = DecodeLaunch::new(gpu.chain_pdl());
                     let shape = DecodeAttentionShape {
                         rows: n,
                         c,
@@ -1190,13 +1201,14 @@ impl GpuEngine {
                     matmul_forward_tf32_opts(gpu, opts, &mut a.fch_gelu, &a.ln, fcw, Some(&lw.fcb), fc_mm)
                         .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()))?;
                 }
+                // Elsewhere fc's epilogue applies GELU too.
                 (fcw, None) => {
                     let fc = Linear {
                         weight_tf32: rounded(2),
+                        gelu: true,
                         ..Linear::new(fcw, Some(&lw.fcb))
                     };
-                    matmul(gpu, prec, ws, &mut a.fch, &a.ln, fc, fc_mm)?;
-                    gelu_forward(gpu, &mut a.fch_gelu, &a.fch, n * 4 * c)?;
+                    matmul(gpu, prec, ws, &mut a.fch_gelu, &a.ln, fc, fc_mm)?;
                 }
             }
             match a16.as_deref_mut() {

@@ -14,6 +14,8 @@ use crate::params::flash_attention::*;
 /// `parts` / `parts_stride`; out holds b*t*c floats.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_combine(p: FlashCombineParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let (c, nh, parts) = (p.c as usize, p.nh as usize, p.parts as usize);
     let r = block_idx_x() as usize; // (b*t + ti) * nh + h
     let d = thread_idx_x() as usize;

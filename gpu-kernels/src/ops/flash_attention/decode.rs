@@ -96,6 +96,8 @@ pub(crate) fn merge_state(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], la
 /// partial buffers hold b*t*nh*parts_stride partials; gridDim.x * 2 <= parts_stride.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     let (t, c, nh, max_t, pos0, window) = (
         p.t as usize,
         p.c as usize,

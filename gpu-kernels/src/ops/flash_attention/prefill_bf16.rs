@@ -204,6 +204,8 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
 /// bytes of dynamic shared memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16(p: FlashAttentionParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     // SAFETY: the launch contract of this kernel is `flash_prefill_tc`'s.
     unsafe { flash_prefill_tc::<Bf16<{ FLASH_TF32_STAGES as usize }>>(&p) }
 }
@@ -215,6 +217,8 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16(p: FlashAttention
 /// [`FLASH_SMEM_BYTES_BF16_2STAGE`] bytes of dynamic shared memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16_2stage(p: FlashAttentionParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     // SAFETY: the launch contract of this kernel is `flash_prefill_tc`'s.
     unsafe { flash_prefill_tc::<Bf16<{ FLASH_BF16_SHORT_STAGES as usize }>>(&p) }
 }

@@ -287,6 +287,8 @@ unsafe fn flash_prefill_fp32(p: &FlashAttentionParams) {
 /// [`attention_forward_flash_tf32`](super::prefill_tf32::attention_forward_flash_tf32).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_fp32(p: FlashAttentionParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     // SAFETY: the launch contract of this kernel is `flash_prefill_fp32`'s.
     unsafe { flash_prefill_fp32(&p) }
 }

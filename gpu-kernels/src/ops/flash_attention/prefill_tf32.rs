@@ -189,6 +189,8 @@ impl TcFormat for Tf32 {
 /// 16-byte aligned.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_forward_flash_tf32(p: FlashAttentionParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
     // SAFETY: the launch contract of this kernel is `flash_prefill_tc`'s.
     unsafe { flash_prefill_tc::<Tf32>(&p) }
 }
