@@ -95,8 +95,10 @@ fn add4(a: [f32; VEC], b: [f32; VEC]) -> [f32; VEC] {
 /// using the same counters or partials at the same time); launch as above.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn matmul_forward_small(p: MatmulSmallParams) {
-    // Nothing an earlier kernel wrote is read before this (PDL).
-    crate::device::grid_dependency_sync();
+    // Deliberately not chained with PDL (no `grid_dependency_sync` here):
+    // chained, the server's steps on the CUDA-core matmuls took 0.26-0.38 ms
+    // longer at 9-64 rows (H100, docs/performance.md, "Kernels chained with
+    // PDL"); every other kernel of those steps gained.
     let (n, c, oc) = (p.n as usize, p.c as usize, p.oc as usize);
     let (m0, n0) = (block_idx_y() as usize * BM, block_idx_x() as usize * BN);
     let (z, splits) = (block_idx_z() as usize, p.splits as usize);
