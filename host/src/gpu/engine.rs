@@ -249,6 +249,9 @@ pub struct GpuEngine {
     /// Positions a forward call may hold in all (`b * t`): the activations'
     /// rows ([`GpuEngine::with_rows`]).
     max_rows: usize,
+    /// Whether the GPU chains kernels with PDL at all (`Gpu::chain_pdl` at
+    /// construction); forward calls use it up to [`CHAIN_PDL_MAX_ROWS`].
+    chain_pdl: bool,
     /// Attention window (0 = unlimited, GPT-2's own behaviour).
     window: usize,
     /// Attention kernels asked for (see [`GpuEngine::attention_in_use`] for what runs).
@@ -499,6 +502,7 @@ impl GpuEngine {
         let sampling = SamplingState::new(&gpu, max_batch).with_context(|| oom("the sampler's state"))?;
         gpu.synchronize().context("uploading the weights")?;
         Ok(GpuEngine {
+            chain_pdl: gpu.chain_pdl(),
             gpu,
             config,
             precision,
@@ -724,6 +728,15 @@ struct MatmulScratch {
 /// Most rows a TF32 split-K call gets scratch for: split-K pays only while
 /// the output has too few tiles to fill the GPU.
 const TF32_SPLIT_MAX_ROWS: usize = 2048;
+
+/// Most positions of a forward call whose kernels are chained with PDL
+/// (`Gpu::launch`). Measured on an H100 (docs/performance.md, "Kernels
+/// chained with PDL"): up to 256 rows chaining saved 4-19 % (server steps,
+/// short prefills); at 1024 rows FP32 and TF32 prefill were 3-6 % slower
+/// chained (why is not measured: perhaps grids planned by the wave lose
+/// their even spread when blocks are placed early, as the previous kernel
+/// drains).
+const CHAIN_PDL_MAX_ROWS: usize = 256;
 
 /// Whether [`matmul`] of `m` rows and inner size `k` runs on the TF32
 /// tensor cores (else on an FP32 kernel: GEMV for few rows).
@@ -973,6 +986,7 @@ impl GpuEngine {
             "a forward call of {n} positions exceeds the {} this engine holds activations for",
             self.max_rows
         );
+        self.gpu.set_chain_pdl(self.chain_pdl && n <= CHAIN_PDL_MAX_ROWS);
         let (gpu, prec, p, a) = (&self.gpu, self.precision, &self.params, &mut self.acts);
         // The TF32 matmuls' weights (rounded copies where the kernels need them).
         let tf32 = self.tf32_weights.as_ref().filter(|_| prec == Precision::Tf32);
