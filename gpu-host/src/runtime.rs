@@ -150,14 +150,7 @@ impl Gpu {
         } else {
             HashSet::new()
         };
-        // `GPT2_NO_CHAIN_PDL`: "1" unchains every kernel, a list the named ones.
-        let unchained = std::env::var(NO_CHAIN_PDL_ENV).unwrap_or_default();
-        if env_flag(NO_CHAIN_PDL_ENV) && !unchained.contains('_') {
-            chainable.clear();
-        }
-        for name in unchained.split(',').map(str::trim) {
-            chainable.remove(name);
-        }
+        unchain(&mut chainable, &std::env::var(NO_CHAIN_PDL_ENV).unwrap_or_default());
         Ok(Self {
             ctx,
             stream,
@@ -285,17 +278,13 @@ impl Gpu {
         self.chain_pdl.load(Ordering::Relaxed)
     }
 
-    /// Turn [`Gpu::launch`]'s PDL chaining on or off (benchmarks compare
-    /// both); it stays off where no loaded kernel waits on its dependency.
+    /// Turn [`Gpu::launch`]'s PDL chaining on or off; it stays off where no
+    /// loaded kernel waits on its dependency. The GPT-2 engine sets it for
+    /// each of its forward calls (by their size), within what the GPU
+    /// allowed when the engine was made.
     pub fn set_chain_pdl(&self, on: bool) {
         self.chain_pdl
             .store(on && !self.chainable.is_empty(), Ordering::Relaxed);
-    }
-
-    /// Whether kernel `name` starts with the PDL wait, so [`Gpu::launch`]
-    /// may chain it.
-    pub fn is_chainable(&self, name: &str) -> bool {
-        self.chainable.contains(name)
     }
 
     /// [`Gpu::launch`] with programmatic dependent launch (PDL) when `pdl`:
@@ -590,6 +579,20 @@ fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
+/// Take kernels out of the PDL chain as [`NO_CHAIN_PDL_ENV`]'s `value`
+/// says: "" or "0" none, "1" all, otherwise the comma-separated names.
+fn unchain(chainable: &mut HashSet<String>, value: &str) {
+    match value.trim() {
+        "" | "0" => {}
+        "1" => chainable.clear(),
+        names => {
+            for name in names.split(',') {
+                chainable.remove(name.trim());
+            }
+        }
+    }
+}
+
 /// The kernels of a PTX module whose body issues `griddepcontrol.wait`
 /// before anything else that touches memory, so they may be launched with
 /// PDL (`device::grid_dependency_sync` at their start). An entry's body runs
@@ -759,7 +762,8 @@ pub fn test_gpu() -> Option<Gpu> {
 
 #[cfg(test)]
 mod tests {
-    use super::kernels_waiting_first;
+    use super::{kernels_waiting_first, unchain};
+    use std::collections::HashSet;
 
     /// The kernels of the engine's forward pass that `Gpu::launch` chains
     /// with PDL on Hopper: each must start with the wait in the sm_90a PTX.
@@ -789,6 +793,24 @@ mod tests {
         assert!(!found.contains("decode_gemv"));
         // Kept out of the chain on purpose (slower chained, see the kernel).
         assert!(!found.contains("matmul_forward_small"));
+    }
+
+    #[test]
+    fn no_chain_pdl_takes_all_none_or_the_named_kernels() {
+        let all = || -> HashSet<String> { ["a_kernel", "b_kernel"].map(String::from).into() };
+        for (value, left) in [
+            ("", vec!["a_kernel", "b_kernel"]),
+            ("0", vec!["a_kernel", "b_kernel"]),
+            ("1", vec![]),
+            ("a_kernel", vec!["b_kernel"]),
+            (" b_kernel , a_kernel ", vec![]),
+        ] {
+            let mut set = all();
+            unchain(&mut set, value);
+            let mut left_now: Vec<_> = set.into_iter().collect();
+            left_now.sort();
+            assert_eq!(left_now, left, "GPT2_NO_CHAIN_PDL={value:?}");
+        }
     }
 
     #[test]

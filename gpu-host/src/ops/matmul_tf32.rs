@@ -368,7 +368,7 @@ pub fn fp32_tc_plan(shape: MatmulShape, sms: usize, workspace_floats: usize) -> 
 /// copies). Split over `k` ([`fp32_tc_plan`]) where the output has too few
 /// tiles to fill the GPU, the partial sums in `workspace`. `k` must be a
 /// multiple of 4. Twin of `cpu::ops::matmul_forward`; for the GELU epilogue,
-/// [`matmul_forward_fp32_tc_with`].
+/// [`fp32_tc_planned`] and [`matmul_forward_fp32_tc_with`].
 pub fn matmul_forward_fp32_tc<O, I, W, B>(
     gpu: &Gpu,
     workspace: Option<&mut CudaSlice<f32>>,
@@ -384,14 +384,26 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
+    let opts = fp32_tc_planned(gpu, workspace, shape);
+    matmul_forward_fp32_tc_with(gpu, opts, out, inp, weight, bias, shape)
+}
+
+/// The options [`matmul_forward_fp32_tc`] runs an `m x n x k` matmul with:
+/// [`fp32_tc_plan`]'s tile and splits within `workspace`, no GELU (set
+/// `gelu` on the result for the epilogue, then call
+/// [`matmul_forward_fp32_tc_with`]).
+pub fn fp32_tc_planned<'a>(
+    gpu: &Gpu,
+    workspace: Option<&'a mut CudaSlice<f32>>,
+    shape: MatmulShape,
+) -> Tf32TileOptions<'a> {
     let floats = workspace.as_ref().map_or(0, |w| w.len());
     let (tile, splits) = fp32_tc_plan(shape, gpu.sm_count(), floats);
-    let opts = Tf32TileOptions {
+    Tf32TileOptions {
         splits,
         split_workspace: workspace,
         ..Tf32TileOptions::new(tile)
-    };
-    matmul_forward_fp32_tc_with(gpu, opts, out, inp, weight, bias, shape)
+    }
 }
 
 /// [`matmul_forward_fp32_tc`] with an explicit 3xTF32 tile (one of

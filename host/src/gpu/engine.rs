@@ -46,7 +46,7 @@ use crate::gpu::ops::matmul::{
 };
 use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma};
 use crate::gpu::ops::matmul_tf32::{
-    TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_plan, matmul_forward_fp32_tc_with,
+    TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_planned, matmul_forward_fp32_tc_with,
     matmul_forward_tf32_opts,
 };
 use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
@@ -802,13 +802,9 @@ fn matmul(
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
     }
     if ws.fp32_tensor_cores && choose(shape.m) != MatmulKernel::Gemv && shape.k.is_multiple_of(TF32_C_MULTIPLE) {
-        let partial = ws.fp32.partial_mut();
-        let (tile, splits) = fp32_tc_plan(shape, gpu.sm_count(), partial.len());
         let opts = Tf32TileOptions {
-            splits,
             gelu,
-            split_workspace: Some(partial),
-            ..Tf32TileOptions::new(tile)
+            ..fp32_tc_planned(gpu, Some(ws.fp32.partial_mut()), shape)
         };
         return matmul_forward_fp32_tc_with(gpu, opts, out, inp, weight, bias, shape)
             .map_err(|e| OpError::shape("matmul_forward_fp32_tc", e.to_string()));
