@@ -1,15 +1,17 @@
 //! The FP32 matmul on the TF32 tensor cores as 3xTF32
-//! (`matmul_forward_fp32_tc`, every `MATMUL_3XTF32_VARIANTS` tile, several
+//! (`matmul_forward_fp32_tc`, every `mma.sync` tile and, on Hopper, every
+//! `wgmma` one (`fp32_tc_variants`), several
 //! split counts) against `host::cpu::ops::matmul_forward` at the FP32
 //! kernels' tolerance: fresh random inputs, NaN-poisoned outputs and
 //! workspaces, awkward sizes, the error printed per case.
 
 use cudarc::driver::CudaSlice;
 use gpu_host::shape::MatmulShape;
-use gpu_kernels::params::matmul_tf32::MATMUL_3XTF32_VARIANTS;
+use gpu_kernels::params::matmul_tf32::{MATMUL_3XTF32_VARIANTS, MATMUL_3XTF32_WGMMA_VARIANTS};
 use host::cpu::ops as cpu;
 use host::gpu::ops::matmul_tf32::{
-    FP32_TC_MAX_SPLITS, Tf32TileOptions, fp32_tc_plan, matmul_forward_fp32_tc, matmul_forward_fp32_tc_with,
+    FP32_TC_MAX_SPLITS, FP32_TC_WGMMA_MIN_ROWS, Tf32TileOptions, fp32_tc_plan, fp32_tc_uses_wgmma, fp32_tc_variants,
+    matmul_forward_fp32_tc, matmul_forward_fp32_tc_with,
 };
 
 use crate::kernels::{check, down, poisoned, random_vec, skip};
@@ -63,7 +65,7 @@ fn matmul_fp32_tc_matches_cpu_every_tile_and_split() {
                     let pre = want.clone();
                     cpu::gelu_forward(&mut want, &pre, n * oc);
                 }
-                for shape in &MATMUL_3XTF32_VARIANTS {
+                for shape in &fp32_tc_variants(gpu.has_wgmma()) {
                     for splits in SPLITS {
                         let mut out = poisoned(&gpu, n * oc);
                         let db_ref = with_bias.then_some(&db);
@@ -103,7 +105,12 @@ fn matmul_fp32_tc_planned_gpt2_shapes() {
     let mut ws: CudaSlice<f32> = poisoned(&gpu, 64 * 3072 * FP32_TC_MAX_SPLITS);
     for n in [16, 64, 512] {
         for (c, oc) in [(768, 2304), (768, 768), (768, 3072), (3072, 768)] {
-            let (shape, splits) = fp32_tc_plan(MatmulShape::new(n, oc, c), gpu.sm_count(), ws.len());
+            let (shape, splits) = fp32_tc_plan(
+                MatmulShape::new(n, oc, c),
+                gpu.sm_count(),
+                ws.len(),
+                fp32_tc_uses_wgmma(&gpu),
+            );
             let inp = random_vec(n * c, 1.0);
             let w = random_vec(oc * c, 1.0 / (c as f32).sqrt());
             let (di, dw) = (gpu.upload(&inp).unwrap(), gpu.upload(&w).unwrap());
@@ -132,26 +139,48 @@ fn matmul_fp32_tc_planned_gpt2_shapes() {
 fn matmul_fp32_tc_plan_policy() {
     const SMS: usize = 132;
     let big = usize::MAX / 2;
-    let (_, s) = fp32_tc_plan(MatmulShape::new(64, 2304, 768), SMS, big);
-    assert!(s > 1, "M=64 N=2304 K=768 leaves SMs idle: should split, got {s}");
-    let (_, s) = fp32_tc_plan(MatmulShape::new(8192, 2304, 768), SMS, big);
-    assert_eq!(s, 1, "a full GPU needs no split");
-    let (_, s) = fp32_tc_plan(MatmulShape::new(64, 2304, 768), SMS, 64 * 2304);
-    assert_eq!(s, 1, "a workspace of one output allows no split");
-    let (_, s) = fp32_tc_plan(MatmulShape::new(64, 2304, 8), SMS, big);
-    assert_eq!(s, 1, "one k-tile cannot split");
-    for n in [1, 64, 1024, 8192] {
-        for (c, oc) in [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50304)] {
-            let (shape, splits) = fp32_tc_plan(MatmulShape::new(n, oc, c), SMS, big);
-            assert!(MATMUL_3XTF32_VARIANTS.contains(&shape) && (1..=FP32_TC_MAX_SPLITS).contains(&splits));
-            eprintln!("M={n:5} N={oc:6} K={c:5}: {:32} x{splits}", shape.name);
+    for wgmma in [false, true] {
+        let (_, s) = fp32_tc_plan(MatmulShape::new(64, 2304, 768), SMS, big, wgmma);
+        assert!(s > 1, "M=64 N=2304 K=768 leaves SMs idle: should split, got {s}");
+        let (_, s) = fp32_tc_plan(MatmulShape::new(8192, 2304, 768), SMS, big, wgmma);
+        assert_eq!(s, 1, "a full GPU needs no split");
+        let (_, s) = fp32_tc_plan(MatmulShape::new(64, 2304, 768), SMS, 64 * 2304, wgmma);
+        assert_eq!(s, 1, "a workspace of one output allows no split");
+        let (_, s) = fp32_tc_plan(MatmulShape::new(64, 2304, 8), SMS, big, wgmma);
+        assert_eq!(s, 1, "one k-tile cannot split");
+        let tiles: &[_] = if wgmma {
+            &MATMUL_3XTF32_WGMMA_VARIANTS
+        } else {
+            &MATMUL_3XTF32_VARIANTS
+        };
+        for n in [1, 64, 1024, 8192] {
+            for (c, oc) in [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50304)] {
+                let (shape, splits) = fp32_tc_plan(MatmulShape::new(n, oc, c), SMS, big, wgmma);
+                let tiles = if n >= FP32_TC_WGMMA_MIN_ROWS {
+                    tiles
+                } else {
+                    &MATMUL_3XTF32_VARIANTS
+                };
+                assert!(tiles.contains(&shape) && (1..=FP32_TC_MAX_SPLITS).contains(&splits));
+                eprintln!("M={n:5} N={oc:6} K={c:5}: {:40} x{splits}", shape.name);
+            }
         }
     }
 }
 
-/// Every 3xTF32 kernel is in both modules.
+/// Every `mma.sync` 3xTF32 kernel is in both modules, every `wgmma` one in
+/// the sm_90a module only.
 #[test]
 fn embedded_ptx_has_every_fp32_tc_variant() {
+    for s in &MATMUL_3XTF32_WGMMA_VARIANTS {
+        let entry = format!(".visible .entry {}(", s.name);
+        assert!(gpu_host::GPU_KERNELS_SM90A_PTX.contains(&entry), "{} missing", s.name);
+        assert!(
+            !gpu_host::GPU_KERNELS_PTX.contains(&entry),
+            "{} in the portable module",
+            s.name
+        );
+    }
     for s in &MATMUL_3XTF32_VARIANTS {
         let entry = format!(".visible .entry {}(", s.name);
         assert!(gpu_host::GPU_KERNELS_PTX.contains(&entry), "{} missing", s.name);

@@ -262,7 +262,7 @@ fn matmul_tf32_awkward_shapes_every_variant() {
 #[ignore = "needs a GPU"]
 fn matmul_tf32_blocks_per_sm_matches_driver() {
     let Some(gpu) = skip::gpu() else { return };
-    let fp32_tc = gpu_kernels::params::matmul_tf32::MATMUL_3XTF32_VARIANTS;
+    let fp32_tc = host::gpu::ops::matmul_tf32::fp32_tc_variants(gpu.has_wgmma());
     for s in tf32_variants(gpu.has_wgmma()).iter().chain(&fp32_tc) {
         gpu.set_max_dynamic_shared(s.name, s.shared_bytes()).unwrap();
         let f = gpu.function(s.name).unwrap();

@@ -4,7 +4,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
-use gpu_kernels::params::matmul_tf32::{MATMUL_3XTF32_VARIANTS, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS};
+use gpu_kernels::params::matmul_tf32::{
+    MATMUL_3XTF32_VARIANTS, MATMUL_3XTF32_WGMMA_VARIANTS, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS,
+};
 use gpu_kernels::params::{SaxpyParams, names};
 use host::gpu::runtime::{dptr, dptr_mut};
 use rand::Rng;
@@ -52,6 +54,7 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
     // persistent decode step (bulk copies on mbarriers).
     let mut wgmma: BTreeSet<String> = MATMUL_TF32_WGMMA_VARIANTS
         .iter()
+        .chain(&MATMUL_3XTF32_WGMMA_VARIANTS)
         .chain(&MATMUL_BF16_WGMMA_VARIANTS)
         .map(|s| s.name.to_string())
         .collect();

@@ -14,8 +14,8 @@ use std::sync::OnceLock;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::matmul::MatmulSplitReduceParams;
 use gpu_kernels::params::matmul_tf32::{
-    MATMUL_3XTF32_VARIANTS, MATMUL_TF32_BK, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params,
-    MatmulTf32WgmmaParams, TileEngine, TileShape,
+    MATMUL_3XTF32_VARIANTS, MATMUL_3XTF32_WGMMA_VARIANTS, MATMUL_TF32_BK, MATMUL_TF32_VARIANTS,
+    MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params, MatmulTf32WgmmaParams, TileEngine, TileShape, WGMMA_M,
 };
 
 use crate::MatmulShape;
@@ -55,15 +55,28 @@ pub fn tf32_blocks(tile: &TileShape, shape: MatmulShape) -> usize {
 /// Relative cost of one block of `tile`: its output elements times the
 /// shared-memory words its warps read per output element and k step,
 /// `(wm + wn) / (wm · wn)` (the inner loop is bound by shared-memory
-/// traffic, so bigger warp tiles are cheaper per element). In units of
-/// 1/`(wm · wn)`, kept integral.
+/// traffic, so bigger warp tiles are cheaper per element). A `wgmma` tile
+/// that leaves an SM fewer than [`WGMMA_BUSY_WARPGROUPS`] consumer
+/// warpgroups costs proportionally more: one warpgroup alone waits on its
+/// own stages and conversions with the tensor cores idle (the 3xTF32
+/// 64x128 tile, one block an SM, measured at 0.7x the 128x128's rate at
+/// M = 8192). In units of 1/`(wm · wn)`, kept integral.
 fn block_cost(tile: &TileShape) -> u64 {
     let (bm, bn, wm, wn) = (tile.bm as u64, tile.bn as u64, tile.wm as u64, tile.wn as u64);
     // Common denominator of every variant's wm·wn (powers of two up to
     // 64·256, times 3 at most), so the integer division is exact.
     const DENOM: u64 = 64 * 256 * 3;
-    bm * bn * (wm + wn) * DENOM / (wm * wn)
+    let base = bm * bn * (wm + wn) * DENOM / (wm * wn);
+    if tile.engine != TileEngine::Wgmma {
+        return base;
+    }
+    let per_sm = (tile.bm / WGMMA_M * tile.blocks_per_sm).clamp(1, WGMMA_BUSY_WARPGROUPS) as u64;
+    base * WGMMA_BUSY_WARPGROUPS as u64 / per_sm
 }
+
+/// Consumer warpgroups an SM needs resident to keep its tensor cores busy
+/// (one issues while the other waits): see [`block_cost`].
+pub const WGMMA_BUSY_WARPGROUPS: u32 = 2;
 
 /// Predicted time of an `m x n` GEMM with `tile` on `sms` SMs, in the
 /// units of `block_cost`: the busiest SM holds `ceil(blocks / sms)`
@@ -231,7 +244,7 @@ pub fn tf32_splits(tile: &TileShape, shape: MatmulShape, sms: usize) -> usize {
 /// tile and the split to the planner.
 pub struct Tf32TileOptions<'a> {
     /// The tile shape: one of `MATMUL_TF32_VARIANTS` or
-    /// `MATMUL_TF32_WGMMA_VARIANTS` (TF32), of `MATMUL_3XTF32_VARIANTS`
+    /// `MATMUL_TF32_WGMMA_VARIANTS` (TF32), of [`fp32_tc_variants`]
     /// (3xTF32).
     pub tile: TileShape,
     /// Parts `k` is split into (1: none); more need `split_workspace`.
@@ -335,17 +348,54 @@ pub const FP32_TC_MIN_KTILES_PER_SPLIT: usize = 4;
 /// Most parts a 3xTF32 matmul cuts `k` into.
 pub const FP32_TC_MAX_SPLITS: usize = 8;
 
+/// Every 3xTF32 tile shape the loaded module has: the `mma.sync` ones, or
+/// with `wgmma` (the sm_90a module) the `wgmma` ones too.
+pub fn fp32_tc_variants(wgmma: bool) -> Vec<TileShape> {
+    let mut v = MATMUL_3XTF32_VARIANTS.to_vec();
+    if wgmma {
+        v.extend(MATMUL_3XTF32_WGMMA_VARIANTS);
+    }
+    v
+}
+
+/// Environment variable that keeps the planned 3xTF32 matmuls off the
+/// `wgmma` tiles when set to `1` (the `mma.sync` ones then run, as on a GPU
+/// without the sm_90a module): for same-process comparisons.
+pub const FP32_TC_NO_WGMMA_ENV: &str = "GPT2_FP32_TC_NO_WGMMA";
+
+/// Whether [`fp32_tc_planned`] plans on the `wgmma` tiles: the sm_90a
+/// module is loaded and [`FP32_TC_NO_WGMMA_ENV`] is not `1` (read once).
+pub fn fp32_tc_uses_wgmma(gpu: &Gpu) -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os(FP32_TC_NO_WGMMA_ENV).is_some_and(|v| v == "1"));
+    gpu.has_wgmma() && !off
+}
+
+/// Fewest rows a 3xTF32 matmul takes the `wgmma` tiles for: their 64-row
+/// tiles do all 64 rows' tensor work, so fewer rows run faster on the
+/// `mma.sync` 32-row tiles (measured: the server's steps of 9-32 rows 7 %
+/// faster there, of 64 rows 3-8 % slower, 128 rows 17 % slower).
+pub const FP32_TC_WGMMA_MIN_ROWS: usize = 33;
+
 /// The 3xTF32 tile and split-K parts for an `m x n` output of depth `k`:
-/// the tile of least [`predicted_cost`]; then, where its blocks fill less
-/// than a wave of resident blocks, enough parts to bring them to about one
-/// (each at least [`FP32_TC_MIN_KTILES_PER_SPLIT`] k-tiles), as many as
-/// `workspace_floats` holds partial outputs of.
-pub fn fp32_tc_plan(shape: MatmulShape, sms: usize, workspace_floats: usize) -> (TileShape, usize) {
+/// the tile of least [`predicted_cost`] among one engine's tiles (the
+/// `wgmma` ones where `wgmma` and `m` has at least
+/// [`FP32_TC_WGMMA_MIN_ROWS`] rows, else the `mma.sync` ones); then, where its
+/// blocks fill less than a wave of resident blocks, enough parts to bring
+/// them to about one (each at least [`FP32_TC_MIN_KTILES_PER_SPLIT`]
+/// k-tiles), as many as `workspace_floats` holds partial outputs of.
+pub fn fp32_tc_plan(shape: MatmulShape, sms: usize, workspace_floats: usize, wgmma: bool) -> (TileShape, usize) {
+    let wgmma = wgmma && shape.m >= FP32_TC_WGMMA_MIN_ROWS;
     let key = |s: &TileShape| {
         let running = tf32_blocks(s, shape).min(sms * s.blocks_per_sm as usize);
         (predicted_cost(s, shape, sms), std::cmp::Reverse(running), s.bm * s.bn)
     };
-    let tile = MATMUL_3XTF32_VARIANTS
+    let candidates: &[TileShape] = if wgmma {
+        &MATMUL_3XTF32_WGMMA_VARIANTS
+    } else {
+        &MATMUL_3XTF32_VARIANTS
+    };
+    let tile = candidates
         .iter()
         .copied()
         .min_by_key(key)
@@ -398,7 +448,7 @@ pub fn fp32_tc_planned<'a>(
     shape: MatmulShape,
 ) -> Tf32TileOptions<'a> {
     let floats = workspace.as_ref().map_or(0, |w| w.len());
-    let (tile, splits) = fp32_tc_plan(shape, gpu.sm_count(), floats);
+    let (tile, splits) = fp32_tc_plan(shape, gpu.sm_count(), floats, fp32_tc_uses_wgmma(gpu));
     Tf32TileOptions {
         splits,
         split_workspace: workspace,
@@ -407,7 +457,7 @@ pub fn fp32_tc_planned<'a>(
 }
 
 /// [`matmul_forward_fp32_tc`] with an explicit 3xTF32 tile (one of
-/// `MATMUL_3XTF32_VARIANTS`), split count (1: none; more needs a split
+/// [`fp32_tc_variants`]), split count (1: none; more needs a split
 /// workspace of `splits * m * n` floats, and without one runs unsplit) and
 /// GELU, for the bench's sweeps. `inp_rounded` is ignored.
 pub fn matmul_forward_fp32_tc_with<O, I, W, B>(
@@ -425,7 +475,7 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    if !MATMUL_3XTF32_VARIANTS.iter().any(|v| v.name == opts.tile.name) {
+    if !fp32_tc_variants(true).iter().any(|v| v.name == opts.tile.name) {
         return Err(MatmulTf32Error::NotFp32Tc(opts.tile.name));
     }
     let opts = Tf32TileOptions {
@@ -716,7 +766,8 @@ where
             c: k as u32,
             oc: n as u32,
             gelu: gelu as u32,
-            round_inp: !inp_rounded as u32,
+            // 3xTF32 tiles read `inp` as it is (their big halves are its truncation).
+            round_inp: (!inp_rounded && !tile.split_tf32) as u32,
             k_tiles_per_split: per_split as u32,
             round_out: round_out as u32,
         };

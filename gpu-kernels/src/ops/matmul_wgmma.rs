@@ -7,7 +7,9 @@
 //! pipeline are the same; only the instruction and the depth of a stage in
 //! elements differ. The bf16 kernels read `inp` as bf16 (rounded once by
 //! its producer) and may write bf16 (`TileOut::Bf16`) for a bf16 matmul
-//! that reads the result next.
+//! that reads the result next. The 3xTF32 kernels (`Tf32x3`) give FP32's
+//! accuracy: the consumers write each stage's small halves beside it and
+//! issue three products per k-step.
 //!
 //! Why a second kernel: `mma.sync` is issued per warp and reads its operands
 //! from registers, so every k-step costs shared-memory loads, a barrier per
@@ -84,6 +86,10 @@ const _: () = assert!(SWIZZLE_ROW_BYTES == MATMUL_TF32_BK * 4 && SWIZZLE_ROW_BYT
 pub(crate) trait WgmmaOperands {
     /// Elements of k per stage.
     const BK: usize;
+    /// 3xTF32: each stage also holds the small halves of its loaded tiles,
+    /// written by the consumers ([`split_stage`]), and a k-step is three
+    /// products (see [`Tf32x3`]).
+    const SPLIT: bool = false;
     /// One 32-byte-deep step of the warpgroup's tile (see
     /// `WgmmaAccumulator::mma_tf32`).
     ///
@@ -97,6 +103,22 @@ pub(crate) trait WgmmaOperands {
 pub(crate) struct Tf32;
 impl WgmmaOperands for Tf32 {
     const BK: usize = MATMUL_TF32_BK as usize;
+    #[inline(always)]
+    unsafe fn mma<Acc: WgmmaAccumulator>(acc: &mut Acc, a: u64, b: u64) {
+        // SAFETY: forwarded.
+        unsafe { acc.mma_tf32(a, b) }
+    }
+}
+
+/// f32 operands at FP32's accuracy (3xTF32). The tensor cores read the
+/// loaded f32 tiles as their big halves (they use the top 19 bits:
+/// truncation), and the stage's second half holds the small ones,
+/// `x - trunc(x)` rounded to TF32; a product is then small·big + big·small
+/// + big·big, the dropped small·small under 2^-20 of it.
+pub(crate) struct Tf32x3;
+impl WgmmaOperands for Tf32x3 {
+    const BK: usize = MATMUL_TF32_BK as usize;
+    const SPLIT: bool = true;
     #[inline(always)]
     unsafe fn mma<Acc: WgmmaAccumulator>(acc: &mut Acc, a: u64, b: u64) {
         // SAFETY: forwarded.
@@ -177,6 +199,53 @@ unsafe fn round_stage(stage: *mut u8, bytes: usize, tid: usize, consumers: usize
     }
 }
 
+/// TF32's truncation of an f32: the bits the tensor cores use.
+const TF32_TRUNCATE_MASK: u32 = 0xffff_e000;
+
+/// The small half of `x` for 3xTF32: what the tensor cores' truncation of
+/// `x` drops (exact in f32), rounded to TF32.
+#[inline(always)]
+fn tf32_small_half(x: f32) -> f32 {
+    let big = f32::from_bits(x.to_bits() & TF32_TRUNCATE_MASK);
+    f32::from_bits(to_tf32(x - big))
+}
+
+/// Write the small halves ([`tf32_small_half`]) of this thread's share of
+/// `bytes` bytes of a landed stage at `src` to the same offsets at `dst`:
+/// 16-byte chunks `tid + i * participants`. Both areas start on a swizzle
+/// atom, so the 128-byte swizzle places a value and its small half alike.
+///
+/// # Safety
+/// `src` and `dst` are generic addresses of `bytes` bytes of this block's
+/// shared memory, 16-byte aligned: `src` landed and not written by anyone
+/// until the participants' next barrier, `dst` neither read nor written
+/// by anyone else until then.
+#[inline(always)]
+unsafe fn split_stage(src: *const u8, dst: *mut u8, bytes: usize, tid: usize, participants: usize) {
+    let chunks = bytes / CHUNK_BYTES;
+    let mut first = tid;
+    while first < chunks {
+        let mut v = [Vec4([0.0; 4]); ROUND_BATCH];
+        for (j, x) in v.iter_mut().enumerate() {
+            let chunk = first + j * participants;
+            if chunk < chunks {
+                // SAFETY: chunk < bytes / 16: inside the caller's landed area, 16-byte aligned.
+                *x = unsafe { *src.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() };
+            }
+        }
+        for (j, x) in v.iter().enumerate() {
+            let chunk = first + j * participants;
+            if chunk < chunks {
+                let small = Vec4(x.0.map(tf32_small_half));
+                // SAFETY: the same in-bounds offset of the caller's `dst` area, which only this
+                // call writes until the participants' barrier.
+                unsafe { *dst.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() = small };
+            }
+        }
+        first += ROUND_BATCH * participants;
+    }
+}
+
 /// The kernel body for one tile shape: `BM / 64` consumer warpgroups and a
 /// producer warp, `BN = Acc::N`.
 ///
@@ -207,6 +276,8 @@ unsafe fn matmul_wgmma_body<
         assert!(2 * STAGES as u32 * MBARRIER_BYTES <= WGMMA_BARRIER_BYTES);
         // The epilogue parks the output tile in the stages' memory.
         assert!(BM * (BN + EPI_PAD) * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
+        // A stage's small halves start on a swizzle atom, as the stage does.
+        assert!(((BM + BN) * SWIZZLE_ROW_BYTES as usize).is_multiple_of(WGMMA_SMEM_ALIGN as usize));
     };
     let (n, c, oc) = (p.n, p.c, p.oc);
     let (tile_m, tile_n) = grouped_tile(block_idx_x() as usize, n.div_ceil(BM), oc.div_ceil(BN));
@@ -226,7 +297,12 @@ unsafe fn matmul_wgmma_body<
     // stages.
     let smem_ptr = unsafe { raw.add(skip as usize) };
     let a_bytes = BM as u32 * SWIZZLE_ROW_BYTES;
-    let stage_bytes = (BM + BN) as u32 * SWIZZLE_ROW_BYTES;
+    // What the TMA loads per stage; 3xTF32 keeps the small halves of those
+    // rows right after them (`small`: the offset from a loaded row to its
+    // small half).
+    let load_bytes = (BM + BN) as u32 * SWIZZLE_ROW_BYTES;
+    let small = load_bytes;
+    let stage_bytes = if Op::SPLIT { 2 * load_bytes } else { load_bytes };
     let stage = |s: usize| smem + s as u32 * stage_bytes;
     let barriers = stage(STAGES);
     let full = |s: usize| barriers + s as u32 * MBARRIER_BYTES;
@@ -287,7 +363,7 @@ unsafe fn matmul_wgmma_body<
                 // into stage `s`, which every consumer released (the wait above); the maps
                 // and boxes are the launch contract's.
                 unsafe {
-                    mbarrier_arrive_expect_tx(full(s), stage_bytes);
+                    mbarrier_arrive_expect_tx(full(s), load_bytes);
                     tma_load_2d(stage(s), inp_map, k, m0 as i32, full(s));
                     tma_load_2d(stage(s) + a_bytes, weight_map, k, n0 as i32, full(s));
                 }
@@ -310,7 +386,38 @@ unsafe fn matmul_wgmma_body<
             // SAFETY: `full(s)` is initialised; the producer armed this phase with its TMA
             // loads, which complete it.
             unsafe { mbarrier_wait_parity(full(s), ((kt / STAGES) & 1) as u32) };
-            if p.round_inp {
+            if Op::SPLIT {
+                // Small halves: each warpgroup its own rows of `inp`, all of them the
+                // weight's rows together; then every consumer waits for all of them.
+                let consumer = tid;
+                let wg_tid = tid % WG_THREADS;
+                let loaded = s * stage_bytes as usize;
+                let own_a = loaded + warpgroup * WG_ROWS * SWIZZLE_ROW_BYTES as usize;
+                let b = loaded + a_bytes as usize;
+                // SAFETY: the stage landed (the `full` wait above) and nobody writes it; the
+                // small halves' rows of stage `s` are free (the ring reuses a stage only after
+                // every consumer released it, and nobody reads them until the barrier below);
+                // each area is in bounds (stage s of `stage_bytes`) and 16-byte aligned.
+                unsafe {
+                    split_stage(
+                        smem_ptr.add(own_a),
+                        smem_ptr.add(own_a + small as usize),
+                        WG_ROWS * SWIZZLE_ROW_BYTES as usize,
+                        wg_tid,
+                        WG_THREADS,
+                    );
+                    split_stage(
+                        smem_ptr.add(b),
+                        smem_ptr.add(b + small as usize),
+                        BN * SWIZZLE_ROW_BYTES as usize,
+                        consumer,
+                        CONSUMERS,
+                    );
+                }
+                // Generic-proxy writes, read next by the tensor cores.
+                fence_proxy_async_shared();
+                named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+            } else if p.round_inp {
                 // Round this warpgroup's rows of `inp` (its A operand) in place.
                 // SAFETY: s < STAGES, and this warpgroup's WG_ROWS rows lie inside the stage's
                 // A part (BM rows).
@@ -346,6 +453,19 @@ unsafe fn matmul_wgmma_body<
                     descriptor_k_major_sw128(a_addr + k_bytes),
                     descriptor_k_major_sw128(b_addr + k_bytes),
                 );
+                if Op::SPLIT {
+                    let (a_small, b_small) = (
+                        descriptor_k_major_sw128(a_addr + small + k_bytes),
+                        descriptor_k_major_sw128(b_addr + small + k_bytes),
+                    );
+                    // The small products first: they are the least significant.
+                    // SAFETY: as below; the small halves were written and fenced before the
+                    // consumers' barrier above, and live in the same stage.
+                    unsafe {
+                        Op::mma(&mut acc, a_small, b);
+                        Op::mma(&mut acc, a, b_small);
+                    }
+                }
                 // SAFETY: the whole warpgroup runs this with the same descriptors
                 // of a landed stage; the stage is refilled only after this
                 // warpgroup releases it below, once this group has completed.
@@ -399,7 +519,7 @@ macro_rules! matmul_wgmma_kernel {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fn_name(p: $params) {
             const S: TileShape = $shape;
-            const { assert!(matches!(S.engine, TileEngine::Wgmma)) };
+            const { assert!(matches!(S.engine, TileEngine::Wgmma) && S.split_tf32 == <$op as WgmmaOperands>::SPLIT) };
             // SAFETY: the host launches this kernel by its `TileShape` on sm_90a, which is
             // `matmul_wgmma_body`'s contract for these parameters.
             unsafe {
@@ -465,6 +585,11 @@ macro_rules! tf32_kernel {
         matmul_wgmma_kernel!($fn_name, $shape, Tf32, MatmulTf32WgmmaParams, tf32_gemm);
     };
 }
+macro_rules! tf32x3_kernel {
+    ($fn_name:ident, $shape:expr) => {
+        matmul_wgmma_kernel!($fn_name, $shape, Tf32x3, MatmulTf32WgmmaParams, tf32_gemm);
+    };
+}
 macro_rules! bf16_kernel {
     ($fn_name:ident, $shape:expr) => {
         matmul_wgmma_kernel!($fn_name, $shape, Bf16, MatmulBf16WgmmaParams, bf16_gemm);
@@ -477,6 +602,10 @@ tf32_kernel!(matmul_forward_tf32_wgmma_128x192, MATMUL_TF32_WGMMA_128X192);
 tf32_kernel!(matmul_forward_tf32_wgmma_128x128, MATMUL_TF32_WGMMA_128X128);
 tf32_kernel!(matmul_forward_tf32_wgmma_64x128, MATMUL_TF32_WGMMA_64X128);
 tf32_kernel!(matmul_forward_tf32_wgmma_64x64, MATMUL_TF32_WGMMA_64X64);
+
+tf32x3_kernel!(matmul_forward_3xtf32_wgmma_128x128, MATMUL_3XTF32_WGMMA_128X128);
+tf32x3_kernel!(matmul_forward_3xtf32_wgmma_64x128, MATMUL_3XTF32_WGMMA_64X128);
+tf32x3_kernel!(matmul_forward_3xtf32_wgmma_64x64, MATMUL_3XTF32_WGMMA_64X64);
 
 bf16_kernel!(matmul_forward_bf16_wgmma_128x256, MATMUL_BF16_WGMMA_128X256);
 bf16_kernel!(matmul_forward_bf16_wgmma_192x192, MATMUL_BF16_WGMMA_192X192);

@@ -80,6 +80,12 @@ pub struct TileShape {
     /// Only the host's tile chooser reads it; `tests/gpu/matmul_tf32.rs`
     /// checks it against the driver's occupancy calculator.
     pub blocks_per_sm: u32,
+    /// 3xTF32 (FP32's accuracy from three TF32 products of the operands'
+    /// big and small halves). `MmaSync`: split as fragments are read, no
+    /// extra memory. `Wgmma`: each stage also holds the small halves of
+    /// its loaded tiles (`wgmma` reads its operands from shared memory), so
+    /// a stage takes twice the bytes.
+    pub split_tf32: bool,
 }
 
 impl TileShape {
@@ -90,6 +96,11 @@ impl TileShape {
             TileEngine::Wgmma => (self.bm / WGMMA_M) * WARPGROUP_THREADS + WGMMA_PRODUCER_THREADS,
         }
     }
+    /// Bytes of one stage of a `Wgmma` tile: the `bm + bn` loaded rows, and
+    /// as many again for their small halves when `split_tf32`.
+    pub const fn wgmma_stage_bytes(&self) -> u32 {
+        (self.bm + self.bn) * WGMMA_ROW_BYTES * if self.split_tf32 { 2 } else { 1 }
+    }
     /// Dynamic shared memory per block: `stages` copies of an A and a B
     /// tile (`MmaSync`: rows padded, and the epilogue's output tile reuses
     /// them; `Wgmma`: unpadded swizzled rows, the alignment slack and the
@@ -97,9 +108,7 @@ impl TileShape {
     pub const fn shared_bytes(&self) -> u32 {
         match self.engine {
             TileEngine::MmaSync => self.stages * (self.bm + self.bn) * (MATMUL_TF32_BK + MATMUL_TF32_PAD) * 4,
-            TileEngine::Wgmma => {
-                self.stages * (self.bm + self.bn) * WGMMA_ROW_BYTES + WGMMA_SMEM_ALIGN + WGMMA_BARRIER_BYTES
-            }
+            TileEngine::Wgmma => self.stages * self.wgmma_stage_bytes() + WGMMA_SMEM_ALIGN + WGMMA_BARRIER_BYTES,
         }
     }
 }
@@ -117,6 +126,7 @@ pub const MATMUL_TF32_128X192: TileShape = TileShape {
     wn: 48,
     stages: 3,
     blocks_per_sm: 1,
+    split_tf32: false,
 };
 /// 128x128 block, 8 warps of 64x32, 4 stages (147.5 KiB shared): large GEMMs.
 /// One block per SM (ptxas: ~172 registers x 256 threads), so the pipeline is
@@ -130,6 +140,7 @@ pub const MATMUL_TF32_128X128: TileShape = TileShape {
     wn: 32,
     stages: 4,
     blocks_per_sm: 1,
+    split_tf32: false,
 };
 /// 128x64 block, 4 warps of 64x32, 4 stages (110.6 KiB): two blocks per SM.
 pub const MATMUL_TF32_128X64: TileShape = TileShape {
@@ -141,6 +152,7 @@ pub const MATMUL_TF32_128X64: TileShape = TileShape {
     wn: 32,
     stages: 4,
     blocks_per_sm: 2,
+    split_tf32: false,
 };
 /// 64x64 block, 4 warps of 32x32, 3 stages (55.3 KiB): medium GEMMs.
 pub const MATMUL_TF32_64X64: TileShape = TileShape {
@@ -152,6 +164,7 @@ pub const MATMUL_TF32_64X64: TileShape = TileShape {
     wn: 32,
     stages: 3,
     blocks_per_sm: 4,
+    split_tf32: false,
 };
 /// 32x64 block, 4 warps of 16x32, 4 stages (55.3 KiB): small M (decode, short
 /// prompts), where more blocks are needed to fill the GPU.
@@ -164,6 +177,7 @@ pub const MATMUL_TF32_32X64: TileShape = TileShape {
     wn: 32,
     stages: 4,
     blocks_per_sm: 4,
+    split_tf32: false,
 };
 
 /// FP32 matmuls on the TF32 tensor cores at FP32's accuracy ("3xTF32":
@@ -176,16 +190,19 @@ pub const MATMUL_TF32_32X64: TileShape = TileShape {
 pub const MATMUL_3XTF32_128X64: TileShape = TileShape {
     name: "matmul_forward_3xtf32_128x64",
     blocks_per_sm: 2,
+    split_tf32: true,
     ..MATMUL_TF32_128X64
 };
 pub const MATMUL_3XTF32_64X64: TileShape = TileShape {
     name: "matmul_forward_3xtf32_64x64",
     blocks_per_sm: 3,
+    split_tf32: true,
     ..MATMUL_TF32_64X64
 };
 pub const MATMUL_3XTF32_32X64: TileShape = TileShape {
     name: "matmul_forward_3xtf32_32x64",
     blocks_per_sm: 4,
+    split_tf32: true,
     ..MATMUL_TF32_32X64
 };
 
@@ -212,6 +229,7 @@ pub const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, block
         wn: bn,
         stages,
         blocks_per_sm,
+        split_tf32: false,
     }
 }
 
@@ -234,6 +252,36 @@ pub const MATMUL_TF32_WGMMA_64X128: TileShape = wgmma_tile("matmul_forward_tf32_
 /// 64x64, one warpgroup, 4 stages (65 KiB, three blocks per SM): small
 /// outputs (M = 1024 x N = 768: 192 blocks).
 pub const MATMUL_TF32_WGMMA_64X64: TileShape = wgmma_tile("matmul_forward_tf32_wgmma_64x64", 64, 64, 4, 3);
+
+/// A 3xTF32 wgmma tile (`TileShape::split_tf32`).
+pub const fn wgmma_3xtf32_tile(name: &'static str, bm: u32, bn: u32, stages: u32, blocks_per_sm: u32) -> TileShape {
+    TileShape {
+        split_tf32: true,
+        ..wgmma_tile(name, bm, bn, stages, blocks_per_sm)
+    }
+}
+
+/// FP32 at FP32's accuracy on the `wgmma` tensor cores (3xTF32, sm_90a
+/// only): the TMA loads plain f32 tiles; the consumers write each stage's
+/// small halves (`x - trunc(x)`, rounded to TF32) beside it, and the
+/// tensor cores' own truncation of the loaded tile gives the big halves.
+/// Three `wgmma` per k-step (small·big, big·small, big·big). 128x128, 3
+/// stages of 64 KiB (193 KiB): prefill.
+pub const MATMUL_3XTF32_WGMMA_128X128: TileShape =
+    wgmma_3xtf32_tile("matmul_forward_3xtf32_wgmma_128x128", 128, 128, 3, 1);
+/// 64x128, 4 stages of 48 KiB (193 KiB): medium M.
+pub const MATMUL_3XTF32_WGMMA_64X128: TileShape =
+    wgmma_3xtf32_tile("matmul_forward_3xtf32_wgmma_64x128", 64, 128, 4, 1);
+/// 64x64, 3 stages of 32 KiB (97 KiB, two blocks per SM): the server's
+/// steps of tens of rows (many blocks, split over k).
+pub const MATMUL_3XTF32_WGMMA_64X64: TileShape = wgmma_3xtf32_tile("matmul_forward_3xtf32_wgmma_64x64", 64, 64, 3, 2);
+
+/// Every 3xTF32 `wgmma` tile shape (sm_90a module only).
+pub const MATMUL_3XTF32_WGMMA_VARIANTS: [TileShape; 3] = [
+    MATMUL_3XTF32_WGMMA_128X128,
+    MATMUL_3XTF32_WGMMA_64X128,
+    MATMUL_3XTF32_WGMMA_64X64,
+];
 
 /// Every `wgmma` tile shape (sm_90a module only).
 pub const MATMUL_TF32_WGMMA_VARIANTS: [TileShape; 6] = [

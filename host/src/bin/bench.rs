@@ -17,7 +17,7 @@ use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::decode_step::DECODE_STEP_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
 use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
-use gpu_kernels::params::matmul_tf32::MATMUL_3XTF32_VARIANTS;
+use gpu_kernels::params::matmul_tf32::TileEngine;
 use gpu_kernels::params::sample::SampleRow;
 use host::bench::replicas::bench_replicas;
 use host::bench::step_trace::{PHASE_KINDS, PhaseTimes, by_kind, phase_times};
@@ -43,8 +43,9 @@ use host::gpu::ops::matmul_bf16::{
     Bf16Out, Bf16TileOptions, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_with,
 };
 use host::gpu::ops::matmul_tf32::{
-    MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_plan, matmul_forward_fp32_tc,
-    matmul_forward_fp32_tc_with, matmul_forward_tf32, matmul_forward_tf32_opts, matmul_forward_tf32_with,
+    MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_plan, fp32_tc_variants,
+    matmul_forward_fp32_tc, matmul_forward_fp32_tc_with, matmul_forward_tf32, matmul_forward_tf32_opts,
+    matmul_forward_tf32_with,
 };
 use host::gpu::ops::weight::WeightRef;
 use host::gpu::replicas::DeviceList;
@@ -160,6 +161,15 @@ struct Args {
     /// `trace` section: the prefill's precision (fp32, tf32 or bf16).
     #[arg(long, default_value = "tf32", value_parser = parse_precision)]
     trace_precision: Precision,
+    /// `slots` section: only these row counts (comma-separated, each 1 to
+    /// the slot count).
+    #[arg(long, value_delimiter = ',')]
+    slot_rows: Vec<usize>,
+    /// `slots` section: wrap each row count's last step in the profiler's
+    /// collection range (`cuProfilerStart`/`Stop`), for
+    /// `ncu --profile-from-start off`.
+    #[arg(long)]
+    profile_slots: bool,
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
@@ -867,8 +877,8 @@ fn fp32_hook(gpu: &Gpu, args: &Args, sets: &mut GemmSets) -> anyhow::Result<Vec<
         Ok(())
     })?;
     res.push(("ours_fp32_tc_auto".to_string(), t));
-    let (_, splits) = fp32_tc_plan(gemm, gpu.sm_count(), floats);
-    for shape in &MATMUL_3XTF32_VARIANTS {
+    for shape in &fp32_tc_variants(gpu.has_wgmma()) {
+        let (_, splits) = fp32_tc_plan(gemm, gpu.sm_count(), floats, shape.engine == TileEngine::Wgmma);
         let t = time_calls::<anyhow::Error>(gpu, sn, args.warmup, args.samples, |i| {
             let GemmSets { inp, w, out, .. } = &mut *sets;
             let bias = None::<&CudaSlice<f32>>;
@@ -1200,7 +1210,16 @@ fn bench_slots(args: &Args, report: &mut Report) -> anyhow::Result<()> {
                 .collect();
             engine.prefill(slot, &prompt, 0)?;
         }
-        for n in SLOTS_ROWS {
+        let rows: &[usize] = if args.slot_rows.is_empty() {
+            &SLOTS_ROWS
+        } else {
+            &args.slot_rows
+        };
+        for &n in rows {
+            anyhow::ensure!(
+                (1..=SLOTS_MAX).contains(&n),
+                "--slot-rows {n}: each must be 1 to {SLOTS_MAX}"
+            );
             let mut samples = Vec::with_capacity(args.samples);
             for i in 0..args.warmup + args.samples {
                 // Every step at the same positions: the cache rows past the
@@ -1220,10 +1239,21 @@ fn bench_slots(args: &Args, report: &mut Report) -> anyhow::Result<()> {
                         stream: slot as u32,
                     })
                     .collect();
+                let profiled = args.profile_slots && i + 1 == args.warmup + args.samples;
+                if profiled {
+                    engine.gpu().synchronize()?;
+                    // SAFETY: no arguments; starts the profiler's collection range.
+                    unsafe { cudarc::driver::sys::cuProfilerStart() };
+                }
                 let start = std::time::Instant::now();
                 engine.decode(&rows)?;
                 engine.choose(&draws)?;
                 let ms = start.elapsed().as_secs_f64() * 1e3;
+                if profiled {
+                    engine.gpu().synchronize()?;
+                    // SAFETY: as above; stops it.
+                    unsafe { cudarc::driver::sys::cuProfilerStop() };
+                }
                 if i >= args.warmup {
                     samples.push(ms);
                 }
