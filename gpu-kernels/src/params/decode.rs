@@ -119,9 +119,12 @@ pub const fn decode_gemv_mma_shared_bytes(n: u32, c: u32, ln: bool, warps: u32) 
 
 /// Attention: keys per chunk (one block each).
 pub const DECODE_ATTN_CHUNK: u32 = 64;
-/// Attention: threads per block (2 warps; 8 lanes share a key, 8 head
-/// dimensions each).
-pub const DECODE_ATTN_THREADS: u32 = 64;
+/// Attention: threads per block (4 warps; 8 lanes share a key, 8 head
+/// dimensions each, so a group scores 4 of a chunk's 64 keys). With 2 warps
+/// (8 keys a group) the kernel took 172 registers and an SM held 4 blocks,
+/// 8 warps: latency-bound at the server's 64 rows (ncu: 10 % occupancy,
+/// 0.19 eligible warps a scheduler). With 4 warps it takes 64 registers.
+pub const DECODE_ATTN_THREADS: u32 = 128;
 /// Attention: partials each chunk block writes (one per warp).
 pub const DECODE_ATTN_PARTS_PER_CHUNK: u32 = DECODE_ATTN_THREADS / 32;
 /// Head size the attention kernel is written for (every GPT-2 size has 64).
