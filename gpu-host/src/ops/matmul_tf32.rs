@@ -75,7 +75,8 @@ fn block_cost(tile: &TileShape) -> u64 {
 }
 
 /// Consumer warpgroups an SM needs resident to keep its tensor cores busy
-/// (one issues while the other waits): see [`block_cost`].
+/// (one issues while the other waits): the tile chooser charges a `wgmma` tile that
+/// leaves fewer resident per SM proportionally more per block.
 pub const WGMMA_BUSY_WARPGROUPS: u32 = 2;
 
 /// Predicted time of an `m x n` GEMM with `tile` on `sms` SMs, in the
