@@ -164,64 +164,26 @@ const CONSUMER_BARRIER: u32 = 1;
 const WARPGROUP_BARRIER_BASE: u32 = 2;
 const EPI_PAD: usize = WGMMA_EPI_PAD as usize;
 
-/// Round to TF32, in place, this thread's share of `bytes` bytes of a landed
-/// stage: 16-byte chunks `tid + i * consumers`, loaded
-/// `ROUND_BATCH` at a time before any is stored (the swizzle permutes chunks
-/// within rows, so rounding whole chunks in place is layout-blind).
-///
-/// # Safety
-/// `stage` is the generic address of `bytes` bytes of a landed stage that
-/// nobody else writes or reads until the participants' next barrier.
-#[inline(always)]
-unsafe fn round_stage(stage: *mut u8, bytes: usize, tid: usize, consumers: usize) {
-    let chunks = bytes / CHUNK_BYTES;
-    let mut first = tid;
-    while first < chunks {
-        let mut v = [Vec4([0.0; 4]); ROUND_BATCH];
-        for (j, x) in v.iter_mut().enumerate() {
-            let chunk = first + j * consumers;
-            if chunk < chunks {
-                // SAFETY: chunk < chunks = bytes / 16: inside the caller's landed stage; the
-                // stage base is 16-byte aligned (a swizzle atom), so the `Vec4` read is too.
-                *x = unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() };
-            }
-        }
-        for (j, x) in v.iter().enumerate() {
-            let chunk = first + j * consumers;
-            if chunk < chunks {
-                let rounded = Vec4(x.0.map(|f| f32::from_bits(to_tf32(f))));
-                // SAFETY: the same in-bounds, aligned chunk this thread read; nobody else touches
-                // it until the participants' barrier (the caller's contract).
-                unsafe { *stage.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() = rounded };
-            }
-        }
-        first += ROUND_BATCH * consumers;
-    }
-}
-
-/// TF32's truncation of an f32: the bits the tensor cores use.
-const TF32_TRUNCATE_MASK: u32 = 0xffff_e000;
-
-/// The small half of `x` for 3xTF32: what the tensor cores' truncation of
-/// `x` drops (exact in f32), rounded to TF32.
-#[inline(always)]
-fn tf32_small_half(x: f32) -> f32 {
-    let big = f32::from_bits(x.to_bits() & TF32_TRUNCATE_MASK);
-    f32::from_bits(to_tf32(x - big))
-}
-
-/// Write the small halves ([`tf32_small_half`]) of this thread's share of
-/// `bytes` bytes of a landed stage at `src` to the same offsets at `dst`:
-/// 16-byte chunks `tid + i * participants`. Both areas start on a swizzle
-/// atom, so the 128-byte swizzle places a value and its small half alike.
+/// Map `f` over this thread's share of `bytes` bytes of a landed stage at
+/// `src`, writing the results to the same offsets at `dst` (which may be
+/// `src`): 16-byte chunks `tid + i * participants`, loaded `ROUND_BATCH` at
+/// a time before any is stored (latency against registers). Elementwise,
+/// hence layout-blind: the 128-byte swizzle permutes chunks within rows,
+/// and both areas start on a swizzle atom.
 ///
 /// # Safety
 /// `src` and `dst` are generic addresses of `bytes` bytes of this block's
-/// shared memory, 16-byte aligned: `src` landed and not written by anyone
-/// until the participants' next barrier, `dst` neither read nor written
-/// by anyone else until then.
+/// shared memory, 16-byte aligned: `src` landed, and neither area written
+/// (nor `dst` read) by anyone else until the participants' next barrier.
 #[inline(always)]
-unsafe fn split_stage(src: *const u8, dst: *mut u8, bytes: usize, tid: usize, participants: usize) {
+unsafe fn map_stage(
+    src: *const u8,
+    dst: *mut u8,
+    bytes: usize,
+    tid: usize,
+    participants: usize,
+    f: impl Fn(f32) -> f32,
+) {
     let chunks = bytes / CHUNK_BYTES;
     let mut first = tid;
     while first < chunks {
@@ -236,14 +198,48 @@ unsafe fn split_stage(src: *const u8, dst: *mut u8, bytes: usize, tid: usize, pa
         for (j, x) in v.iter().enumerate() {
             let chunk = first + j * participants;
             if chunk < chunks {
-                let small = Vec4(x.0.map(tf32_small_half));
-                // SAFETY: the same in-bounds offset of the caller's `dst` area, which only this
-                // call writes until the participants' barrier.
-                unsafe { *dst.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() = small };
+                // SAFETY: the same in-bounds offset of `dst`, which only this thread touches
+                // until the participants' barrier (the caller's contract).
+                unsafe { *dst.add(chunk * CHUNK_BYTES).cast::<Vec4<f32>>() = Vec4(x.0.map(&f)) };
             }
         }
         first += ROUND_BATCH * participants;
     }
+}
+
+/// Round to TF32, in place, this thread's share of `bytes` bytes of a landed
+/// stage ([`map_stage`]).
+///
+/// # Safety
+/// `stage` is the generic address of `bytes` bytes of a landed stage that
+/// nobody else writes or reads until the participants' next barrier.
+#[inline(always)]
+unsafe fn round_stage(stage: *mut u8, bytes: usize, tid: usize, consumers: usize) {
+    // SAFETY: the caller's contract, with `dst` = `src`.
+    unsafe { map_stage(stage, stage, bytes, tid, consumers, |f| f32::from_bits(to_tf32(f))) }
+}
+
+/// TF32's truncation of an f32: the bits the tensor cores use.
+const TF32_TRUNCATE_MASK: u32 = 0xffff_e000;
+
+/// The small half of `x` for 3xTF32: what the tensor cores' truncation of
+/// `x` drops (exact in f32), rounded to TF32.
+#[inline(always)]
+fn tf32_small_half(x: f32) -> f32 {
+    let big = f32::from_bits(x.to_bits() & TF32_TRUNCATE_MASK);
+    f32::from_bits(to_tf32(x - big))
+}
+
+/// Write the small halves ([`tf32_small_half`]) of this thread's share of
+/// `bytes` bytes of a landed stage at `src` to the same offsets at `dst`
+/// ([`map_stage`]).
+///
+/// # Safety
+/// [`map_stage`]'s contract.
+#[inline(always)]
+unsafe fn split_stage(src: *const u8, dst: *mut u8, bytes: usize, tid: usize, participants: usize) {
+    // SAFETY: forwarded.
+    unsafe { map_stage(src, dst, bytes, tid, participants, tf32_small_half) }
 }
 
 /// The kernel body for one tile shape: `BM / 64` consumer warpgroups and a
