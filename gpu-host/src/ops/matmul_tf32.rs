@@ -476,7 +476,8 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
-    if !fp32_tc_variants(true).iter().any(|v| v.name == opts.tile.name) {
+    let mut fp32_tc = MATMUL_3XTF32_VARIANTS.iter().chain(&MATMUL_3XTF32_WGMMA_VARIANTS);
+    if !fp32_tc.any(|v| v.name == opts.tile.name) {
         return Err(MatmulTf32Error::NotFp32Tc(opts.tile.name));
     }
     let opts = Tf32TileOptions {

@@ -385,7 +385,6 @@ unsafe fn matmul_wgmma_body<
             if Op::SPLIT {
                 // Small halves: each warpgroup its own rows of `inp`, all of them the
                 // weight's rows together; then every consumer waits for all of them.
-                let consumer = tid;
                 let wg_tid = tid % WG_THREADS;
                 let loaded = s * stage_bytes as usize;
                 let own_a = loaded + warpgroup * WG_ROWS * SWIZZLE_ROW_BYTES as usize;
@@ -406,7 +405,7 @@ unsafe fn matmul_wgmma_body<
                         smem_ptr.add(b),
                         smem_ptr.add(b + small as usize),
                         BN * SWIZZLE_ROW_BYTES as usize,
-                        consumer,
+                        tid,
                         CONSUMERS,
                     );
                 }
