@@ -48,7 +48,7 @@ pub mod shape;
 pub use runtime::{Gpu, GpuError, Module, require_gpu_env, test_gpu};
 pub use shape::{
     AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape,
-    SampleShape,
+    SampleShape, SplitSums,
 };
 
 /// The `cudarc` this crate is built on: buffers, launch configurations and

@@ -767,10 +767,11 @@ mod tests {
 
     /// The kernels of the engine's forward pass that `Gpu::launch` chains
     /// with PDL on Hopper: each must start with the wait in the sm_90a PTX.
-    const CHAINED: [&str; 12] = [
+    const CHAINED: [&str; 13] = [
         "encoder_forward",
         "layernorm_forward",
         "residual_layernorm_forward",
+        "residual_layernorm_split_forward",
         "matmul_forward_3xtf32_32x64",
         "matmul_forward_3xtf32_64x64",
         "matmul_split_reduce",

@@ -121,6 +121,16 @@ pub struct LayernormWeights<'a, T: ?Sized> {
     pub bias: &'a T,
 }
 
+/// A projection left as split-K partial sums (a matmul's first launch
+/// alone, `matmul_tf32::matmul_forward_fp32_tc_partials`): `splits` slices
+/// of `rows * c` floats in `partial`, added in slice order, and the `c`
+/// floats of `bias` still to add. `T` as for [`LayernormWeights`].
+pub struct SplitSums<'a, T: ?Sized> {
+    pub partial: &'a T,
+    pub splits: usize,
+    pub bias: Option<&'a T>,
+}
+
 // By hand: a derive would ask `T: Clone`, which `[f32]` is not.
 impl<T: ?Sized> Clone for LayernormWeights<'_, T> {
     fn clone(&self) -> Self {

@@ -9,7 +9,7 @@
 pub mod skip;
 
 use cudarc::driver::CudaSlice;
-use gpu_host::shape::{AttentionShape, EncoderShape, LayernormWeights, MatmulShape, RowShape};
+use gpu_host::shape::{AttentionShape, EncoderShape, LayernormWeights, MatmulShape, RowShape, SplitSums};
 use host::cpu::ops as cpu;
 use host::gpu::Gpu;
 use host::gpu::ops::argmax::{argmax_forward, argmax_forward_values};
@@ -20,7 +20,8 @@ use host::gpu::ops::crossentropy::crossentropy_forward;
 use host::gpu::ops::encoder::encoder_forward_variant;
 use host::gpu::ops::gelu::gelu_forward_variant;
 use host::gpu::ops::layernorm::{
-    LayernormOut, layernorm_forward_bf16, layernorm_forward_variant, residual_layernorm_forward,
+    LayernormOut, RESIDUAL_LAYERNORM_BLOCK_MAX_ROWS, layernorm_forward_bf16, layernorm_forward_variant,
+    residual_layernorm_forward, residual_layernorm_split_forward,
 };
 use host::gpu::ops::matmul::{
     MatmulKernel, MatmulOptions, MatmulWorkspace, TiledPlan, matmul_forward_plan, matmul_forward_with, plan_tiled,
@@ -257,10 +258,14 @@ fn layernorm_matches_cpu() {
 #[ignore = "needs a GPU"]
 fn residual_layernorm_matches_cpu() {
     let Some(gpu) = skip::gpu() else { return };
+    // Up to RESIDUAL_LAYERNORM_BLOCK_MAX_ROWS aligned rows run a block a row,
+    // more (1100) or misaligned ones a warp a row.
+    const { assert!(1100 > RESIDUAL_LAYERNORM_BLOCK_MAX_ROWS) };
     for &(n, c) in &[
         (1, 768),
         (3 * 37, 768),
         (1024, 768),
+        (1100, 768),
         (4 * 64, 1600),
         (3, 2052),
         (7, 66),
@@ -309,6 +314,105 @@ fn residual_layernorm_matches_cpu() {
     }
 }
 
+/// The residual layernorm that adds a split-K projection's parts itself:
+/// the residual bit for bit the CPU twin's (the parts added in split order,
+/// then the bias, then `inp1`: the bits of `matmul_split_reduce` followed by
+/// `residual_layernorm_forward`), the layernorm in f32, TF32 or bf16 within
+/// the other layernorm tests' bars. Split counts past the kernel's batch of
+/// loads (8) take its second round; rows as narrow as one vector and as
+/// wide as the block allows. Widths it cannot take are refused.
+#[test]
+#[ignore = "needs a GPU"]
+fn residual_layernorm_split_matches_cpu() {
+    let Some(gpu) = skip::gpu() else { return };
+    let cases = [(1, 768), (64, 768), (3, 1600), (5, 4), (2, 4096), (7, 36)];
+    let split_counts = [1, 2, 6, 8, 9, 17];
+    for (case, &(n, c)) in cases.iter().enumerate() {
+        for (k, &splits) in split_counts.iter().enumerate() {
+            let with_bias = (case + k) % 2 == 0;
+            // f32, TF32-rounded or bf16 output, cycling over the cases.
+            let format = (case + k) % 3;
+            let inp1: Vec<f32> = random_vec(n * c, 2.0).iter().map(|x| x + 10.0).collect();
+            let partial = random_vec(splits * n * c, 1.0);
+            let (proj_bias, w, bias) = (random_vec(c, 1.0), random_vec(c, 1.0), random_vec(c, 1.0));
+            let (mut want_res, mut want) = (vec![0f32; n * c], vec![0f32; n * c]);
+            let parts = SplitSums {
+                partial: &partial[..],
+                splits,
+                bias: with_bias.then_some(&proj_bias[..]),
+            };
+            let ln = LayernormWeights {
+                weight: &w[..],
+                bias: &bias[..],
+            };
+            cpu::residual_layernorm_split_forward(&mut want_res, &mut want, &inp1, parts, ln, RowShape::new(n, c));
+            let up = |v: &[f32]| gpu.upload(v).unwrap();
+            let (d1, dp, dpb, dw, db) = (up(&inp1), up(&partial), up(&proj_bias), up(&w), up(&bias));
+            let parts = SplitSums {
+                partial: &dp,
+                splits,
+                bias: with_bias.then_some(&dpb),
+            };
+            let ln = LayernormWeights { weight: &dw, bias: &db };
+            let what = format!("residual_layernorm_split n={n} c={c} splits={splits} bias={with_bias} format={format}");
+            let mut res = poisoned(&gpu, n * c);
+            let shape = RowShape::new(n, c);
+            if format == 2 {
+                let mut out = gpu.upload(&vec![half::bf16::NAN; n * c]).unwrap();
+                residual_layernorm_split_forward(&gpu, &mut res, LayernormOut::Bf16(&mut out), &d1, parts, ln, shape)
+                    .unwrap();
+                for (i, (g, &w)) in gpu.download(&out).unwrap().iter().zip(&want).enumerate() {
+                    let (g, r) = (g.to_f32(), half::bf16::from_f32(w).to_f32());
+                    assert!(
+                        g == r || (g - w).abs() <= 1e-5 + w.abs() / 256.0,
+                        "{what}: out[{i}] = {g}, twin {w} (bf16 {r})"
+                    );
+                }
+            } else {
+                let round = format == 1;
+                let mut out = poisoned(&gpu, n * c);
+                residual_layernorm_split_forward(
+                    &gpu,
+                    &mut res,
+                    LayernormOut::f32(&mut out, round),
+                    &d1,
+                    parts,
+                    ln,
+                    shape,
+                )
+                .unwrap();
+                if round {
+                    cpu::round_tf32(&mut want);
+                }
+                let rtol = if round { 1e-3 } else { 1e-5 };
+                check(&format!("{what} (out)"), &down(&gpu, &out), &want, 1e-5, rtol);
+            }
+            check(&format!("{what} (residual)"), &down(&gpu, &res), &want_res, 0.0, 0.0);
+        }
+    }
+    // Widths the kernel cannot take: an error, nothing launched.
+    for c in [66, 4100] {
+        let (d1, dp, dw) = (poisoned(&gpu, c), poisoned(&gpu, 2 * c), poisoned(&gpu, c));
+        let (mut res, mut out) = (poisoned(&gpu, c), poisoned(&gpu, c));
+        let parts = SplitSums {
+            partial: &dp,
+            splits: 2,
+            bias: None,
+        };
+        let ln = LayernormWeights { weight: &dw, bias: &dw };
+        let got = residual_layernorm_split_forward(
+            &gpu,
+            &mut res,
+            LayernormOut::F32(&mut out),
+            &d1,
+            parts,
+            ln,
+            RowShape::new(1, c),
+        );
+        assert!(got.is_err(), "c = {c} was accepted");
+    }
+}
+
 /// Both layernorm kernels writing bf16 (for the bf16 matmuls): each output
 /// is the CPU twin's f32 value rounded to nearest even, allowing a last-bit
 /// difference before the rounding to move it one bf16 step (2^-8 of it) and
@@ -328,7 +432,15 @@ fn layernorm_bf16_out_matches_cpu() {
             );
         }
     };
-    for &(n, c) in &[(1, 768), (3 * 37, 768), (4 * 64, 1600), (3, 2052), (7, 66), (5, 3)] {
+    for &(n, c) in &[
+        (1, 768),
+        (3 * 37, 768),
+        (1100, 768),
+        (4 * 64, 1600),
+        (3, 2052),
+        (7, 66),
+        (5, 3),
+    ] {
         for misaligned in [false, true] {
             let inp1: Vec<f32> = random_vec(n * c + 1, 2.0).iter().map(|x| x + 10.0).collect();
             let inp2 = random_vec(n * c + 1, 1.0);

@@ -5,7 +5,7 @@
 //! reference doing the same; the device sampler with per-row streams
 //! against its CPU twin on the same logits.
 
-use gpu_host::shape::{KvCacheShape, KvRows, RowShape};
+use gpu_host::shape::{KvCacheShape, KvRows, RowShape, SplitSums};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::sample::SampleRow;
 use half::bf16;
@@ -14,7 +14,7 @@ use host::cpu::sample::{argmax, sample_row};
 use host::gpu::Gpu;
 use host::gpu::engine::{GpuEngine, Precision};
 use host::gpu::ops::encoder::encoder_forward_rows;
-use host::gpu::ops::kv_cache::kv_cache_store;
+use host::gpu::ops::kv_cache::{kv_cache_store, kv_cache_store_split};
 use host::gpu::ops::weight::WeightRef;
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::llmc_bytes;
@@ -273,9 +273,9 @@ fn encoder_rows_matches_cpu() {
     check("encoder rows, bf16 wte", &down(&gpu, &out), &want, 0.0, 0.0);
 }
 
-/// `kv_cache_store` against its CPU twin: queries out, keys and values at
-/// each row's position, an idle row caching nothing; the rest of the cache
-/// keeps its (random) contents.
+/// `kv_cache_store` (and `kv_cache_store_split`) against its CPU twin:
+/// queries out, keys and values at each row's position, an idle row caching
+/// nothing; the rest of the cache keeps its (random) contents.
 #[test]
 #[ignore = "needs a GPU"]
 fn kv_cache_store_matches_cpu() {
@@ -323,4 +323,46 @@ fn kv_cache_store_matches_cpu() {
     let rows = 4usize;
     let map: Vec<u32> = vec![3, 3, 0, 1, rows as u32];
     both("kv_cache_store mapped", &[7, 8, 0, 19, 5], Some(&map), rows);
+
+    // The qkv rows as a split matmul leaves them: parts added in order, then
+    // the bias (or none), bit for bit the twin's; 9 parts take the kernel's
+    // second batch of loads.
+    for (splits, with_bias) in [(1, true), (3, false), (6, true), (9, true)] {
+        let parts = random_vec(splits * n * 3 * c, 1.0);
+        let bias = random_vec(3 * c, 1.0);
+        let (dparts, dbias) = (gpu.upload(&parts).unwrap(), gpu.upload(&bias).unwrap());
+        let (mut kc, mut vc) = (random_vec(n * c * max_t, 1.0), random_vec(n * c * max_t, 1.0));
+        let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
+        let dpos = gpu.upload(&pos).unwrap();
+        let mut dq = poisoned(&gpu, n * c);
+        let cache = KvRows {
+            k_cache: &mut dk,
+            v_cache: &mut dv,
+            pos: &dpos,
+            cache_row: None,
+        };
+        let sums = SplitSums {
+            partial: &dparts,
+            splits,
+            bias: with_bias.then_some(&dbias),
+        };
+        kv_cache_store_split(&gpu, &mut dq, cache, sums, shape).unwrap();
+        let mut q = vec![0f32; n * c];
+        let cache = KvRows {
+            k_cache: &mut kc[..],
+            v_cache: &mut vc[..],
+            pos: &pos[..],
+            cache_row: None,
+        };
+        let sums = SplitSums {
+            partial: &parts[..],
+            splits,
+            bias: with_bias.then_some(&bias[..]),
+        };
+        host::cpu::ops::kv_cache_store_split(&mut q, cache, sums, shape);
+        let what = format!("kv_cache_store_split splits={splits} bias={with_bias}");
+        check(&format!("{what} q"), &down(&gpu, &dq), &q, 0.0, 0.0);
+        check(&format!("{what} k"), &down(&gpu, &dk), &kc, 0.0, 0.0);
+        check(&format!("{what} v"), &down(&gpu, &dv), &vc, 0.0, 0.0);
+    }
 }

@@ -1,12 +1,13 @@
 //! `kv_cache_store`: a decode step's keys and values into the KV cache at
 //! each row's own position, its queries into `[n, c]` (twin of
-//! `cpu::ops::kv_cache_store`).
+//! `cpu::ops::kv_cache_store`; `kv_cache_store_split`, of
+//! `cpu::ops::kv_cache_store_split`, reads the qkv rows as split-K parts).
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::kv_cache::{KV_CACHE_STORE, KV_CACHE_STORE_BLOCK, KV_CACHE_STORE_VEC, KvCacheStoreParams};
 
 use super::args::{OpError, aligned16, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::{Gpu, KvCacheShape, KvRows};
+use crate::{Gpu, KvCacheShape, KvRows, SplitSums};
 
 const OP: &str = "kv_cache_store";
 
@@ -25,11 +26,29 @@ fn launch_config(items: u32) -> LaunchConfig {
 /// row is past the caches' rows, is idle: nothing of it enters the cache.
 /// The positions and cache rows are read on the device, so a captured graph
 /// serves every step.
-pub fn kv_cache_store<K: DevicePtrMut<f32>, P: DevicePtr<u32>>(
+pub fn kv_cache_store<K: DevicePtrMut<f32>, P: DevicePtr<u32>, Q: DevicePtr<f32>>(
     gpu: &Gpu,
     q: &mut impl DevicePtrMut<f32>,
     cache: KvRows<'_, &mut K, P>,
-    qkv: &impl DevicePtr<f32>,
+    qkv: &Q,
+    shape: KvCacheShape,
+) -> Result<(), OpError> {
+    let whole = SplitSums {
+        partial: qkv,
+        splits: 1,
+        bias: None,
+    };
+    kv_cache_store_split(gpu, q, cache, whole, shape)
+}
+
+/// [`kv_cache_store`] of a qkv matmul's output still in split-K parts
+/// ([`SplitSums`]: `qkv.splits` slices of `[n, 3c]`, added in order, then
+/// the bias), so that no `matmul_split_reduce` runs before it.
+pub fn kv_cache_store_split<K: DevicePtrMut<f32>, P: DevicePtr<u32>, Q: DevicePtr<f32>>(
+    gpu: &Gpu,
+    q: &mut impl DevicePtrMut<f32>,
+    cache: KvRows<'_, &mut K, P>,
+    qkv: SplitSums<'_, Q>,
     shape: KvCacheShape,
 ) -> Result<(), OpError> {
     let KvRows {
@@ -38,6 +57,11 @@ pub fn kv_cache_store<K: DevicePtrMut<f32>, P: DevicePtr<u32>>(
         pos,
         cache_row,
     } = cache;
+    let SplitSums {
+        partial: qkv,
+        splits,
+        bias,
+    } = qkv;
     let KvCacheShape { rows: n, c, nh, max_t } = shape;
     let vec = KV_CACHE_STORE_VEC as usize;
     if nh == 0 || !c.is_multiple_of(nh) || !(c / nh).is_multiple_of(vec) {
@@ -46,9 +70,16 @@ pub fn kv_cache_store<K: DevicePtrMut<f32>, P: DevicePtr<u32>>(
             format!("c = {c}, nh = {nh}: the head size must be a multiple of {vec}"),
         ));
     }
+    if splits == 0 {
+        return Err(OpError::shape(OP, "no parts to add (splits = 0)"));
+    }
     let total = count_u32(OP, "n * 3 * c", &[n, 3, c])?;
+    count_u32(OP, "splits * n * 3 * c", &[splits, n, 3, c])?;
     check_len(OP, "q", q.len(), n * c)?;
-    check_len(OP, "qkv", qkv.len(), n * 3 * c)?;
+    check_len(OP, "qkv", qkv.len(), splits * n * 3 * c)?;
+    if let Some(b) = bias {
+        check_len(OP, "bias", b.len(), 3 * c)?;
+    }
     check_len(OP, "pos", pos.len(), n)?;
     let cache_rows = k_cache.len().min(v_cache.len()) / (c * max_t).max(1);
     match cache_row {
@@ -63,6 +94,8 @@ pub fn kv_cache_store<K: DevicePtrMut<f32>, P: DevicePtr<u32>>(
         k_cache: out_ptr(gpu, k_cache),
         v_cache: out_ptr(gpu, v_cache),
         qkv: in_ptr(gpu, qkv),
+        bias: bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b)),
+        splits: to_u32(OP, "splits", splits)?,
         pos: in_ptr(gpu, pos),
         cache_row: cache_row.map_or(std::ptr::null(), |r| in_ptr(gpu, r)),
         cache_rows: to_u32(OP, "cache rows", cache_rows)?,
@@ -71,13 +104,15 @@ pub fn kv_cache_store<K: DevicePtrMut<f32>, P: DevicePtr<u32>>(
         nh: nh as u32,
         max_t: to_u32(OP, "max_t", max_t)?,
     };
-    if !aligned16(&[p.q as usize, p.k_cache as usize, p.v_cache as usize, p.qkv as usize]) {
+    let addresses = [p.q, p.k_cache, p.v_cache].map(|a| a as usize);
+    if !aligned16(&addresses) || !aligned16(&[p.qkv as usize, p.bias as usize]) {
         return Err(OpError::shape(OP, "buffers must be 16-byte aligned"));
     }
-    // SAFETY: q holds n*c floats, qkv n*3c, pos n, cache_row n (or is null
-    // and the caches hold n rows), the caches cache_rows rows of nh x max_t
-    // x c/nh, and the kernel writes no row past them (checked above); c and
-    // c/nh are multiples of 4 and the buffers 16-byte aligned; n*3*c < 2^32.
+    // SAFETY: q holds n*c floats, qkv splits*n*3c, the bias (if any) 3c, pos n,
+    // cache_row n (or is null and the caches hold n rows), the caches
+    // cache_rows rows of nh x max_t x c/nh, and the kernel writes no row past
+    // them (checked above); c and c/nh are multiples of 4 and the buffers
+    // 16-byte aligned (a null bias passes as 0); splits*n*3*c < 2^32.
     unsafe { gpu.launch(KV_CACHE_STORE, launch_config(total / KV_CACHE_STORE_VEC), p)? };
     Ok(())
 }

@@ -1,14 +1,18 @@
-//! `layernorm_forward` (twin of `cpu::ops::layernorm_forward`) and
-//! `residual_layernorm_forward` (twin of `cpu::ops::residual_layernorm_forward`).
+//! `layernorm_forward` (twin of `cpu::ops::layernorm_forward`),
+//! `residual_layernorm_forward` (twin of `cpu::ops::residual_layernorm_forward`)
+//! and `residual_layernorm_split_forward` (twin of
+//! `cpu::ops::residual_layernorm_split_forward`).
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use gpu_kernels::params::layernorm::{
     LAYERNORM_BLOCK, LAYERNORM_FORWARD, LAYERNORM_FORWARD_NAIVE, LAYERNORM_NAIVE_BLOCK, LayernormParams,
-    RESIDUAL_LAYERNORM_FORWARD, ResidualLayernormParams,
+    RESIDUAL_LAYERNORM_FORWARD, RESIDUAL_LAYERNORM_SPLIT_FORWARD, RESIDUAL_LAYERNORM_SPLIT_MAX_C,
+    RESIDUAL_LAYERNORM_SPLIT_SHARED_BYTES, RESIDUAL_LAYERNORM_SPLIT_VEC, ResidualLayernormParams,
+    ResidualLayernormSplitParams, residual_layernorm_split_block,
 };
 
 use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::{Gpu, LayernormWeights, RowShape};
+use crate::{Gpu, LayernormWeights, RowShape, SplitSums};
 use half::bf16;
 
 const OP: &str = "layernorm_forward";
@@ -184,10 +188,17 @@ impl LayernormOut<'_> {
     }
 }
 
+/// Most rows [`residual_layernorm_forward`] gives a block each (the kernel of
+/// [`residual_layernorm_split_forward`], one part): a server step's or a short
+/// prefill's few rows would leave most SMs idle at a warp a row, each warp
+/// waiting for its vectors in turn.
+pub const RESIDUAL_LAYERNORM_BLOCK_MAX_ROWS: usize = 1024;
+
 /// `residual = inp1 + inp2`, then `out` = its layernorm (eps 1e-5), in one
 /// launch: the residual add closing a sub-block fused with the layernorm
 /// opening the next. `out` says the layernorm's format; `residual` is f32
-/// either way, never rounded.
+/// either way, never rounded. Up to [`RESIDUAL_LAYERNORM_BLOCK_MAX_ROWS`]
+/// rows (of a width it takes, aligned) run a block a row, more a warp a row.
 pub fn residual_layernorm_forward(
     gpu: &Gpu,
     residual: &mut impl DevicePtrMut<f32>,
@@ -197,6 +208,22 @@ pub fn residual_layernorm_forward(
     ln: LayernormWeights<'_, impl DevicePtr<f32>>,
     shape: RowShape,
 ) -> Result<(), OpError> {
+    let (rows, c) = (shape.rows, shape.c);
+    let aligned = [
+        in_ptr(gpu, inp1),
+        in_ptr(gpu, inp2),
+        out_ptr(gpu, residual).cast_const(),
+    ]
+    .iter()
+    .all(|p| (*p as usize).is_multiple_of(VEC_BYTES));
+    if rows <= RESIDUAL_LAYERNORM_BLOCK_MAX_ROWS && residual_layernorm_split_fits(c) && aligned {
+        let whole = SplitSums {
+            partial: inp2,
+            splits: 1,
+            bias: None,
+        };
+        return residual_layernorm_split_forward(gpu, residual, out, inp1, whole, ln, shape);
+    }
     let out_len = match &out {
         LayernormOut::F32(o) | LayernormOut::Tf32(o) => o.len(),
         LayernormOut::Bf16(o) => o.len(),
@@ -240,3 +267,116 @@ pub fn residual_layernorm_forward(
     unsafe { gpu.launch(RESIDUAL_LAYERNORM_FORWARD, cfg, params)? };
     Ok(())
 }
+
+const SPLIT_OP: &str = "residual_layernorm_split_forward";
+
+/// Whether [`residual_layernorm_split_forward`] takes rows of `c` channels.
+pub fn residual_layernorm_split_fits(c: usize) -> bool {
+    c.is_multiple_of(RESIDUAL_LAYERNORM_SPLIT_VEC as usize) && c <= RESIDUAL_LAYERNORM_SPLIT_MAX_C as usize
+}
+
+/// Launch configuration of `residual_layernorm_split_forward`: a block per
+/// row, a 16-byte vector per thread.
+pub fn residual_layernorm_split_launch_config(rows: u32, c: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows, 1, 1),
+        block_dim: (residual_layernorm_split_block(c), 1, 1),
+        shared_mem_bytes: RESIDUAL_LAYERNORM_SPLIT_SHARED_BYTES,
+    }
+}
+
+/// `residual = inp1 + proj`, then `out` = its layernorm, where `proj` is a
+/// split-K projection still in parts ([`SplitSums`]): the parts added in
+/// split order, then the bias (the bits `matmul_split_reduce` would give),
+/// so one launch replaces the reduction and [`residual_layernorm_forward`].
+/// `c` must pass [`residual_layernorm_split_fits`] and every buffer be
+/// 16-byte aligned.
+pub fn residual_layernorm_split_forward<T: DevicePtr<f32>>(
+    gpu: &Gpu,
+    residual: &mut impl DevicePtrMut<f32>,
+    out: LayernormOut<'_>,
+    inp1: &impl DevicePtr<f32>,
+    inp2: SplitSums<'_, T>,
+    ln: LayernormWeights<'_, impl DevicePtr<f32>>,
+    shape: RowShape,
+) -> Result<(), OpError> {
+    let out_len = match &out {
+        LayernormOut::F32(o) | LayernormOut::Tf32(o) => o.len(),
+        LayernormOut::Bf16(o) => o.len(),
+    };
+    check_len(SPLIT_OP, "out", out_len, shape.len())?;
+    let out = match out {
+        LayernormOut::F32(o) => Dst::F32(out_ptr(gpu, o), false),
+        LayernormOut::Tf32(o) => Dst::F32(out_ptr(gpu, o), true),
+        LayernormOut::Bf16(o) => Dst::Bf16(out_ptr(gpu, o).cast::<u16>()),
+    };
+    let RowShape { rows, c } = shape;
+    if !residual_layernorm_split_fits(c) {
+        return Err(OpError::shape(
+            SPLIT_OP,
+            format!(
+                "c = {c} is not a multiple of {RESIDUAL_LAYERNORM_SPLIT_VEC} at most {RESIDUAL_LAYERNORM_SPLIT_MAX_C}"
+            ),
+        ));
+    }
+    let SplitSums {
+        partial,
+        splits,
+        bias: proj_bias,
+    } = inp2;
+    if splits == 0 {
+        return Err(OpError::shape(SPLIT_OP, "no parts to add (splits = 0)"));
+    }
+    count_u32(SPLIT_OP, "splits * rows * c", &[splits, rows, c])?;
+    check_len(SPLIT_OP, "residual", residual.len(), rows * c)?;
+    check_len(SPLIT_OP, "inp1", inp1.len(), rows * c)?;
+    check_len(SPLIT_OP, "partial", partial.len(), splits * rows * c)?;
+    if let Some(b) = proj_bias {
+        check_len(SPLIT_OP, "proj bias", b.len(), c)?;
+    }
+    let LayernormWeights { weight, bias } = ln;
+    check_len(SPLIT_OP, "weight", weight.len(), c)?;
+    check_len(SPLIT_OP, "bias", bias.len(), c)?;
+    if shape.is_empty() {
+        return Ok(());
+    }
+    let (out, round_tf32, out_bf16) = out.fields();
+    let params = ResidualLayernormSplitParams {
+        residual: out_ptr(gpu, residual),
+        out,
+        inp1: in_ptr(gpu, inp1),
+        partial: in_ptr(gpu, partial),
+        proj_bias: proj_bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b)),
+        splits: to_u32(SPLIT_OP, "splits", splits)?,
+        weight: in_ptr(gpu, weight),
+        bias: in_ptr(gpu, bias),
+        n: to_u32(SPLIT_OP, "rows", rows)?,
+        c: to_u32(SPLIT_OP, "c", c)?,
+        round_tf32,
+        out_bf16,
+    };
+    let addresses = [
+        params.residual as usize,
+        out as usize,
+        out_bf16 as usize,
+        params.inp1 as usize,
+        params.partial as usize,
+        params.proj_bias as usize,
+        params.weight as usize,
+        params.bias as usize,
+    ];
+    if addresses.iter().any(|a| !a.is_multiple_of(VEC_BYTES)) {
+        return Err(OpError::shape(SPLIT_OP, "every buffer must be 16-byte aligned"));
+    }
+    let cfg = residual_layernorm_split_launch_config(params.n, params.c);
+    // SAFETY: every buffer holds what the kernel reads or writes (checked: rows*c, the
+    // partials splits*rows*c, the biases and weights c) and is 16-byte aligned (checked;
+    // null pointers pass as 0); c fits the block (`residual_layernorm_split_fits`);
+    // `residual` and `out` are distinct `&mut` borrows, so they overlap neither each
+    // other nor the shared inputs; the launch configuration is the kernel's.
+    unsafe { gpu.launch(RESIDUAL_LAYERNORM_SPLIT_FORWARD, cfg, params)? };
+    Ok(())
+}
+
+/// Bytes of the split kernel's vectors (its alignment requirement).
+const VEC_BYTES: usize = RESIDUAL_LAYERNORM_SPLIT_VEC as usize * 4;

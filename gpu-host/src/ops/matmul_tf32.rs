@@ -42,6 +42,8 @@ pub enum MatmulTf32Error {
     NoWgmma(&'static str),
     #[error("matmul_forward_fp32_tc: {0} is not a 3xTF32 tile")]
     NotFp32Tc(&'static str),
+    #[error("matmul_forward_fp32_tc_partials: GELU cannot be applied to partial sums")]
+    GeluInParts,
     #[error(transparent)]
     Gpu(#[from] GpuError),
 }
@@ -291,6 +293,38 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
+    run_tile(gpu, opts, out, inp, weight, bias, shape, SplitEnd::Reduce).map(|_| ())
+}
+
+/// What a split launch leaves: the reduced output, or the parts alone.
+#[derive(Clone, Copy, PartialEq)]
+enum SplitEnd {
+    /// `matmul_split_reduce` adds the parts into `out` (with bias and GELU).
+    Reduce,
+    /// The partial sums stay in the split workspace for the consumer.
+    Parts,
+}
+
+/// [`matmul_forward_tf32_with`], or with [`SplitEnd::Parts`] its first launch
+/// alone when it splits. Returns the parts `k` was split into (1: `out`
+/// holds the finished result).
+#[allow(clippy::too_many_arguments)]
+fn run_tile<O, I, W, B>(
+    gpu: &Gpu,
+    opts: Tf32TileOptions,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    shape: MatmulShape,
+    end: SplitEnd,
+) -> Result<usize, MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
     let Tf32TileOptions {
         tile,
         splits,
@@ -309,7 +343,7 @@ where
         round_out: false,
     };
     if splits == 1 {
-        return launch(gpu, how, out, inp, weight, bias, shape);
+        return launch(gpu, how, out, inp, weight, bias, shape).map(|_| 1);
     }
     let MatmulShape { m, n, .. } = shape;
     let have = split_workspace.as_ref().map_or(0, |w| w.len());
@@ -323,6 +357,9 @@ where
         ..how
     };
     launch(gpu, partials, workspace, inp, weight, None::<&B>, shape)?;
+    if end == SplitEnd::Parts {
+        return Ok(splits);
+    }
     let stream = gpu.stream.clone();
     let (ws_p, _g1) = workspace.device_ptr(&stream);
     let (out_p, _g2) = out.device_ptr_mut(&stream);
@@ -340,7 +377,7 @@ where
     // above); the workspace holds the splits*m*n partials the launch above
     // wrote (same stream).
     unsafe { launch_split_reduce(gpu, params)? };
-    Ok(())
+    Ok(splits)
 }
 
 /// Fewest k-tiles a 3xTF32 split-K part should have: the partial sums'
@@ -476,6 +513,56 @@ where
     W: DevicePtr<f32>,
     B: DevicePtr<f32>,
 {
+    run_fp32_tc(gpu, opts, out, inp, weight, bias, shape, SplitEnd::Reduce).map(|_| ())
+}
+
+/// [`matmul_forward_fp32_tc_with`] up to the partial sums where `opts`
+/// splits `k`: they stay in the split workspace (`splits` slices of `m * n`
+/// floats, no bias) for the consumer to add up in order, with the bias
+/// (`layernorm::residual_layernorm_split_forward`), and no
+/// `matmul_split_reduce` runs. Returns the parts: 1 means unsplit, and
+/// `out` then holds the whole result, bias included. GELU is refused where
+/// the parts are left (the consumer would have to apply it).
+pub fn matmul_forward_fp32_tc_partials<O, I, W, B>(
+    gpu: &Gpu,
+    opts: Tf32TileOptions,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    shape: MatmulShape,
+) -> Result<usize, MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
+    if opts.gelu {
+        return Err(MatmulTf32Error::GeluInParts);
+    }
+    run_fp32_tc(gpu, opts, out, inp, weight, bias, shape, SplitEnd::Parts)
+}
+
+/// The 3xTF32 calls' common part: the tile must be a 3xTF32 one, and
+/// without a workspace the call runs unsplit.
+#[allow(clippy::too_many_arguments)]
+fn run_fp32_tc<O, I, W, B>(
+    gpu: &Gpu,
+    opts: Tf32TileOptions,
+    out: &mut O,
+    inp: &I,
+    weight: &W,
+    bias: Option<&B>,
+    shape: MatmulShape,
+    end: SplitEnd,
+) -> Result<usize, MatmulTf32Error>
+where
+    O: DevicePtrMut<f32>,
+    I: DevicePtr<f32>,
+    W: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+{
     let mut fp32_tc = MATMUL_3XTF32_VARIANTS.iter().chain(&MATMUL_3XTF32_WGMMA_VARIANTS);
     if !fp32_tc.any(|v| v.name == opts.tile.name) {
         return Err(MatmulTf32Error::NotFp32Tc(opts.tile.name));
@@ -485,7 +572,7 @@ where
         inp_rounded: false,
         ..opts
     };
-    matmul_forward_tf32_with(gpu, opts, out, inp, weight, bias, shape)
+    run_tile(gpu, opts, out, inp, weight, bias, shape, end)
 }
 
 /// The size checks of every TF32 launch (`out_len`: floats of one output).

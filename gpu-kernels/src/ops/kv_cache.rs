@@ -2,7 +2,7 @@
 //! row's own position, its queries into `[n, c]` (contract:
 //! `params::kv_cache`).
 
-use super::vec4::{VEC, load4, store4};
+use super::vec4::{VEC, load4, store4, sum_parts4};
 use crate::device::{global_idx_x, grid_stride_x};
 use crate::params::kv_cache::KvCacheStoreParams;
 
@@ -22,7 +22,8 @@ pub(crate) unsafe fn cache_row(cache_row: *const u32, r: usize) -> usize {
 }
 
 /// Q of row `r` to `q[r]`, K and V to its cache row at `pos[r]` (nothing
-/// for an idle row), 4 channels per thread.
+/// for an idle row), 4 channels per thread; the qkv row summed from its
+/// split-K parts, plus the bias, where the matmul left them so.
 ///
 /// # Safety
 /// Buffers as documented on [`KvCacheStoreParams`], 16-byte aligned; `c`,
@@ -42,8 +43,15 @@ pub unsafe extern "ptx-kernel" fn kv_cache_store(p: KvCacheStoreParams) {
         let (r, j) = (i / row_items, (i % row_items) * VEC as u32);
         let (part, ch) = (j / c, j % c);
         let (r, j, c) = (r as usize, j as usize, c as usize);
-        // SAFETY: r < n, j + 4 <= 3c: inside the qkv row; aligned as promised.
-        let x = unsafe { load4(p.qkv.add(r * 3 * c + j)) };
+        let bias = if p.bias.is_null() {
+            p.bias
+        } else {
+            // SAFETY: j + 4 <= 3c, inside the bias's 3c floats.
+            unsafe { p.bias.add(j) }
+        };
+        // SAFETY: r < n, j + 4 <= 3c: inside the qkv row of every part (part s at
+        // s * n * 3c); aligned as promised.
+        let x = unsafe { sum_parts4(p.qkv.add(r * 3 * c + j), p.n as usize * 3 * c, p.splits as usize, bias) };
         if part == 0 {
             // SAFETY: r * c + ch + 4 <= n * c.
             unsafe { store4(p.q.add(r * c + ch as usize), x) };

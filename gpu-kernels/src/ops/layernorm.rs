@@ -1,14 +1,19 @@
 //! Layernorm over rows of `c` channels.
 
-use super::vec4::{VEC, aligned16, load4, store4};
+use super::vec4::{VEC, add4, aligned16, load4, store4, sum_parts4};
 use crate::device::Vec2;
 use crate::device::bf16::f32_to_bf16;
 use crate::device::math::rsqrt_precise;
 use crate::device::mma::{pack_bf16x2, to_tf32};
 use crate::device::unroll;
-use crate::device::warp::warp_reduce_sum;
-use crate::device::{WARP_SIZE, block_dim_x, block_idx_x, global_idx_x, lane_id, warp_id};
-use crate::params::layernorm::{LAYERNORM_EPS, LayernormParams, ResidualLayernormParams};
+use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum};
+use crate::device::{
+    WARP_SIZE, block_dim_x, block_idx_x, dynamic_shared, global_idx_x, lane_id, thread_idx_x, warp_id,
+};
+use crate::params::layernorm::{
+    LAYERNORM_EPS, LayernormParams, RESIDUAL_LAYERNORM_SPLIT_SHARED_BYTES, RESIDUAL_LAYERNORM_SPLIT_VEC,
+    ResidualLayernormParams, ResidualLayernormSplitParams,
+};
 
 /// One row's buffers for [`layernorm_row`]. With `add` (the fused residual
 /// kernel) the row is `inp1 + inp2`, written to `x` on the first pass and
@@ -340,6 +345,80 @@ pub unsafe extern "ptx-kernel" fn residual_layernorm_forward(p: ResidualLayernor
     // SAFETY: `r` points at row `row` < n of the launch's buffers; `residual` (x) is
     // a separate buffer from the inputs, as `layernorm_row` requires.
     unsafe { layernorm_row(r, c) };
+}
+
+/// `residual = inp1 + proj` and `out = layernorm(residual)`, where `proj` is
+/// a split-K projection still in parts: `sum(partial[s]) + proj_bias`, the
+/// parts added in split order as `matmul_split_reduce` adds them (so the
+/// residual has the same bits as the two launches it replaces). One block a
+/// row, one 16-byte vector a thread: every load a thread needs (its parts,
+/// `inp1`, the weights) is issued before the first is used, so a row costs
+/// about one memory round trip and two block reductions; a warp a row
+/// (`residual_layernorm_forward`) would wait for its vectors one after
+/// another, and the server's steps have few rows (64 rows: 64 warps).
+///
+/// # Safety
+/// Launch and buffers as documented on [`ResidualLayernormSplitParams`];
+/// `residual` and `out` overlap neither each other nor the inputs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn residual_layernorm_split_forward(p: ResidualLayernormSplitParams) {
+    const V: usize = RESIDUAL_LAYERNORM_SPLIT_VEC as usize;
+    const _: () = assert!(V == VEC && RESIDUAL_LAYERNORM_SPLIT_SHARED_BYTES as usize >= BLOCK_REDUCE_SCRATCH * 4);
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
+    let row = block_idx_x();
+    // The whole block leaves together (the reductions below have barriers).
+    if row >= p.n {
+        return;
+    }
+    let (c, splits) = (p.c as usize, p.splits as usize);
+    let total = p.n as usize * c;
+    let i = thread_idx_x() as usize * V;
+    let mine = i < c;
+    let at = row as usize * c + i;
+    let mut x = [0.0; V];
+    let (mut w, mut b) = ([0.0; V], [0.0; V]);
+    if mine {
+        // SAFETY: i + 4 <= c (c % 4 == 0), so every vector below is inside its
+        // buffer's row (or `c`-float vector); 16-byte aligned (the contract).
+        unsafe {
+            let res = load4(p.inp1.add(at));
+            (w, b) = (load4(p.weight.add(i)), load4(p.bias.add(i)));
+            let pb = if p.proj_bias.is_null() {
+                p.proj_bias
+            } else {
+                p.proj_bias.add(i)
+            };
+            let acc = sum_parts4(p.partial.add(at), total, splits, pb);
+            x = add4(res, acc);
+            store4(p.residual.add(at), x);
+        }
+    }
+    // SAFETY: the launch gives RESIDUAL_LAYERNORM_SPLIT_SHARED_BYTES of dynamic shared
+    // memory (at least BLOCK_REDUCE_SCRATCH floats), used by nothing else; the block is
+    // whole warps, at most 1024 threads, and every thread gets here.
+    let scratch = unsafe { dynamic_shared::<f32>() };
+    let inv_c = 1.0 / c as f32;
+    // SAFETY: as above.
+    let mean = unsafe { block_reduce_sum((x[0] + x[1]) + (x[2] + x[3]), scratch) } * inv_c;
+    let d = x.map(|e| e - mean);
+    let var = if mine {
+        (d[0] * d[0] + d[1] * d[1]) + (d[2] * d[2] + d[3] * d[3])
+    } else {
+        0.0
+    };
+    // SAFETY: as above.
+    let rstd = rsqrt_precise(unsafe { block_reduce_sum(var, scratch) } * inv_c + LAYERNORM_EPS);
+    if mine {
+        let mut o = [0.0; V];
+        for e in 0..V {
+            o[e] = d[e] * rstd * w[e] + b[e];
+        }
+        let out = Out::new(p.out, p.out_bf16, p.round_tf32, row as usize * c);
+        // SAFETY: i + 4 <= c inside the row; `out` (either format) is aligned (the
+        // contract: 16-byte aligned pointers), i a multiple of 4.
+        unsafe { out.put4(i, o) };
+    }
 }
 
 /// Baseline: one thread per row, the same two passes.

@@ -1,7 +1,7 @@
 //! `out = inp · weightᵀ + bias` (optionally GELU), FP32 on the CUDA cores.
 
 use super::gelu::gelu;
-use super::vec4::{VEC, aligned16, load4, store4};
+use super::vec4::{VEC, add4, aligned16, load4, store4, sum_parts4};
 use crate::device::math::fma;
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::warp_reduce_sum;
@@ -381,9 +381,6 @@ pub unsafe extern "ptx-kernel" fn matmul_split_reduce(p: MatmulSplitReduceParams
     // Nothing an earlier kernel wrote is read before this (PDL).
     crate::device::grid_dependency_sync();
     const PER: usize = MATMUL_SPLIT_REDUCE_PER_THREAD as usize;
-    /// Partials loaded before they are added (memory-level parallelism; the
-    /// additions stay in split order).
-    const BATCH: usize = 4;
     const _: () = assert!(PER == VEC, "a thread's group is one 16-byte vector");
     let (oc, splits) = (p.oc as usize, p.splits as usize);
     let total = p.n as usize * oc;
@@ -397,21 +394,9 @@ pub unsafe extern "ptx-kernel" fn matmul_split_reduce(p: MatmulSplitReduceParams
         // SAFETY: e + 4 <= total (oc % 4 == 0 and e % 4 == 0); every split's
         // group is at s * total + e, a multiple of 4 floats from an aligned base.
         unsafe {
-            let src = p.partial.add(e);
-            let mut acc = load4(src);
-            let mut s = 1;
-            while s + BATCH <= splits {
-                let v0 = load4(src.add(s * total));
-                let v1 = load4(src.add((s + 1) * total));
-                let v2 = load4(src.add((s + 2) * total));
-                let v3 = load4(src.add((s + 3) * total));
-                acc = add4(add4(add4(add4(acc, v0), v1), v2), v3);
-                s += BATCH;
-            }
-            while s < splits {
-                acc = add4(acc, load4(src.add(s * total)));
-                s += 1;
-            }
+            // The bias goes in through the epilogue, after the parts (as `sum_parts4`
+            // would add it).
+            let acc = sum_parts4(p.partial.add(e), total, splits, core::ptr::null());
             let o = [
                 epilogue_of(p.bias, p.gelu, acc[0], col),
                 epilogue_of(p.bias, p.gelu, acc[1], col + 1),
@@ -435,12 +420,6 @@ pub unsafe extern "ptx-kernel" fn matmul_split_reduce(p: MatmulSplitReduceParams
             }
         }
     }
-}
-
-/// Element-wise sum of two 4-float groups.
-#[inline(always)]
-fn add4(a: [f32; VEC], b: [f32; VEC]) -> [f32; VEC] {
-    [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
 }
 
 /// 16-byte weight loads each GEMV lane issues before it uses the first: one

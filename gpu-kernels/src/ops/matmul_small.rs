@@ -19,7 +19,7 @@
 //! split-K pays. The partials stay in L2 (a few MB).
 
 use super::gelu::gelu;
-use super::vec4::{VEC, aligned16, load4, store4};
+use super::vec4::{VEC, add4, aligned16, load4, store4};
 use crate::device::math::fma;
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group};
 use crate::device::shared::dynamic_shared_align16;
@@ -76,12 +76,6 @@ const _: () = assert!(LOADS == 2 && BM == THREADS / CHUNKS_K && BN == BM);
 const _: () = assert!(CHUNKS_K == 2);
 const _: () = assert!(PATCH * THREADS == MATMUL_SMALL_PARTIAL_FLOATS as usize);
 const _: () = assert!(FIXUP_PASSES * FIXUP_VECS == TM);
-
-/// Element-wise sum of two 4-float groups.
-#[inline(always)]
-fn add4(a: [f32; VEC], b: [f32; VEC]) -> [f32; VEC] {
-    [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
-}
 
 /// Small-M matmul (see the module docs).
 ///

@@ -9,6 +9,51 @@ use crate::device::Vec4;
 /// Floats per vector.
 pub const VEC: usize = 4;
 
+/// Element-wise sum of two 4-float groups.
+#[inline(always)]
+pub fn add4(a: [f32; VEC], b: [f32; VEC]) -> [f32; VEC] {
+    [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+}
+
+/// Split-K parts [`sum_parts4`] loads before it adds any: a plan's parts,
+/// up to this many, in flight at once.
+const PARTS_BATCH: usize = 8;
+
+/// The 4 floats at `src + s * stride` summed over the parts `s < splits` in
+/// order, then plus the 4 at `bias` unless it is null: the bits
+/// `matmul_split_reduce` gives a split-K output, for kernels that read the
+/// parts in its place.
+///
+/// # Safety
+/// `splits >= 1`; `src + s * stride` for every `s < splits`, and `bias`
+/// unless null, are 16-byte aligned with 16 readable bytes.
+#[inline(always)]
+pub unsafe fn sum_parts4(src: *const f32, stride: usize, splits: usize, bias: *const f32) -> [f32; VEC] {
+    // SAFETY: the caller's contract, part 0.
+    let mut acc = unsafe { load4(src) };
+    let mut s = 1;
+    while s < splits {
+        let mut part = [[0.0; VEC]; PARTS_BATCH];
+        for (k, v) in part.iter_mut().enumerate() {
+            if s + k < splits {
+                // SAFETY: the caller's contract, part s + k < splits.
+                *v = unsafe { load4(src.add((s + k) * stride)) };
+            }
+        }
+        for (k, v) in part.iter().enumerate() {
+            if s + k < splits {
+                acc = add4(acc, *v);
+            }
+        }
+        s += PARTS_BATCH;
+    }
+    if !bias.is_null() {
+        // SAFETY: the caller's contract.
+        acc = add4(acc, unsafe { load4(bias) });
+    }
+    acc
+}
+
 /// The 4 floats at `p`.
 ///
 /// # Safety

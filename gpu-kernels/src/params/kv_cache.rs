@@ -25,8 +25,13 @@ pub struct KvCacheStoreParams {
     /// cache row `cache_row[r]` (or `r`), position `pos[r]`.
     pub k_cache: *mut f32,
     pub v_cache: *mut f32,
-    /// `[n, 3 * c]`: q, k, v of each row (the qkv matmul's output).
+    /// `[splits][n, 3 * c]`: q, k, v of each row (the qkv matmul's output),
+    /// in `splits` split-K parts that are added in order (1: whole).
     pub qkv: *const f32,
+    /// `[3 * c]`, or null: the qkv matmul's bias, added after the parts
+    /// (the bits `matmul_split_reduce` would give).
+    pub bias: *const f32,
+    pub splits: u32,
     /// `[n]` positions; a row at or past `max_t` is idle: its keys and
     /// values are not stored (its query still is).
     pub pos: *const u32,

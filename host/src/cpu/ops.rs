@@ -11,7 +11,7 @@
 //! forward pass and its ops, not user input (the forward pass validates that).
 
 pub use gpu_host::shape::{
-    AttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape,
+    AttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape, SplitSums,
 };
 pub use gpu_kernels::params::crossentropy::IGNORED_TARGET;
 use rayon::prelude::*;
@@ -101,6 +101,34 @@ pub fn kv_cache_store(q: &mut [f32], cache: KvRows<'_, &mut [f32], [u32]>, qkv: 
     }
 }
 
+/// [`kv_cache_store`] of qkv rows in split-K parts ([`SplitSums`], each
+/// slice `[n, 3c]`): the parts added in order, then the bias, then stored.
+pub fn kv_cache_store_split(
+    q: &mut [f32],
+    cache: KvRows<'_, &mut [f32], [u32]>,
+    qkv: SplitSums<'_, [f32]>,
+    shape: KvCacheShape,
+) {
+    let qkv = sum_split_parts(qkv, 3 * shape.c, shape.rows * 3 * shape.c);
+    kv_cache_store(q, cache, &qkv, shape);
+}
+
+/// The whole of a split-K output of `len` floats (rows of `c`): its parts
+/// added in order, then the bias.
+fn sum_split_parts(sums: SplitSums<'_, [f32]>, c: usize, len: usize) -> Vec<f32> {
+    let SplitSums { partial, splits, bias } = sums;
+    assert!(splits >= 1 && partial.len() >= splits * len);
+    let mut whole = partial[..len].to_vec();
+    for part in partial[len..splits * len].chunks(len) {
+        whole.iter_mut().zip(part).for_each(|(w, v)| *w += v);
+    }
+    if let Some(b) = bias {
+        assert!(b.len() >= c);
+        whole.iter_mut().enumerate().for_each(|(i, w)| *w += b[i % c]);
+    }
+    whole
+}
+
 /// Layer normalisation of each of the `shape.rows` rows of `shape.c`
 /// channels: `out = (inp - mean) / sqrt(var + eps) * weight + bias`, biased
 /// variance, eps = [`LAYERNORM_EPS`].
@@ -135,6 +163,23 @@ pub fn residual_layernorm_forward(
 ) {
     residual_forward(residual, inp1, inp2, shape.len());
     layernorm_forward(out, residual, ln.weight, ln.bias, shape);
+}
+
+/// `residual = inp1 + proj` and `out = layernorm(residual)`, where `proj`
+/// is a projection in split-K parts ([`SplitSums`], each slice
+/// `shape.len()` floats), added in split order, plus their bias: the GPU's
+/// split-K reduction fused into [`residual_layernorm_forward`], here plainly
+/// the sum and then that op.
+pub fn residual_layernorm_split_forward(
+    residual: &mut [f32],
+    out: &mut [f32],
+    inp1: &[f32],
+    inp2: SplitSums<'_, [f32]>,
+    ln: LayernormWeights<'_, [f32]>,
+    shape: RowShape,
+) {
+    let proj = sum_split_parts(inp2, shape.c, shape.len());
+    residual_layernorm_forward(residual, out, inp1, &proj, ln, shape);
 }
 
 /// Number of independent partial sums per dot product. Several accumulators

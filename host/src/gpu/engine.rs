@@ -16,7 +16,7 @@ use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use gpu_host::shape::{
     AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape,
-    SampleShape,
+    SampleShape, SplitSums,
 };
 use gpu_kernels::params::flash_attention::{
     FLASH_DECODE_CHUNK, FLASH_DECODE_MAX_T, FLASH_DECODE_PARTS_PER_CHUNK, FLASH_HEAD_SIZE,
@@ -37,17 +37,18 @@ use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_fo
 use crate::gpu::ops::flash_attention::{
     FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
 };
-use crate::gpu::ops::kv_cache::kv_cache_store;
+use crate::gpu::ops::kv_cache::kv_cache_store_split;
 use crate::gpu::ops::layernorm::{
     LayernormOut, layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
+    residual_layernorm_split_fits, residual_layernorm_split_forward,
 };
 use crate::gpu::ops::matmul::{
     MatmulKernel, MatmulOptions, MatmulWorkspace, choose, matmul_forward_with, split_k_workspace_floats,
 };
 use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma};
 use crate::gpu::ops::matmul_tf32::{
-    TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_planned, matmul_forward_fp32_tc_with,
-    matmul_forward_tf32_opts,
+    TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_planned, matmul_forward_fp32_tc_partials,
+    matmul_forward_fp32_tc_with, matmul_forward_tf32_opts,
 };
 use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
 use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
@@ -801,7 +802,7 @@ fn matmul(
         return matmul_forward_tf32_opts(gpu, opts, out, inp, w, bias, shape)
             .map_err(|e| OpError::shape("matmul_forward_tf32", e.to_string()));
     }
-    if ws.fp32_tensor_cores && choose(shape.m) != MatmulKernel::Gemv && shape.k.is_multiple_of(TF32_C_MULTIPLE) {
+    if takes_fp32_tc_path(ws, shape) {
         let opts = Tf32TileOptions {
             gelu,
             ..fp32_tc_planned(gpu, Some(ws.fp32.partial_mut()), shape)
@@ -822,6 +823,85 @@ fn matmul(
         bias,
         shape,
     )
+}
+
+/// Whether [`matmul`] runs an f32-weight call that did not take the TF32
+/// path on the 3xTF32 tensor-core kernels.
+fn takes_fp32_tc_path(ws: &MatmulScratch, shape: MatmulShape) -> bool {
+    ws.fp32_tensor_cores && choose(shape.m) != MatmulKernel::Gemv && shape.k.is_multiple_of(TF32_C_MULTIPLE)
+}
+
+/// How [`matmul_leaving_parts`] left its output for its reader.
+#[derive(Clone, Copy)]
+enum Projected {
+    /// Whole, bias included, in the output buffer.
+    Rows,
+    /// As this many split-K parts in `ws.fp32.partial()`, the bias not added.
+    Parts(usize),
+}
+
+/// [`matmul`] for an output whose only reader can add split-K parts itself
+/// (`reader_takes_parts`): attproj's and fcproj's, read by the residual
+/// layernorm after them ([`residual_layernorm_after`]); qkv's in a
+/// per-row step, read by `kv_cache_store_split`. Where it runs as a split
+/// 3xTF32 matmul, its parts stay in the scratch and the reader adds them
+/// up: one launch where the split's reduction and the reader took two.
+#[allow(clippy::too_many_arguments)]
+fn matmul_leaving_parts(
+    gpu: &Gpu,
+    precision: Precision,
+    ws: &mut MatmulScratch,
+    out: &mut CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    linear: Linear<'_>,
+    shape: MatmulShape,
+    reader_takes_parts: bool,
+) -> Result<Projected, OpError> {
+    if reader_takes_parts
+        && let WeightRef::F32(weight) = linear.weight
+        && !takes_tf32_path(precision, shape.m, shape.k)
+        && takes_fp32_tc_path(ws, shape)
+        && !linear.gelu
+    {
+        let opts = fp32_tc_planned(gpu, Some(ws.fp32.partial_mut()), shape);
+        let parts = matmul_forward_fp32_tc_partials(gpu, opts, out, inp, weight, linear.bias, shape)
+            .map_err(|e| OpError::shape("matmul_forward_fp32_tc", e.to_string()))?;
+        return Ok(if parts > 1 {
+            Projected::Parts(parts)
+        } else {
+            Projected::Rows
+        });
+    }
+    matmul(gpu, precision, ws, out, inp, linear, shape)?;
+    Ok(Projected::Rows)
+}
+
+/// `residual = inp1 + proj` and `ln` = its layernorm, `proj` read as
+/// [`matmul_leaving_parts`] left it (`proj_out` and `proj_bias` are its output
+/// buffer and bias).
+#[allow(clippy::too_many_arguments)]
+fn residual_layernorm_after(
+    gpu: &Gpu,
+    ws: &MatmulScratch,
+    projected: Projected,
+    residual: &mut CudaSlice<f32>,
+    ln: LayernormOut<'_>,
+    inp1: &CudaSlice<f32>,
+    (proj_out, proj_bias): (&CudaSlice<f32>, &CudaSlice<f32>),
+    weights: LayernormWeights<'_, CudaSlice<f32>>,
+    shape: RowShape,
+) -> Result<(), OpError> {
+    match projected {
+        Projected::Rows => residual_layernorm_forward(gpu, residual, ln, inp1, proj_out, weights, shape),
+        Projected::Parts(splits) => {
+            let parts = SplitSums {
+                partial: ws.fp32.partial(),
+                splits,
+                bias: Some(proj_bias),
+            };
+            residual_layernorm_split_forward(gpu, residual, ln, inp1, parts, weights, shape)
+        }
+    }
 }
 
 /// One linear layer as [`matmul`] runs it: its parameters, and how the TF32
@@ -1069,12 +1149,15 @@ impl GpuEngine {
         for (li, (lw, (k_cache, v_cache))) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
             let rounded = |i: usize| tf32.map(|t| &t.layers[li][i]);
             // attention sub-block: x + attproj(attention(qkv(ln1(x)))), ln1(x) already in a.ln
-            match a16.as_deref_mut() {
+            let qkv_projected = match a16.as_deref_mut() {
                 Some(x) => {
                     let out = Bf16Out::F32(&mut a.qkv);
-                    matmul_bf16_acts(gpu, out, &x.ln, lw.qkvw.as_ref(), Some(&lw.qkvb), qkv_mm, false)?
+                    matmul_bf16_acts(gpu, out, &x.ln, lw.qkvw.as_ref(), Some(&lw.qkvb), qkv_mm, false)?;
+                    Projected::Rows
                 }
-                None => matmul(
+                // Per-row placement: `kv_cache_store` alone reads the qkv rows,
+                // and it can add split-K parts.
+                None => matmul_leaving_parts(
                     gpu,
                     prec,
                     ws,
@@ -1087,8 +1170,9 @@ impl GpuEngine {
                         ..Linear::new(lw.qkvw.as_ref(), Some(&lw.qkvb))
                     },
                     qkv_mm,
+                    matches!(place, Placement::PerRow | Placement::Chunks),
                 )?,
-            }
+            };
             // Whether attention wrote its output as the bf16 acts' copy itself.
             let mut atty_in_bf16 = false;
             match (place, per_row.as_deref_mut()) {
@@ -1130,7 +1214,19 @@ impl GpuEngine {
                         pos,
                         cache_row,
                     };
-                    kv_cache_store(gpu, &mut s.q, cache, &a.qkv, KvCacheShape { rows: n, c, nh, max_t })?;
+                    let qkv = match qkv_projected {
+                        Projected::Rows => SplitSums {
+                            partial: &a.qkv,
+                            splits: 1,
+                            bias: None,
+                        },
+                        Projected::Parts(splits) => SplitSums {
+                            partial: ws.fp32.partial(),
+                            splits,
+                            bias: Some(&lw.qkvb),
+                        },
+                    };
+                    kv_cache_store_split(gpu, &mut s.q, cache, qkv, KvCacheShape { rows: n, c, nh, max_t })?;
                     let cache = KvRows {
                         k_cache: &*k_cache,
                         v_cache: &*v_cache,
@@ -1149,7 +1245,7 @@ impl GpuEngine {
                 }
                 (Placement::PerRow | Placement::Chunks, None) => anyhow::bail!("the slot state is missing"),
             }
-            match a16.as_deref_mut() {
+            let projected = match a16.as_deref_mut() {
                 Some(x) => {
                     if !atty_in_bf16 {
                         f32_to_bf16(gpu, &mut x.atty, &a.atty, n * c)?;
@@ -1163,9 +1259,10 @@ impl GpuEngine {
                         Some(&lw.attprojb),
                         attproj_mm,
                         false,
-                    )?
+                    )?;
+                    Projected::Rows
                 }
-                None => matmul(
+                None => matmul_leaving_parts(
                     gpu,
                     prec,
                     ws,
@@ -1176,9 +1273,10 @@ impl GpuEngine {
                         ..Linear::new(lw.attprojw.as_ref(), Some(&lw.attprojb))
                     },
                     attproj_mm,
+                    residual_layernorm_split_fits(c),
                 )?,
-            }
-            let (res, proj) = (&mut a.residual2, &a.proj);
+            };
+            let (res, proj) = (&mut a.residual2, (&a.proj, &lw.attprojb));
             let ln2 = LayernormWeights {
                 weight: &lw.ln2w,
                 bias: &lw.ln2b,
@@ -1187,7 +1285,7 @@ impl GpuEngine {
                 Some(x) => LayernormOut::Bf16(&mut x.ln),
                 None => LayernormOut::f32(&mut a.ln, round_acts),
             };
-            residual_layernorm_forward(gpu, res, ln, &a.residual, proj, ln2, row_shape)?;
+            residual_layernorm_after(gpu, ws, projected, res, ln, &a.residual, proj, ln2, row_shape)?;
             // MLP sub-block: x + fcproj(gelu(fc(ln2(x)))), ln2(x) in a.ln
             match (lw.fcw.as_ref(), rounded(2).filter(|_| round_acts)) {
                 // bf16 on Hopper: fc, GELU and the rounding fcproj wants.
@@ -1221,7 +1319,7 @@ impl GpuEngine {
                     matmul(gpu, prec, ws, &mut a.fch_gelu, &a.ln, fc, fc_mm)?;
                 }
             }
-            match a16.as_deref_mut() {
+            let projected = match a16.as_deref_mut() {
                 Some(x) => {
                     let out = Bf16Out::F32(&mut a.proj);
                     matmul_bf16_acts(
@@ -1232,9 +1330,10 @@ impl GpuEngine {
                         Some(&lw.fcprojb),
                         fcproj_mm,
                         false,
-                    )?
+                    )?;
+                    Projected::Rows
                 }
-                None => matmul(
+                None => matmul_leaving_parts(
                     gpu,
                     prec,
                     ws,
@@ -1246,8 +1345,9 @@ impl GpuEngine {
                         ..Linear::new(lw.fcprojw.as_ref(), Some(&lw.fcprojb))
                     },
                     fcproj_mm,
+                    residual_layernorm_split_fits(c),
                 )?,
-            }
+            };
             // The residual stream, and the layernorm that reads it next.
             let (next_w, next_b, round_next) = match p.layers.get(li + 1) {
                 Some(next) => (&next.ln1w, &next.ln1b, round_acts),
@@ -1257,12 +1357,12 @@ impl GpuEngine {
                 weight: next_w,
                 bias: next_b,
             };
-            let (res, proj) = (&mut a.residual, &a.proj);
+            let (res, proj) = (&mut a.residual, (&a.proj, &lw.fcprojb));
             let ln = match a16.as_deref_mut() {
                 Some(x) => LayernormOut::Bf16(&mut x.ln),
                 None => LayernormOut::f32(&mut a.ln, round_next),
             };
-            residual_layernorm_forward(gpu, res, ln, &a.residual2, proj, next_ln, row_shape)?;
+            residual_layernorm_after(gpu, ws, projected, res, ln, &a.residual2, proj, next_ln, row_shape)?;
         }
         // The rows the head reads: every position, each row's last, or the
         // listed ones (a prefill of several chunks).

@@ -69,4 +69,11 @@ impl MatmulWorkspace {
     pub fn partial_mut(&mut self) -> &mut CudaSlice<f32> {
         &mut self.partial
     }
+
+    /// The partial-sum buffer, read: where a split-K call that left its
+    /// parts for the consumer (`matmul_tf32::matmul_forward_fp32_tc_partials`)
+    /// put them.
+    pub fn partial(&self) -> &CudaSlice<f32> {
+        &self.partial
+    }
 }
