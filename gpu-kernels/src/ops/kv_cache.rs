@@ -2,7 +2,7 @@
 //! row's own position, its queries into `[n, c]` (contract:
 //! `params::kv_cache`).
 
-use super::vec4::{VEC, load4, store4, sum_parts4};
+use super::vec4::{VEC, store4, sum_parts4};
 use crate::device::{global_idx_x, grid_stride_x};
 use crate::params::kv_cache::KvCacheStoreParams;
 

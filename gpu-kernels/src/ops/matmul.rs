@@ -1,7 +1,7 @@
 //! `out = inp · weightᵀ + bias` (optionally GELU), FP32 on the CUDA cores.
 
 use super::gelu::gelu;
-use super::vec4::{VEC, add4, aligned16, load4, store4, sum_parts4};
+use super::vec4::{VEC, aligned16, load4, store4, sum_parts4};
 use crate::device::math::fma;
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::warp_reduce_sum;
