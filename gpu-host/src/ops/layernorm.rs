@@ -11,7 +11,7 @@ use gpu_kernels::params::layernorm::{
     ResidualLayernormSplitParams, residual_layernorm_split_block,
 };
 
-use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use super::args::{OpError, Variant, aligned16, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use crate::{Gpu, LayernormWeights, RowShape, SplitSums};
 use half::bf16;
 
@@ -178,6 +178,20 @@ pub enum LayernormOut<'a> {
 }
 
 impl LayernormOut<'_> {
+    /// The launch's destination, after checking it holds `len` elements.
+    fn dst(self, gpu: &Gpu, op: &'static str, len: usize) -> Result<Dst, OpError> {
+        let have = match &self {
+            LayernormOut::F32(o) | LayernormOut::Tf32(o) => o.len(),
+            LayernormOut::Bf16(o) => o.len(),
+        };
+        check_len(op, "out", have, len)?;
+        Ok(match self {
+            LayernormOut::F32(o) => Dst::F32(out_ptr(gpu, o), false),
+            LayernormOut::Tf32(o) => Dst::F32(out_ptr(gpu, o), true),
+            LayernormOut::Bf16(o) => Dst::Bf16(out_ptr(gpu, o).cast::<u16>()),
+        })
+    }
+
     /// `F32`, or `Tf32` when `round_tf32`.
     pub fn f32(out: &mut CudaSlice<f32>, round_tf32: bool) -> LayernormOut<'_> {
         if round_tf32 {
@@ -209,13 +223,11 @@ pub fn residual_layernorm_forward(
     shape: RowShape,
 ) -> Result<(), OpError> {
     let (rows, c) = (shape.rows, shape.c);
-    let aligned = [
-        in_ptr(gpu, inp1),
-        in_ptr(gpu, inp2),
-        out_ptr(gpu, residual).cast_const(),
-    ]
-    .iter()
-    .all(|p| (*p as usize).is_multiple_of(VEC_BYTES));
+    let aligned = aligned16(&[
+        in_ptr(gpu, inp1) as usize,
+        in_ptr(gpu, inp2) as usize,
+        out_ptr(gpu, residual) as usize,
+    ]);
     if rows <= RESIDUAL_LAYERNORM_BLOCK_MAX_ROWS && residual_layernorm_split_fits(c) && aligned {
         let whole = SplitSums {
             partial: inp2,
@@ -224,16 +236,7 @@ pub fn residual_layernorm_forward(
         };
         return residual_layernorm_split_forward(gpu, residual, out, inp1, whole, ln, shape);
     }
-    let out_len = match &out {
-        LayernormOut::F32(o) | LayernormOut::Tf32(o) => o.len(),
-        LayernormOut::Bf16(o) => o.len(),
-    };
-    check_len(FUSED_OP, "out", out_len, shape.len())?;
-    let out = match out {
-        LayernormOut::F32(o) => Dst::F32(out_ptr(gpu, o), false),
-        LayernormOut::Tf32(o) => Dst::F32(out_ptr(gpu, o), true),
-        LayernormOut::Bf16(o) => Dst::Bf16(out_ptr(gpu, o).cast::<u16>()),
-    };
+    let out = out.dst(gpu, FUSED_OP, shape.len())?;
     let RowShape { rows, c } = shape;
     count_u32(FUSED_OP, "rows * c", &[rows, c])?;
     check_len(FUSED_OP, "residual", residual.len(), rows * c)?;
@@ -300,16 +303,7 @@ pub fn residual_layernorm_split_forward<T: DevicePtr<f32>>(
     ln: LayernormWeights<'_, impl DevicePtr<f32>>,
     shape: RowShape,
 ) -> Result<(), OpError> {
-    let out_len = match &out {
-        LayernormOut::F32(o) | LayernormOut::Tf32(o) => o.len(),
-        LayernormOut::Bf16(o) => o.len(),
-    };
-    check_len(SPLIT_OP, "out", out_len, shape.len())?;
-    let out = match out {
-        LayernormOut::F32(o) => Dst::F32(out_ptr(gpu, o), false),
-        LayernormOut::Tf32(o) => Dst::F32(out_ptr(gpu, o), true),
-        LayernormOut::Bf16(o) => Dst::Bf16(out_ptr(gpu, o).cast::<u16>()),
-    };
+    let out = out.dst(gpu, SPLIT_OP, shape.len())?;
     let RowShape { rows, c } = shape;
     if !residual_layernorm_split_fits(c) {
         return Err(OpError::shape(
@@ -365,7 +359,7 @@ pub fn residual_layernorm_split_forward<T: DevicePtr<f32>>(
         params.weight as usize,
         params.bias as usize,
     ];
-    if addresses.iter().any(|a| !a.is_multiple_of(VEC_BYTES)) {
+    if !aligned16(&addresses) {
         return Err(OpError::shape(SPLIT_OP, "every buffer must be 16-byte aligned"));
     }
     let cfg = residual_layernorm_split_launch_config(params.n, params.c);
@@ -377,6 +371,3 @@ pub fn residual_layernorm_split_forward<T: DevicePtr<f32>>(
     unsafe { gpu.launch(RESIDUAL_LAYERNORM_SPLIT_FORWARD, cfg, params)? };
     Ok(())
 }
-
-/// Bytes of the split kernel's vectors (its alignment requirement).
-const VEC_BYTES: usize = RESIDUAL_LAYERNORM_SPLIT_VEC as usize * 4;
