@@ -117,6 +117,24 @@ pub trait Backend {
         let _ = pos;
         Ok(None)
     }
+
+    /// Generate a batch: what [`generate`] does and returns, with the same
+    /// arguments, checks and policy (it is the one implementation of the
+    /// policy; this is how a caller holding a `dyn Backend` reaches it).
+    /// `on_token(row, id)` receives every generated token exactly once, in
+    /// order within each row; the rows' tokens may interleave in another
+    /// order than one step at a time. Default: [`generate`] on `self`. A
+    /// backend made of independent parts may run the loop on each part's
+    /// rows at once (`Replicas`), its tokens those of one backend.
+    fn generate_batch(
+        &mut self,
+        prompts: &[Vec<u32>],
+        max_new_tokens: usize,
+        sampler: &mut Sampler,
+        on_token: &mut dyn FnMut(usize, u32),
+    ) -> anyhow::Result<Generation> {
+        generate(self, prompts, max_new_tokens, sampler, on_token)
+    }
 }
 
 /// What a [`Backend`] was built for, which [`check_forward_args`] checks a
@@ -221,6 +239,35 @@ impl Generation {
         let secs = (self.prefill_time + self.decode_time).as_secs_f64();
         if secs > 0.0 { self.generated as f64 / secs } else { 0.0 }
     }
+
+    /// One batch's result from the results of its contiguous row ranges,
+    /// given in row order, each generated on its own at the same time
+    /// (data-parallel replicas): rows' tokens and stop reasons
+    /// concatenated, `generated` summed, `positions` the furthest part's
+    /// (the whole batch stops where its last row does), and
+    /// `prefill_time` and `decode_time` each the slowest part's (the parts
+    /// ran concurrently, so the call took about as long as its slowest
+    /// part; the sum of the two maxima can exceed that part's own total
+    /// when another part's prefill was the slower one).
+    pub fn merge_concurrent(parts: impl IntoIterator<Item = Generation>) -> Generation {
+        let mut out = Generation {
+            tokens: Vec::new(),
+            stop: Vec::new(),
+            generated: 0,
+            positions: 0,
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+        };
+        for part in parts {
+            out.tokens.extend(part.tokens);
+            out.stop.extend(part.stop);
+            out.generated += part.generated;
+            out.positions = out.positions.max(part.positions);
+            out.prefill_time = out.prefill_time.max(part.prefill_time);
+            out.decode_time = out.decode_time.max(part.decode_time);
+        }
+        out
+    }
 }
 
 /// Generate up to `max_new_tokens` tokens after each prompt (one batch row
@@ -244,6 +291,16 @@ impl Generation {
 ///
 /// The prompts are checked first ([`check_prompts`], against the backend's
 /// positions and vocabulary), so a bad one fails before any forward call.
+///
+/// Of the sampler only its settings are read (`is_greedy`, `row`): every
+/// random draw is keyed by the seed, the row and the position, so the
+/// sampler's own draw counter ([`Sampler::sample`]'s) is left as it was.
+/// Rows are therefore independent: a batch split into row ranges, each run
+/// through this function with its rows' random streams
+/// (`GpuEngine::set_sample_stream_offset`), gives the same tokens wherever
+/// the logits agree ([`Backend::generate_batch`] of the replicas does this;
+/// fewer rows or another shared prompt length may pick other kernels, whose
+/// logits differ by rounding).
 pub fn generate<B: Backend + ?Sized>(
     backend: &mut B,
     prompts: &[Vec<u32>],
@@ -356,4 +413,75 @@ pub fn generate<B: Backend + ?Sized>(
     result.positions = pos;
     result.decode_time = decode_start.elapsed();
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(
+        tokens: Vec<Vec<u32>>,
+        stop: Vec<StopReason>,
+        positions: usize,
+        prefill_ms: u64,
+        decode_ms: u64,
+    ) -> Generation {
+        Generation {
+            generated: tokens.iter().map(Vec::len).sum(),
+            tokens,
+            stop,
+            positions,
+            prefill_time: Duration::from_millis(prefill_ms),
+            decode_time: Duration::from_millis(decode_ms),
+        }
+    }
+
+    #[test]
+    fn merged_generation_concatenates_rows_and_takes_the_slowest_part() {
+        let first = part(
+            vec![vec![1, 2, 3], vec![4]],
+            vec![StopReason::MaxTokens, StopReason::EndOfText],
+            10,
+            5,
+            40,
+        );
+        let second = part(vec![vec![7, 8]], vec![StopReason::ContextLimit], 12, 9, 30);
+        let g = Generation::merge_concurrent([first, second]);
+        assert_eq!(g.tokens, vec![vec![1, 2, 3], vec![4], vec![7, 8]]);
+        assert_eq!(
+            g.stop,
+            vec![StopReason::MaxTokens, StopReason::EndOfText, StopReason::ContextLimit]
+        );
+        assert_eq!(g.generated, 6);
+        assert_eq!(g.positions, 12);
+        assert_eq!(g.prefill_time, Duration::from_millis(9));
+        assert_eq!(g.decode_time, Duration::from_millis(40));
+        assert!(g.hit_context_limit());
+
+        // One part is that part; none is an empty batch.
+        let alone = part(vec![vec![5]], vec![StopReason::MaxTokens], 3, 1, 2);
+        let g = Generation::merge_concurrent([alone.clone()]);
+        assert_eq!(
+            (
+                g.tokens,
+                g.stop,
+                g.generated,
+                g.positions,
+                g.prefill_time,
+                g.decode_time
+            ),
+            (
+                alone.tokens,
+                alone.stop,
+                alone.generated,
+                alone.positions,
+                alone.prefill_time,
+                alone.decode_time
+            )
+        );
+        let g = Generation::merge_concurrent([]);
+        assert!(g.tokens.is_empty() && g.stop.is_empty());
+        assert_eq!((g.generated, g.positions), (0, 0));
+        assert_eq!(g.prefill_time + g.decode_time, Duration::ZERO);
+    }
 }

@@ -34,6 +34,8 @@ impl SamplingParams {
 /// tokens. It applies the rule of `gpu_kernels::params::sample` (the one the
 /// GPU's `sample_forward` kernel applies; `cpu::sample` is its plain twin),
 /// so the generation loop may sample on either side and get the same ids.
+/// A clone carries the same settings and the same draw counter.
+#[derive(Clone, Debug)]
 pub struct Sampler {
     params: SamplingParams,
     seed: u64,

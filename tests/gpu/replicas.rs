@@ -6,7 +6,11 @@
 //! pick other kernels) the logits agree within FP32 rounding, sampled
 //! tokens are equal and greedy ones too except at a near tie; perplexity
 //! agrees; uneven splits (3 rows over 2, 1 row over 2); misuse and a
-//! panicking worker are errors. The sampling stream offset the replicas
+//! panicking worker are errors. Batch generation (`generate_batch`, the
+//! whole loop on each replica's rows, prompts of different lengths) equals
+//! one engine per sub-batch bit for bit and one engine on the whole batch
+//! as above, streams each token once with its row, and with one replica is
+//! the engine's own. The sampling stream offset the replicas
 //! rely on is checked against the CPU sampler. One test needs two
 //! different GPUs: it skips visibly on one, and fails there instead when
 //! `GPT2_REQUIRE_MULTI_GPU=1`.
@@ -14,7 +18,7 @@
 use std::ops::Range;
 
 use host::cpu::sample::sample_row;
-use host::generate::{Backend, LogitsWanted, generate};
+use host::generate::{Backend, LogitsWanted, StopReason, generate};
 use host::gpu::Gpu;
 use host::gpu::engine::{GpuEngine, Precision};
 use host::gpu::replicas::{Replicas, split_rows};
@@ -221,6 +225,271 @@ fn replicas_on_one_gpu_generate_like_one_engine() {
     for b in [4, 3, 1] {
         generation_matches(&SAME_GPU, b);
     }
+}
+
+/// Prompt lengths of [`ragged_prompts`], row by row (cycled): the longest
+/// prompt is [`RAGGED_LONGEST`].
+const RAGGED_LENGTHS: [usize; 5] = [5, 9, 3, 7, 11];
+const RAGGED_LONGEST: usize = 11;
+/// Positions of the ragged generations: room for [`STEPS`] tokens after
+/// the longest prompt. The runs of `2 * STEPS` tokens stop at it, a row
+/// after fewer tokens the longer its prompt.
+const RAGGED_MAX_T: usize = RAGGED_LONGEST + STEPS + 1;
+
+/// `b` random prompts of different lengths ([`RAGGED_LENGTHS`]).
+fn ragged_prompts(b: usize, vocab: usize) -> Vec<Vec<u32>> {
+    let mut rng = crate::seed::rng();
+    (0..b)
+        .map(|r| {
+            (0..RAGGED_LENGTHS[r % RAGGED_LENGTHS.len()])
+                .map(|_| rng.random_range(0..vocab as u32))
+                .collect()
+        })
+        .collect()
+}
+
+/// What a generation gave: each row's tokens and stop reason, the tokens
+/// generated and the positions used, and what `on_token` received, in
+/// order.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    tokens: Vec<Vec<u32>>,
+    stop: Vec<StopReason>,
+    generated: usize,
+    positions: usize,
+    streamed: Vec<(usize, u32)>,
+}
+
+/// `max_new` tokens a row with `sampler`, through the free `generate`
+/// (`batch == false`) or `Backend::generate_batch`.
+fn run_generation(
+    backend: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    mut sampler: Sampler,
+    batch: bool,
+) -> Outcome {
+    let mut streamed = Vec::new();
+    let mut on_token = |row: usize, id: u32| streamed.push((row, id));
+    let g = if batch {
+        backend.generate_batch(prompts, max_new, &mut sampler, &mut on_token)
+    } else {
+        generate(backend, prompts, max_new, &mut sampler, &mut on_token)
+    }
+    .unwrap();
+    Outcome {
+        tokens: g.tokens,
+        stop: g.stop,
+        generated: g.generated,
+        positions: g.positions,
+        streamed,
+    }
+}
+
+/// `on_token` received every generated token exactly once, with its row,
+/// in order within each row.
+fn assert_streamed_once(out: &Outcome, what: &str) {
+    assert_eq!(out.streamed.len(), out.generated, "{what}: tokens streamed");
+    assert_eq!(
+        out.tokens.iter().map(Vec::len).sum::<usize>(),
+        out.generated,
+        "{what}: tokens counted"
+    );
+    for (r, tokens) in out.tokens.iter().enumerate() {
+        let got: Vec<u32> = out
+            .streamed
+            .iter()
+            .filter(|&&(row, _)| row == r)
+            .map(|&(_, id)| id)
+            .collect();
+        assert_eq!(&got, tokens, "{what}: tokens streamed for row {r}");
+    }
+    assert!(
+        out.streamed.iter().all(|&(row, _)| row < out.tokens.len()),
+        "{what}: a token streamed for a row outside the batch"
+    );
+}
+
+/// The last-position logits of every decode step that `generate` would run
+/// to produce `tokens` after `prompts` (of any lengths), fed by teacher
+/// forcing: entry `k` chose the tokens at position `shared + k`, where
+/// `shared` is the shortest prompt's length.
+fn forced_ragged_logits(backend: &mut dyn Backend, prompts: &[Vec<u32>], tokens: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    let b = prompts.len();
+    let shared = prompts.iter().map(Vec::len).min().unwrap();
+    let end = prompts
+        .iter()
+        .zip(tokens)
+        .map(|(p, t)| p.len() + t.len())
+        .max()
+        .unwrap();
+    let first: Vec<u32> = prompts.iter().flat_map(|p| p[..shared].iter().copied()).collect();
+    backend.forward(&first, b, shared, 0, LogitsWanted::Last).unwrap();
+    let mut out = vec![backend.logits().unwrap()];
+    let mut fed: Vec<u32> = prompts.iter().map(|p| p[shared - 1]).collect();
+    for pos in shared..end - 1 {
+        for (r, (p, t)) in prompts.iter().zip(tokens).enumerate() {
+            // A finished row is fed its previous token again, as `generate` does.
+            if let Some(&id) = p.get(pos).or_else(|| t.get(pos - p.len())) {
+                fed[r] = id;
+            }
+        }
+        backend.forward(&fed, b, 1, pos, LogitsWanted::Last).unwrap();
+        out.push(backend.logits().unwrap());
+    }
+    out
+}
+
+/// `Backend::generate_batch` of replicas on `devices` (each running the
+/// whole loop on its rows) on a batch of `b` prompts of different lengths:
+/// bit for bit the free `generate` of one engine per sub-batch (its rows'
+/// random streams), and the tokens of one engine running the free
+/// `generate` on the whole batch (sampled equal; greedy equal except at a
+/// near tie), greedy and sampled, to `max_new` tokens and to the context
+/// limit; `on_token` gets every token once with its row.
+fn batch_generation_matches(devices: &[usize], b: usize) {
+    let ck = random_checkpoint(&format!("batch generation on replicas {devices:?} b={b}"));
+    let w = ck.weights().unwrap();
+    let cfg = w.config;
+    let (v, vp) = (cfg.vocab_size, cfg.padded_vocab_size);
+    let seed: u64 = crate::seed::rng().random();
+    eprintln!("sampling seed {seed}");
+    let prompts = ragged_prompts(b, v);
+    let ranges = split_rows(b, devices.len());
+    let per_replica = ranges[0].len();
+    let mut dp = Replicas::new(devices, &w, b, RAGGED_MAX_T, Precision::Fp32).unwrap();
+    let mut one = engine(devices[0], &w, b, RAGGED_MAX_T);
+    // (what, max_new, sampler): every row to `STEPS`, then every row to the
+    // context limit (`2 * STEPS` does not fit after any prompt).
+    let runs = [
+        ("greedy", STEPS, None),
+        ("sampled", STEPS, Some(seed)),
+        ("greedy to the limit", 2 * STEPS, None),
+        ("sampled to the limit", 2 * STEPS, Some(seed)),
+    ];
+    let sampler = |s: Option<u64>| s.map_or_else(greedy, sampled);
+    for (what, max_new, s) in runs {
+        let what = format!("{what}, replicas {devices:?}, b={b}");
+        let got = run_generation(&mut dp, &prompts, max_new, sampler(s), true);
+        assert_streamed_once(&got, &what);
+        if max_new == STEPS {
+            assert!(got.tokens.iter().all(|t| t.len() == STEPS), "{what}: {:?}", got.stop);
+        } else {
+            assert!(
+                got.stop.iter().all(|&s| s == StopReason::ContextLimit),
+                "{what}: {:?}",
+                got.stop
+            );
+            assert_eq!(got.positions, RAGGED_MAX_T, "{what}");
+        }
+
+        // Each replica's rows: one engine on them, bit for bit.
+        for (&device, rows) in devices.iter().zip(&ranges).filter(|(_, r)| !r.is_empty()) {
+            let mut e = engine(device, &w, per_replica, RAGGED_MAX_T);
+            e.set_sample_stream_offset(rows.start).unwrap();
+            let part = run_generation(&mut e, &prompts[rows.clone()], max_new, sampler(s), false);
+            assert_eq!(part.tokens, got.tokens[rows.clone()], "{what}: rows {rows:?}");
+            assert_eq!(part.stop, got.stop[rows.clone()], "{what}: rows {rows:?}");
+            assert!(part.positions <= got.positions, "{what}: rows {rows:?}");
+        }
+
+        // One engine on the whole batch.
+        let want = run_generation(&mut one, &prompts, max_new, sampler(s), false);
+        assert_eq!(got.positions, want.positions, "{what}: positions");
+        if s.is_some() {
+            assert_eq!(got.tokens, want.tokens, "{what}: against one engine");
+            assert_eq!(got.stop, want.stop, "{what}: against one engine");
+            assert_eq!(got.generated, want.generated, "{what}: against one engine");
+            continue;
+        }
+        // Up to its first difference, one engine saw the replicas' history,
+        // so that choice must be a near tie.
+        let forced = forced_ragged_logits(&mut one, &prompts, &got.tokens);
+        let shared = prompts.iter().map(Vec::len).min().unwrap();
+        for r in 0..b {
+            let (mine, theirs) = (&got.tokens[r], &want.tokens[r]);
+            let Some(s) = (0..mine.len().max(theirs.len())).find(|&s| mine.get(s) != theirs.get(s)) else {
+                continue;
+            };
+            let step = prompts[r].len() + s - shared;
+            let gap = top_two_gap(&forced[step][r * vp..r * vp + v]);
+            assert!(
+                gap < TIE_GAP,
+                "{what}: row {r} token {s}: one engine chose {:?} and the replicas {:?}, top-two gap {gap:e}",
+                theirs.get(s),
+                mine.get(s)
+            );
+            eprintln!("{what}: row {r} token {s}: a near tie (gap {gap:e}) chose differently");
+        }
+    }
+}
+
+/// `generate_batch` with one replica is the engine's `generate`, streamed
+/// tokens and their order included; over two replicas it checks the batch
+/// as `generate` would, and leaves the replicas without a call to continue.
+fn batch_generation_edges(device: usize) {
+    let ck = random_checkpoint("batch generation edges");
+    let w = ck.weights().unwrap();
+    let v = w.config.vocab_size;
+    let b = 3;
+    let prompts = ragged_prompts(b, v);
+    let seed: u64 = crate::seed::rng().random();
+    eprintln!("sampling seed {seed}");
+    let mut alone = Replicas::new(&[device], &w, b, RAGGED_MAX_T, Precision::Fp32).unwrap();
+    let mut one = engine(device, &w, b, RAGGED_MAX_T);
+    for (what, s) in [("greedy", greedy()), ("sampled", sampled(seed))] {
+        let got = run_generation(&mut alone, &prompts, STEPS, s.clone(), true);
+        let want = run_generation(&mut one, &prompts, STEPS, s, false);
+        assert_eq!(got, want, "{what}: one replica against its engine");
+    }
+
+    let mut dp = Replicas::new(&[device, device], &w, b, RAGGED_MAX_T, Precision::Fp32).unwrap();
+    let mut s = greedy();
+    let mut never = |row: usize, id: u32| panic!("token {id} of row {row} streamed from a batch that fails");
+    let mut bad = prompts.clone();
+    bad[b - 1][0] = v as u32;
+    let e = format!("{:#}", dp.generate_batch(&bad, STEPS, &mut s, &mut never).unwrap_err());
+    assert!(e.contains(&format!("prompt {b}")) && e.contains("vocabulary"), "{e}");
+    let too_many = vec![prompts[0].clone(); dp.max_batch() + 1];
+    let e = format!(
+        "{:#}",
+        dp.generate_batch(&too_many, STEPS, &mut s, &mut never).unwrap_err()
+    );
+    assert!(e.contains("exceeds"), "{e}");
+
+    // After a batch the replicas hold no call to read or continue.
+    dp.forward(&vec![0; b], b, 1, 0, LogitsWanted::Last).unwrap();
+    let out = run_generation(&mut dp, &prompts, STEPS, greedy(), true);
+    assert_eq!(out.generated, b * STEPS);
+    let e = format!("{:#}", dp.logits().unwrap_err());
+    assert!(e.contains("before a successful forward"), "{e}");
+    let e = format!(
+        "{:#}",
+        dp.forward(&vec![0; b], b, 1, 1, LogitsWanted::Last).unwrap_err()
+    );
+    assert!(e.contains("continues"), "{e}");
+    // A call from position 0 runs as before.
+    dp.forward(&vec![0; b], b, 1, 0, LogitsWanted::Last).unwrap();
+    assert_eq!(dp.argmax().unwrap().len(), b);
+    // The step-wise path after a batch is that of fresh replicas, bit for bit.
+    let mut fresh = Replicas::new(&[device, device], &w, b, RAGGED_MAX_T, Precision::Fp32).unwrap();
+    for (what, s) in [("greedy", greedy()), ("sampled", sampled(seed))] {
+        run_generation(&mut dp, &prompts, STEPS, s.clone(), true);
+        let after = run_generation(&mut dp, &prompts, STEPS, s.clone(), false);
+        let want = run_generation(&mut fresh, &prompts, STEPS, s, false);
+        assert_eq!(after, want, "{what}: generate after generate_batch");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn replicas_generate_batch_like_one_engine() {
+    let Some(_gpu) = skip::gpu() else { return };
+    // Even, uneven, and a replica without rows.
+    for b in [4, 3, 1] {
+        batch_generation_matches(&SAME_GPU, b);
+    }
+    batch_generation_edges(0);
 }
 
 /// The rows of `ranges[i]` from `all` (`per_row` values a row).
@@ -450,6 +719,7 @@ fn replicas_on_two_gpus_match_one_gpu() {
     let devices = [0, 1];
     for b in [8, 3] {
         generation_matches(&devices, b);
+        batch_generation_matches(&devices, b);
     }
     perplexity_matches(&devices);
 }

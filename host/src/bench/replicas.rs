@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use crate::bench::{median, wall_times};
-use crate::generate::{Backend, generate};
+use crate::generate::Backend;
 use crate::gpu::Gpu;
 use crate::gpu::engine::{GpuEngine, Precision};
 use crate::gpu::replicas::{DeviceList, Replicas};
@@ -130,7 +130,9 @@ pub fn bench_replicas(devices: &DeviceList, samples: usize, warmup: usize) -> Re
             let mut generated = 0;
             let times = wall_times(warmup, samples, || {
                 let mut sampler = Sampler::new(SamplingParams::GREEDY)?;
-                generated = generate(b.as_mut(), batch, GEN_TOKENS, &mut sampler, |_, _| {})?.generated;
+                generated = b
+                    .generate_batch(batch, GEN_TOKENS, &mut sampler, &mut |_, _| {})?
+                    .generated;
                 Ok(())
             })?;
             drop(b);

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 
 use host::cli::{BackendArgs, WeightsArgs, main_with};
-use host::generate::{StopReason, generate};
+use host::generate::StopReason;
 use host::model::ModelConfig;
 use host::prompt::{PromptLimits, check_prompts, positions_needed};
 use host::sample::{Sampler, SamplingParams};
@@ -120,7 +120,7 @@ fn run(cli: Cli) -> Result<()> {
         write!(out, "{}", texts[0])?;
         out.flush()?;
     }
-    let result = generate(backend.as_mut(), &prompts, cli.max_tokens, &mut sampler, |_row, id| {
+    let result = backend.generate_batch(&prompts, cli.max_tokens, &mut sampler, &mut |_row, id| {
         if !streaming || write_error.is_some() {
             return;
         }

@@ -12,6 +12,16 @@
 //! not bitwise. Sampling draws row `r` of the whole batch from random
 //! stream `r` on whichever replica holds it
 //! ([`GpuEngine::set_sample_stream_offset`]), as one engine does.
+//!
+//! Batch generation ([`Backend::generate_batch`]) is spread further: rows
+//! are independent, so each replica's worker runs the whole generation
+//! loop ([`generate`]) on its own range of rows,
+//! every replica at once with no handoff between threads per step (at 8-16
+//! rows a GPU a step takes well under a millisecond, and that handoff cost
+//! several percent); the tokens stream back to the caller's thread as they
+//! are chosen and the results merge in row order. The step-wise methods
+//! (`forward`, `argmax`, `sample`, `choose_and_step`) split each call as
+//! above and serve the free `generate`, perplexity and tests.
 
 use std::ops::Range;
 use std::str::FromStr;
@@ -21,10 +31,12 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use gpu_kernels::params::sample::SampleRow;
 
-use crate::generate::{Backend, ForwardLimits, LogitsWanted, check_forward_args};
+use crate::generate::{Backend, ForwardLimits, Generation, LogitsWanted, check_forward_args, generate};
 use crate::gpu::engine::{GpuEngine, Precision};
 use crate::gpu::{Gpu, GpuError};
 use crate::model::{ModelConfig, Weights};
+use crate::prompt::{PromptLimits, check_prompts};
+use crate::sample::Sampler;
 use crate::serve::backend::{Draw, SlotBackend, SlotChunk, SlotToken, check_slot_chunks, check_slot_rows};
 
 /// Split `b` rows over `n` replicas: contiguous ranges in row order, the
@@ -128,6 +140,10 @@ unsafe impl Send for SendEngine {}
 
 /// A job for one replica's worker: it sends its own result back.
 type Job = Box<dyn FnOnce(&mut GpuEngine) + Send>;
+
+/// A sent job: its replica, and where its result comes (`None`: the job
+/// could not be sent).
+type Pending<R> = (usize, Option<mpsc::Receiver<Result<R>>>);
 
 /// One replica: its GPU and the worker thread that owns its engine.
 struct Worker {
@@ -332,6 +348,18 @@ impl Replicas {
         R: Send + 'static,
         F: FnOnce(&mut GpuEngine) -> Result<R> + Send + 'static,
     {
+        let pending = self.send_jobs(jobs);
+        self.wait_for(pending)
+    }
+
+    /// The first half of [`Replicas::dispatch`]: send each `(replica, job)`
+    /// to its worker, without waiting. A job that cannot be sent (its
+    /// worker is gone) is dropped here, with everything it holds.
+    fn send_jobs<R, F>(&mut self, jobs: Vec<(usize, F)>) -> Vec<Pending<R>>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut GpuEngine) -> Result<R> + Send + 'static,
+    {
         let mut pending = Vec::with_capacity(jobs.len());
         for (i, job) in jobs {
             let (tx, rx) = mpsc::sync_channel::<Result<R>>(1);
@@ -346,6 +374,12 @@ impl Replicas {
             };
             pending.push((i, sent.then_some(rx)));
         }
+        pending
+    }
+
+    /// The second half of [`Replicas::dispatch`]: wait for every sent job;
+    /// results in the order sent, or the first error, naming its GPU.
+    fn wait_for<R>(&mut self, pending: Vec<Pending<R>>) -> Result<Vec<R>> {
         let mut results = Vec::with_capacity(pending.len());
         let mut first_error = None;
         for (i, rx) in pending {
@@ -578,6 +612,92 @@ impl Backend for Replicas {
             }
         }
         Ok(Some(out))
+    }
+
+    /// The whole generation loop ([`generate`], the one policy) on each
+    /// replica's rows ([`split_rows`]) on its worker, all replicas at
+    /// once and without a handoff per step: a replica's engine draws its
+    /// rows from their streams of the whole batch
+    /// ([`GpuEngine::set_sample_stream_offset`]), so every row's tokens are
+    /// one engine's (where the logits agree: see the module's
+    /// documentation). Each worker sends its tokens to this thread as they
+    /// are chosen, which calls `on_token` with the batch's row while it
+    /// waits for all of them; a worker that dies ends its part of the wait.
+    /// The parts merge in row order ([`Generation::merge_concurrent`]:
+    /// times are the slowest replica's). Every replica is waited for; the
+    /// first error names its replica and GPU.
+    ///
+    /// Afterwards the replicas hold no call: each engine's cache stopped
+    /// at its own position (a replica whose rows all ended stops early),
+    /// so `logits`, `sample` and the like answer "before a successful
+    /// forward()", and a `forward` must start at position 0.
+    fn generate_batch(
+        &mut self,
+        prompts: &[Vec<u32>],
+        max_new_tokens: usize,
+        sampler: &mut Sampler,
+        on_token: &mut dyn FnMut(usize, u32),
+    ) -> Result<Generation> {
+        // Forget the last call first, so that even a failure leaves none
+        // that a continuation could build on: the engines run their own
+        // calls now. `prepared` is cleared on each engine too (below).
+        self.last = None;
+        self.started = None;
+        self.prepared = None;
+        self.slot_last = None;
+        // The checks `generate` makes, here on the whole batch, so a bad
+        // prompt fails before any replica starts and is named by its
+        // index in the batch.
+        check_prompts(
+            prompts,
+            Some(PromptLimits {
+                context: self.max_seq_len,
+                vocab_size: self.config.vocab_size,
+            }),
+        )?;
+        let (b, max_batch) = (prompts.len(), self.max_batch());
+        ensure!(
+            b <= max_batch,
+            "batch of {b} rows exceeds the {max_batch} this set of replicas was built for"
+        );
+        let ranges = split_rows(b, self.workers.len());
+        let (token_tx, token_rx) = mpsc::channel::<(usize, u32)>();
+        let jobs = active(&ranges)
+            .map(|(i, rows)| {
+                let part = prompts[rows.clone()].to_vec();
+                // Each worker samples with its own copy of the sampler.
+                // `generate` reads only its settings: the draws are keyed by
+                // (seed, row, position), the rows by the stream offset, and
+                // the sampler's own counter (`Sampler::sample`'s) is never
+                // advanced, so one engine leaves the caller's sampler as it
+                // was, and so do the replicas (the copies are dropped).
+                let mut sampler = sampler.clone();
+                let tokens = token_tx.clone();
+                (i, move |e: &mut GpuEngine| -> Result<Generation> {
+                    e.set_sample_stream_offset(rows.start)?;
+                    let generated = generate(e, &part, max_new_tokens, &mut sampler, |r, id| {
+                        // The caller listens until every worker is done
+                        // (unless `on_token` panicked): an error is harmless.
+                        let _ = tokens.send((rows.start + r, id));
+                    });
+                    // As `prepared` above: no settings for a later step.
+                    let cleared = e.prepare_sampling(None);
+                    let generated = generated?;
+                    cleared?;
+                    Ok(generated)
+                })
+            })
+            .collect();
+        let pending = self.send_jobs(jobs);
+        // The workers' jobs hold the only senders now: the loop ends when
+        // every job is done, failed, dropped unsent, or dropped by a
+        // worker that panicked.
+        drop(token_tx);
+        for (row, id) in token_rx {
+            on_token(row, id);
+        }
+        let parts = self.wait_for(pending)?;
+        Ok(Generation::merge_concurrent(parts))
     }
 }
 
