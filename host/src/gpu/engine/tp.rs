@@ -314,6 +314,18 @@ impl TpEngine {
         self.graphs_on = on;
     }
 
+    /// Run each rank's FP32 matmuls beyond the GEMV's rows on the tensor
+    /// cores as 3xTF32 (`true`, the default, as [`GpuEngine`]) or on the CUDA
+    /// cores (`false`; see `GpuEngine::set_fp32_tensor_cores`). Decode
+    /// graphs captured before are dropped, so the next step captures the
+    /// kernels chosen now.
+    pub fn set_fp32_tensor_cores(&mut self, on: bool) {
+        for r in &mut self.ranks {
+            r.matmul_ws.fp32_tensor_cores = on;
+        }
+        self.graphs.clear();
+    }
+
     /// Why decode steps stopped running as graphs (a capture failed), if they did.
     pub fn decode_graph_error(&self) -> Option<&str> {
         self.graph_error.as_deref()
