@@ -315,7 +315,7 @@ impl TpEngine {
     }
 
     /// Run each rank's FP32 matmuls beyond the GEMV's rows on the tensor
-    /// cores as 3xTF32 (`true`, the default, as [`GpuEngine`]) or on the CUDA
+    /// cores as 3xTF32 (`true`, the default, as [`GpuEngine`](super::GpuEngine)) or on the CUDA
     /// cores (`false`; see `GpuEngine::set_fp32_tensor_cores`). Decode
     /// graphs captured before are dropped, so the next step captures the
     /// kernels chosen now.
