@@ -108,20 +108,31 @@ fn generated(backend: &mut dyn Backend, prompts: &[Vec<u32>], mut sampler: Sampl
     g.tokens
 }
 
-/// The last-position logits of every step of `tokens` (per row, the ids
-/// generated after `prompts`), fed by teacher forcing: entry `s` holds the
-/// logits that chose `tokens[.][s]`.
+/// The last-position logits of every decode step that `generate` would run
+/// to produce `tokens` after `prompts` (of any lengths), fed by teacher
+/// forcing: entry `k` chose the tokens at position `shared + k`, where
+/// `shared` is the shortest prompt's length.
 fn forced_logits(backend: &mut dyn Backend, prompts: &[Vec<u32>], tokens: &[Vec<u32>]) -> Vec<Vec<f32>> {
     let b = prompts.len();
-    backend
-        .forward(&prompts.concat(), b, PROMPT_LEN, 0, LogitsWanted::Last)
+    let shared = prompts.iter().map(Vec::len).min().unwrap();
+    let end = prompts
+        .iter()
+        .zip(tokens)
+        .map(|(p, t)| p.len() + t.len())
+        .max()
         .unwrap();
+    let first: Vec<u32> = prompts.iter().flat_map(|p| p[..shared].iter().copied()).collect();
+    backend.forward(&first, b, shared, 0, LogitsWanted::Last).unwrap();
     let mut out = vec![backend.logits().unwrap()];
-    for s in 0..STEPS - 1 {
-        let step: Vec<u32> = tokens.iter().map(|t| t[s]).collect();
-        backend
-            .forward(&step, b, 1, PROMPT_LEN + s, LogitsWanted::Last)
-            .unwrap();
+    let mut fed: Vec<u32> = prompts.iter().map(|p| p[shared - 1]).collect();
+    for pos in shared..end - 1 {
+        for (r, (p, t)) in prompts.iter().zip(tokens).enumerate() {
+            // A finished row is fed its previous token again, as `generate` does.
+            if let Some(&id) = p.get(pos).or_else(|| t.get(pos - p.len())) {
+                fed[r] = id;
+            }
+        }
+        backend.forward(&fed, b, 1, pos, LogitsWanted::Last).unwrap();
         out.push(backend.logits().unwrap());
     }
     out
@@ -139,6 +150,35 @@ fn top_two_gap(logits: &[f32]) -> f32 {
         }
     }
     first - second
+}
+
+/// Rows where `mine` and `theirs` (tokens generated after `prompts`)
+/// first differ: up to there `theirs`' backend saw `mine`'s history
+/// (`forced`: its logits fed `mine` by teacher forcing, [`forced_logits`]),
+/// so that choice must be a near tie.
+fn assert_differences_are_near_ties(
+    what: &str,
+    prompts: &[Vec<u32>],
+    mine: &[Vec<u32>],
+    theirs: &[Vec<u32>],
+    forced: &[Vec<f32>],
+    (v, vp): (usize, usize),
+) {
+    let shared = prompts.iter().map(Vec::len).min().unwrap();
+    for (r, (mine, theirs)) in mine.iter().zip(theirs).enumerate() {
+        let Some(s) = (0..mine.len().max(theirs.len())).find(|&s| mine.get(s) != theirs.get(s)) else {
+            continue;
+        };
+        let step = prompts[r].len() + s - shared;
+        let gap = top_two_gap(&forced[step][r * vp..r * vp + v]);
+        assert!(
+            gap < TIE_GAP,
+            "{what}: row {r} token {s}: one engine chose {:?} and the replicas {:?}, top-two gap {gap:e}",
+            theirs.get(s),
+            mine.get(s)
+        );
+        eprintln!("{what}: row {r} token {s}: a near tie (gap {gap:e}) chose differently");
+    }
 }
 
 /// Generation on `devices` (one replica each) against one engine per
@@ -201,20 +241,14 @@ fn generation_matches(devices: &[usize], b: usize) {
         FULL_BATCH_TOL,
         0.0,
     );
-    // Up to its first difference, one engine saw the replicas' history, so
-    // that choice must be a near tie.
-    for r in 0..b {
-        if let Some(s) = (0..STEPS).find(|&s| one_greedy[r][s] != dp_greedy[r][s]) {
-            let gap = top_two_gap(&one_forced[s][r * vp..r * vp + v]);
-            assert!(
-                gap < TIE_GAP,
-                "row {r} step {s}: one engine chose {} and the replicas {}, top-two gap {gap:e}",
-                one_greedy[r][s],
-                dp_greedy[r][s]
-            );
-            eprintln!("row {r} step {s}: a near tie (gap {gap:e}) chose differently");
-        }
-    }
+    assert_differences_are_near_ties(
+        &format!("greedy, replicas {devices:?}, b={b}"),
+        &prompts,
+        &dp_greedy,
+        &one_greedy,
+        &one_forced,
+        (v, vp),
+    );
 }
 
 #[test]
@@ -310,36 +344,6 @@ fn assert_streamed_once(out: &Outcome, what: &str) {
     );
 }
 
-/// The last-position logits of every decode step that `generate` would run
-/// to produce `tokens` after `prompts` (of any lengths), fed by teacher
-/// forcing: entry `k` chose the tokens at position `shared + k`, where
-/// `shared` is the shortest prompt's length.
-fn forced_ragged_logits(backend: &mut dyn Backend, prompts: &[Vec<u32>], tokens: &[Vec<u32>]) -> Vec<Vec<f32>> {
-    let b = prompts.len();
-    let shared = prompts.iter().map(Vec::len).min().unwrap();
-    let end = prompts
-        .iter()
-        .zip(tokens)
-        .map(|(p, t)| p.len() + t.len())
-        .max()
-        .unwrap();
-    let first: Vec<u32> = prompts.iter().flat_map(|p| p[..shared].iter().copied()).collect();
-    backend.forward(&first, b, shared, 0, LogitsWanted::Last).unwrap();
-    let mut out = vec![backend.logits().unwrap()];
-    let mut fed: Vec<u32> = prompts.iter().map(|p| p[shared - 1]).collect();
-    for pos in shared..end - 1 {
-        for (r, (p, t)) in prompts.iter().zip(tokens).enumerate() {
-            // A finished row is fed its previous token again, as `generate` does.
-            if let Some(&id) = p.get(pos).or_else(|| t.get(pos - p.len())) {
-                fed[r] = id;
-            }
-        }
-        backend.forward(&fed, b, 1, pos, LogitsWanted::Last).unwrap();
-        out.push(backend.logits().unwrap());
-    }
-    out
-}
-
 /// `Backend::generate_batch` of replicas on `devices` (each running the
 /// whole loop on its rows) on a batch of `b` prompts of different lengths:
 /// bit for bit the free `generate` of one engine per sub-batch (its rows'
@@ -402,25 +406,8 @@ fn batch_generation_matches(devices: &[usize], b: usize) {
             assert_eq!(got.generated, want.generated, "{what}: against one engine");
             continue;
         }
-        // Up to its first difference, one engine saw the replicas' history,
-        // so that choice must be a near tie.
-        let forced = forced_ragged_logits(&mut one, &prompts, &got.tokens);
-        let shared = prompts.iter().map(Vec::len).min().unwrap();
-        for r in 0..b {
-            let (mine, theirs) = (&got.tokens[r], &want.tokens[r]);
-            let Some(s) = (0..mine.len().max(theirs.len())).find(|&s| mine.get(s) != theirs.get(s)) else {
-                continue;
-            };
-            let step = prompts[r].len() + s - shared;
-            let gap = top_two_gap(&forced[step][r * vp..r * vp + v]);
-            assert!(
-                gap < TIE_GAP,
-                "{what}: row {r} token {s}: one engine chose {:?} and the replicas {:?}, top-two gap {gap:e}",
-                theirs.get(s),
-                mine.get(s)
-            );
-            eprintln!("{what}: row {r} token {s}: a near tie (gap {gap:e}) chose differently");
-        }
+        let forced = forced_logits(&mut one, &prompts, &got.tokens);
+        assert_differences_are_near_ties(&what, &prompts, &got.tokens, &want.tokens, &forced, (v, vp));
     }
 }
 
