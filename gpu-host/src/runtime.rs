@@ -344,6 +344,64 @@ impl Gpu {
         Ok(())
     }
 
+    /// [`Gpu::launch`] in thread block clusters of `cluster` blocks along x
+    /// (sm_90 and later; `cfg.grid_dim.0` a multiple of `cluster`): the
+    /// cluster-dimension launch attribute through `cuLaunchKernelEx` (cudarc
+    /// has no safe API for it), plus PDL as [`Gpu::launch`] would chain it.
+    ///
+    /// # Safety
+    /// As for [`Gpu::launch`]; the kernel expects clusters of this shape.
+    pub unsafe fn launch_cluster<P: KernelParams>(
+        &self,
+        name: &'static str,
+        cfg: LaunchConfig,
+        cluster: u32,
+        params: P,
+    ) -> Result<(), GpuError> {
+        use cudarc::driver::sys;
+        let f = self.function(name)?;
+        let mut block = ParamBlock(params);
+        let mut args = [&mut block as *mut ParamBlock<P> as *mut std::ffi::c_void];
+        let mut attrs = [
+            sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue {
+                    clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 },
+                },
+            },
+            sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue {
+                    programmaticStreamSerializationAllowed: 1,
+                },
+            },
+        ];
+        let pdl = self.chain_pdl() && self.chainable.contains(name);
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: if pdl { 2 } else { 1 },
+        };
+        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
+        // SAFETY: as in `launch_pdl`: `config`, `attrs`, `args` and `block`
+        // outlive the call, `args` holds one pointer to the kernel's single
+        // by-value parameter `P`, the function belongs to this context's
+        // module; PDL only for a kernel whose PTX waits first.
+        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .ctx(name)?;
+        Ok(())
+    }
+
     /// Blocks of kernel `name` one SM holds at once with `threads` threads and
     /// `shared_bytes` of dynamic shared memory (the driver's occupancy
     /// calculator), at least 1.
@@ -767,7 +825,7 @@ mod tests {
 
     /// The kernels of the engine's forward pass that `Gpu::launch` chains
     /// with PDL on Hopper: each must start with the wait in the sm_90a PTX.
-    const CHAINED: [&str; 13] = [
+    const CHAINED: [&str; 14] = [
         "encoder_forward",
         "layernorm_forward",
         "residual_layernorm_forward",
@@ -781,6 +839,7 @@ mod tests {
         "gelu_forward",
         "attention_forward_flash_tf32",
         "sample_forward",
+        "sample_forward_cluster",
     ];
 
     #[test]

@@ -1,8 +1,10 @@
-//! The sampling kernel (`gpu::ops::sample::sample_forward`) against its CPU
-//! twin (`cpu::sample::sample_forward`), token for token — the two apply the
-//! same integer rule, so no mismatch is allowed — and its draws against the
-//! exact distribution of the CPU `Sampler`'s rule (chi-square). Outputs are
-//! poisoned with `0xffff_ffff` (no valid id) before each launch.
+//! The sampling kernels (`gpu::ops::sample::sample_forward`: one block a
+//! row, and where the sm_90a module is loaded the cluster kernel, eight
+//! blocks a row) against their CPU twin (`cpu::sample::sample_forward`),
+//! token for token — they apply the same integer rule, so no mismatch is
+//! allowed — and their draws against the exact distribution of the CPU
+//! `Sampler`'s rule (chi-square). Outputs are poisoned with `0xffff_ffff`
+//! (no valid id) before each launch.
 
 #[path = "../common/sample_stats.rs"]
 mod sample_stats;
@@ -10,7 +12,7 @@ mod sample_stats;
 use cudarc::driver::CudaSlice;
 use gpu_kernels::params::sample::{SAMPLE_BLOCK, SampleRow};
 use host::gpu::Gpu;
-use host::gpu::ops::sample::{DeviceSampleRow, sample_forward};
+use host::gpu::ops::sample::{DeviceSampleRow, Draws, SampleKernel, sample_forward, sample_forward_with};
 use host::gpu::shape::SampleShape;
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -37,19 +39,23 @@ struct Batch<'a> {
 impl Batch<'_> {
     /// The kernel's ids, from a poisoned output; with `next` also checks that
     /// `next_tokens` receives the same ids.
-    fn gpu(&self, gpu: &Gpu, next: bool) -> Vec<u32> {
+    fn gpu(&self, gpu: &Gpu, kernel: SampleKernel, next: bool) -> Vec<u32> {
         let dl = gpu.upload(self.logits).unwrap();
         let dev_rows: Vec<DeviceSampleRow> = self.rows.iter().map(|&r| DeviceSampleRow(r)).collect();
         let dr = gpu.upload(&dev_rows).unwrap();
         let dc = self.counter.map(|c| gpu.upload(c).unwrap());
         let mut out = gpu.upload(&vec![POISON; self.n]).unwrap();
         let mut dn: Option<CudaSlice<u32>> = next.then(|| gpu.upload(&vec![POISON; self.n]).unwrap());
-        sample_forward(
+        sample_forward_with(
             gpu,
+            kernel,
             &mut out,
             &dl,
             &dr,
-            dc.as_ref(),
+            Draws {
+                counter: dc.as_ref(),
+                streams: None,
+            },
             dn.as_mut(),
             SampleShape {
                 n: self.n,
@@ -85,24 +91,36 @@ impl Batch<'_> {
         out
     }
 
-    /// GPU and twin agree on every row.
+    /// Every kernel of this GPU and the twin agree on every row.
     fn check(&self, gpu: &Gpu, what: &str) -> Vec<u32> {
-        let got = self.gpu(gpu, true);
         let want = self.twin();
-        let bad: Vec<usize> = (0..self.n).filter(|&i| got[i] != want[i]).collect();
-        println!("{what}: {} rows, {} mismatches", self.n, bad.len());
-        if let Some(&i) = bad.first() {
-            panic!(
-                "{what}: row {i} ({:?}, counter {:?}): GPU {} twin {} ({} rows differ)",
-                self.rows[i],
-                self.counter.map(|c| c[i]),
-                got[i],
-                want[i],
-                bad.len()
-            );
+        for kernel in kernels(gpu) {
+            let got = self.gpu(gpu, kernel, true);
+            let bad: Vec<usize> = (0..self.n).filter(|&i| got[i] != want[i]).collect();
+            println!("{what} ({kernel:?}): {} rows, {} mismatches", self.n, bad.len());
+            if let Some(&i) = bad.first() {
+                panic!(
+                    "{what} ({kernel:?}): row {i} ({:?}, counter {:?}): GPU {} twin {} ({} rows differ)",
+                    self.rows[i],
+                    self.counter.map(|c| c[i]),
+                    got[i],
+                    want[i],
+                    bad.len()
+                );
+            }
         }
-        got
+        want
     }
+}
+
+/// The kernels this GPU runs: one block a row everywhere, the cluster kernel
+/// where the sm_90a module is loaded.
+fn kernels(gpu: &Gpu) -> Vec<SampleKernel> {
+    let mut k = vec![SampleKernel::PerRow];
+    if gpu.has_wgmma() {
+        k.push(SampleKernel::Cluster);
+    }
+    k
 }
 
 /// A row of logits in one of several styles: GPT-2-like (normal, shifted
@@ -214,8 +232,10 @@ fn gpu_draws_follow_the_exact_distribution() {
             v,
             stride: 0,
         };
-        let ids = b.gpu(&gpu, false);
-        assert_fits(&format!("GPU v={v} T={t} top_k={k} top_p={p}"), &ids, &probs);
+        for kernel in kernels(&gpu) {
+            let ids = b.gpu(&gpu, kernel, false);
+            assert_fits(&format!("GPU {kernel:?} v={v} T={t} top_k={k} top_p={p}"), &ids, &probs);
+        }
     }
 }
 
@@ -228,23 +248,25 @@ fn same_seed_and_counter_give_the_same_ids() {
     let logits = random_logits(&mut rng, v, 1.0);
     let rows: Vec<SampleRow> = (0..n).map(|_| row(1.0, 0, 1.0, rng.random())).collect();
     let counter: Vec<u32> = (0..n as u32).map(|i| 1000 + i).collect();
-    let launch = |rows: &[SampleRow], counter: &[u32]| {
-        Batch {
-            logits: &logits,
-            rows,
-            counter: Some(counter),
-            n,
-            v,
-            stride: 0,
-        }
-        .gpu(&gpu, false)
-    };
-    let first = launch(&rows, &counter);
-    assert_eq!(launch(&rows, &counter), first, "same inputs, other ids");
-    let reseeded: Vec<SampleRow> = rows.iter().map(|r| row(1.0, 0, 1.0, r.seed ^ 1)).collect();
-    assert_ne!(launch(&reseeded, &counter), first, "other seeds, same ids");
-    let later: Vec<u32> = counter.iter().map(|c| c + 1).collect();
-    assert_ne!(launch(&rows, &later), first, "other counters, same ids");
+    for kernel in kernels(&gpu) {
+        let launch = |rows: &[SampleRow], counter: &[u32]| {
+            Batch {
+                logits: &logits,
+                rows,
+                counter: Some(counter),
+                n,
+                v,
+                stride: 0,
+            }
+            .gpu(&gpu, kernel, false)
+        };
+        let first = launch(&rows, &counter);
+        assert_eq!(launch(&rows, &counter), first, "{kernel:?}: same inputs, other ids");
+        let reseeded: Vec<SampleRow> = rows.iter().map(|r| row(1.0, 0, 1.0, r.seed ^ 1)).collect();
+        assert_ne!(launch(&reseeded, &counter), first, "{kernel:?}: other seeds, same ids");
+        let later: Vec<u32> = counter.iter().map(|c| c + 1).collect();
+        assert_ne!(launch(&rows, &later), first, "{kernel:?}: other counters, same ids");
+    }
 }
 
 #[test]
@@ -303,6 +325,8 @@ fn edge_cases_match_the_twin() {
     let mut cases: Vec<(String, Vec<f32>)> = vec![
         ("v = 1".into(), vec![0.5]),
         ("flat".into(), vec![1.0; 1000]),
+        // More tied candidates than the cluster kernel gathers: its other paths.
+        ("flat, wide".into(), vec![1.0; 9000]),
         ("all -inf".into(), vec![f32::NEG_INFINITY; 700]),
         ("all NaN".into(), vec![f32::NAN; 700]),
         ("two +inf".into(), {

@@ -5,7 +5,8 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 use gpu_kernels::params::sample::{
-    SAMPLE_BLOCK, SAMPLE_FORWARD, SAMPLE_MAX_VOCAB, SampleParams, SampleRow, sample_shared_bytes,
+    SAMPLE_BLOCK, SAMPLE_CLUSTER, SAMPLE_CLUSTER_FORWARD, SAMPLE_CLUSTER_MAX_ROWS, SAMPLE_FORWARD, SAMPLE_MAX_VOCAB,
+    SampleParams, SampleRow, sample_cluster_shared_bytes, sample_shared_bytes,
 };
 
 use super::args::{OpError, check_len, in_ptr, out_ptr, to_u32};
@@ -25,12 +26,43 @@ unsafe impl DeviceRepr for DeviceSampleRow {}
 // SAFETY: as above.
 unsafe impl ValidAsZeroBits for DeviceSampleRow {}
 
-/// Launch configuration: one block per row.
-pub fn launch_config(n: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (n, 1, 1),
-        block_dim: (SAMPLE_BLOCK, 1, 1),
-        shared_mem_bytes: sample_shared_bytes(),
+/// Which kernel chooses: both give the same ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleKernel {
+    /// [`SampleKernel::Cluster`] where the sm_90a module is loaded and for
+    /// at most `SAMPLE_CLUSTER_MAX_ROWS` rows, else [`SampleKernel::PerRow`].
+    Auto,
+    /// `sample_forward`: one block per row (any GPU).
+    PerRow,
+    /// `sample_forward_cluster`: a cluster of `SAMPLE_CLUSTER` blocks per
+    /// row (the sm_90a module only).
+    Cluster,
+}
+
+impl SampleKernel {
+    /// The kernel `Auto` picks for `n` rows on `gpu`; the others as they are.
+    pub fn resolve(self, gpu: &Gpu, n: usize) -> SampleKernel {
+        match self {
+            SampleKernel::Auto if gpu.has_wgmma() && n <= SAMPLE_CLUSTER_MAX_ROWS as usize => SampleKernel::Cluster,
+            SampleKernel::Auto => SampleKernel::PerRow,
+            k => k,
+        }
+    }
+}
+
+/// Launch configuration of `kernel` (`PerRow` or `Cluster`) for `n` rows.
+pub fn launch_config(kernel: SampleKernel, n: u32) -> LaunchConfig {
+    match kernel {
+        SampleKernel::Cluster => LaunchConfig {
+            grid_dim: (SAMPLE_CLUSTER, n, 1),
+            block_dim: (SAMPLE_BLOCK, 1, 1),
+            shared_mem_bytes: sample_cluster_shared_bytes(),
+        },
+        _ => LaunchConfig {
+            grid_dim: (n, 1, 1),
+            block_dim: (SAMPLE_BLOCK, 1, 1),
+            shared_mem_bytes: sample_shared_bytes(),
+        },
     }
 }
 
@@ -77,7 +109,31 @@ pub fn sample_forward_streams<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
     next_tokens: Option<&mut N>,
     shape: SampleShape,
 ) -> Result<(), OpError> {
+    sample_forward_with(gpu, SampleKernel::Auto, out, logits, rows, draws, next_tokens, shape)
+}
+
+/// [`sample_forward_streams`] by the given kernel (tests and benchmarks
+/// compare them); `Cluster` where the sm_90a module is not loaded is an
+/// error.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_forward_with<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
+    gpu: &Gpu,
+    kernel: SampleKernel,
+    out: &mut impl DevicePtrMut<u32>,
+    logits: &impl DevicePtr<f32>,
+    rows: &impl DevicePtr<DeviceSampleRow>,
+    draws: Draws<'_, C>,
+    next_tokens: Option<&mut N>,
+    shape: SampleShape,
+) -> Result<(), OpError> {
     let SampleShape { n, v, row_stride } = shape;
+    let kernel = kernel.resolve(gpu, n);
+    if kernel == SampleKernel::Cluster && !gpu.has_wgmma() {
+        return Err(OpError::shape(
+            SAMPLE_CLUSTER_FORWARD,
+            "needs the sm_90a module (a Hopper GPU, portable kernels off)",
+        ));
+    }
     let Draws { counter, streams } = draws;
     if v == 0 {
         return Err(OpError::shape(OP, "empty vocabulary"));
@@ -123,11 +179,18 @@ pub fn sample_forward_streams<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
         v: v as u32,
         row_stride: to_u32(OP, "row_stride", row_stride)?,
     };
+    let cfg = launch_config(kernel, params.n);
     // SAFETY: out, rows and (where given) counter, streams and next_tokens
     // hold n entries, logits every row's first v entries (checked above, the row
     // offsets in 64 bits as the kernel computes them); 1 <= v <= 2^31; the
-    // launch gives one block of SAMPLE_BLOCK threads per row and
-    // sample_shared_bytes() of shared memory (under the 48 KB default).
-    unsafe { gpu.launch(SAMPLE_FORWARD, launch_config(params.n), params)? };
+    // launch gives one block of SAMPLE_BLOCK threads per row (a cluster of
+    // SAMPLE_CLUSTER of them for the cluster kernel, which the sm_90a
+    // module holds) and the kernel's shared memory (under the 48 KB default).
+    unsafe {
+        match kernel {
+            SampleKernel::Cluster => gpu.launch_cluster(SAMPLE_CLUSTER_FORWARD, cfg, SAMPLE_CLUSTER, params)?,
+            _ => gpu.launch(SAMPLE_FORWARD, cfg, params)?,
+        }
+    };
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! states the contract its caller must keep.
 
 pub mod bf16;
+pub mod cluster;
 pub mod index;
 pub mod math;
 pub mod mma;
@@ -18,6 +19,7 @@ pub mod wgmma;
 
 // Flat access (`device::warp_reduce_sum`) as well as by module.
 pub use bf16::*;
+pub use cluster::*;
 pub use index::*;
 pub use math::*;
 pub use mma::*;

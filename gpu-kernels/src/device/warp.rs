@@ -279,3 +279,20 @@ pub unsafe fn block_reduce(v: f32, scratch: *mut f32, warp_op: impl Fn(f32) -> f
         r
     }
 }
+
+/// `__ballot_sync(FULL_MASK, pred)`: bit `i` is lane `i`'s `pred`. Every
+/// lane of the warp must call it.
+#[inline(always)]
+pub fn ballot(pred: bool) -> u32 {
+    let b: u32;
+    // SAFETY: a warp vote; no memory-safety preconditions.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {b}, p, 0xffffffff; }}",
+            x = in(reg32) pred as u32,
+            b = out(reg32) b,
+            options(nomem, nostack),
+        )
+    };
+    b
+}

@@ -62,6 +62,16 @@ use crate::params::sample::{
     sample_weight, temperature_scale, top_p_active, top_p_target,
 };
 
+#[cfg(feature = "sm90a")]
+use crate::device::{ballot, block_idx_y, cluster_ctarank, cluster_shared_addr, cluster_sync};
+#[cfg(feature = "sm90a")]
+use crate::device::{load_cluster_u32, load_cluster_u64};
+#[cfg(feature = "sm90a")]
+use crate::params::sample::{
+    SAMPLE_CLUSTER, SAMPLE_CLUSTER_BLOCK_CAP, SAMPLE_CLUSTER_EXCHANGE_WORDS, SAMPLE_CLUSTER_LIST_CAP,
+    sample_cluster_shared_bytes,
+};
+
 const THREADS: u32 = SAMPLE_BLOCK;
 const WARPS: u32 = THREADS / WARP_SIZE;
 const BUCKETS: u32 = SAMPLE_BUCKETS;
@@ -275,11 +285,19 @@ unsafe fn for_each(x: *const f32, first: u32, end: u32, step: u32, mut f: impl F
 }
 
 /// The row being sampled and what the first pass learnt about it.
+///
+/// The tokens may be the whole row, a contiguous part of it, or a gathered
+/// list of candidates in id order (the cluster kernel's): entry `j` is token
+/// [`Row::id`]`(j)`, and every closure below receives that id.
 #[derive(Clone, Copy)]
 struct Row {
-    /// The row's logits (`v` readable).
+    /// The tokens' logits (`v` readable).
     x: *const f32,
     v: u32,
+    /// Null, or `[v]` the id of each entry, ascending.
+    ids: *const u32,
+    /// Without `ids`: the id of entry 0 (entries are consecutive ids).
+    id0: u32,
     /// Largest key of the row (not 0: the row has a non-NaN logit).
     kmax: u32,
     /// The largest logit, `key_logit(kmax)`.
@@ -289,6 +307,31 @@ struct Row {
 }
 
 impl Row {
+    /// A whole row (or a part of one starting at id `id0`) of `v` logits.
+    #[inline(always)]
+    fn part(x: *const f32, id0: u32, v: u32, kmax: u32, m: f32, s: f32) -> Row {
+        Row {
+            x,
+            v,
+            ids: core::ptr::null(),
+            id0,
+            kmax,
+            m,
+            s,
+        }
+    }
+
+    /// The id of entry `j < v`.
+    #[inline(always)]
+    fn id(&self, j: u32) -> u32 {
+        if self.ids.is_null() {
+            self.id0 + j
+        } else {
+            // SAFETY: `ids` holds `v` entries and j < v.
+            unsafe { *self.ids.add(j as usize) }
+        }
+    }
+
     /// Rank of logit `l`: 0 for the largest, growing as logits shrink.
     #[inline(always)]
     fn rank(&self, l: f32) -> u32 {
@@ -316,9 +359,9 @@ impl Row {
     /// # Safety
     /// `x[0..v)` is readable.
     #[inline(always)]
-    unsafe fn each(&self, f: impl FnMut(u32, f32)) {
+    unsafe fn each(&self, mut f: impl FnMut(u32, f32)) {
         // SAFETY: the caller's contract.
-        unsafe { for_each(self.x, thread_idx_x(), self.v, THREADS, f) }
+        unsafe { for_each(self.x, thread_idx_x(), self.v, THREADS, |j, l| f(self.id(j), l)) }
     }
 }
 
@@ -329,10 +372,23 @@ impl Row {
 /// `x[0..v)` readable; every thread calls it; `sm` as in [`Smem::get`].
 #[inline(always)]
 unsafe fn greedy(x: *const f32, v: u32, sm: Smem) -> u32 {
+    // SAFETY: the caller's contract.
+    let (_, bi) = unsafe { argmax_part(x, 0, v, sm) };
+    if bi == NONE { 0 } else { bi }
+}
+
+/// The argmax `(value, id)` of ids `first..end` (ties to the lowest id, NaN
+/// never wins); `(-inf, NONE)` when there is no number there. Every thread
+/// gets it.
+///
+/// # Safety
+/// `x[first..end)` readable; every thread calls it; `sm` as in [`Smem::get`].
+#[inline(always)]
+unsafe fn argmax_part(x: *const f32, first: u32, end: u32, sm: Smem) -> (f32, u32) {
     let (mut bv, mut bi) = (f32::NEG_INFINITY, NONE);
     // SAFETY: the caller's contract.
     unsafe {
-        for_each(x, thread_idx_x(), v, THREADS, |j, l| {
+        for_each(x, first + thread_idx_x(), end, THREADS, |j, l| {
             if !l.is_nan() && better(l, j, bv, bi) {
                 (bv, bi) = (l, j);
             }
@@ -361,12 +417,12 @@ unsafe fn greedy(x: *const f32, v: u32, sm: Smem) -> u32 {
         }
     }
     sync_threads();
-    if bi == NONE { 0 } else { bi }
+    (bv, bi)
 }
 
-/// The smallest id `J` of the row with `sum_{j <= J} f(j, x[j]) > goal`,
-/// where `goal = goal_of(total)` and `total` is the sum over the whole row
-/// (`goal < total` is the caller's promise).
+/// The smallest id `J` among the row's tokens with `sum_{id <= J} f(id,
+/// l_id) > goal`, where `goal = goal_of(total)` and `total` is the sum over
+/// all of them (`goal < total` is the caller's promise).
 ///
 /// Hierarchical, in id order: each warp sums one contiguous sixteenth of
 /// the current range (its lanes read consecutive ids: coalesced), every
@@ -387,21 +443,21 @@ unsafe fn search(row: &Row, sm: Smem, f: impl Fn(u32, f32) -> u64, goal_of: impl
             let j = lo + tid;
             let w = if tid < len {
                 // SAFETY: j < lo + len <= v.
-                f(j, unsafe { *row.x.add(j as usize) })
+                f(row.id(j), unsafe { *row.x.add(j as usize) })
             } else {
                 0
             };
             if tid == 0 {
                 // Never kept when `goal < total` holds; an in-range answer otherwise.
                 // SAFETY: a broadcast word; read after the barriers below.
-                unsafe { *sm.bcast = lo as u64 };
+                unsafe { *sm.bcast = row.id(lo) as u64 };
             }
             // SAFETY: every thread is here.
             let (before, total) = unsafe { block_scan_u64(w, sm.scratch) };
             let g = goal.unwrap_or_else(|| goal_of(total));
             if w > 0 && before <= g && g - before < w {
                 // SAFETY: one thread at most (the intervals are disjoint).
-                unsafe { *sm.bcast = j as u64 };
+                unsafe { *sm.bcast = row.id(j) as u64 };
             }
             sync_threads();
             // SAFETY: written before the barrier.
@@ -417,7 +473,7 @@ unsafe fn search(row: &Row, sm: Smem, f: impl Fn(u32, f32) -> u64, goal_of: impl
         let stop = end.min(start + sub);
         let mut acc = 0u64;
         // SAFETY: ids below stop <= end <= v.
-        unsafe { for_each(row.x, start + lane, stop, WARP_SIZE, |j, l| acc += f(j, l)) };
+        unsafe { for_each(row.x, start + lane, stop, WARP_SIZE, |j, l| acc += f(row.id(j), l)) };
         let s = warp_sum_u64(acc);
         if lane == 0 {
             // SAFETY: warp < WARPS words.
@@ -642,9 +698,6 @@ fn max_rank_of_kth(mine: u32, kmax: u32, rmax: u32, k: u32) -> u32 {
 /// # Safety
 /// As for [`greedy`].
 #[inline(always)]
-// `!(l >= cut)` is meant: a NaN logit fails `>=` and is skipped (NaN is in
-// no kept set); `l < cut` would count it.
-#[allow(clippy::neg_cmp_op_on_partial_ord)]
 unsafe fn sampled(x: *const f32, v: u32, cfg: &SampleRow, random: u64, sm: Smem) -> u32 {
     // This thread's largest key (0: none, or only NaN).
     let mut mine = 0u32;
@@ -658,7 +711,7 @@ unsafe fn sampled(x: *const f32, v: u32, cfg: &SampleRow, random: u64, sm: Smem)
     }
     let m = key_logit(kmax);
     let s = temperature_scale(cfg.temperature);
-    let row = Row { x, v, kmax, m, s };
+    let row = Row::part(x, 0, v, kmax, m, s);
     // Tokens ranked above R weigh nothing (see `near_bound`).
     let near = logit_key(near_bound(m, s)).min(kmax);
     let mut limit = Row::order(kmax - near, u32::MAX);
@@ -670,22 +723,37 @@ unsafe fn sampled(x: *const f32, v: u32, cfg: &SampleRow, random: u64, sm: Smem)
         let d = max_rank_of_kth(mine, kmax, (limit >> 32) as u32, cfg.top_k);
         limit = limit.min(Row::order(d, u32::MAX));
     }
+    // SAFETY: as for this function.
+    unsafe { keep_and_draw(&row, sm, limit, cfg, random) }
+}
+
+/// The end of a sampled row's choice, once `limit` bounds a prefix of the
+/// sampling order that holds every token top-k keeps (and the near bound
+/// holds): top-k, top-p, then the draw.
+///
+/// # Safety
+/// As for [`greedy`], with `row`'s tokens readable.
+#[inline(always)]
+// `!(l >= cut)` is meant: a NaN logit fails `>=` and is skipped.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+unsafe fn keep_and_draw(row: &Row, sm: Smem, mut limit: u64, cfg: &SampleRow, random: u64) -> u32 {
     if cfg.top_k > 0 {
         let k = cfg.top_k as u64;
         // SAFETY: as for this function.
-        limit = unsafe { select(&row, sm, limit, Measure::Count, |total| (k < total).then_some(k)) };
+        limit = unsafe { select(row, sm, limit, Measure::Count, |total| (k < total).then_some(k)) };
     }
     if top_p_active(cfg) {
         let top_p = cfg.top_p;
         // SAFETY: as for this function.
-        limit = unsafe { select(&row, sm, limit, Measure::Mass, |total| Some(top_p_target(top_p, total))) };
+        limit = unsafe { select(row, sm, limit, Measure::Mass, |total| Some(top_p_target(top_p, total))) };
     }
     let cut = row.floor((limit >> 32) as u32);
+    let (m, s) = (row.m, row.s);
     // SAFETY: as for this function; the kept mass is at least WEIGHT_ONE
     // (the most likely token is always kept), so the goal is below it.
     unsafe {
         search(
-            &row,
+            row,
             sm,
             |j, l| {
                 if !(l >= cut) {
@@ -730,29 +798,473 @@ pub unsafe extern "ptx-kernel" fn sample_forward(p: SampleParams) {
         // SAFETY: every thread is here; x[0..v) readable.
         unsafe { greedy(x, p.v, sm) }
     } else {
-        let counter = if p.counter.is_null() {
-            0
-        } else {
-            // SAFETY: counter holds n words where not null.
-            unsafe { *p.counter.add(row as usize) }
-        };
-        let stream = if p.streams.is_null() {
-            row
-        } else {
-            // SAFETY: streams holds n words where not null.
-            unsafe { *p.streams.add(row as usize) }
-        };
-        let random = row_random(cfg.seed, counter, stream);
+        // SAFETY: row < n.
+        let random = unsafe { draw_bits(&p, row, &cfg) };
         // SAFETY: as above.
         unsafe { sampled(x, p.v, &cfg, random, sm) }
     };
     if thread_idx_x() == 0 {
-        // SAFETY: out (and next_tokens where not null) hold n ids.
+        // SAFETY: row < n.
+        unsafe { write_id(&p, row, id) };
+    }
+}
+
+/// Row `row`'s 64 random bits: its counter and stream (see [`SampleParams`]).
+///
+/// # Safety
+/// `row < p.n`, and `p`'s buffers as documented there.
+#[inline(always)]
+unsafe fn draw_bits(p: &SampleParams, row: u32, cfg: &SampleRow) -> u64 {
+    let counter = if p.counter.is_null() {
+        0
+    } else {
+        // SAFETY: counter holds n words where not null.
+        unsafe { *p.counter.add(row as usize) }
+    };
+    let stream = if p.streams.is_null() {
+        row
+    } else {
+        // SAFETY: streams holds n words where not null.
+        unsafe { *p.streams.add(row as usize) }
+    };
+    row_random(cfg.seed, counter, stream)
+}
+
+/// Row `row`'s choice into `out` (and `next_tokens` where not null).
+///
+/// # Safety
+/// `row < p.n`, and `p`'s buffers as documented on [`SampleParams`].
+#[inline(always)]
+unsafe fn write_id(p: &SampleParams, row: u32, id: u32) {
+    // SAFETY: out (and next_tokens where not null) hold n ids.
+    unsafe {
+        *p.out.add(row as usize) = id;
+        if !p.next_tokens.is_null() {
+            *p.next_tokens.add(row as usize) = id;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Eight blocks a row: `sample_forward_cluster` (sm_90a module).
+//
+// The one-block kernel spends its time in passes over the whole row by one
+// SM (the max, the top-k bound, the selects' histograms, the draw's
+// search). Here a cluster of `SAMPLE_CLUSTER` blocks shares the row, one
+// contiguous part each:
+// 1. Each block finds its part's largest key and, for top-k up to
+//    `SAMPLE_BLOCK`, the k-th largest of its threads' maxima (a key at least
+//    k of its tokens reach); the blocks exchange them through distributed
+//    shared memory. The row's largest key is the largest part's; the largest
+//    of the parts' bounds is reached by k tokens of that part, so it bounds
+//    the top-k set as well.
+// 2. Each block counts (and weighs) the tokens of its part inside that
+//    prefix of the sampling order and keeps them, in id order, in its
+//    shared memory.
+// 3. The first block gathers the candidates of all parts in part order (so
+//    in id order) and runs the one-block kernel's selects and draw over that
+//    list instead of the row. The kept set, the masses and the draw's
+//    cumulative order are those of the row, so the id is the same.
+// When the candidates do not fit (no top-k, flat logits): without top-p the
+// draw goes by the parts' masses, then inside the chosen part; with top-p or
+// a large top-k the first block runs the one-block kernel's path on the row.
+// ---------------------------------------------------------------------------
+
+#[cfg(feature = "sm90a")]
+const CLUSTER: u32 = SAMPLE_CLUSTER;
+/// Exchange word: `kmax << 32 | top-k bound` of the block's part.
+#[cfg(feature = "sm90a")]
+const XCHG_KEYS: usize = 0;
+/// Exchange word: how many candidates the block's part holds.
+#[cfg(feature = "sm90a")]
+const XCHG_COUNT: usize = 1;
+/// Exchange word: the candidates' total weight.
+#[cfg(feature = "sm90a")]
+const XCHG_MASS: usize = 2;
+/// Exchange word: the part's argmax, `value bits << 32 | id`.
+#[cfg(feature = "sm90a")]
+const XCHG_ARGMAX: usize = 3;
+
+#[cfg(feature = "sm90a")]
+const _: () = assert!(CLUSTER <= WARP_SIZE && SAMPLE_CLUSTER_EXCHANGE_WORDS as usize > XCHG_ARGMAX);
+// The layout `ClusterSmem::get` carves after `Smem`'s.
+#[cfg(feature = "sm90a")]
+const _: () = assert!(
+    sample_cluster_shared_bytes()
+        == sample_shared_bytes()
+            + SAMPLE_CLUSTER_EXCHANGE_WORDS * 8
+            + (SAMPLE_CLUSTER_BLOCK_CAP + SAMPLE_CLUSTER_LIST_CAP) * (size_of::<f32>() + size_of::<u32>()) as u32
+);
+
+/// The cluster kernel's shared memory after [`Smem`]'s.
+#[cfg(feature = "sm90a")]
+#[derive(Clone, Copy)]
+struct ClusterSmem {
+    /// `[SAMPLE_CLUSTER_EXCHANGE_WORDS]` what this block publishes (`XCHG_*`).
+    xchg: *mut u64,
+    /// `[SAMPLE_CLUSTER_BLOCK_CAP]` this part's candidates' logits, in id order.
+    own_l: *mut f32,
+    /// `[SAMPLE_CLUSTER_BLOCK_CAP]` their ids.
+    own_id: *mut u32,
+    /// `[SAMPLE_CLUSTER_LIST_CAP]` every part's candidates (first block only).
+    list_l: *mut f32,
+    /// `[SAMPLE_CLUSTER_LIST_CAP]` their ids.
+    list_id: *mut u32,
+}
+
+#[cfg(feature = "sm90a")]
+impl ClusterSmem {
+    /// # Safety
+    /// The launch provides `sample_cluster_shared_bytes()` bytes.
+    #[inline(always)]
+    unsafe fn get(sm: Smem) -> ClusterSmem {
+        // SAFETY: the layout of `sample_cluster_shared_bytes`, after Smem's
+        // broadcast words (8-byte aligned, so the u64 words are too).
         unsafe {
-            *p.out.add(row as usize) = id;
-            if !p.next_tokens.is_null() {
-                *p.next_tokens.add(row as usize) = id;
+            let xchg = sm.bcast.add(SAMPLE_BROADCAST_WORDS as usize);
+            let own_l = xchg.add(SAMPLE_CLUSTER_EXCHANGE_WORDS as usize) as *mut f32;
+            let own_id = own_l.add(SAMPLE_CLUSTER_BLOCK_CAP as usize) as *mut u32;
+            let list_l = own_id.add(SAMPLE_CLUSTER_BLOCK_CAP as usize) as *mut f32;
+            let list_id = list_l.add(SAMPLE_CLUSTER_LIST_CAP as usize) as *mut u32;
+            ClusterSmem {
+                xchg,
+                own_l,
+                own_id,
+                list_l,
+                list_id,
             }
         }
+    }
+
+    /// In lane `g < CLUSTER` of every warp: block `g`'s exchange word `w`
+    /// (0 in the other lanes).
+    ///
+    /// # Safety
+    /// Every block wrote the word before a [`cluster_sync`] this thread has
+    /// passed, and none has exited.
+    #[inline(always)]
+    unsafe fn word(&self, w: usize) -> u64 {
+        let g = lane_id();
+        if g < CLUSTER {
+            // SAFETY: the caller's contract; g is a rank of the cluster.
+            unsafe { load_cluster_u64(cluster_shared_addr(self.xchg.add(w), g)) }
+        } else {
+            0
+        }
+    }
+}
+
+/// The ids `[first, end)` of block `rank`'s part of a row of `v` tokens:
+/// parts of whole warps' rounds, the last ones shorter or empty.
+#[cfg(feature = "sm90a")]
+#[inline(always)]
+fn cluster_part(v: u32, rank: u32) -> (u32, u32) {
+    // v <= 2^31, so rank * part stays below 2^32.
+    let part = v.div_ceil(CLUSTER).next_multiple_of(WARP_SIZE);
+    let first = (rank * part).min(v);
+    (first, (first + part).min(v))
+}
+
+/// Calls `f(j, x[j], j < end)` for the ids of `[first, end)` in rounds of
+/// one warp (lane `i` takes `round + i`), loading [`UNROLL`] rounds before
+/// using them; every lane of the warp calls `f` for every round, so `f` may
+/// use warp votes.
+///
+/// # Safety
+/// `x[first..end)` readable; `first` and `end` are the same in the warp.
+#[cfg(feature = "sm90a")]
+#[inline(always)]
+unsafe fn for_each_round(x: *const f32, first: u32, end: u32, mut f: impl FnMut(u32, f32, bool)) {
+    let lane = lane_id();
+    let mut base = first;
+    while base < end {
+        let mut l = [f32::NAN; UNROLL];
+        unroll!(u < UNROLL => {
+            let j = base + u as u32 * WARP_SIZE + lane;
+            if j < end {
+                // SAFETY: j < end.
+                l[u] = unsafe { *x.add(j as usize) };
+            }
+        });
+        unroll!(u < UNROLL => {
+            let round = base + u as u32 * WARP_SIZE;
+            if round < end {
+                f(round + lane, l[u], round + lane < end);
+            }
+        });
+        // end <= 2^31, so this does not overflow.
+        base += UNROLL as u32 * WARP_SIZE;
+    }
+}
+
+/// Greedy over the cluster: each block's part's argmax, then the first
+/// block's pick among them (parts in id order, so ties still go to the
+/// lowest id). The id is meaningful in the first block.
+///
+/// # Safety
+/// Every thread of every block of the cluster calls it; the row's `v` logits
+/// readable; `sm`, `cs` as in their `get`.
+#[cfg(feature = "sm90a")]
+#[inline(always)]
+unsafe fn greedy_cluster(x: *const f32, v: u32, rank: u32, sm: Smem, cs: ClusterSmem) -> u32 {
+    let (first, end) = cluster_part(v, rank);
+    // SAFETY: the caller's contract.
+    let (bv, bi) = unsafe { argmax_part(x, first, end, sm) };
+    if thread_idx_x() == 0 {
+        // SAFETY: an exchange word of this block.
+        unsafe { *cs.xchg.add(XCHG_ARGMAX) = (bv.to_bits() as u64) << 32 | bi as u64 };
+    }
+    cluster_sync();
+    let mut id = 0;
+    if rank == 0 && thread_idx_x() == 0 {
+        let (mut bv, mut bi) = (f32::NEG_INFINITY, NONE);
+        for g in 0..CLUSTER {
+            // SAFETY: written by block g before the barrier; no block exits
+            // before the barrier below.
+            let w = unsafe { load_cluster_u64(cluster_shared_addr(cs.xchg.add(XCHG_ARGMAX), g)) };
+            let (v2, i2) = (f32::from_bits((w >> 32) as u32), w as u32);
+            if better(v2, i2, bv, bi) {
+                (bv, bi) = (v2, i2);
+            }
+        }
+        id = if bi == NONE { 0 } else { bi };
+    }
+    // Every block's words stay until the first block has read them.
+    cluster_sync();
+    id
+}
+
+/// A sampled row over the cluster (see the section's comment). The id is
+/// meaningful in the first block.
+///
+/// # Safety
+/// As for [`greedy_cluster`].
+#[cfg(feature = "sm90a")]
+#[inline(always)]
+unsafe fn sampled_cluster(
+    x: *const f32,
+    v: u32,
+    rank: u32,
+    cfg: &SampleRow,
+    random: u64,
+    sm: Smem,
+    cs: ClusterSmem,
+) -> u32 {
+    let (tid, lane, warp) = (thread_idx_x(), lane_id(), warp_id());
+    let (first, end) = cluster_part(v, rank);
+    let s = temperature_scale(cfg.temperature);
+
+    // 1. The part's largest key and top-k bound, exchanged.
+    let mut mine = 0u32;
+    // SAFETY: ids of the part are below v.
+    unsafe { for_each(x, first + tid, end, THREADS, |_, l| mine = mine.max(logit_key(l))) };
+    // SAFETY: every thread is here.
+    let kpart = unsafe { block_max_u32(mine, sm.scratch) };
+    let mut bound = 0u32;
+    if cfg.top_k > 0 && cfg.top_k <= THREADS && kpart != 0 {
+        // As in `sampled`, within the part: k of its tokens reach the key
+        // `kpart - d` (or it is the part's own near bound, which is no
+        // higher than the row's).
+        let near = logit_key(near_bound(key_logit(kpart), s)).min(kpart);
+        bound = kpart - max_rank_of_kth(mine, kpart, kpart - near, cfg.top_k);
+    }
+    if tid == 0 {
+        // SAFETY: an exchange word of this block.
+        unsafe { *cs.xchg.add(XCHG_KEYS) = (kpart as u64) << 32 | bound as u64 };
+    }
+    cluster_sync();
+    // SAFETY: every block wrote its word before the barrier.
+    let w = unsafe { cs.word(XCHG_KEYS) };
+    let kmax = warp_reduce_max_u32((w >> 32) as u32);
+    let bound = warp_reduce_max_u32(w as u32);
+    if kmax == 0 {
+        // Every logit is NaN (every block sees it); the words stay until
+        // everyone has read them.
+        cluster_sync();
+        return 0;
+    }
+    let m = key_logit(kmax);
+    let row = Row::part(x, 0, v, kmax, m, s);
+    // The prefix of the order every kept token lies in.
+    let low = logit_key(near_bound(m, s)).min(kmax).max(bound);
+    let limit = Row::order(kmax - low, u32::MAX);
+    let cut = row.floor(kmax - low);
+    // `l >= cut` first: one float compare rejects most tokens, and NaN.
+    let inside = |j: u32, l: f32| l >= cut && Row::order(row.rank(l), j) <= limit;
+
+    // 2. This part's candidates: count and mass (warp by warp over
+    // contiguous ranges, so ballots keep id order), then kept in order.
+    let span = (end - first).div_ceil(WARPS).next_multiple_of(WARP_SIZE);
+    let wfirst = (first + warp * span).min(end);
+    let wend = (wfirst + span).min(end);
+    let (mut count, mut mass) = (0u32, 0u64);
+    // SAFETY: ids below wend <= v.
+    unsafe {
+        for_each_round(x, wfirst, wend, |j, l, valid| {
+            let keep = valid && inside(j, l);
+            count += ballot(keep).count_ones();
+            if keep {
+                mass += sample_weight(l, m, s);
+            }
+        })
+    };
+    let mass = warp_sum_u64(mass);
+    // SAFETY: every thread is here (count is the warp's, the same in every lane).
+    let (before, total) = unsafe { block_scan_u64(if lane == 0 { count as u64 } else { 0 }, sm.scratch) };
+    let mut at = shfl_idx_u64(before, 0) as u32;
+    // SAFETY: as above.
+    let (_, part_mass) = unsafe { block_scan_u64(if lane == 0 { mass } else { 0 }, sm.scratch) };
+    if total <= SAMPLE_CLUSTER_BLOCK_CAP as u64 {
+        let below = (1u32 << lane) - 1;
+        // SAFETY: as above; positions stay below the part's count, at most the cap.
+        unsafe {
+            for_each_round(x, wfirst, wend, |j, l, valid| {
+                let keep = valid && inside(j, l);
+                let votes = ballot(keep);
+                if keep {
+                    let pos = (at + (votes & below).count_ones()) as usize;
+                    *cs.own_l.add(pos) = l;
+                    *cs.own_id.add(pos) = j;
+                }
+                at += votes.count_ones();
+            })
+        };
+    }
+    if tid == 0 {
+        // SAFETY: exchange words of this block.
+        unsafe {
+            *cs.xchg.add(XCHG_COUNT) = total;
+            *cs.xchg.add(XCHG_MASS) = part_mass;
+        }
+    }
+    cluster_sync();
+
+    // 3. Every thread learns the parts' counts and masses; the first block
+    // gathers the candidates when they fit.
+    // SAFETY: written by every block before the barrier.
+    let (counts, masses) = unsafe { (cs.word(XCHG_COUNT), cs.word(XCHG_MASS)) };
+    let (mut all, mut fits) = (0u64, true);
+    for g in 0..CLUSTER {
+        let c = shfl_idx_u64(counts, g);
+        fits &= c <= SAMPLE_CLUSTER_BLOCK_CAP as u64;
+        all += c;
+    }
+    let list = fits && all <= SAMPLE_CLUSTER_LIST_CAP as u64;
+    if rank == 0 && list {
+        let mut off = 0u32;
+        for g in 0..CLUSTER {
+            let c = shfl_idx_u64(counts, g) as u32;
+            // SAFETY: block g's own list, written before the barrier; the
+            // gathered list holds `all <= LIST_CAP` entries.
+            unsafe {
+                let (al, ai) = (cluster_shared_addr(cs.own_l, g), cluster_shared_addr(cs.own_id, g));
+                let mut i = tid;
+                while i < c {
+                    *cs.list_l.add((off + i) as usize) = f32::from_bits(load_cluster_u32(al + 4 * i));
+                    *cs.list_id.add((off + i) as usize) = load_cluster_u32(ai + 4 * i);
+                    i += THREADS;
+                }
+            }
+            off += c;
+        }
+    }
+    // No block exits while the first one reads its shared memory; the
+    // barrier also orders the gathered list for the first block's threads.
+    cluster_sync();
+    if rank != 0 {
+        return 0;
+    }
+    if list {
+        let gathered = Row {
+            x: cs.list_l,
+            v: all as u32,
+            ids: cs.list_id,
+            id0: 0,
+            kmax,
+            m,
+            s,
+        };
+        // SAFETY: the first block alone, every thread; the list's entries
+        // are the row's tokens inside `limit`, in id order.
+        return unsafe { keep_and_draw(&gathered, sm, limit, cfg, random) };
+    }
+    if cfg.top_k == 0 && !top_p_active(cfg) {
+        // Every candidate is kept: the draw's target falls in the first part
+        // whose running mass passes it, then inside that part.
+        let mut total = 0u64;
+        for g in 0..CLUSTER {
+            total += shfl_idx_u64(masses, g);
+        }
+        let mut goal = draw_target(random, total);
+        // goal < total, so a part is found; stay in range regardless.
+        let mut pick = CLUSTER - 1;
+        for g in 0..CLUSTER {
+            let mg = shfl_idx_u64(masses, g);
+            if goal < mg {
+                pick = g;
+                break;
+            }
+            goal -= mg;
+        }
+        let (pf, pe) = cluster_part(v, pick);
+        // SAFETY: ids pf..pe of the row.
+        let part = Row::part(unsafe { x.add(pf as usize) }, pf, pe - pf, kmax, m, s);
+        // SAFETY: the first block alone, every thread; goal is below the
+        // part's mass (the sum of `inside` weights there).
+        return unsafe {
+            search(
+                &part,
+                sm,
+                |j, l| if inside(j, l) { sample_weight(l, m, s) } else { 0 },
+                |_| goal,
+            )
+        };
+    }
+    // Too many candidates for the selects: the one-block path on the row.
+    // SAFETY: the first block alone, every thread.
+    unsafe { sampled(x, v, cfg, random, sm) }
+}
+
+/// Sampling with a cluster of [`SAMPLE_CLUSTER`] blocks per row (see the
+/// section's comment); the same ids as [`sample_forward`].
+///
+/// Launch: grid `(SAMPLE_CLUSTER, n, 1)` in clusters of `(SAMPLE_CLUSTER, 1,
+/// 1)`, `SAMPLE_BLOCK` threads, `sample_cluster_shared_bytes()` bytes of
+/// dynamic shared memory.
+///
+/// # Safety
+/// As for [`sample_forward`]; launch as above.
+#[cfg(feature = "sm90a")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn sample_forward_cluster(p: SampleParams) {
+    // Nothing an earlier kernel wrote is read before this (PDL).
+    crate::device::grid_dependency_sync();
+    // A cluster spans x only: all its blocks take the same row.
+    let row = block_idx_y();
+    if row >= p.n {
+        return;
+    }
+    let rank = cluster_ctarank();
+    // SAFETY: row < n; the row's v logits are readable.
+    let x = unsafe { p.logits.add(row as usize * p.row_stride as usize) };
+    // SAFETY: rows holds n settings.
+    let cfg = unsafe { *p.rows.add(row as usize) };
+    // SAFETY: the launch provides the shared memory.
+    let (sm, cs) = unsafe {
+        let sm = Smem::get();
+        (sm, ClusterSmem::get(sm))
+    };
+    let id = if is_greedy(&cfg) {
+        // SAFETY: every thread of the cluster is here.
+        unsafe { greedy_cluster(x, p.v, rank, sm, cs) }
+    } else {
+        // SAFETY: row < n.
+        let random = unsafe { draw_bits(&p, row, &cfg) };
+        // SAFETY: every thread of the cluster is here.
+        unsafe { sampled_cluster(x, p.v, rank, &cfg, random, sm, cs) }
+    };
+    if rank == 0 && thread_idx_x() == 0 {
+        // SAFETY: row < n.
+        unsafe { write_id(&p, row, id) };
     }
 }

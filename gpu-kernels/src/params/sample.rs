@@ -80,6 +80,40 @@ pub const fn sample_shared_bytes() -> u32 {
     SAMPLE_BUCKETS * 8 + SAMPLE_BUCKETS * 4 + (SAMPLE_SCRATCH_WORDS + SAMPLE_BROADCAST_WORDS) * 8
 }
 
+/// The same choice with a cluster of [`SAMPLE_CLUSTER`] blocks per row
+/// (sm_90a module only): each block reads a contiguous part of the row and
+/// keeps the tokens that can matter, and the cluster's first block chooses
+/// among the gathered candidates (see `ops::sample`). Same rule, same ids.
+pub const SAMPLE_CLUSTER_FORWARD: &str = "sample_forward_cluster";
+/// Blocks of a cluster, one part of the row each: 8 is the largest cluster
+/// every sm_90 GPU schedules without opting in.
+pub const SAMPLE_CLUSTER: u32 = 8;
+/// Candidates one block of the cluster keeps in its shared memory (a part
+/// with more sends the row down the one-block path).
+pub const SAMPLE_CLUSTER_BLOCK_CAP: u32 = 512;
+/// Candidates the first block gathers at most (more: the one-block path).
+/// Top-k 40 on GPT-2-like logits keeps about a hundred.
+pub const SAMPLE_CLUSTER_LIST_CAP: u32 = 2048;
+/// 64-bit words each block of a cluster publishes to the others: its part's
+/// largest key and top-k bound, its candidate count, its candidates' mass and
+/// its part's argmax.
+pub const SAMPLE_CLUSTER_EXCHANGE_WORDS: u32 = 4;
+/// The host launches [`SAMPLE_CLUSTER_FORWARD`] (where it is loaded) for at
+/// most this many rows: eight blocks a row fill the GPU's SMs from 16 rows
+/// on, past which one block a row does as well.
+pub const SAMPLE_CLUSTER_MAX_ROWS: u32 = 16;
+
+/// Dynamic shared memory of a block of [`SAMPLE_CLUSTER_FORWARD`]:
+/// [`sample_shared_bytes`], the exchange words, the block's own candidates
+/// (logit and id) and the gathered list (logit and id). 44.2 KB: under the
+/// 48 KB default.
+pub const fn sample_cluster_shared_bytes() -> u32 {
+    sample_shared_bytes()
+        + SAMPLE_CLUSTER_EXCHANGE_WORDS * 8
+        + SAMPLE_CLUSTER_BLOCK_CAP * 8
+        + SAMPLE_CLUSTER_LIST_CAP * 8
+}
+
 /// Per-row sampling settings, in device memory (one per batch row), so rows
 /// of one batch may sample differently.
 #[repr(C)]
@@ -100,9 +134,13 @@ pub struct SampleRow {
     pub seed: u64,
 }
 
-/// Arguments of [`SAMPLE_FORWARD`]. Launch: grid `(n, 1, 1)` (one block per
-/// row), [`SAMPLE_BLOCK`] threads, [`sample_shared_bytes`] bytes of dynamic
-/// shared memory.
+/// Arguments of [`SAMPLE_FORWARD`] and [`SAMPLE_CLUSTER_FORWARD`].
+///
+/// Launch of [`SAMPLE_FORWARD`]: grid `(n, 1, 1)` (one block per row),
+/// [`SAMPLE_BLOCK`] threads, [`sample_shared_bytes`] bytes of dynamic shared
+/// memory. Of [`SAMPLE_CLUSTER_FORWARD`]: grid `(SAMPLE_CLUSTER, n, 1)` in
+/// clusters of `(SAMPLE_CLUSTER, 1, 1)`, [`SAMPLE_BLOCK`] threads,
+/// [`sample_cluster_shared_bytes`] bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SampleParams {

@@ -3,7 +3,7 @@
 //! flash), and the end-to-end engine. CUDA-event timing after warm-up, median of
 //! `--samples` (≥ 20) samples, operands rotated among enough sets to exceed L2.
 //!
-//! Usage: `bench [gemm|gemv|attention|e2e|trace|step|slots|replicas|tp|all]... [--json PATH] [--samples N] [--quick] [--devices LIST]`
+//! Usage: `bench [gemm|gemv|attention|e2e|trace|step|slots|replicas|tp|sample|all]... [--json PATH] [--samples N] [--quick] [--devices LIST]`
 //! Prints the device name, then a table per section; `--json` writes every
 //! number (see `host::bench::GemmResult`).
 
@@ -131,7 +131,7 @@ const GEMV_CUBLAS_WORKSPACE: usize = 32 << 20;
 #[derive(Parser)]
 #[command(about = "Benchmarks: GEMM (ours vs cuBLAS), GEMV, attention, end to end")]
 struct Args {
-    /// Sections: gemm, gemv, attention, e2e, trace, step, slots, replicas, tp, all (default all: every one but trace, step, slots, replicas and tp).
+    /// Sections: gemm, gemv, attention, e2e, trace, step, slots, replicas, tp, sample, all (default all: every one but trace, step, slots, replicas, tp and sample).
     sections: Vec<String>,
     /// Write all results as JSON here.
     #[arg(long)]
@@ -204,6 +204,8 @@ struct Report {
     replicas: Option<serde_json::Value>,
     /// The `tp` section's rows (`host::bench::tp`).
     tp: Vec<serde_json::Value>,
+    /// The `sample` section's rows (see `bench_sample`).
+    sample: Vec<serde_json::Value>,
     notes: Vec<String>,
 }
 
@@ -244,6 +246,7 @@ fn main() -> anyhow::Result<()> {
             "slots" => bench_slots(&args, &mut report)?,
             "replicas" => report.replicas = Some(bench_replicas(&args.devices, args.samples, args.warmup)?),
             "tp" => bench_tp(&args, &mut report)?,
+            "sample" => bench_sample(&gpu, &args, &mut report)?,
             other => anyhow::bail!(
                 "unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, replicas, tp, all)"
             ),
@@ -259,6 +262,96 @@ fn main() -> anyhow::Result<()> {
 
 /// `tp` section: tensor parallelism on `--devices` against one GPU
 /// (`host::bench::tp`); skipped, saying so, without two distinct GPUs.
+/// `sample` section: rows per launch.
+const SAMPLE_ROWS: [usize; 4] = [1, 8, 16, 64];
+/// `sample` section: (name, temperature, top-k, top-p): greedy, the CLI's
+/// defaults, the server's (plain temperature), and nucleus alone.
+const SAMPLE_SETTINGS: [(&str, f32, u32, f32); 4] = [
+    ("greedy", 0.0, 0, 1.0),
+    ("T0.8_k40_p0.95", 0.8, 40, 0.95),
+    ("T1", 1.0, 0, 1.0),
+    ("T1_p0.9", 1.0, 0, 0.9),
+];
+/// `sample` section: logits uniform in `[-SAMPLE_LOGIT_SPREAD, +SAMPLE_LOGIT_SPREAD)`.
+const SAMPLE_LOGIT_SPREAD: f32 = 4.0;
+
+/// The sampling kernels (one block a row, and the cluster kernel where the
+/// sm_90a module is loaded) on GPT-2's vocabulary: one launch choosing one
+/// id per row, logits rotated among sets that exceed L2.
+fn bench_sample(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()> {
+    use host::gpu::ops::sample::{DeviceSampleRow, Draws, SampleKernel, sample_forward_with};
+    use host::gpu::shape::SampleShape;
+    let (v, vp) = (50257, 50304);
+    println!(
+        "\n== sampling, v = {v} (row stride {vp}), median of {} samples, µs a launch",
+        args.samples
+    );
+    println!(
+        "{:>4}  {:18} {:>10} {:>10} {:>8}",
+        "rows", "setting", "per-row", "cluster", "ratio"
+    );
+    let mut kernels = vec![SampleKernel::PerRow];
+    if gpu.has_wgmma() {
+        kernels.push(SampleKernel::Cluster);
+    }
+    for &n in &SAMPLE_ROWS {
+        let sets = host::bench::sets_for(n * vp * 4);
+        let host_logits: Vec<f32> = fill_random(sets * n * vp, E2E_SEED + n as u64)
+            .into_iter()
+            .map(|u| u * SAMPLE_LOGIT_SPREAD)
+            .collect();
+        let logits = gpu.upload(&host_logits)?;
+        let counter = gpu.upload(&(0..n as u32).collect::<Vec<_>>())?;
+        let mut out = gpu.alloc::<u32>(n)?;
+        for &(name, t, k, p) in &SAMPLE_SETTINGS {
+            let rows: Vec<DeviceSampleRow> = (0..n)
+                .map(|i| {
+                    DeviceSampleRow(SampleRow {
+                        temperature: t,
+                        top_k: k,
+                        top_p: p,
+                        _pad: 0,
+                        seed: E2E_SEED + i as u64,
+                    })
+                })
+                .collect();
+            let rows = gpu.upload(&rows)?;
+            let mut us = Vec::new();
+            for &kernel in &kernels {
+                let timing = time_calls(gpu, sets, args.warmup, args.samples, |set| {
+                    let view = logits.slice(set * n * vp..(set + 1) * n * vp);
+                    sample_forward_with(
+                        gpu,
+                        kernel,
+                        &mut out,
+                        &view,
+                        &rows,
+                        Draws {
+                            counter: Some(&counter),
+                            streams: None,
+                        },
+                        None::<&mut CudaSlice<u32>>,
+                        SampleShape { n, v, row_stride: vp },
+                    )
+                })?;
+                report.sample.push(serde_json::json!({
+                    "rows": n, "v": v, "setting": name, "temperature": t, "top_k": k, "top_p": p,
+                    "kernel": format!("{kernel:?}"), "timing": timing,
+                }));
+                us.push(timing.median_us);
+            }
+            let cluster = us.get(1).copied();
+            println!(
+                "{n:>4}  {name:18} {:>10.1} {:>10} {:>8}",
+                us[0],
+                cluster.map_or("-".into(), |c| format!("{c:.1}")),
+                cluster.map_or("-".into(), |c| format!("{:.2}x", us[0] / c))
+            );
+        }
+    }
+    Ok(())
+}
+
 fn bench_tp(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let devices = args.devices.resolve()?;
     let distinct = devices.iter().collect::<std::collections::HashSet<_>>().len() == devices.len();
