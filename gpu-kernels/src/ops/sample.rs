@@ -1186,7 +1186,13 @@ unsafe fn sampled_cluster(
         };
         // SAFETY: the first block alone, every thread; the list's entries
         // are the row's tokens inside `limit`, in id order.
-        return unsafe { keep_and_draw(&gathered, sm, limit, cfg, random) };
+        return unsafe {
+            if all <= THREADS as u64 {
+                choose_small(&gathered, sm, cfg, random)
+            } else {
+                keep_and_draw(&gathered, sm, limit, cfg, random)
+            }
+        };
     }
     if cfg.top_k == 0 && !top_p_active(cfg) {
         // Every candidate is kept: the draw's target falls in the first part
@@ -1223,6 +1229,96 @@ unsafe fn sampled_cluster(
     // Too many candidates for the selects: the one-block path on the row.
     // SAFETY: the first block alone, every thread.
     unsafe { sampled(x, v, cfg, random, sm) }
+}
+
+/// [`keep_and_draw`] over a list of at most `THREADS` tokens (in id order,
+/// every token top-k may keep among them): each thread takes one, counts
+/// its place in the sampling order against the others, and top-k, top-p and
+/// the draw become block scans instead of radix selects. The same kept set
+/// and the same cumulative masses, so the same id.
+///
+/// # Safety
+/// As for [`greedy`]; `row.v <= THREADS`, at least 1.
+#[cfg(feature = "sm90a")]
+#[inline(always)]
+unsafe fn choose_small(row: &Row, sm: Smem, cfg: &SampleRow, random: u64) -> u32 {
+    let tid = thread_idx_x();
+    let n = row.v;
+    let mine = tid < n;
+    // SAFETY: entry tid < v.
+    let (l, id) = if mine {
+        (unsafe { *row.x.add(tid as usize) }, row.id(tid))
+    } else {
+        (f32::NAN, NONE)
+    };
+    // NaN is never in the list (it fails `>= cut`), so every entry ranks.
+    let order = if mine { Row::order(row.rank(l), id) } else { u64::MAX };
+    // The orders, for everyone to count against (the buckets are free here).
+    if mine {
+        // SAFETY: tid < v <= THREADS <= BUCKETS words.
+        unsafe { *sm.masses.add(tid as usize) = order };
+    }
+    sync_threads();
+    // Place in the sampling order: orders are distinct (ids are).
+    let mut place = 0u32;
+    for j in 0..n {
+        // SAFETY: written before the barrier, j < v.
+        place += (unsafe { *sm.masses.add(j as usize) } < order) as u32;
+    }
+    let top_k = if cfg.top_k == 0 { u32::MAX } else { cfg.top_k };
+    let w = if mine { sample_weight(l, row.m, row.s) } else { 0 };
+    let mut keep = mine && place < top_k;
+    if top_p_active(cfg) {
+        // Everyone has counted before the orders are overwritten.
+        sync_threads();
+        if mine {
+            // The top-k set's weights by place; places are 0..v, each once.
+            // SAFETY: place < v <= BUCKETS words.
+            unsafe { *sm.masses.add(place as usize) = if keep { w } else { 0 } };
+        }
+        sync_threads();
+        // SAFETY: written before the barrier (tid < v).
+        let at = if mine {
+            unsafe { *sm.masses.add(tid as usize) }
+        } else {
+            0
+        };
+        // SAFETY: every thread is here.
+        let (before, total) = unsafe { block_scan_u64(at, sm.scratch) };
+        // The shortest prefix reaching the target ends at the one place
+        // where the running mass first reaches it (the first token alone
+        // weighs WEIGHT_ONE >= 1, and the target is at most the total).
+        let goal = top_p_target(cfg.top_p, total);
+        if before < goal && before + at >= goal {
+            // SAFETY: a broadcast word, read after the barrier; one thread.
+            unsafe { *sm.bcast = tid as u64 };
+        }
+        sync_threads();
+        // SAFETY: written before the barrier.
+        let last = unsafe { *sm.bcast } as u32;
+        keep &= place <= last;
+        // Everyone has read the broadcast word before it is written again.
+        sync_threads();
+    }
+    // The draw, in id order (the list's order).
+    let kept = if keep { w } else { 0 };
+    if tid == 0 {
+        // Replaced below by the one token whose interval holds the target.
+        // SAFETY: a broadcast word, read after the barriers below.
+        unsafe { *sm.bcast = row.id(0) as u64 };
+    }
+    // SAFETY: every thread is here.
+    let (before, total) = unsafe { block_scan_u64(kept, sm.scratch) };
+    let t = draw_target(random, total);
+    if kept > 0 && before <= t && t - before < kept {
+        // SAFETY: one thread (the intervals are disjoint).
+        unsafe { *sm.bcast = id as u64 };
+    }
+    sync_threads();
+    // SAFETY: written before the barrier.
+    let chosen = unsafe { *sm.bcast } as u32;
+    sync_threads();
+    chosen
 }
 
 /// Sampling with a cluster of [`SAMPLE_CLUSTER`] blocks per row (see the

@@ -272,8 +272,13 @@ const SAMPLE_SETTINGS: [(&str, f32, u32, f32); 4] = [
     ("T1", 1.0, 0, 1.0),
     ("T1_p0.9", 1.0, 0, 0.9),
 ];
-/// `sample` section: logits uniform in `[-SAMPLE_LOGIT_SPREAD, +SAMPLE_LOGIT_SPREAD)`.
-const SAMPLE_LOGIT_SPREAD: f32 = 4.0;
+/// `sample` section: logits roughly normal with this mean and deviation, as
+/// GPT-2's are (all negative: tokens near the maximum share a float
+/// exponent, as real rows do; rows straddling 0 spread the keys wider).
+const SAMPLE_LOGIT_MEAN: f32 = -45.0;
+const SAMPLE_LOGIT_SD: f32 = 3.0;
+/// Uniform draws summed per logit (Irwin-Hall: near-normal).
+const SAMPLE_LOGIT_TERMS: usize = 4;
 
 /// The sampling kernels (one block a row, and the cluster kernel where the
 /// sm_90a module is loaded) on GPT-2's vocabulary: one launch choosing one
@@ -296,9 +301,11 @@ fn bench_sample(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<(
     }
     for &n in &SAMPLE_ROWS {
         let sets = host::bench::sets_for(n * vp * 4);
-        let host_logits: Vec<f32> = fill_random(sets * n * vp, E2E_SEED + n as u64)
-            .into_iter()
-            .map(|u| u * SAMPLE_LOGIT_SPREAD)
+        // A sum of k uniforms on [-1, 1) has deviation sqrt(k / 3).
+        let scale = SAMPLE_LOGIT_SD / (SAMPLE_LOGIT_TERMS as f32 / 3.0).sqrt();
+        let host_logits: Vec<f32> = fill_random(sets * n * vp * SAMPLE_LOGIT_TERMS, E2E_SEED + n as u64)
+            .chunks_exact(SAMPLE_LOGIT_TERMS)
+            .map(|u| SAMPLE_LOGIT_MEAN + scale * u.iter().sum::<f32>())
             .collect();
         let logits = gpu.upload(&host_logits)?;
         let counter = gpu.upload(&(0..n as u32).collect::<Vec<_>>())?;
