@@ -50,8 +50,8 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
     for s in MATMUL_TF32_VARIANTS.iter().chain(&MATMUL_3XTF32_VARIANTS) {
         names.insert(s.name.to_string());
     }
-    // Kernels of the sm_90a module only: the wgmma matmuls, and the
-    // persistent decode step (bulk copies on mbarriers).
+    // Kernels of the sm_90a module only: the wgmma matmuls, the persistent
+    // decode step (bulk copies on mbarriers) and the cluster sampler.
     let mut wgmma: BTreeSet<String> = MATMUL_TF32_WGMMA_VARIANTS
         .iter()
         .chain(&MATMUL_3XTF32_WGMMA_VARIANTS)
@@ -67,6 +67,7 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
         gpu_kernels::params::decode_step::DECODE_STEP_ROWS_BF16,
         gpu_kernels::params::decode_step::DECODE_STEP_ROWS_TRACED,
         gpu_kernels::params::decode_step::DECODE_STEP_ROWS_BF16_TRACED,
+        gpu_kernels::params::sample::SAMPLE_CLUSTER_FORWARD,
     ] {
         assert!(names.remove(k), "{k} was not found in {}", dir.display());
         wgmma.insert(k.to_string());

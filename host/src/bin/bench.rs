@@ -165,6 +165,9 @@ struct Args {
     /// the slot count).
     #[arg(long, value_delimiter = ',')]
     slot_rows: Vec<usize>,
+    /// `sample` section: only these row counts (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    sample_rows: Vec<usize>,
     /// `slots` section: wrap each row count's last step in the profiler's
     /// collection range (`cuProfilerStart`/`Stop`), for
     /// `ncu --profile-from-start off`.
@@ -299,7 +302,13 @@ fn bench_sample(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<(
     if gpu.has_wgmma() {
         kernels.push(SampleKernel::Cluster);
     }
-    for &n in &SAMPLE_ROWS {
+    let row_counts = if args.sample_rows.is_empty() {
+        SAMPLE_ROWS.to_vec()
+    } else {
+        args.sample_rows.clone()
+    };
+    anyhow::ensure!(!row_counts.contains(&0), "--sample-rows: a row count of 0");
+    for n in row_counts {
         let sets = host::bench::sets_for(n * vp * 4);
         // A sum of k uniforms on [-1, 1) has deviation sqrt(k / 3).
         let scale = SAMPLE_LOGIT_SD / (SAMPLE_LOGIT_TERMS as f32 / 3.0).sqrt();
