@@ -1245,8 +1245,8 @@ unsafe fn choose_small(row: &Row, sm: Smem, cfg: &SampleRow, random: u64) -> u32
     let tid = thread_idx_x();
     let n = row.v;
     let mine = tid < n;
-    // SAFETY: entry tid < v.
     let (l, id) = if mine {
+        // SAFETY: entry tid < v.
         (unsafe { *row.x.add(tid as usize) }, row.id(tid))
     } else {
         (f32::NAN, NONE)
@@ -1277,8 +1277,8 @@ unsafe fn choose_small(row: &Row, sm: Smem, cfg: &SampleRow, random: u64) -> u32
             unsafe { *sm.masses.add(place as usize) = if keep { w } else { 0 } };
         }
         sync_threads();
-        // SAFETY: written before the barrier (tid < v).
         let at = if mine {
+            // SAFETY: written before the barrier (tid < v).
             unsafe { *sm.masses.add(tid as usize) }
         } else {
             0
