@@ -305,43 +305,13 @@ impl Gpu {
         params: P,
         pdl: bool,
     ) -> Result<(), GpuError> {
-        use cudarc::driver::sys;
         if !pdl {
             // SAFETY: forwarded from this function's contract.
             return unsafe { self.launch_in(&self.kernels, name, cfg, params) };
         }
-        let f = self.function(name)?;
-        let mut block = ParamBlock(params);
-        let mut args = [&mut block as *mut ParamBlock<P> as *mut std::ffi::c_void];
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value: sys::CUlaunchAttributeValue {
-                programmaticStreamSerializationAllowed: 1,
-            },
-        };
-        let config = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
-        // SAFETY: `config`, `attr`, `args` and `block` outlive the call (the
-        // driver copies the parameters at launch); `args` holds one pointer
-        // to the kernel's single by-value parameter, the struct `P`, as the
-        // kernel's signature says (this function's contract); the function
-        // belongs to this context's module.
-        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
-            .ctx(name)?;
-        Ok(())
+        // SAFETY: forwarded from this function's contract; the kernel keeps
+        // the PDL contract.
+        unsafe { self.launch_ex(name, cfg, params, &mut [programmatic_serialization()]) }
     }
 
     /// [`Gpu::launch`] in thread block clusters of `cluster` blocks along x
@@ -359,26 +329,39 @@ impl Gpu {
         params: P,
     ) -> Result<(), GpuError> {
         use cudarc::driver::sys;
+        let clusters = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 },
+            },
+        };
+        let mut attrs = [clusters, programmatic_serialization()];
+        let chained = self.chain_pdl() && self.chainable.contains(name);
+        let attrs = if chained { &mut attrs[..] } else { &mut attrs[..1] };
+        // SAFETY: forwarded from this function's contract; PDL only for a
+        // kernel whose PTX waits first (`chainable`).
+        unsafe { self.launch_ex(name, cfg, params, attrs) }
+    }
+
+    /// `cuLaunchKernelEx` of kernel `name` on [`Gpu::stream`] with launch
+    /// attributes `attrs` (cudarc has no safe API for them).
+    ///
+    /// # Safety
+    /// As for [`Gpu::launch`], and the kernel keeps what each attribute
+    /// asks of it (PDL: it waits before touching what earlier kernels
+    /// write; clusters: it expects that cluster shape).
+    unsafe fn launch_ex<P: KernelParams>(
+        &self,
+        name: &'static str,
+        cfg: LaunchConfig,
+        params: P,
+        attrs: &mut [cudarc::driver::sys::CUlaunchAttribute],
+    ) -> Result<(), GpuError> {
+        use cudarc::driver::sys;
         let f = self.function(name)?;
         let mut block = ParamBlock(params);
         let mut args = [&mut block as *mut ParamBlock<P> as *mut std::ffi::c_void];
-        let mut attrs = [
-            sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                pad: [0; 4],
-                value: sys::CUlaunchAttributeValue {
-                    clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 },
-                },
-            },
-            sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                pad: [0; 4],
-                value: sys::CUlaunchAttributeValue {
-                    programmaticStreamSerializationAllowed: 1,
-                },
-            },
-        ];
-        let pdl = self.chain_pdl() && self.chainable.contains(name);
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -389,13 +372,14 @@ impl Gpu {
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
             attrs: attrs.as_mut_ptr(),
-            numAttrs: if pdl { 2 } else { 1 },
+            numAttrs: attrs.len() as u32,
         };
         self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
-        // SAFETY: as in `launch_pdl`: `config`, `attrs`, `args` and `block`
-        // outlive the call, `args` holds one pointer to the kernel's single
-        // by-value parameter `P`, the function belongs to this context's
-        // module; PDL only for a kernel whose PTX waits first.
+        // SAFETY: `config`, `attrs`, `args` and `block` outlive the call (the
+        // driver copies the parameters at launch); `args` holds one pointer
+        // to the kernel's single by-value parameter, the struct `P`, as the
+        // kernel's signature says (this function's contract); the function
+        // belongs to this context's module.
         unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
             .ctx(name)?;
@@ -635,6 +619,19 @@ impl Gpu {
 /// Whether environment variable `name` is set to something other than "" or "0".
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The launch attribute that lets a kernel start while the previous one on
+/// its stream finishes (PDL: programmatic stream serialisation).
+fn programmatic_serialization() -> cudarc::driver::sys::CUlaunchAttribute {
+    use cudarc::driver::sys;
+    sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue {
+            programmaticStreamSerializationAllowed: 1,
+        },
+    }
 }
 
 /// Take kernels out of the PDL chain as [`NO_CHAIN_PDL_ENV`]'s `value`
