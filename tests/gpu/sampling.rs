@@ -435,4 +435,25 @@ fn wrapper_rejects_bad_arguments() {
     assert!(launch(None, 2, 50, 50).is_ok());
     let ids = gpu.download(&out).unwrap();
     assert!(ids.iter().all(|&i| i < 50), "{ids:?}");
+    // The cluster kernel: refused without the sm_90a module, and past the
+    // grid's y extent (its rows) before any buffer is looked at.
+    let rows_over_grid = if gpu.has_wgmma() { 65536 } else { 2 };
+    let cluster = sample_forward_with(
+        &gpu,
+        SampleKernel::Cluster,
+        &mut out,
+        &logits,
+        &rows,
+        Draws::<CudaSlice<u32>> {
+            counter: None,
+            streams: None,
+        },
+        None::<&mut CudaSlice<u32>>,
+        SampleShape {
+            n: rows_over_grid,
+            v: 1,
+            row_stride: 0,
+        },
+    );
+    assert!(cluster.is_err(), "cluster kernel, {rows_over_grid} rows");
 }

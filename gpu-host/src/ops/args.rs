@@ -81,6 +81,9 @@ pub fn out_ptr<T>(gpu: &Gpu, x: &mut impl DevicePtrMut<T>) -> *mut T {
 /// Bytes of a 16-byte vector: vectorised kernels need this alignment.
 pub const VEC_ALIGN: usize = 16;
 
+/// Largest grid y/z extent CUDA allows.
+pub const MAX_GRID_YZ: u32 = 65535;
+
 /// Whether all device addresses are 16-byte aligned (for the vectorised kernels).
 pub fn aligned16(ptrs: &[usize]) -> bool {
     ptrs.iter().all(|p| p % VEC_ALIGN == 0)

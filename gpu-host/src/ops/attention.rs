@@ -8,7 +8,7 @@ use gpu_kernels::params::attention::{
     ATTENTION_SIMPLE_BLOCK, AttentionParams,
 };
 
-use super::args::{OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use super::args::{MAX_GRID_YZ, OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use crate::{AttentionShape, Gpu, GpuError};
 
 const OP: &str = "attention_forward";
@@ -18,8 +18,6 @@ const WARP: u32 = 32;
 const REDUCE_SCRATCH: u32 = 32;
 /// Dynamic shared memory a kernel may use without opting in.
 const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
-/// Largest grid y/z extent CUDA allows.
-const MAX_GRID_YZ: u32 = 65535;
 
 /// Shared memory of `attention_forward` (see the kernel's docs): reduction
 /// scratch, the query, one partial output per warp, and `span` scores.

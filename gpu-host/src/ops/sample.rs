@@ -9,7 +9,7 @@ use gpu_kernels::params::sample::{
     SampleParams, SampleRow, sample_cluster_shared_bytes, sample_shared_bytes,
 };
 
-use super::args::{OpError, check_len, in_ptr, out_ptr, to_u32};
+use super::args::{MAX_GRID_YZ, OpError, check_len, in_ptr, out_ptr, to_u32};
 use crate::{Gpu, SampleShape};
 
 const OP: &str = "sample_forward";
@@ -128,11 +128,21 @@ pub fn sample_forward_with<C: DevicePtr<u32>, N: DevicePtrMut<u32>>(
 ) -> Result<(), OpError> {
     let SampleShape { n, v, row_stride } = shape;
     let kernel = kernel.resolve(gpu, n);
-    if kernel == SampleKernel::Cluster && !gpu.has_wgmma() {
-        return Err(OpError::shape(
-            SAMPLE_CLUSTER_FORWARD,
-            "needs the sm_90a module (a Hopper GPU, portable kernels off)",
-        ));
+    if kernel == SampleKernel::Cluster {
+        if !gpu.has_wgmma() {
+            return Err(OpError::shape(
+                SAMPLE_CLUSTER_FORWARD,
+                "needs the sm_90a module (a Hopper GPU, portable kernels off)",
+            ));
+        }
+        // Rows are the grid's y extent.
+        if n > MAX_GRID_YZ as usize {
+            return Err(OpError::TooLarge {
+                op: SAMPLE_CLUSTER_FORWARD,
+                what: "n",
+                value: n,
+            });
+        }
     }
     let Draws { counter, streams } = draws;
     if v == 0 {

@@ -30,14 +30,12 @@ mod workspace;
 pub use plan::*;
 pub use workspace::*;
 
-use super::args::{OpError, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use super::args::{MAX_GRID_YZ, OpError, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use crate::{Gpu, GpuError, MatmulShape};
 
 const OP: &str = "matmul_forward";
 /// Threads per warp (the GEMV kernel gives each output column one warp).
 pub(super) const WARP: u32 = 32;
-/// Largest grid y/z extent CUDA allows.
-const MAX_GRID_YZ: u32 = 65535;
 
 /// Which matmul kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
