@@ -261,7 +261,7 @@ impl Gpu {
         cfg: LaunchConfig,
         params: P,
     ) -> Result<(), GpuError> {
-        if self.chain_pdl() && self.chainable.contains(name) {
+        if self.chained(name) {
             // SAFETY: forwarded; the kernel waits on its dependency before it
             // reads or writes anything an earlier kernel touches (its PTX
             // starts with the wait, and `grid_dependency_sync`'s contract).
@@ -276,6 +276,12 @@ impl Gpu {
     /// the sm_90a module is loaded, unless [`NO_CHAIN_PDL_ENV`] is set).
     pub fn chain_pdl(&self) -> bool {
         self.chain_pdl.load(Ordering::Relaxed)
+    }
+
+    /// Whether [`Gpu::launch`] (and [`Gpu::launch_cluster`]) launch kernel
+    /// `name` with PDL now: chaining is on and its PTX waits first.
+    fn chained(&self, name: &str) -> bool {
+        self.chain_pdl() && self.chainable.contains(name)
     }
 
     /// Turn [`Gpu::launch`]'s PDL chaining on or off; it stays off where no
@@ -337,8 +343,11 @@ impl Gpu {
             },
         };
         let mut attrs = [clusters, programmatic_serialization()];
-        let chained = self.chain_pdl() && self.chainable.contains(name);
-        let attrs = if chained { &mut attrs[..] } else { &mut attrs[..1] };
+        let attrs = if self.chained(name) {
+            &mut attrs[..]
+        } else {
+            &mut attrs[..1]
+        };
         // SAFETY: forwarded from this function's contract; PDL only for a
         // kernel whose PTX waits first (`chainable`).
         unsafe { self.launch_ex(name, cfg, params, attrs) }

@@ -91,7 +91,8 @@ impl Batch<'_> {
         out
     }
 
-    /// Every kernel of this GPU and the twin agree on every row.
+    /// Every kernel of this GPU and the twin agree on every row; returns
+    /// those ids.
     fn check(&self, gpu: &Gpu, what: &str) -> Vec<u32> {
         let want = self.twin();
         for kernel in kernels(gpu) {

@@ -251,7 +251,7 @@ fn main() -> anyhow::Result<()> {
             "tp" => bench_tp(&args, &mut report)?,
             "sample" => bench_sample(&gpu, &args, &mut report)?,
             other => anyhow::bail!(
-                "unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, replicas, tp, all)"
+                "unknown section `{other}` (gemm, gemv, attention, e2e, trace, step, slots, replicas, tp, sample, all)"
             ),
         }
     }
@@ -263,8 +263,6 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `tp` section: tensor parallelism on `--devices` against one GPU
-/// (`host::bench::tp`); skipped, saying so, without two distinct GPUs.
 /// `sample` section: rows per launch.
 const SAMPLE_ROWS: [usize; 4] = [1, 8, 16, 64];
 /// `sample` section: (name, temperature, top-k, top-p): greedy, the CLI's
@@ -368,6 +366,8 @@ fn bench_sample(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<(
     Ok(())
 }
 
+/// `tp` section: tensor parallelism on `--devices` against one GPU
+/// (`host::bench::tp`); skipped, saying so, without two distinct GPUs.
 fn bench_tp(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let devices = args.devices.resolve()?;
     let distinct = devices.iter().collect::<std::collections::HashSet<_>>().len() == devices.len();
