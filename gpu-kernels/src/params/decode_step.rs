@@ -181,8 +181,9 @@ pub struct DecodeStepSmem {
     pub xraw: u32,
     /// The layer table, copied once per launch: `n_layer` entries.
     pub table: u32,
-    /// The phase's input rows, `n * 4c` floats; in the attention phase, the
-    /// warps' partials (`WARPS * (64 + 2)` floats, if more).
+    /// The phase's input rows, `n * 4c` floats, [`DECODE_STEP_ROWS_ALIGN`]
+    /// aligned; in the attention phase, the warps' partials (`WARPS * (64 +
+    /// 2)` floats, if more).
     pub xs: u32,
     /// The weight ring: `slots * slot_bytes`.
     pub ring: u32,
@@ -192,6 +193,9 @@ pub struct DecodeStepSmem {
 /// Alignment of the ring's slots (TMA needs 16; 128 keeps each slot on
 /// its own shared-memory lines).
 pub const DECODE_STEP_SLOT_ALIGN: u32 = 128;
+
+/// Alignment of the staged input rows ([`DecodeStepSmem::xs`]).
+pub const DECODE_STEP_ROWS_ALIGN: u32 = 128;
 
 /// The most of `oc` columns one of `blocks` blocks owns (block `b` owns
 /// `[oc*b/B, oc*(b+1)/B)`), rounded up to 16 bytes of floats: the room a
@@ -229,7 +233,11 @@ pub const fn decode_step_smem(
     // The widest phase has 4c columns.
     let xraw = bias + decode_step_share_width(4 * c, blocks) * 4;
     let table = xraw + n * decode_step_share_width(c, blocks) * 4;
-    let xs = table + n_layer * size_of::<DecodeStepLayer<f32>>() as u32;
+    // On its own 128-byte lines: the residual phases' `cp.async` staging of
+    // the input rows ran ~1.4 µs slower into rows 64 bytes off (measured on
+    // an H100 at 8 rows: fcproj's rows staged in 3.7 µs against 2.2, the
+    // step 3-6 % slower; docs/performance.md, decode step 11).
+    let xs = (table + n_layer * size_of::<DecodeStepLayer<f32>>() as u32).next_multiple_of(DECODE_STEP_ROWS_ALIGN);
     let rows = n * 4 * c;
     let parts = DECODE_STEP_WARPS * (DECODE_HEAD_SIZE + 2);
     let ring = (xs + 4 * if rows > parts { rows } else { parts }).next_multiple_of(DECODE_STEP_SLOT_ALIGN);
