@@ -12,7 +12,8 @@
 //! warps whose partial sums meet in shared memory. Attention: one block
 //! per (chunk of `WARPS * 8` keys, row, head), 8 keys a warp, the warps'
 //! partials merged in shared memory; where a head has several chunks, the
-//! last block to finish one merges theirs.
+//! last block to finish one merges theirs (at one row, the attproj phase
+//! merges them instead as it stages its input: `reader_merges`).
 //!
 //! Between phases a block arrives at the grid barrier first, then starts
 //! the small copies the next phase needs (its bias, layernorm parameters),
@@ -32,10 +33,10 @@ use super::decode::{
     stage_vectors, warp_best,
 };
 use super::gelu::gelu;
-use super::vec4::{VEC, load4, load4_cg, store4};
+use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::Vec2;
-use crate::device::math::{fma, rsqrt_precise};
+use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::mma::{cp_async_4, cp_async_16, cp_async_commit, cp_async_wait_group, shared_addr};
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::tma::{
@@ -89,6 +90,94 @@ const PRODUCER_THREAD: u32 = DECODE_STEP_THREADS - 2 * WARP_SIZE;
 /// every case, and so was issuing half a tile at each point.
 const fn issue_early<W, const R: usize>() -> bool {
     R == 1 && size_of::<W>() == size_of::<f32>()
+}
+
+/// Whether the attention of a head with several key items is merged by
+/// its readers, the attproj phase's staging ([`merged_att4`]), rather than
+/// by the last of its blocks: one row only, where every block stages the
+/// row's 12 heads of partials (a few KB) anyway. The last-block merge put
+/// a partial's publication, an atomic and the merge's L2 reads on the
+/// attention phase's path: its slowest block took 8.3 µs at 512 keys
+/// against 2.7 at 64 (H100, `bench step --step-pos0 512`).
+const fn reader_merges<const R: usize>() -> bool {
+    R == 1
+}
+
+/// Items (of `ATT_ITEM_KEYS` keys) of the attention of a row at position
+/// `raw` (0 for an idle row, at or past `max_t`).
+#[inline(always)]
+fn att_items(raw: usize, max_t: usize, window: usize) -> usize {
+    if raw >= max_t {
+        return 0;
+    }
+    let key_lo = if window > 0 {
+        (raw + 1).saturating_sub(window)
+    } else {
+        0
+    };
+    (raw + 1 - key_lo).div_ceil(ATT_ITEM_KEYS)
+}
+
+/// Partials [`merged_att4`] loads at once: one L2 round trip for up to
+/// this many items (1024 keys).
+const MERGE_BATCH: usize = 8;
+
+/// Dimensions `d..d + 4` of head `head`'s attention output, merged from
+/// its `items` partials in the partial buffers (as `combine_parts` would,
+/// batch by batch with a running maximum).
+///
+/// # Safety
+/// The params' contract; the partials of `head` were written before the
+/// grid barrier this phase follows; `d + 4 <= 64`; `items >= 1`.
+#[inline(always)]
+unsafe fn merged_att4<W>(p: &DecodeStepParams<W>, head: usize, d: usize, items: usize) -> [f32; VEC] {
+    let part0 = head * p.parts_stride as usize;
+    // SAFETY: the head's partials: parts_stride of them from part0.
+    let (acc, ml) = unsafe {
+        (
+            p.att_acc.add(part0 * HS + d) as *const f32,
+            p.att_ml.add(2 * part0) as *const f32,
+        )
+    };
+    let (mut m_all, mut l_all, mut o) = (f32::NEG_INFINITY, 0f32, [0f32; VEC]);
+    let mut i0 = 0;
+    while i0 < items {
+        let mut m = [f32::NEG_INFINITY; MERGE_BATCH];
+        let mut l = [0f32; MERGE_BATCH];
+        let mut a = [[0f32; VEC]; MERGE_BATCH];
+        unroll!(u < MERGE_BATCH => {
+            if i0 + u < items {
+                let i = i0 + u;
+                // SAFETY: item i < items <= parts_stride; written by other blocks: `cg`.
+                unsafe {
+                    m[u] = load_cg(ml.add(2 * i));
+                    l[u] = load_cg(ml.add(2 * i + 1));
+                    a[u] = load4_cg(acc.add(i * HS));
+                }
+            }
+        });
+        let mut mb = m_all;
+        unroll!(u < MERGE_BATCH => {
+            mb = mb.max(m[u]);
+        });
+        // Item 0 holds the query's own key: mb is finite from the first batch.
+        let s = exp2_approx(m_all - mb);
+        l_all *= s;
+        unroll!(e < VEC => {
+            o[e] *= s;
+        });
+        unroll!(u < MERGE_BATCH => {
+            // A missing item (max -inf) weighs 0.
+            let w = exp2_approx(m[u] - mb);
+            l_all = fma(l[u], w, l_all);
+            unroll!(e < VEC => {
+                o[e] = fma(a[u][e], w, o[e]);
+            });
+        });
+        m_all = mb;
+        i0 += MERGE_BATCH;
+    }
+    o.map(|x| x / l_all)
 }
 
 /// `a / b` in 32 bits (64-bit division is a long software sequence on the
@@ -541,15 +630,33 @@ unsafe fn stage_copy(inp: *const f32, xs: *mut f32, len: usize) {
 ///
 /// # Safety
 /// The params' contract; `sm` as `decode_step_smem` lays it out; `res` the
-/// block's share of the residual phases (attproj, fcproj).
+/// block's share of the residual phases (attproj, fcproj); `merge > 1`:
+/// the phase is attproj at one row, whose input is the attention's
+/// `merge` partials a head (`reader_merges`), merged as staged.
 #[inline(always)]
-unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem, n: usize, res: Share) {
+unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem, n: usize, res: Share, merge: usize) {
     // The residual stream's rows, kept raw for the residual epilogues.
     let keep = matches!(ph.epi, Epilogue::Qkv | Epilogue::Gelu);
     let (res_lo, res_hi) = (res.lo as usize, res.hi as usize);
     let c_in = ph.c_in;
     let round = ph.ln_w.is_null();
     let embed = ph.inp.is_null();
+    if merge > 1 {
+        // The attention output of the one row, merged from its partials: a
+        // vector a thread (not `stage_vectors`' batches, whose merges in
+        // flight at once would not fit the registers).
+        let mut k = thread_idx_x() as usize * VEC;
+        while k < c_in {
+            // SAFETY: k + 4 <= c_in = nh * 64: dims k % 64.. of head k / 64, whose
+            // partials the attention phase wrote; xs holds c_in floats.
+            unsafe {
+                let v = merged_att4(p, k / HS, k % HS, merge);
+                store4(sm.xs.add(k), if round { v.map(W::round_input) } else { v });
+            }
+            k += DECODE_STEP_THREADS as usize * VEC;
+        }
+        return;
+    }
     stage_vectors(
         n,
         c_in,
@@ -1020,9 +1127,17 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         // SAFETY: attproj's and fcproj's inputs (att, h) hold n rows of c_in.
         unsafe { stage_copy(ph.inp, sm.xs, n * ph.c_in) };
     } else {
+        // The attproj phase of one row merges the attention's partials.
+        let merge = if reader_merges::<R>() && g < GEMVS * p.n_layer as usize && g % GEMVS == 1 {
+            // SAFETY: one row's position.
+            att_items(unsafe { *sm.pos } as usize, p.max_t as usize, p.window as usize)
+        } else {
+            0
+        };
         // SAFETY: the params' contract, `sm` laid out by `decode_step_smem`, `res` this
-        // block's residual share: `stage_rows`' contract.
-        unsafe { stage_rows(p, &ph, sm, n, res) };
+        // block's residual share, `merge` the row's items where it merges: `stage_rows`'
+        // contract.
+        unsafe { stage_rows(p, &ph, sm, n, res, merge) };
     }
     tr.mark(traced_phase(g), DecodeStepMark::Loaded);
     if issue_early::<W, R>() && thread_idx_x() == PRODUCER_THREAD {
@@ -1113,7 +1228,7 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
 /// The params' contract; after a grid barrier that published q and the
 /// new keys and values; every thread of the block calls it.
 #[inline(always)]
-unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, layer: usize) {
+unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, layer: usize, reader_merges: bool) {
     // SAFETY: layer < n_layer entries of the table.
     let lw = unsafe { &*(ring.tbl as *const DecodeStepLayer<W>).add(layer) };
     let (n, nh, c, max_t, window) = (
@@ -1147,11 +1262,7 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
         } else {
             0
         };
-        let items = if raw < max_t {
-            (pos + 1 - key_lo).div_ceil(ATT_ITEM_KEYS)
-        } else {
-            0
-        };
+        let items = att_items(raw, max_t, window);
         // The same answer in the whole block.
         if item < items {
             let first = key_lo + item * ATT_ITEM_KEYS + warp * ATT_KEYS;
@@ -1220,7 +1331,16 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
                             *p.att_ml.add(2 * (part0 + item) + 1) = l_all;
                         }
                     }
-                    thread_fence();
+                    if !reader_merges {
+                        thread_fence();
+                    }
+                }
+                if reader_merges {
+                    // The attproj phase merges the partials as it stages them
+                    // (published by the grid barrier).
+                    sync_threads();
+                    i += nb;
+                    continue;
                 }
                 sync_threads();
                 // SAFETY: n * nh counters, zero between launches.
@@ -1495,7 +1615,7 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
             if g % GEMVS == 0 {
                 // Attention between qkv and attproj.
                 between_phases(&p, &sm, &ring, &mut barriers, next, tr);
-                run_attention(&p, &ring, &sm, layer);
+                run_attention(&p, &ring, &sm, layer, reader_merges::<R>());
                 next = Boundary { ln: None, gemv: None };
             }
             between_phases(&p, &sm, &ring, &mut barriers, next, tr);

@@ -301,7 +301,10 @@ pub struct DecodeStepParams<W = f32> {
     pub part_val: *mut f32,
     pub part_idx: *mut u32,
     /// Attention partials: `[n * nh * parts_stride * 64]` and `[... * 2]`,
-    /// one per [`DECODE_STEP_ATTN_KEYS`] keys; `[n * nh]` counters.
+    /// one per item of `DECODE_STEP_WARPS * DECODE_STEP_ATTN_KEYS` keys;
+    /// `[n * nh]` counters. A head with several items is merged by its last
+    /// block (the counters), or at one row by the attproj phase, which reads
+    /// the partials as it stages its input (`att` then holds nothing).
     pub att_acc: *mut f32,
     pub att_ml: *mut f32,
     pub att_counter: *mut u32,

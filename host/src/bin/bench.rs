@@ -168,6 +168,10 @@ struct Args {
     /// `sample` section: only these row counts (comma-separated).
     #[arg(long, value_delimiter = ',')]
     sample_rows: Vec<usize>,
+    /// `step` section: tokens in the cache before the timed steps (the
+    /// attention's length), at most 1024 - 1 - 32 (the steps a sample runs).
+    #[arg(long, default_value_t = E2E_DECODE_PROMPT)]
+    step_pos0: usize,
     /// `slots` section: wrap each row count's last step in the profiler's
     /// collection range (`cuProfilerStart`/`Stop`), for
     /// `ncu --profile-from-start off`.
@@ -1564,7 +1568,7 @@ fn bench_decode_paths(
                 Ok(())
             })?;
             let device_ms = if path != DecodePath::Unfused {
-                Some(device_fed_ms(engine, args, &step)?)
+                Some(device_fed_ms(engine, args, &step, E2E_DECODE_PROMPT)?)
             } else {
                 None
             };
@@ -1591,13 +1595,13 @@ fn bench_decode_paths(
     Ok(())
 }
 
-/// A fused step's own time (ms): after a step from `step` at
-/// `E2E_DECODE_PROMPT` (the rows of `step`), `DECODE_DEVICE_STEPS` steps fed
+/// A fused step's own time (ms): after a step from `step` at `pos0` (the
+/// rows of `step`), `DECODE_DEVICE_STEPS` steps fed
 /// by the device between two events, per step; median over the samples.
-fn device_fed_ms(engine: &mut GpuEngine, args: &Args, step: &[u32]) -> anyhow::Result<f64> {
+fn device_fed_ms(engine: &mut GpuEngine, args: &Args, step: &[u32], pos0: usize) -> anyhow::Result<f64> {
     let mut samples = Vec::new();
     for i in 0..args.warmup + args.samples {
-        engine.forward(step, step.len(), 1, E2E_DECODE_PROMPT, LogitsWanted::Last)?;
+        engine.forward(step, step.len(), 1, pos0, LogitsWanted::Last)?;
         // SAFETY: only events are recorded on it, on our own stream.
         let stream = unsafe { engine.gpu().stream() }.clone();
         let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
@@ -1617,6 +1621,13 @@ fn device_fed_ms(engine: &mut GpuEngine, args: &Args, step: &[u32]) -> anyhow::R
 /// phase, where a block's time goes, medians over the samples.
 fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let config = ModelConfig::GPT2_124M;
+    let pos0 = args.step_pos0;
+    // A sample's device-fed steps, or the traced steps' offsets (up to 8), and the step itself.
+    let room = config.max_seq_len.saturating_sub(1 + DECODE_DEVICE_STEPS);
+    anyhow::ensure!(
+        (1..=room).contains(&pos0),
+        "--step-pos0 {pos0}: the step section needs 1 to {room} tokens in the cache"
+    );
     let bytes = llmc_bytes(&config, E2E_SEED, DType::F32)?;
     let weights = host::model::llmc::parse(&bytes)?;
     for (b, precision) in E2E_DECODE_BATCH
@@ -1624,7 +1635,7 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         .flat_map(|b| [(b, Precision::Fp32), (b, Precision::Bf16)])
     {
         println!(
-            "\n== decode step, {b} row(s) after {E2E_DECODE_PROMPT} tokens, {precision:?}, GPT-2 124M random weights, median of {} samples",
+            "\n== decode step, {b} row(s) after {pos0} tokens, {precision:?}, GPT-2 124M random weights, median of {} samples",
             args.samples
         );
         let gpu = Gpu::new(args.device)?;
@@ -1634,7 +1645,7 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         let mut tokens =
             |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..config.vocab_size as u32)).collect() };
         let prec = format!("{precision:?}");
-        let prompt = tokens(b * E2E_DECODE_PROMPT);
+        let prompt = tokens(b * pos0);
         let step = tokens(b);
         let base = DecodeTuning::default();
         let persistent = DecodeTuning {
@@ -1650,15 +1661,15 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         engine.set_decode_path(DecodePath::Graph, true);
         for (name, tuning) in [("chain", chain), ("persistent", persistent)] {
             engine.set_decode_tuning(tuning);
-            engine.forward(&prompt, b, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
-            let ms = device_fed_ms(&mut engine, args, &step)?;
+            engine.forward(&prompt, b, pos0, 0, LogitsWanted::Last)?;
+            let ms = device_fed_ms(&mut engine, args, &step, pos0)?;
             let ran = if engine.decode_step_is_persistent(b) {
                 "persistent"
             } else {
                 "chain"
             };
             println!("{prec:>6} {name:>10} (ran: {ran}): {ms:.4} ms/step, device-fed");
-            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step", "asked": name, "ran": ran, "b": b, "pos0": E2E_DECODE_PROMPT, "device_ms_per_step": ms, "samples": args.samples}));
+            report.e2e.push(serde_json::json!({"precision": prec, "what": "decode_step", "asked": name, "ran": ran, "b": b, "pos0": pos0, "device_ms_per_step": ms, "samples": args.samples}));
         }
         // The trace: eager launches (the graph would bake in a buffer the
         // first traced step allocates).
@@ -1671,11 +1682,11 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             println!("{prec:>6} no persistent step on this GPU: no trace");
             continue;
         }
-        engine.forward(&prompt, b, E2E_DECODE_PROMPT, 0, LogitsWanted::Last)?;
+        engine.forward(&prompt, b, pos0, 0, LogitsWanted::Last)?;
         let mut per_sample: Vec<Vec<PhaseTimes>> = Vec::new();
         let mut traced_ms = Vec::new();
         for i in 0..args.warmup + args.samples {
-            engine.forward(&step, b, 1, E2E_DECODE_PROMPT + 1 + (i % 8), LogitsWanted::Last)?;
+            engine.forward(&step, b, 1, pos0 + 1 + (i % 8), LogitsWanted::Last)?;
             // SAFETY: only events are recorded on it, on our own stream.
             let stream = unsafe { engine.gpu().stream() }.clone();
             let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
