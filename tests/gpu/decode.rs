@@ -129,8 +129,64 @@ fn persistent_everywhere(tuning: DecodeTuning) -> DecodeTuning {
         persistent: true,
         persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
         persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
+        persistent_rows_max_pos: usize::MAX,
         ..tuning
     }
+}
+
+/// At two rows and more the persistent step serves steps up to a position
+/// (`DecodeTuning::persistent_rows_max_pos`) and the chain the later ones:
+/// a generation that crosses it, fed by the host and fed by the device
+/// (which captures the chain's graph mid-run), against the chain alone.
+fn switch_to_chain(
+    eng: &mut GpuEngine,
+    prompt: &[u32],
+    (b, t, steps): (usize, usize, usize),
+    ids: &[Vec<u32>],
+    chain_logits: &[Vec<f32>],
+    tol: f32,
+    what: &dyn Fn(&str) -> String,
+) {
+    // Steps run at positions t..t + steps; the first half persistent.
+    let switch_pos = t + (steps - 1) / 2;
+    eng.set_decode_tuning(DecodeTuning {
+        persistent_rows_max_pos: switch_pos,
+        ..persistent_everywhere(DecodeTuning::default())
+    });
+    assert!(eng.decode_step_is_persistent(b, switch_pos) && !eng.decode_step_is_persistent(b, switch_pos + 1));
+    let switched = forced_path(eng, DecodePath::Graph, prompt, b, t, ids);
+    check(
+        &what(&format!(
+            "persistent up to position {switch_pos}, then the chain, vs the chain"
+        )),
+        &switched.concat(),
+        &chain_logits.concat(),
+        tol,
+        0.0,
+    );
+    eng.set_decode_path(DecodePath::Graph, true);
+    eng.forward(prompt, b, t, 0, LogitsWanted::Last).unwrap();
+    eng.forward(&ids[0], b, 1, t, LogitsWanted::Last).unwrap();
+    let mut fed = vec![eng.logits().unwrap()];
+    for (s, step_ids) in ids.iter().enumerate().take(steps).skip(1) {
+        assert_eq!(
+            &eng.argmax().unwrap(),
+            step_ids,
+            "{}: the device-fed step {s} chose other tokens",
+            what("switch")
+        );
+        eng.decode_on_device(1).unwrap();
+        fed.push(eng.logits().unwrap());
+    }
+    check(
+        &what(&format!(
+            "device-fed, persistent up to position {switch_pos}, then the chain, vs the chain"
+        )),
+        &fed.concat(),
+        &chain_logits[1..=steps].concat(),
+        tol,
+        0.0,
+    );
 }
 
 /// Whether two runs' per-step logits are equal bit for bit.
@@ -195,7 +251,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
         ..DecodeTuning::default()
     };
     eng.set_decode_tuning(chain);
-    assert!(!eng.decode_step_is_persistent(b));
+    assert!(!eng.decode_step_is_persistent(b, t));
     let chain_logits = forced_path(&mut eng, DecodePath::Graph, &prompt, b, t, &graph_ids);
     for tuning in [
         DecodeTuning {
@@ -209,6 +265,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             step_ring_slots: 0,
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
+            persistent_rows_max_pos: 0,
         },
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
@@ -221,6 +278,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             step_ring_slots: 0,
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
+            persistent_rows_max_pos: 0,
         },
     ] {
         eng.set_decode_tuning(tuning);
@@ -250,7 +308,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
     // sm_90a module, two and more on tensor cores) against the chain, graph
     // and eager: the same math in other summation orders.
     eng.set_decode_tuning(persistent_everywhere(DecodeTuning::default()));
-    let persistent = eng.decode_step_is_persistent(b);
+    let persistent = eng.decode_step_is_persistent(b, t);
     assert_eq!(
         persistent,
         eng.gpu().has_wgmma() && b <= DECODE_STEP_MAX_ROWS as usize,
@@ -280,7 +338,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
                 step_ring_slots: slots,
                 ..DecodeTuning::default()
             }));
-            if eng.decode_step_is_persistent(b) {
+            if eng.decode_step_is_persistent(b, t) {
                 let ring = forced_path(&mut eng, DecodePath::Graph, &prompt, b, t, &graph_ids);
                 check(
                     &what(&format!("persistent step, {slots} ring slots, vs the default ring")),
@@ -290,6 +348,17 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
                     0.0,
                 );
             }
+        }
+        if b > 1 && steps > 1 {
+            switch_to_chain(
+                &mut eng,
+                &prompt,
+                (b, t, steps),
+                &graph_ids,
+                &chain_logits,
+                paths_tol,
+                &what,
+            );
         }
         eng.set_decode_tuning(DecodeTuning::default());
         persistent_logits = Some(logits);

@@ -172,6 +172,10 @@ struct Args {
     /// attention's length), at most 1024 - 1 - 32 (the steps a sample runs).
     #[arg(long, default_value_t = E2E_DECODE_PROMPT)]
     step_pos0: usize,
+    /// `step` section: the persistent step's weight-ring slots (2 to 4,
+    /// `DecodeTuning::step_ring_slots`); 0 lets the engine choose.
+    #[arg(long, default_value_t = 0)]
+    step_ring_slots: usize,
     /// `slots` section: wrap each row count's last step in the profiler's
     /// collection range (`cuProfilerStart`/`Stop`), for
     /// `ncu --profile-from-start off`.
@@ -1573,7 +1577,7 @@ fn bench_decode_paths(
                 None
             };
             let shown = device_ms.map_or("-".to_string(), |m| format!("{m:.4}"));
-            let persistent = engine.decode_step_is_persistent(b);
+            let persistent = engine.decode_step_is_persistent(b, E2E_DECODE_PROMPT);
             println!(
                 "{prec:>6} decode {b:>2} rows after {E2E_DECODE_PROMPT}: {:>8} {:>10} pdl={pdl:<5} prefetch={:>2} MiB blocks/SM={} warps={} early={:<5} ring={} {} host {host_ms:.4} ms/step, device {shown} ms/step ({:.0} tok/s)",
                 format!("{path:?}"),
@@ -1652,18 +1656,23 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             persistent: true,
             persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
             persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
+            persistent_rows_max_pos: usize::MAX,
+            step_ring_slots: args.step_ring_slots,
             ..base
         };
         let chain = DecodeTuning {
             persistent: false,
             ..base
         };
+        if args.step_ring_slots != 0 {
+            println!("  (the persistent step's ring: {} slots asked)", args.step_ring_slots);
+        }
         engine.set_decode_path(DecodePath::Graph, true);
         for (name, tuning) in [("chain", chain), ("persistent", persistent)] {
             engine.set_decode_tuning(tuning);
             engine.forward(&prompt, b, pos0, 0, LogitsWanted::Last)?;
             let ms = device_fed_ms(&mut engine, args, &step, pos0)?;
-            let ran = if engine.decode_step_is_persistent(b) {
+            let ran = if engine.decode_step_is_persistent(b, pos0) {
                 "persistent"
             } else {
                 "chain"
@@ -1678,7 +1687,7 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             trace: true,
             ..persistent
         });
-        if !engine.decode_step_is_persistent(b) {
+        if !engine.decode_step_is_persistent(b, pos0) {
             println!("{prec:>6} no persistent step on this GPU: no trace");
             continue;
         }

@@ -18,6 +18,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
 use gpu_host::shape::{DecodeAttentionShape, KvRows, LayernormWeights, MatmulShape, SampleShape};
 use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS, DECODE_PREFETCH_RANGES};
+use gpu_kernels::params::decode_step::{DECODE_STEP_ATTN_KEYS, DECODE_STEP_WARPS};
 
 use super::{Activations, DeviceParams, GpuEngine, Last};
 use crate::gpu::Gpu;
@@ -75,6 +76,9 @@ pub(super) struct DecodeState {
     /// The position the next device-driven step decodes at (the state the
     /// last fused step left on the device).
     next_pos: usize,
+    /// The longest active row's position in the step being queued: it
+    /// picks the persistent step or the chain (`runs_persistent`).
+    step_pos: usize,
     /// The launch knobs in force (see [`DecodeTuning`]).
     tuning: DecodeTuning,
     /// Each kernel's L2 prefetch under `tuning`, made by the first step
@@ -118,16 +122,22 @@ pub struct DecodeTuning {
     pub persistent: bool,
     /// Most rows a step over f32 weights runs as the persistent kernel (it
     /// serves up to 8; from two rows on its tiles run on the FMA units).
-    /// Default 1: at 8 rows it is faster than the chain after 64 tokens
-    /// (0.619 against 0.638 ms a step on an H100) but slower at the CLI's
-    /// longer contexts (batch 8 x 256 tokens: 11,600 against 12,050 tok/s;
-    /// x 512: 10,800 against 11,640), where its attention phase grows
-    /// (docs/performance.md, decode step 9).
+    /// Default 8: at 8 rows it is faster than the chain while the caches
+    /// are short (0.602 against 0.627 ms a step after 64 tokens on an H100),
+    /// and `persistent_rows_max_pos` hands longer ones to the chain, where
+    /// the persistent step's attention phase grows (docs/performance.md,
+    /// decode steps 9 and 13).
     pub persistent_max_rows: usize,
     /// The same for bf16 weights. Default 8: at 8 rows the persistent step
     /// measured faster than the chain on an H100 (0.434 against 0.468 ms a
     /// step; docs/performance.md, decode steps 6 and 7).
     pub persistent_max_rows_bf16: usize,
+    /// At two rows and more, the longest row's position (the tokens in its
+    /// cache) up to which the persistent step serves a step; past it the
+    /// chain does. Default [`PERSISTENT_ROWS_MAX_POS`]: the persistent
+    /// step's attention phase grows faster with the cache than the chain's
+    /// (docs/performance.md, decode steps 11 and 13).
+    pub persistent_rows_max_pos: usize,
     /// The persistent step records when each block's phases start, get
     /// their inputs and end (`GpuEngine::decode_step_trace`): a diagnostic
     /// for the bench, one block barrier per phase dearer. Use it with
@@ -154,8 +164,9 @@ impl Default for DecodeTuning {
             // bf16, on an H200 (`bench step`; docs/performance.md, decode
             // step 4).
             persistent: true,
-            persistent_max_rows: 1,
+            persistent_max_rows: DECODE_MAX_ROWS as usize,
             persistent_max_rows_bf16: DECODE_MAX_ROWS as usize,
+            persistent_rows_max_pos: PERSISTENT_ROWS_MAX_POS,
             trace: false,
             step_ring_slots: 0,
         }
@@ -173,8 +184,19 @@ pub(super) enum Chosen {
     Sampled,
 }
 
-/// A captured step: rows, attention window, PDL, whether it samples.
-type GraphKey = (usize, usize, bool, bool);
+/// A captured step: rows, attention window, PDL, whether it samples,
+/// whether it runs as the persistent kernel.
+type GraphKey = (usize, usize, bool, bool, bool);
+
+/// `DecodeTuning::persistent_rows_max_pos`'s default: while every row's
+/// keys fit one of the persistent step's attention items (128 keys), its
+/// attention merges nothing; past that its heads' items are merged across
+/// blocks, and at 8 rows the chain is faster. On an H100 (`bench step
+/// --step-pos0`, ms a step, persistent against chain): bf16 0.403 against
+/// 0.460 after 64 tokens, 0.515 against 0.484 after 128, 0.585 against
+/// 0.510 after 256; FP32 0.602 against 0.627, 0.711 against 0.652
+/// (docs/performance.md, decode step 13).
+pub const PERSISTENT_ROWS_MAX_POS: usize = (DECODE_STEP_WARPS * DECODE_STEP_ATTN_KEYS) as usize - 1;
 
 /// A prefetch distance to try (`DecodeTuning::prefetch_ahead_bytes`): the
 /// largest GPT-2 124M matrix (fc, 9.4 MB) and more, well inside a Hopper L2
@@ -217,6 +239,7 @@ impl DecodeState {
             ids_hold: Chosen::Nothing,
             host_pos: Vec::with_capacity(rows),
             next_pos: 0,
+            step_pos: 0,
             tuning: DecodeTuning::default(),
             plan: None,
             ids_copied: gpu.new_event().ctx("cuEventCreate")?,
@@ -292,15 +315,16 @@ impl GpuEngine {
         Ok(Some(self.gpu.clone_dtoh(t)?))
     }
 
-    /// Whether a fused step of `rows` rows runs as the persistent kernel
+    /// Whether a fused step of `rows` rows whose longest row is at
+    /// position `pos` runs as the persistent kernel
     /// (`DecodeTuning::persistent`, where it serves the batch) rather than
     /// the chain of fused kernels.
-    pub fn decode_step_is_persistent(&self, rows: usize) -> bool {
+    pub fn decode_step_is_persistent(&self, rows: usize, pos: usize) -> bool {
         self.decode_path_in_use(rows) != DecodePath::Unfused
             && self
                 .decode
                 .as_ref()
-                .is_some_and(|d| runs_persistent(&self.gpu, &self.config, &self.params, &d.tuning, rows))
+                .is_some_and(|d| runs_persistent(&self.gpu, &self.config, &self.params, &d.tuning, rows, pos))
     }
 
     /// The ids the last fused step chose as `what`, if the last `forward`
@@ -404,10 +428,17 @@ impl GpuEngine {
         d.ids_hold = Chosen::Nothing;
         // Not a shared position: nothing may continue from it on the device.
         d.next_pos = step.max_t;
+        // Idle rows (at or past max_t) do not count.
+        d.step_pos = pos
+            .iter()
+            .map(|&p| p as usize)
+            .filter(|&p| p < step.max_t)
+            .max()
+            .unwrap_or(0);
         upload_state(step.gpu, d, tokens, pos)?;
         match path {
             DecodePath::Graph => {
-                let key = (b, step.window, d.pdl, step.sample.is_some());
+                let key = step.graph_key(d, b);
                 if !d.graphs.contains_key(&key) {
                     // One eager step first: it raises shared-memory limits
                     // and fills the launch caches, which capture must not do.
@@ -464,9 +495,30 @@ impl GpuEngine {
             d.next_pos,
             step.max_t
         );
-        for _ in 0..steps {
-            match (path, d.graphs.get(&(b, step.window, d.pdl, step.sample.is_some()))) {
+        for i in 0..steps {
+            d.step_pos = d.next_pos + i;
+            let key = step.graph_key(d, b);
+            match (path, d.graphs.get(&key)) {
                 (DecodePath::Graph, Some(g)) => g.launch().ctx("cuGraphLaunch")?,
+                (DecodePath::Graph, None) if !d.capture_failed => {
+                    // A graph this generation has not needed yet (the step
+                    // moved from the persistent kernel to the chain as the
+                    // cache grew): this step eagerly, which also raises the
+                    // limits capture must not, then its capture for the next.
+                    step.enqueue(d, b)?;
+                    step.gpu.synchronize()?;
+                    match capture(&mut step, d, b) {
+                        Ok(g) => {
+                            d.graphs.insert(key, g);
+                        }
+                        Err(e) => {
+                            eprintln!(
+                                "warning: capturing the decode step into a CUDA graph failed ({e:#}); decoding with one launch per kernel"
+                            );
+                            d.capture_failed = true;
+                        }
+                    }
+                }
                 _ => step.enqueue(d, b)?,
             }
         }
@@ -526,9 +578,15 @@ impl Step<'_> {
         }
     }
 
-    /// Whether the step of `b` rows runs as the persistent kernel.
+    /// Whether the step of `b` rows (its longest row at `d.step_pos`) runs
+    /// as the persistent kernel.
     fn persistent(&self, d: &DecodeState, b: usize) -> bool {
-        runs_persistent(self.gpu, self.config, self.params, &d.tuning, b)
+        runs_persistent(self.gpu, self.config, self.params, &d.tuning, b, d.step_pos)
+    }
+
+    /// The graph that replays this step (`d.step_pos` set).
+    fn graph_key(&self, d: &DecodeState, b: usize) -> GraphKey {
+        (b, self.window, d.pdl, self.sample.is_some(), self.persistent(d, b))
     }
 
     /// Queue the step as the persistent kernel (then the sampler, when the
@@ -825,9 +883,16 @@ impl Step<'_> {
     }
 }
 
-/// Whether `tuning` and the GPU let a step of `b` rows run as the
-/// persistent kernel.
-fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &DecodeTuning, b: usize) -> bool {
+/// Whether `tuning` and the GPU let a step of `b` rows, the longest at
+/// position `pos`, run as the persistent kernel.
+fn runs_persistent(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    p: &DeviceParams,
+    tuning: &DecodeTuning,
+    b: usize,
+    pos: usize,
+) -> bool {
     let elem = p.wte.as_ref().elem_bytes();
     let max_rows = if elem == size_of::<f32>() {
         tuning.persistent_max_rows
@@ -836,6 +901,7 @@ fn runs_persistent(gpu: &Gpu, cfg: &ModelConfig, p: &DeviceParams, tuning: &Deco
     };
     tuning.persistent
         && b <= max_rows
+        && (b == 1 || pos <= tuning.persistent_rows_max_pos)
         && decode_step_config(
             gpu,
             b,
