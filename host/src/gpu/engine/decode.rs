@@ -446,18 +446,7 @@ impl GpuEngine {
                     // below only repeats them.
                     step.enqueue(d, b)?;
                     upload_state(step.gpu, d, tokens, pos)?;
-                    step.gpu.synchronize()?;
-                    match capture(&mut step, d, b) {
-                        Ok(g) => {
-                            d.graphs.insert(key, g);
-                        }
-                        Err(e) => {
-                            eprintln!(
-                                "warning: capturing the decode step into a CUDA graph failed ({e:#}); decoding with one launch per kernel"
-                            );
-                            d.capture_failed = true;
-                        }
-                    }
+                    capture_into(&mut step, d, b, key)?;
                 }
                 match d.graphs.get(&key) {
                     Some(g) => g.launch().ctx("cuGraphLaunch")?,
@@ -506,18 +495,7 @@ impl GpuEngine {
                     // cache grew): this step eagerly, which also raises the
                     // limits capture must not, then its capture for the next.
                     step.enqueue(d, b)?;
-                    step.gpu.synchronize()?;
-                    match capture(&mut step, d, b) {
-                        Ok(g) => {
-                            d.graphs.insert(key, g);
-                        }
-                        Err(e) => {
-                            eprintln!(
-                                "warning: capturing the decode step into a CUDA graph failed ({e:#}); decoding with one launch per kernel"
-                            );
-                            d.capture_failed = true;
-                        }
-                    }
+                    capture_into(&mut step, d, b, key)?;
                 }
                 _ => step.enqueue(d, b)?,
             }
@@ -535,6 +513,24 @@ fn upload_state(gpu: &Gpu, d: &mut DecodeState, tokens: &[u32], pos: &[u32]) -> 
         .ctx("uploading token ids")?;
     gpu.memcpy_htod(pos, &mut d.pos.slice_mut(0..b))
         .ctx("uploading positions")?;
+    Ok(())
+}
+
+/// Capture the step into `d.graphs` under `key` once the stream is idle;
+/// where capture fails, warn and stay on eager launches for good.
+fn capture_into(step: &mut Step<'_>, d: &mut DecodeState, b: usize, key: GraphKey) -> Result<()> {
+    step.gpu.synchronize()?;
+    match capture(step, d, b) {
+        Ok(g) => {
+            d.graphs.insert(key, g);
+        }
+        Err(e) => {
+            eprintln!(
+                "warning: capturing the decode step into a CUDA graph failed ({e:#}); decoding with one launch per kernel"
+            );
+            d.capture_failed = true;
+        }
+    }
     Ok(())
 }
 
