@@ -129,36 +129,50 @@ fn persistent_everywhere(tuning: DecodeTuning) -> DecodeTuning {
         persistent: true,
         persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
         persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
-        persistent_rows_max_pos: usize::MAX,
+        persistent_rows_max_keys: usize::MAX,
         ..tuning
     }
 }
 
-/// At two rows and more the persistent step serves steps up to a position
-/// (`DecodeTuning::persistent_rows_max_pos`) and the chain the later ones:
+/// At two rows and more the persistent step serves steps whose rows attend
+/// to few enough keys (`DecodeTuning::persistent_rows_max_keys`) and the
+/// chain the later ones:
 /// a generation that crosses it, fed by the host and fed by the device
 /// (which captures the chain's graph mid-run), against the chain alone.
 fn switch_to_chain(
     eng: &mut GpuEngine,
     prompt: &[u32],
-    (b, t, steps): (usize, usize, usize),
+    (b, t, steps, window): (usize, usize, usize, usize),
     ids: &[Vec<u32>],
     chain_logits: &[Vec<f32>],
     tol: f32,
     what: &dyn Fn(&str) -> String,
 ) {
-    // Steps run at positions t..t + steps; the first half persistent.
-    let switch_pos = t + (steps - 1) / 2;
+    // Steps run at positions t..t + steps; the first half persistent, or
+    // with a window, the steps before the keys stop growing.
+    let keys_at = |p: usize| if window > 0 { (p + 1).min(window) } else { p + 1 };
+    let mut switch_pos = t + (steps - 1) / 2;
+    if window > 0 {
+        switch_pos = switch_pos.min(window.saturating_sub(2)).max(t);
+    }
     eng.set_decode_tuning(DecodeTuning {
-        persistent_rows_max_pos: switch_pos,
+        persistent_rows_max_keys: keys_at(switch_pos),
         ..persistent_everywhere(DecodeTuning::default())
     });
-    assert!(eng.decode_step_is_persistent(b, switch_pos) && !eng.decode_step_is_persistent(b, switch_pos + 1));
+    assert!(eng.decode_step_is_persistent(b, switch_pos));
+    // A window already full at the prompt: no step attends to more keys.
+    let crosses = keys_at(switch_pos + 1) > keys_at(switch_pos);
+    if crosses {
+        assert!(!eng.decode_step_is_persistent(b, switch_pos + 1));
+    }
+    let how = if crosses {
+        format!("persistent up to position {switch_pos}, then the chain,")
+    } else {
+        format!("persistent throughout (window {window} full),")
+    };
     let switched = forced_path(eng, DecodePath::Graph, prompt, b, t, ids);
     check(
-        &what(&format!(
-            "persistent up to position {switch_pos}, then the chain, vs the chain"
-        )),
+        &what(&format!("{how} vs the chain")),
         &switched.concat(),
         &chain_logits.concat(),
         tol,
@@ -179,9 +193,7 @@ fn switch_to_chain(
         fed.push(eng.logits().unwrap());
     }
     check(
-        &what(&format!(
-            "device-fed, persistent up to position {switch_pos}, then the chain, vs the chain"
-        )),
+        &what(&format!("device-fed, {how} vs the chain")),
         &fed.concat(),
         &chain_logits[1..=steps].concat(),
         tol,
@@ -265,7 +277,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             step_ring_slots: 0,
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
-            persistent_rows_max_pos: 0,
+            persistent_rows_max_keys: 0,
         },
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
@@ -278,7 +290,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             step_ring_slots: 0,
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
-            persistent_rows_max_pos: 0,
+            persistent_rows_max_keys: 0,
         },
     ] {
         eng.set_decode_tuning(tuning);
@@ -353,7 +365,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             switch_to_chain(
                 &mut eng,
                 &prompt,
-                (b, t, steps),
+                (b, t, steps, window),
                 &graph_ids,
                 &chain_logits,
                 paths_tol,

@@ -1656,7 +1656,7 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             persistent: true,
             persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
             persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
-            persistent_rows_max_pos: usize::MAX,
+            persistent_rows_max_keys: usize::MAX,
             step_ring_slots: args.step_ring_slots,
             ..base
         };

@@ -16,6 +16,7 @@ use std::ops::Range;
 use anyhow::{Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
+use gpu_host::ops::attention::max_span;
 use gpu_host::shape::{DecodeAttentionShape, KvRows, LayernormWeights, MatmulShape, SampleShape};
 use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS, DECODE_PREFETCH_RANGES};
 use gpu_kernels::params::decode_step::{DECODE_STEP_ATTN_KEYS, DECODE_STEP_WARPS};
@@ -76,9 +77,9 @@ pub(super) struct DecodeState {
     /// The position the next device-driven step decodes at (the state the
     /// last fused step left on the device).
     next_pos: usize,
-    /// The longest active row's position in the step being queued: it
-    /// picks the persistent step or the chain (`runs_persistent`).
-    step_pos: usize,
+    /// The most keys a row of the step being queued attends to: it picks
+    /// the persistent step or the chain (`runs_persistent`).
+    step_keys: usize,
     /// The launch knobs in force (see [`DecodeTuning`]).
     tuning: DecodeTuning,
     /// Each kernel's L2 prefetch under `tuning`, made by the first step
@@ -124,7 +125,7 @@ pub struct DecodeTuning {
     /// serves up to 8; from two rows on its tiles run on the FMA units).
     /// Default 8: at 8 rows it is faster than the chain while the caches
     /// are short (0.602 against 0.627 ms a step after 64 tokens on an H100),
-    /// and `persistent_rows_max_pos` hands longer ones to the chain, where
+    /// and `persistent_rows_max_keys` hands longer ones to the chain, where
     /// the persistent step's attention phase grows (docs/performance.md,
     /// decode steps 9 and 13).
     pub persistent_max_rows: usize,
@@ -132,12 +133,12 @@ pub struct DecodeTuning {
     /// measured faster than the chain on an H100 (0.434 against 0.468 ms a
     /// step; docs/performance.md, decode steps 6 and 7).
     pub persistent_max_rows_bf16: usize,
-    /// At two rows and more, the longest row's position (the tokens in its
-    /// cache) up to which the persistent step serves a step; past it the
-    /// chain does. Default [`PERSISTENT_ROWS_MAX_POS`]: the persistent
-    /// step's attention phase grows faster with the cache than the chain's
-    /// (docs/performance.md, decode steps 11 and 13).
-    pub persistent_rows_max_pos: usize,
+    /// At two rows and more, the most keys a row may attend to (its cache,
+    /// or the attention window) for the persistent step to serve the step;
+    /// past it the chain does. Default [`PERSISTENT_ROWS_MAX_KEYS`]: the
+    /// persistent step's attention phase grows faster with the keys than
+    /// the chain's (docs/performance.md, decode steps 11 and 13).
+    pub persistent_rows_max_keys: usize,
     /// The persistent step records when each block's phases start, get
     /// their inputs and end (`GpuEngine::decode_step_trace`): a diagnostic
     /// for the bench, one block barrier per phase dearer. Use it with
@@ -166,7 +167,7 @@ impl Default for DecodeTuning {
             persistent: true,
             persistent_max_rows: DECODE_MAX_ROWS as usize,
             persistent_max_rows_bf16: DECODE_MAX_ROWS as usize,
-            persistent_rows_max_pos: PERSISTENT_ROWS_MAX_POS,
+            persistent_rows_max_keys: PERSISTENT_ROWS_MAX_KEYS,
             trace: false,
             step_ring_slots: 0,
         }
@@ -188,7 +189,7 @@ pub(super) enum Chosen {
 /// whether it runs as the persistent kernel.
 type GraphKey = (usize, usize, bool, bool, bool);
 
-/// `DecodeTuning::persistent_rows_max_pos`'s default: while every row's
+/// `DecodeTuning::persistent_rows_max_keys`'s default: while every row's
 /// keys fit one of the persistent step's attention items (128 keys), its
 /// attention merges nothing; past that its heads' items are merged across
 /// blocks, and at 8 rows the chain is faster. On an H100 (`bench step
@@ -196,7 +197,7 @@ type GraphKey = (usize, usize, bool, bool, bool);
 /// 0.460 after 64 tokens, 0.515 against 0.484 after 128, 0.585 against
 /// 0.510 after 256; FP32 0.602 against 0.627, 0.711 against 0.652
 /// (docs/performance.md, decode step 13).
-pub const PERSISTENT_ROWS_MAX_POS: usize = (DECODE_STEP_WARPS * DECODE_STEP_ATTN_KEYS) as usize - 1;
+pub const PERSISTENT_ROWS_MAX_KEYS: usize = (DECODE_STEP_WARPS * DECODE_STEP_ATTN_KEYS) as usize;
 
 /// A prefetch distance to try (`DecodeTuning::prefetch_ahead_bytes`): the
 /// largest GPT-2 124M matrix (fc, 9.4 MB) and more, well inside a Hopper L2
@@ -239,7 +240,7 @@ impl DecodeState {
             ids_hold: Chosen::Nothing,
             host_pos: Vec::with_capacity(rows),
             next_pos: 0,
-            step_pos: 0,
+            step_keys: 0,
             tuning: DecodeTuning::default(),
             plan: None,
             ids_copied: gpu.new_event().ctx("cuEventCreate")?,
@@ -316,15 +317,16 @@ impl GpuEngine {
     }
 
     /// Whether a fused step of `rows` rows whose longest row is at
-    /// position `pos` runs as the persistent kernel
+    /// position `pos` (attending to its keys up to `pos`, within the
+    /// attention window) runs as the persistent kernel
     /// (`DecodeTuning::persistent`, where it serves the batch) rather than
     /// the chain of fused kernels.
     pub fn decode_step_is_persistent(&self, rows: usize, pos: usize) -> bool {
         self.decode_path_in_use(rows) != DecodePath::Unfused
-            && self
-                .decode
-                .as_ref()
-                .is_some_and(|d| runs_persistent(&self.gpu, &self.config, &self.params, &d.tuning, rows, pos))
+            && self.decode.as_ref().is_some_and(|d| {
+                let keys = max_span(pos as u32, 1, self.window as u32) as usize;
+                runs_persistent(&self.gpu, &self.config, &self.params, &d.tuning, rows, keys)
+            })
     }
 
     /// The ids the last fused step chose as `what`, if the last `forward`
@@ -428,11 +430,11 @@ impl GpuEngine {
         d.ids_hold = Chosen::Nothing;
         // Not a shared position: nothing may continue from it on the device.
         d.next_pos = step.max_t;
-        // Idle rows (at or past max_t) do not count.
-        d.step_pos = pos
+        // Idle rows (at or past max_t) attend to nothing.
+        d.step_keys = pos
             .iter()
-            .map(|&p| p as usize)
-            .filter(|&p| p < step.max_t)
+            .filter(|&&p| (p as usize) < step.max_t)
+            .map(|&p| step.keys_at(p as usize))
             .max()
             .unwrap_or(0);
         upload_state(step.gpu, d, tokens, pos)?;
@@ -485,7 +487,7 @@ impl GpuEngine {
             step.max_t
         );
         for i in 0..steps {
-            d.step_pos = d.next_pos + i;
+            d.step_keys = step.keys_at(d.next_pos + i);
             let key = step.graph_key(d, b);
             match (path, d.graphs.get(&key)) {
                 (DecodePath::Graph, Some(g)) => g.launch().ctx("cuGraphLaunch")?,
@@ -574,13 +576,18 @@ impl Step<'_> {
         }
     }
 
-    /// Whether the step of `b` rows (its longest row at `d.step_pos`) runs
-    /// as the persistent kernel.
-    fn persistent(&self, d: &DecodeState, b: usize) -> bool {
-        runs_persistent(self.gpu, self.config, self.params, &d.tuning, b, d.step_pos)
+    /// The keys a row at position `pos` attends to.
+    fn keys_at(&self, pos: usize) -> usize {
+        max_span(pos as u32, 1, self.window as u32) as usize
     }
 
-    /// The graph that replays this step (`d.step_pos` set).
+    /// Whether the step of `b` rows (at most `d.step_keys` keys a row)
+    /// runs as the persistent kernel.
+    fn persistent(&self, d: &DecodeState, b: usize) -> bool {
+        runs_persistent(self.gpu, self.config, self.params, &d.tuning, b, d.step_keys)
+    }
+
+    /// The graph that replays this step (`d.step_keys` set).
     fn graph_key(&self, d: &DecodeState, b: usize) -> GraphKey {
         (b, self.window, d.pdl, self.sample.is_some(), self.persistent(d, b))
     }
@@ -879,15 +886,15 @@ impl Step<'_> {
     }
 }
 
-/// Whether `tuning` and the GPU let a step of `b` rows, the longest at
-/// position `pos`, run as the persistent kernel.
+/// Whether `tuning` and the GPU let a step of `b` rows, each attending to
+/// at most `keys` keys, run as the persistent kernel.
 fn runs_persistent(
     gpu: &Gpu,
     cfg: &ModelConfig,
     p: &DeviceParams,
     tuning: &DecodeTuning,
     b: usize,
-    pos: usize,
+    keys: usize,
 ) -> bool {
     let elem = p.wte.as_ref().elem_bytes();
     let max_rows = if elem == size_of::<f32>() {
@@ -897,7 +904,7 @@ fn runs_persistent(
     };
     tuning.persistent
         && b <= max_rows
-        && (b == 1 || pos <= tuning.persistent_rows_max_pos)
+        && (b == 1 || keys <= tuning.persistent_rows_max_keys)
         && decode_step_config(
             gpu,
             b,
