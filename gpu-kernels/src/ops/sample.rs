@@ -69,7 +69,7 @@ use crate::device::{load_cluster_u32, load_cluster_u64};
 #[cfg(feature = "sm90a")]
 use crate::params::sample::{
     SAMPLE_CLUSTER, SAMPLE_CLUSTER_BLOCK_CAP, SAMPLE_CLUSTER_EXCHANGE_WORDS, SAMPLE_CLUSTER_LIST_CAP,
-    sample_cluster_shared_bytes,
+    SAMPLE_CLUSTER_SLICE, sample_cluster_shared_bytes,
 };
 
 const THREADS: u32 = SAMPLE_BLOCK;
@@ -508,6 +508,121 @@ unsafe fn search(row: &Row, sm: Smem, f: impl Fn(u32, f32) -> u64, goal_of: impl
     }
 }
 
+/// Whose tokens a radix select histograms, and how the bucket holding the
+/// goal is found among the sums: see [`select`].
+trait Scope {
+    /// Calls `f(id, logit)` for each of this thread's tokens of the scope.
+    ///
+    /// # Safety
+    /// The row's tokens are readable.
+    unsafe fn each(&self, row: &Row, f: impl FnMut(u32, f32));
+
+    /// Once every thread of the scope has added its tokens to its block's
+    /// buckets: the bucket where `base` plus the running measure over the
+    /// scope's buckets (in bucket order) first reaches the goal, which is
+    /// `goal`, or (first pass) `goal_of` of the buckets' total; `None` where
+    /// `goal_of` gives `None`. After return the block's buckets may be
+    /// cleared; every thread of the block gets the same answer.
+    ///
+    /// # Safety
+    /// Every thread of the scope calls it; the goal is above `base` and at
+    /// most `base` plus the buckets' total.
+    unsafe fn find(
+        &self,
+        sm: Smem,
+        measure: Measure,
+        base: u64,
+        goal: Option<u64>,
+        goal_of: &impl Fn(u64) -> Option<u64>,
+    ) -> Option<Found>;
+}
+
+/// The bucket a pass of a radix select settles on.
+#[derive(Clone, Copy)]
+struct Found {
+    bucket: u32,
+    /// The goal (the pass's, or the first pass's `goal_of`).
+    goal: u64,
+    /// `base` plus the measure of the buckets before it.
+    below: u64,
+    /// Its token count and mass (0 when counting).
+    count: u64,
+    mass: u64,
+}
+
+/// The whole row, one block.
+struct OneBlock;
+
+impl Scope for OneBlock {
+    #[inline(always)]
+    unsafe fn each(&self, row: &Row, f: impl FnMut(u32, f32)) {
+        // SAFETY: the caller's contract.
+        unsafe { row.each(f) }
+    }
+
+    #[inline(always)]
+    unsafe fn find(
+        &self,
+        sm: Smem,
+        measure: Measure,
+        base: u64,
+        goal: Option<u64>,
+        goal_of: &impl Fn(u64) -> Option<u64>,
+    ) -> Option<Found> {
+        sync_threads();
+        // Thread t owns buckets [t * BUCKETS_PER_THREAD, +BUCKETS_PER_THREAD).
+        let first = thread_idx_x() as usize * BUCKETS_PER_THREAD;
+        let mut vals = [0u64; BUCKETS_PER_THREAD];
+        let mut local = 0u64;
+        unroll!(i < BUCKETS_PER_THREAD => {
+            // SAFETY: first + i < BUCKETS, written before the barrier.
+            vals[i] = unsafe {
+                match measure {
+                    Measure::Count => *sm.counts.add(first + i) as u64,
+                    Measure::Mass => *sm.masses.add(first + i),
+                }
+            };
+            local += vals[i];
+        });
+        // SAFETY: every thread is here.
+        let (before, total) = unsafe { block_scan_u64(local, sm.scratch) };
+        let g = match goal {
+            Some(g) => g,
+            None => goal_of(total)?,
+        };
+        // The goal is at most base + total, so exactly one thread finds it.
+        let mut acc = base + before;
+        unroll!(i < BUCKETS_PER_THREAD => {
+            let below = acc;
+            acc += vals[i];
+            if below < g && acc >= g {
+                let bucket = first + i;
+                // SAFETY: broadcast words, read after the barrier.
+                unsafe {
+                    *sm.bcast = bucket as u64;
+                    *sm.bcast.add(1) = below;
+                    *sm.bcast.add(2) = *sm.counts.add(bucket) as u64;
+                    *sm.bcast.add(3) = *sm.masses.add(bucket);
+                }
+            }
+        });
+        sync_threads();
+        // SAFETY: written before the barrier by the one thread that found it.
+        let found = unsafe {
+            Found {
+                bucket: *sm.bcast as u32,
+                goal: g,
+                below: *sm.bcast.add(1),
+                count: *sm.bcast.add(2),
+                mass: *sm.bcast.add(3),
+            }
+        };
+        // Everyone has read the broadcast before anyone can write it again.
+        sync_threads();
+        Some(found)
+    }
+}
+
 /// What a radix select accumulates per bucket.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Measure {
@@ -531,13 +646,26 @@ enum Measure {
 /// counts, when the whole bucket is needed; else when the rank is exact, and
 /// the tokens tied on it are cut at the right id.
 ///
+/// The histograms are `scope`'s: this block's alone over the whole row
+/// ([`OneBlock`]), or summed over a cluster whose blocks each take a part
+/// (`ClusterPart`). Every block of a cluster then takes the same steps and
+/// returns the same limit (the sums are integers, the same in each).
+///
 /// # Safety
-/// As for [`greedy`]; `goal_of` is the same function in every thread.
+/// As for [`greedy`] (every thread of `scope` calls it); `goal_of` is the
+/// same function in every thread.
 #[inline(always)]
 // `!(l >= cut)` is meant: a NaN logit fails `>=` and is skipped, as NaN is
 // in no kept set; `l < cut` would let it through.
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
-unsafe fn select(row: &Row, sm: Smem, limit: u64, measure: Measure, goal_of: impl Fn(u64) -> Option<u64>) -> u64 {
+unsafe fn select(
+    row: &Row,
+    sm: Smem,
+    scope: &impl Scope,
+    limit: u64,
+    measure: Measure,
+    goal_of: impl Fn(u64) -> Option<u64>,
+) -> u64 {
     let tid = thread_idx_x();
     let rmax = (limit >> 32) as u32;
     // Open range of ranks: [lo, lo + 2^width).
@@ -563,7 +691,7 @@ unsafe fn select(row: &Row, sm: Smem, limit: u64, measure: Measure, goal_of: imp
         let cut = row.floor((lo as u64 + span - 1).min(rmax as u64) as u32);
         // SAFETY: the row's v logits are readable.
         unsafe {
-            row.each(|j, l| {
+            scope.each(row, |j, l| {
                 if !(l >= cut) {
                     return;
                 }
@@ -582,54 +710,19 @@ unsafe fn select(row: &Row, sm: Smem, limit: u64, measure: Measure, goal_of: imp
                 }
             })
         };
-        sync_threads();
-        // Thread t owns buckets [t * BUCKETS_PER_THREAD, +BUCKETS_PER_THREAD).
-        let first = tid as usize * BUCKETS_PER_THREAD;
-        let mut vals = [0u64; BUCKETS_PER_THREAD];
-        let mut local = 0u64;
-        unroll!(i < BUCKETS_PER_THREAD => {
-            // SAFETY: first + i < BUCKETS.
-            vals[i] = unsafe {
-                match measure {
-                    Measure::Count => *sm.counts.add(first + i) as u64,
-                    Measure::Mass => *sm.masses.add(first + i),
-                }
-            };
-            local += vals[i];
-        });
-        // SAFETY: every thread is here.
-        let (before, total) = unsafe { block_scan_u64(local, sm.scratch) };
-        let g = match goal {
-            Some(g) => g,
-            None => match goal_of(total) {
-                Some(g) => g,
-                None => return limit,
-            },
+        // SAFETY: every thread of the scope is here; the goal is above base
+        // (the last pass's bucket reached it) and within its bucket.
+        let Some(Found {
+            bucket,
+            goal: g,
+            below,
+            count,
+            mass,
+        }) = (unsafe { scope.find(sm, measure, base, goal, &goal_of) })
+        else {
+            return limit;
         };
         goal = Some(g);
-        // The bucket where base + (measure so far) first reaches g; the goal
-        // is at most base + total, so exactly one thread finds it.
-        let mut acc = base + before;
-        unroll!(i < BUCKETS_PER_THREAD => {
-            let below = acc;
-            acc += vals[i];
-            if below < g && acc >= g {
-                let bucket = first + i;
-                // SAFETY: broadcast words, read after the barrier.
-                unsafe {
-                    *sm.bcast = bucket as u64;
-                    *sm.bcast.add(1) = below;
-                    *sm.bcast.add(2) = *sm.counts.add(bucket) as u64;
-                    *sm.bcast.add(3) = *sm.masses.add(bucket);
-                }
-            }
-        });
-        sync_threads();
-        // SAFETY: written before the barrier by the one thread that found it.
-        let (bucket, below, count, mass) =
-            unsafe { (*sm.bcast as u32, *sm.bcast.add(1), *sm.bcast.add(2), *sm.bcast.add(3)) };
-        // Everyone has read the broadcast before anyone can write it again.
-        sync_threads();
         base = below;
         lo += bucket << shift;
         width = shift;
@@ -740,12 +833,20 @@ unsafe fn keep_and_draw(row: &Row, sm: Smem, mut limit: u64, cfg: &SampleRow, ra
     if cfg.top_k > 0 {
         let k = cfg.top_k as u64;
         // SAFETY: as for this function.
-        limit = unsafe { select(row, sm, limit, Measure::Count, |total| (k < total).then_some(k)) };
+        limit = unsafe {
+            select(row, sm, &OneBlock, limit, Measure::Count, |total| {
+                (k < total).then_some(k)
+            })
+        };
     }
     if top_p_active(cfg) {
         let top_p = cfg.top_p;
         // SAFETY: as for this function.
-        limit = unsafe { select(row, sm, limit, Measure::Mass, |total| Some(top_p_target(top_p, total))) };
+        limit = unsafe {
+            select(row, sm, &OneBlock, limit, Measure::Mass, |total| {
+                Some(top_p_target(top_p, total))
+            })
+        };
     }
     let cut = row.floor((limit >> 32) as u32);
     let (m, s) = (row.m, row.s);
@@ -865,13 +966,24 @@ unsafe fn write_id(p: &SampleParams, row: u32, id: u32) {
 //    in id order) and runs the one-block kernel's selects and draw over that
 //    list instead of the row. The kept set, the masses and the draw's
 //    cumulative order are those of the row, so the id is the same.
-// When the candidates do not fit (no top-k, flat logits): without top-p the
-// draw goes by the parts' masses, then inside the chosen part; with top-p or
-// a large top-k the first block runs the one-block kernel's path on the row.
+// 4. When the candidates do not fit (no top-k or a large one, flat logits):
+//    top-k and top-p run the one-block kernel's radix selects, but each
+//    block histograms its own part and every block sums the parts' buckets
+//    through distributed shared memory (integer sums, so every block takes
+//    the same steps to the same kept set: `ClusterPart`). The draw then goes
+//    by the parts' kept masses, then inside the chosen part, by the first
+//    block. Top-p over a whole GPT-2 row (no top-k) was the one-block path
+//    on one SM before (~0.11 ms a launch).
 // ---------------------------------------------------------------------------
 
 #[cfg(feature = "sm90a")]
 const CLUSTER: u32 = SAMPLE_CLUSTER;
+/// Buckets each block of a cluster sums over the cluster in a radix pass
+/// (`ClusterPart::find`): one slice of the buckets per block.
+#[cfg(feature = "sm90a")]
+const SLICE: u32 = SAMPLE_CLUSTER_SLICE;
+#[cfg(feature = "sm90a")]
+const _: () = assert!(SLICE * CLUSTER == BUCKETS && SLICE <= THREADS);
 /// Exchange word: `kmax << 32 | top-k bound` of the block's part.
 #[cfg(feature = "sm90a")]
 const XCHG_KEYS: usize = 0;
@@ -894,6 +1006,8 @@ const _: () = assert!(
         == sample_shared_bytes()
             + SAMPLE_CLUSTER_EXCHANGE_WORDS * 8
             + (SAMPLE_CLUSTER_BLOCK_CAP + SAMPLE_CLUSTER_LIST_CAP) * (size_of::<f32>() + size_of::<u32>()) as u32
+            + size_of::<u64>() as u32
+            + SAMPLE_CLUSTER_SLICE * (size_of::<u64>() + size_of::<u32>()) as u32
 );
 
 /// The cluster kernel's shared memory after [`Smem`]'s.
@@ -910,6 +1024,12 @@ struct ClusterSmem {
     list_l: *mut f32,
     /// `[SAMPLE_CLUSTER_LIST_CAP]` their ids.
     list_id: *mut u32,
+    /// The measure of this block's slice of a radix pass's buckets, summed
+    /// over the cluster (`ClusterPart::find`).
+    slice_total: *mut u64,
+    /// `[SLICE]` that slice's masses and counts, summed over the cluster.
+    slice_masses: *mut u64,
+    slice_counts: *mut u32,
 }
 
 #[cfg(feature = "sm90a")]
@@ -926,12 +1046,19 @@ impl ClusterSmem {
             let own_id = own_l.add(SAMPLE_CLUSTER_BLOCK_CAP as usize) as *mut u32;
             let list_l = own_id.add(SAMPLE_CLUSTER_BLOCK_CAP as usize) as *mut f32;
             let list_id = list_l.add(SAMPLE_CLUSTER_LIST_CAP as usize) as *mut u32;
+            // Both caps are even, so this is 8-byte aligned.
+            let slice_total = list_id.add(SAMPLE_CLUSTER_LIST_CAP as usize) as *mut u64;
+            let slice_masses = slice_total.add(1);
+            let slice_counts = slice_masses.add(SLICE as usize) as *mut u32;
             ClusterSmem {
                 xchg,
                 own_l,
                 own_id,
                 list_l,
                 list_id,
+                slice_total,
+                slice_masses,
+                slice_counts,
             }
         }
     }
@@ -994,6 +1121,144 @@ unsafe fn for_each_round(x: *const f32, first: u32, end: u32, mut f: impl FnMut(
         });
         // end <= 2^31, so this does not overflow.
         base += UNROLL as u32 * WARP_SIZE;
+    }
+}
+
+/// This block's part `[first, end)` of a row the cluster shares: each
+/// block histograms its part, and a bucket's sums add every block's copy
+/// (read through distributed shared memory).
+#[cfg(feature = "sm90a")]
+struct ClusterPart {
+    first: u32,
+    end: u32,
+    cs: ClusterSmem,
+}
+
+#[cfg(feature = "sm90a")]
+impl Scope for ClusterPart {
+    #[inline(always)]
+    unsafe fn each(&self, row: &Row, mut f: impl FnMut(u32, f32)) {
+        // SAFETY: the caller's contract; the part's ids are the row's
+        // (entries are ids: the row has no id list and starts at 0).
+        unsafe {
+            for_each(row.x, self.first + thread_idx_x(), self.end, THREADS, |j, l| {
+                f(row.id(j), l)
+            })
+        }
+    }
+
+    /// In two steps, so that no block reads every block's every bucket:
+    /// block `g` sums slice `g` of the buckets over the cluster (its
+    /// [`SLICE`] buckets in each block); then every block finds the slice
+    /// holding the goal from the slices' totals, and the bucket inside it
+    /// from that slice's sums.
+    #[inline(always)]
+    unsafe fn find(
+        &self,
+        sm: Smem,
+        measure: Measure,
+        base: u64,
+        goal: Option<u64>,
+        goal_of: &impl Fn(u64) -> Option<u64>,
+    ) -> Option<Found> {
+        let (tid, lane) = (thread_idx_x(), lane_id());
+        let cs = self.cs;
+        let mass = measure == Measure::Mass;
+        let measured = |count: u32, m: u64| if mass { m } else { count as u64 };
+        // Every block's buckets are complete.
+        cluster_sync();
+        let (mut count, mut m) = (0u32, 0u64);
+        if tid < SLICE {
+            let b = (cluster_ctarank() * SLICE + tid) as usize;
+            for g in 0..CLUSTER {
+                // SAFETY: b < BUCKETS; every block wrote its buckets before
+                // the barrier and clears them only after the next one.
+                unsafe {
+                    count += load_cluster_u32(cluster_shared_addr(sm.counts.add(b), g));
+                    if mass {
+                        m += load_cluster_u64(cluster_shared_addr(sm.masses.add(b), g));
+                    }
+                }
+            }
+            // SAFETY: tid < SLICE entries of this block's slice sums.
+            unsafe {
+                *cs.slice_counts.add(tid as usize) = count;
+                *cs.slice_masses.add(tid as usize) = m;
+            }
+        }
+        // SAFETY: every thread is here.
+        let (_, slice_total) = unsafe { block_scan_u64(measured(count, m), sm.scratch) };
+        if tid == 0 {
+            // SAFETY: this block's word.
+            unsafe { *cs.slice_total = slice_total };
+        }
+        // Every slice is summed (and no block reads another's buckets past
+        // here, so they may be cleared after return).
+        cluster_sync();
+        let t = if lane < CLUSTER {
+            // SAFETY: block `lane`'s word, written before the barrier; it is
+            // written again only after the next pass's first barrier.
+            unsafe { load_cluster_u64(cluster_shared_addr(cs.slice_total, lane)) }
+        } else {
+            0
+        };
+        let mut total = 0u64;
+        for g in 0..CLUSTER {
+            total += shfl_idx_u64(t, g);
+        }
+        let g = match goal {
+            Some(g) => g,
+            None => goal_of(total)?,
+        };
+        // The first slice whose running measure reaches the goal (the goal
+        // is at most base + total; stay in range regardless).
+        let (mut pick, mut acc) = (CLUSTER - 1, base);
+        for k in 0..CLUSTER {
+            let tk = shfl_idx_u64(t, k);
+            if acc + tk >= g {
+                pick = k;
+                break;
+            }
+            acc += tk;
+        }
+        let (mut count, mut m) = (0u32, 0u64);
+        if tid < SLICE {
+            // SAFETY: block `pick`'s slice sums, written before the barrier
+            // and again only after the next pass's first barrier.
+            unsafe {
+                count = load_cluster_u32(cluster_shared_addr(cs.slice_counts.add(tid as usize), pick));
+                if mass {
+                    m = load_cluster_u64(cluster_shared_addr(cs.slice_masses.add(tid as usize), pick));
+                }
+            }
+        }
+        let v = measured(count, m);
+        // SAFETY: every thread is here.
+        let (before, _) = unsafe { block_scan_u64(v, sm.scratch) };
+        let below = acc + before;
+        if below < g && below + v >= g {
+            // SAFETY: broadcast words, read after the barrier; one thread.
+            unsafe {
+                *sm.bcast = (pick * SLICE + tid) as u64;
+                *sm.bcast.add(1) = below;
+                *sm.bcast.add(2) = count as u64;
+                *sm.bcast.add(3) = m;
+            }
+        }
+        sync_threads();
+        // SAFETY: written before the barrier by the one thread that found it.
+        let found = unsafe {
+            Found {
+                bucket: *sm.bcast as u32,
+                goal: g,
+                below: *sm.bcast.add(1),
+                count: *sm.bcast.add(2),
+                mass: *sm.bcast.add(3),
+            }
+        };
+        // Everyone has read the broadcast before anyone can write it again.
+        sync_threads();
+        Some(found)
     }
 }
 
@@ -1171,10 +1436,10 @@ unsafe fn sampled_cluster(
     // No block exits while the first one reads its shared memory; the
     // barrier also orders the gathered list for the first block's threads.
     cluster_sync();
-    if rank != 0 {
-        return 0;
-    }
     if list {
+        if rank != 0 {
+            return 0;
+        }
         let gathered = Row {
             x: cs.list_l,
             v: all as u32,
@@ -1194,41 +1459,88 @@ unsafe fn sampled_cluster(
             }
         };
     }
-    if cfg.top_k == 0 && !top_p_active(cfg) {
-        // Every candidate is kept: the draw's target falls in the first part
-        // whose running mass passes it, then inside that part.
-        let mut total = 0u64;
-        for g in 0..CLUSTER {
-            total += shfl_idx_u64(masses, g);
-        }
-        let mut goal = draw_target(random, total);
-        // goal < total, so a part is found; stay in range regardless.
-        let mut pick = CLUSTER - 1;
-        for g in 0..CLUSTER {
-            let mg = shfl_idx_u64(masses, g);
-            if goal < mg {
-                pick = g;
-                break;
-            }
-            goal -= mg;
-        }
-        let (pf, pe) = cluster_part(v, pick);
-        // SAFETY: ids pf..pe of the row.
-        let part = Row::part(unsafe { x.add(pf as usize) }, pf, pe - pf, kmax, m, s);
-        // SAFETY: the first block alone, every thread; goal is below the
-        // part's mass (the sum of `inside` weights there).
-        return unsafe {
-            search(
-                &part,
-                sm,
-                |j, l| if inside(j, l) { sample_weight(l, m, s) } else { 0 },
-                |_| goal,
-            )
+    // 4. Too many candidates to gather: top-k and top-p as radix selects
+    // whose histograms every block sums over the cluster (each block takes
+    // the same steps to the same limit), then the draw by parts.
+    let scope = ClusterPart { first, end, cs };
+    let mut kept = limit;
+    if cfg.top_k > 0 {
+        let k = cfg.top_k as u64;
+        // SAFETY: every thread of the cluster is here.
+        kept = unsafe { select(&row, sm, &scope, kept, Measure::Count, |total| (k < total).then_some(k)) };
+    }
+    if top_p_active(cfg) {
+        let top_p = cfg.top_p;
+        // SAFETY: as above.
+        kept = unsafe {
+            select(&row, sm, &scope, kept, Measure::Mass, |total| {
+                Some(top_p_target(top_p, total))
+            })
         };
     }
-    // Too many candidates for the selects: the one-block path on the row.
-    // SAFETY: the first block alone, every thread.
-    unsafe { sampled(x, v, cfg, random, sm) }
+    let keeps = |j: u32, l: f32| l >= cut && Row::order(row.rank(l), j) <= kept;
+    let masses = if kept == limit {
+        if cfg.top_k > 0 || top_p_active(cfg) {
+            // No block exits while another may still read its slice sums.
+            cluster_sync();
+        }
+        masses
+    } else {
+        // The parts' kept masses, exchanged again (every block read the
+        // last ones before the barriers of the selects).
+        let mut mass = 0u64;
+        // SAFETY: ids of the part are below v.
+        unsafe {
+            for_each(x, first + tid, end, THREADS, |j, l| {
+                mass += if keeps(j, l) { sample_weight(l, m, s) } else { 0 }
+            })
+        };
+        // SAFETY: every thread is here.
+        let (_, part_mass) = unsafe { block_scan_u64(mass, sm.scratch) };
+        if tid == 0 {
+            // SAFETY: an exchange word of this block.
+            unsafe { *cs.xchg.add(XCHG_MASS) = part_mass };
+        }
+        cluster_sync();
+        // SAFETY: written by every block before the barrier.
+        let masses = unsafe { cs.word(XCHG_MASS) };
+        // No block exits while another reads its word.
+        cluster_sync();
+        masses
+    };
+    if rank != 0 {
+        return 0;
+    }
+    // The draw's target falls in the first part whose running kept mass
+    // passes it (parts are in id order), then inside that part.
+    let mut total = 0u64;
+    for g in 0..CLUSTER {
+        total += shfl_idx_u64(masses, g);
+    }
+    let mut goal = draw_target(random, total);
+    // goal < total, so a part is found; stay in range regardless.
+    let mut pick = CLUSTER - 1;
+    for g in 0..CLUSTER {
+        let mg = shfl_idx_u64(masses, g);
+        if goal < mg {
+            pick = g;
+            break;
+        }
+        goal -= mg;
+    }
+    let (pf, pe) = cluster_part(v, pick);
+    // SAFETY: ids pf..pe of the row.
+    let part = Row::part(unsafe { x.add(pf as usize) }, pf, pe - pf, kmax, m, s);
+    // SAFETY: the first block alone, every thread; goal is below the
+    // part's kept mass.
+    unsafe {
+        search(
+            &part,
+            sm,
+            |j, l| if keeps(j, l) { sample_weight(l, m, s) } else { 0 },
+            |_| goal,
+        )
+    }
 }
 
 /// [`keep_and_draw`] over a list of at most `THREADS` tokens (in id order,

@@ -45,6 +45,7 @@ pub const SM90A_MAX_THREADS: &[(&str, u32)] = &[
         decode_step::DECODE_STEP_ROWS_BF16_TRACED,
         decode_step::DECODE_STEP_THREADS,
     ),
+    (sample::SAMPLE_CLUSTER_FORWARD, sample::SAMPLE_BLOCK),
 ];
 pub use saxpy::SaxpyParams;
 

@@ -89,9 +89,10 @@ pub const SAMPLE_CLUSTER_FORWARD: &str = "sample_forward_cluster";
 /// every sm_90 GPU schedules without opting in.
 pub const SAMPLE_CLUSTER: u32 = 8;
 /// Candidates one block of the cluster keeps in its shared memory (a part
-/// with more sends the row down the one-block path).
+/// with more sends the row down the cluster-wide selects).
 pub const SAMPLE_CLUSTER_BLOCK_CAP: u32 = 512;
-/// Candidates the first block gathers at most (more: the one-block path).
+/// Candidates the first block gathers at most (more: the cluster-wide
+/// selects over the row's parts).
 /// Top-k 40 on GPT-2-like logits keeps about a hundred.
 pub const SAMPLE_CLUSTER_LIST_CAP: u32 = 2048;
 /// 64-bit words each block of a cluster publishes to the others: its part's
@@ -103,16 +104,25 @@ pub const SAMPLE_CLUSTER_EXCHANGE_WORDS: u32 = 4;
 /// on, past which one block a row does as well.
 pub const SAMPLE_CLUSTER_MAX_ROWS: u32 = 16;
 
+/// Radix buckets each block of a cluster sums over the cluster in a pass of
+/// the cluster-wide selects: one slice of [`SAMPLE_BUCKETS`] per block.
+pub const SAMPLE_CLUSTER_SLICE: u32 = SAMPLE_BUCKETS / SAMPLE_CLUSTER;
+
 /// Dynamic shared memory of a block of [`SAMPLE_CLUSTER_FORWARD`]:
 /// [`sample_shared_bytes`], the exchange words, the block's own candidates
-/// (logit and id) and the gathered list (logit and id). 44.2 KB: under the
-/// 48 KB default.
+/// (logit and id), the gathered list (logit and id), and its slice's sums
+/// (a total, then mass and count a bucket). 47.2 KB: under the 48 KB
+/// default.
 pub const fn sample_cluster_shared_bytes() -> u32 {
     sample_shared_bytes()
         + SAMPLE_CLUSTER_EXCHANGE_WORDS * 8
         + SAMPLE_CLUSTER_BLOCK_CAP * 8
         + SAMPLE_CLUSTER_LIST_CAP * 8
+        + 8
+        + SAMPLE_CLUSTER_SLICE * 12
 }
+
+const _: () = assert!(sample_cluster_shared_bytes() <= 48 * 1024);
 
 /// Per-row sampling settings, in device memory (one per batch row), so rows
 /// of one batch may sample differently.

@@ -274,12 +274,14 @@ fn main() -> anyhow::Result<()> {
 /// `sample` section: rows per launch.
 const SAMPLE_ROWS: [usize; 4] = [1, 8, 16, 64];
 /// `sample` section: (name, temperature, top-k, top-p): greedy, the CLI's
-/// defaults, the server's (plain temperature), and nucleus alone.
-const SAMPLE_SETTINGS: [(&str, f32, u32, f32); 4] = [
+/// defaults, the server's (plain temperature), nucleus alone, and a top-k
+/// too large for the cluster kernel's gathered list.
+const SAMPLE_SETTINGS: [(&str, f32, u32, f32); 5] = [
     ("greedy", 0.0, 0, 1.0),
     ("T0.8_k40_p0.95", 0.8, 40, 0.95),
     ("T1", 1.0, 0, 1.0),
     ("T1_p0.9", 1.0, 0, 0.9),
+    ("T1_k1000", 1.0, 1000, 1.0),
 ];
 /// `sample` section: logits roughly normal with this mean and deviation, as
 /// GPT-2's are (all negative: tokens near the maximum share a float
