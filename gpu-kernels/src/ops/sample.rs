@@ -550,6 +550,47 @@ struct Found {
     mass: u64,
 }
 
+impl Found {
+    /// Hands the bucket this thread found to the block (the broadcast
+    /// words), for [`Found::take`].
+    ///
+    /// # Safety
+    /// One thread of the block calls it, before the barrier of the
+    /// [`Found::take`] that every thread then calls.
+    #[inline(always)]
+    unsafe fn announce(sm: Smem, bucket: u32, below: u64, count: u64, mass: u64) {
+        // SAFETY: the broadcast words, read after take's first barrier.
+        unsafe {
+            *sm.bcast = bucket as u64;
+            *sm.bcast.add(1) = below;
+            *sm.bcast.add(2) = count;
+            *sm.bcast.add(3) = mass;
+        }
+    }
+
+    /// Every thread's copy of the announced bucket (two barriers: after the
+    /// second, the broadcast words may be written again).
+    ///
+    /// # Safety
+    /// Every thread of the block calls it; one announced before.
+    #[inline(always)]
+    unsafe fn take(sm: Smem, goal: u64) -> Found {
+        sync_threads();
+        // SAFETY: written before the barrier by the one thread that found it.
+        let found = unsafe {
+            Found {
+                bucket: *sm.bcast as u32,
+                goal,
+                below: *sm.bcast.add(1),
+                count: *sm.bcast.add(2),
+                mass: *sm.bcast.add(3),
+            }
+        };
+        sync_threads();
+        found
+    }
+}
+
 /// The whole row, one block.
 struct OneBlock;
 
@@ -596,30 +637,13 @@ impl Scope for OneBlock {
             let below = acc;
             acc += vals[i];
             if below < g && acc >= g {
-                let bucket = first + i;
-                // SAFETY: broadcast words, read after the barrier.
-                unsafe {
-                    *sm.bcast = bucket as u64;
-                    *sm.bcast.add(1) = below;
-                    *sm.bcast.add(2) = *sm.counts.add(bucket) as u64;
-                    *sm.bcast.add(3) = *sm.masses.add(bucket);
-                }
+                let b = first + i;
+                // SAFETY: one thread; b < BUCKETS.
+                unsafe { Found::announce(sm, b as u32, below, *sm.counts.add(b) as u64, *sm.masses.add(b)) };
             }
         });
-        sync_threads();
-        // SAFETY: written before the barrier by the one thread that found it.
-        let found = unsafe {
-            Found {
-                bucket: *sm.bcast as u32,
-                goal: g,
-                below: *sm.bcast.add(1),
-                count: *sm.bcast.add(2),
-                mass: *sm.bcast.add(3),
-            }
-        };
-        // Everyone has read the broadcast before anyone can write it again.
-        sync_threads();
-        Some(found)
+        // SAFETY: every thread is here; one announced the bucket.
+        Some(unsafe { Found::take(sm, g) })
     }
 }
 
@@ -1237,28 +1261,11 @@ impl Scope for ClusterPart {
         let (before, _) = unsafe { block_scan_u64(v, sm.scratch) };
         let below = acc + before;
         if below < g && below + v >= g {
-            // SAFETY: broadcast words, read after the barrier; one thread.
-            unsafe {
-                *sm.bcast = (pick * SLICE + tid) as u64;
-                *sm.bcast.add(1) = below;
-                *sm.bcast.add(2) = count as u64;
-                *sm.bcast.add(3) = m;
-            }
+            // SAFETY: one thread.
+            unsafe { Found::announce(sm, pick * SLICE + tid, below, count as u64, m) };
         }
-        sync_threads();
-        // SAFETY: written before the barrier by the one thread that found it.
-        let found = unsafe {
-            Found {
-                bucket: *sm.bcast as u32,
-                goal: g,
-                below: *sm.bcast.add(1),
-                count: *sm.bcast.add(2),
-                mass: *sm.bcast.add(3),
-            }
-        };
-        // Everyone has read the broadcast before anyone can write it again.
-        sync_threads();
-        Some(found)
+        // SAFETY: every thread is here; one announced the bucket.
+        Some(unsafe { Found::take(sm, g) })
     }
 }
 
