@@ -355,6 +355,19 @@ fn edge_cases_match_the_twin() {
         "four levels".into(),
         (0..3000).map(|_| rng.random_range(0..4) as f32).collect(),
     ));
+    // Few candidates (the cluster kernel's gathered list) with the top-k
+    // cut inside runs of tied logits: 33 at 5, ~118 at 4, the rest far below.
+    cases.push(("ties at the k-th, few candidates".into(), {
+        let mut l: Vec<f32> = random_logits(&mut rng, 2000, 1.0).iter().map(|x| x - 10.0).collect();
+        for (i, x) in l.iter_mut().enumerate() {
+            if i % 61 == 0 {
+                *x = 5.0;
+            } else if i % 17 == 3 {
+                *x = 4.0;
+            }
+        }
+        l
+    }));
     cases.push(("with -inf and NaN".into(), {
         let mut l = random_logits(&mut rng, 5000, 2.0);
         for x in l.iter_mut() {

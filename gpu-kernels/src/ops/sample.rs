@@ -787,12 +787,19 @@ unsafe fn select(
 
 /// The smallest rank `d <= rmax` such that at least `k` threads' largest
 /// keys `mine` rank at most `d` (rank = `kmax - key`), or `rmax` when no
-/// such `d` exists: a bitwise search, one counting barrier per bit of
-/// `rmax`. Every thread calls it and gets the same answer.
+/// such `d` exists (see [`kth_rank`]).
 #[inline(always)]
 fn max_rank_of_kth(mine: u32, kmax: u32, rmax: u32, k: u32) -> u32 {
     // Threads without a key (0) never count: their rank is past any rmax.
-    let rank = if mine == 0 { u32::MAX } else { kmax - mine };
+    kth_rank(if mine == 0 { u32::MAX } else { kmax - mine }, rmax, k)
+}
+
+/// The smallest `d <= rmax` such that at least `k` threads' `rank`s are at
+/// most `d`, or `rmax` when no such `d` exists: a bitwise search, one
+/// counting barrier per bit of `rmax`. Every thread calls it and gets the
+/// same answer.
+#[inline(always)]
+fn kth_rank(rank: u32, rmax: u32, k: u32) -> u32 {
     let enough = |d: u32| sync_threads_count(rank <= d) >= k;
     if !enough(rmax) {
         return rmax;
@@ -1008,6 +1015,11 @@ const CLUSTER: u32 = SAMPLE_CLUSTER;
 const SLICE: u32 = SAMPLE_CLUSTER_SLICE;
 #[cfg(feature = "sm90a")]
 const _: () = assert!(SLICE * CLUSTER == BUCKETS && SLICE <= THREADS);
+/// Rounds of one entry a thread that gather the longest list.
+#[cfg(feature = "sm90a")]
+const GATHER_ROUNDS: usize = SAMPLE_CLUSTER_LIST_CAP.div_ceil(THREADS) as usize;
+#[cfg(feature = "sm90a")]
+const _: () = assert!(GATHER_ROUNDS <= UNROLL_MAX);
 /// Exchange word: `kmax << 32 | top-k bound` of the block's part.
 #[cfg(feature = "sm90a")]
 const XCHG_KEYS: usize = 0;
@@ -1361,8 +1373,9 @@ unsafe fn sampled_cluster(
     let low = logit_key(near_bound(m, s)).min(kmax).max(bound);
     let limit = Row::order(kmax - low, u32::MAX);
     let cut = row.floor(kmax - low);
-    // `l >= cut` first: one float compare rejects most tokens, and NaN.
-    let inside = |j: u32, l: f32| l >= cut && Row::order(row.rank(l), j) <= limit;
+    // Token j is inside a prefix `lim` of the order. `l >= cut` first: one
+    // float compare rejects most tokens, and NaN.
+    let within = |j: u32, l: f32, lim: u64| l >= cut && Row::order(row.rank(l), j) <= lim;
 
     // 2. This part's candidates: count and mass (warp by warp over
     // contiguous ranges, so ballots keep id order), then kept in order.
@@ -1373,7 +1386,7 @@ unsafe fn sampled_cluster(
     // SAFETY: ids below wend <= v.
     unsafe {
         for_each_round(x, wfirst, wend, |j, l, valid| {
-            let keep = valid && inside(j, l);
+            let keep = valid && within(j, l, limit);
             count += ballot(keep).count_ones();
             if keep {
                 mass += sample_weight(l, m, s);
@@ -1391,7 +1404,7 @@ unsafe fn sampled_cluster(
         // SAFETY: as above; positions stay below the part's count, at most the cap.
         unsafe {
             for_each_round(x, wfirst, wend, |j, l, valid| {
-                let keep = valid && inside(j, l);
+                let keep = valid && within(j, l, limit);
                 let votes = ballot(keep);
                 if keep {
                     let pos = (at + (votes & below).count_ones()) as usize;
@@ -1423,22 +1436,48 @@ unsafe fn sampled_cluster(
     }
     let list = fits && all <= SAMPLE_CLUSTER_LIST_CAP as u64;
     if rank == 0 && list {
+        // Entry i of the list is entry i - starts[g] of part g, the last
+        // part starting at or below i (an empty part starts where the next
+        // one does, so it is never the last).
+        let mut starts = [0u32; CLUSTER as usize];
         let mut off = 0u32;
-        for g in 0..CLUSTER {
-            let c = shfl_idx_u64(counts, g) as u32;
-            // SAFETY: block g's own list, written before the barrier; the
-            // gathered list holds `all <= LIST_CAP` entries.
-            unsafe {
-                let (al, ai) = (cluster_shared_addr(cs.own_l, g), cluster_shared_addr(cs.own_id, g));
-                let mut i = tid;
-                while i < c {
-                    *cs.list_l.add((off + i) as usize) = f32::from_bits(load_cluster_u32(al + 4 * i));
-                    *cs.list_id.add((off + i) as usize) = load_cluster_u32(ai + 4 * i);
-                    i += THREADS;
+        for (g, start) in starts.iter_mut().enumerate() {
+            *start = off;
+            off += shfl_idx_u64(counts, g as u32) as u32;
+        }
+        let mut got = [(0u32, 0u32); GATHER_ROUNDS];
+        // Every load issued before any store: one round trip through
+        // distributed shared memory, not one a part.
+        unroll!(r < GATHER_ROUNDS => {
+            let i = tid + r as u32 * THREADS;
+            if (i as u64) < all {
+                let (mut g, mut first) = (0u32, 0u32);
+                for (h, &start) in starts.iter().enumerate() {
+                    if start <= i {
+                        (g, first) = (h as u32, start);
+                    }
+                }
+                let j = i - first;
+                // SAFETY: entry j < count of block g's own list, written
+                // before the barrier; no block exits before the next one.
+                got[r] = unsafe {
+                    (
+                        load_cluster_u32(cluster_shared_addr(cs.own_l, g) + 4 * j),
+                        load_cluster_u32(cluster_shared_addr(cs.own_id, g) + 4 * j),
+                    )
+                };
+            }
+        });
+        unroll!(r < GATHER_ROUNDS => {
+            let i = tid + r as u32 * THREADS;
+            if (i as u64) < all {
+                // SAFETY: i < all <= LIST_CAP entries of the gathered list.
+                unsafe {
+                    *cs.list_l.add(i as usize) = f32::from_bits(got[r].0);
+                    *cs.list_id.add(i as usize) = got[r].1;
                 }
             }
-            off += c;
-        }
+        });
     }
     // No block exits while the first one reads its shared memory; the
     // barrier also orders the gathered list for the first block's threads.
@@ -1460,7 +1499,7 @@ unsafe fn sampled_cluster(
         // are the row's tokens inside `limit`, in id order.
         return unsafe {
             if all <= THREADS as u64 {
-                choose_small(&gathered, sm, cfg, random)
+                choose_small(&gathered, sm, limit, cfg, random)
             } else {
                 keep_and_draw(&gathered, sm, limit, cfg, random)
             }
@@ -1471,12 +1510,16 @@ unsafe fn sampled_cluster(
     // the same steps to the same limit), then the draw by parts.
     let scope = ClusterPart { first, end, cs };
     let mut kept = limit;
+    // Whether a select ran (its last barrier leaves slice sums to read).
+    let mut selected = false;
     if cfg.top_k > 0 {
+        selected = true;
         let k = cfg.top_k as u64;
         // SAFETY: every thread of the cluster is here.
         kept = unsafe { select(&row, sm, &scope, kept, Measure::Count, |total| (k < total).then_some(k)) };
     }
     if top_p_active(cfg) {
+        selected = true;
         let top_p = cfg.top_p;
         // SAFETY: as above.
         kept = unsafe {
@@ -1485,9 +1528,8 @@ unsafe fn sampled_cluster(
             })
         };
     }
-    let keeps = |j: u32, l: f32| l >= cut && Row::order(row.rank(l), j) <= kept;
     let masses = if kept == limit {
-        if cfg.top_k > 0 || top_p_active(cfg) {
+        if selected {
             // No block exits while another may still read its slice sums.
             cluster_sync();
         }
@@ -1499,7 +1541,7 @@ unsafe fn sampled_cluster(
         // SAFETY: ids of the part are below v.
         unsafe {
             for_each(x, first + tid, end, THREADS, |j, l| {
-                mass += if keeps(j, l) { sample_weight(l, m, s) } else { 0 }
+                mass += if within(j, l, kept) { sample_weight(l, m, s) } else { 0 }
             })
         };
         // SAFETY: every thread is here.
@@ -1544,23 +1586,25 @@ unsafe fn sampled_cluster(
         search(
             &part,
             sm,
-            |j, l| if keeps(j, l) { sample_weight(l, m, s) } else { 0 },
+            |j, l| if within(j, l, kept) { sample_weight(l, m, s) } else { 0 },
             |_| goal,
         )
     }
 }
 
 /// [`keep_and_draw`] over a list of at most `THREADS` tokens (in id order,
-/// every token top-k may keep among them): each thread takes one, counts
-/// its place in the sampling order against the others, and top-k, top-p and
-/// the draw become block scans instead of radix selects. The same kept set
-/// and the same cumulative masses, so the same id.
+/// every token top-k may keep among them), one a thread: top-k is a
+/// bitwise search for the k-th rank with counting barriers (tokens tied
+/// there cut by id, i.e. list order), top-p counts each kept token's place
+/// among the kept ones, and the draw is a block scan. The same kept set and
+/// the same cumulative masses as the selects', so the same id.
 ///
 /// # Safety
-/// As for [`greedy`]; `row.v <= THREADS`, at least 1.
+/// As for [`greedy`]; `row.v <= THREADS`, at least 1; every entry's order
+/// is at most `limit`.
 #[cfg(feature = "sm90a")]
 #[inline(always)]
-unsafe fn choose_small(row: &Row, sm: Smem, cfg: &SampleRow, random: u64) -> u32 {
+unsafe fn choose_small(row: &Row, sm: Smem, limit: u64, cfg: &SampleRow, random: u64) -> u32 {
     let tid = thread_idx_x();
     let n = row.v;
     let mine = tid < n;
@@ -1570,34 +1614,57 @@ unsafe fn choose_small(row: &Row, sm: Smem, cfg: &SampleRow, random: u64) -> u32
     } else {
         (f32::NAN, NONE)
     };
-    // NaN is never in the list (it fails `>= cut`), so every entry ranks.
-    let order = if mine { Row::order(row.rank(l), id) } else { u64::MAX };
-    // The orders, for everyone to count against (the buckets are free here).
-    if mine {
-        // SAFETY: tid < v <= THREADS <= BUCKETS words.
-        unsafe { *sm.masses.add(tid as usize) = order };
-    }
-    sync_threads();
-    // Place in the sampling order: orders are distinct (ids are).
-    let mut place = 0u32;
-    for j in 0..n {
-        // SAFETY: written before the barrier, j < v.
-        place += (unsafe { *sm.masses.add(j as usize) } < order) as u32;
-    }
-    let top_k = if cfg.top_k == 0 { u32::MAX } else { cfg.top_k };
+    // NaN is never in the list (it fails `>= cut`), so every entry ranks;
+    // NAN_RANK (past every real rank) keeps the other threads out.
+    let rank = if mine { row.rank(l) } else { NAN_RANK };
     let w = if mine { sample_weight(l, row.m, row.s) } else { 0 };
-    let mut keep = mine && place < top_k;
+    let mut keep = mine;
+    if cfg.top_k > 0 && cfg.top_k < n {
+        let k = cfg.top_k;
+        // At least k entries rank at most d, fewer than k below it; every
+        // rank is at most the limit's, and n > k, so d is found.
+        let d = kth_rank(rank, (limit >> 32) as u32, k);
+        keep = rank <= d;
+        if sync_threads_count(keep) > k {
+            // Tied at d past the k-th: the first ones by id stay.
+            let below = sync_threads_count(rank < d);
+            let tied = rank == d;
+            // SAFETY: every thread is here.
+            let (before, _) = unsafe { block_scan_u64(tied as u64, sm.scratch) };
+            keep = rank < d || (tied && below as u64 + before < k as u64);
+        }
+    }
     if top_p_active(cfg) {
-        // Everyone has counted before the orders are overwritten.
-        sync_threads();
-        if mine {
-            // The top-k set's weights by place; places are 0..v, each once.
-            // SAFETY: place < v <= BUCKETS words.
-            unsafe { *sm.masses.add(place as usize) = if keep { w } else { 0 } };
+        // The kept entries' orders, compacted in list order, for the kept
+        // ones to count against (the buckets are free here).
+        // SAFETY: every thread is here.
+        let (at, kept) = unsafe { block_scan_u64(keep as u64, sm.scratch) };
+        let order = Row::order(rank, id);
+        if keep {
+            // SAFETY: at < kept <= v <= THREADS <= BUCKETS words.
+            unsafe { *sm.masses.add(at as usize) = order };
         }
         sync_threads();
-        let at = if mine {
-            // SAFETY: written before the barrier (tid < v).
+        // Place among the kept entries in the sampling order (orders are
+        // distinct: ids are). The kept set is a prefix of that order, so
+        // this is the place among all entries too.
+        let mut place = 0u32;
+        if keep {
+            for j in 0..kept as usize {
+                // SAFETY: written before the barrier, j < kept.
+                place += (unsafe { *sm.masses.add(j) } < order) as u32;
+            }
+        }
+        // Everyone has counted before the orders are overwritten.
+        sync_threads();
+        if keep {
+            // The kept weights by place; places are 0..kept, each once.
+            // SAFETY: place < kept <= BUCKETS words.
+            unsafe { *sm.masses.add(place as usize) = w };
+        }
+        sync_threads();
+        let at = if (tid as u64) < kept {
+            // SAFETY: written before the barrier (tid < kept).
             unsafe { *sm.masses.add(tid as usize) }
         } else {
             0
