@@ -44,6 +44,30 @@ pub fn cluster_sync() {
     };
 }
 
+/// A barrier across every thread of every block of the cluster that orders
+/// no memory (`barrier.cluster.arrive.relaxed`, then `barrier.cluster.wait`):
+/// it keeps every block resident until all have arrived, so that blocks
+/// still reading others' shared memory find it there. Cheaper than
+/// [`cluster_sync`], which waits for this block's memory operations to be
+/// visible before arriving.
+///
+/// A thread that read another block's shared memory must have used the
+/// values before arriving (a load whose value was consumed has completed),
+/// and no thread may rely on this barrier to see another's writes.
+///
+/// Every thread of every block in the cluster must reach it, as for
+/// [`cluster_sync`].
+#[inline(always)]
+pub fn cluster_sync_relaxed() {
+    // SAFETY: a barrier; no memory-safety preconditions.
+    unsafe {
+        asm!(
+            "barrier.cluster.arrive.relaxed.aligned; barrier.cluster.wait.aligned;",
+            options(nostack)
+        )
+    };
+}
+
 /// The address, in the cluster's shared window, of the variable that `p`
 /// points to in this block's shared memory, but in block `rank`'s copy
 /// (`mapa.shared::cluster`): every block of a kernel has the same layout.

@@ -63,7 +63,7 @@ use crate::params::sample::{
 };
 
 #[cfg(feature = "sm90a")]
-use crate::device::{ballot, block_idx_y, cluster_ctarank, cluster_shared_addr, cluster_sync};
+use crate::device::{ballot, block_idx_y, cluster_ctarank, cluster_shared_addr, cluster_sync, cluster_sync_relaxed};
 #[cfg(feature = "sm90a")]
 use crate::device::{load_cluster_u32, load_cluster_u64};
 #[cfg(feature = "sm90a")]
@@ -1373,9 +1373,10 @@ unsafe fn sampled_cluster(
     let low = logit_key(near_bound(m, s)).min(kmax).max(bound);
     let limit = Row::order(kmax - low, u32::MAX);
     let cut = row.floor(kmax - low);
-    // Token j is inside a prefix `lim` of the order. `l >= cut` first: one
-    // float compare rejects most tokens, and NaN.
-    let within = |j: u32, l: f32, lim: u64| l >= cut && Row::order(row.rank(l), j) <= lim;
+    // Token j is inside a prefix `lim` of the order (`l >= cut` rejects NaN).
+    // `&`, not `&&`: no branch, so the warp stays converged for the ballots
+    // that count these tokens.
+    let within = |j: u32, l: f32, lim: u64| (l >= cut) & (Row::order(row.rank(l), j) <= lim);
 
     // 2. This part's candidates: count and mass (warp by warp over
     // contiguous ranges, so ballots keep id order), then kept in order.
@@ -1424,10 +1425,10 @@ unsafe fn sampled_cluster(
     }
     cluster_sync();
 
-    // 3. Every thread learns the parts' counts and masses; the first block
-    // gathers the candidates when they fit.
+    // 3. Every thread learns the parts' counts; the first block gathers the
+    // candidates when they fit.
     // SAFETY: written by every block before the barrier.
-    let (counts, masses) = unsafe { (cs.word(XCHG_COUNT), cs.word(XCHG_MASS)) };
+    let counts = unsafe { cs.word(XCHG_COUNT) };
     let (mut all, mut fits) = (0u64, true);
     for g in 0..CLUSTER {
         let c = shfl_idx_u64(counts, g);
@@ -1479,13 +1480,16 @@ unsafe fn sampled_cluster(
             }
         });
     }
-    // No block exits while the first one reads its shared memory; the
-    // barrier also orders the gathered list for the first block's threads.
-    cluster_sync();
     if list {
+        // No block exits while the first one reads its shared memory. The
+        // first block used every value it read (stored it), so the barrier
+        // need not order memory; a block barrier orders the gathered list
+        // for the first block's threads.
+        cluster_sync_relaxed();
         if rank != 0 {
             return 0;
         }
+        sync_threads();
         let gathered = Row {
             x: cs.list_l,
             v: all as u32,
@@ -1505,6 +1509,13 @@ unsafe fn sampled_cluster(
             }
         };
     }
+    // Not gathered: the parts' masses too (read only here, so that in the
+    // list path every value read from another block is used before the
+    // relaxed barrier); no block exits or rewrites its words while another
+    // may still read them.
+    // SAFETY: written by every block before the barrier after step 2.
+    let masses = unsafe { cs.word(XCHG_MASS) };
+    cluster_sync();
     // 4. Too many candidates to gather: top-k and top-p as radix selects
     // whose histograms every block sums over the cluster (each block takes
     // the same steps to the same limit), then the draw by parts.
