@@ -471,15 +471,19 @@ fn decode_persistent_one_row() {
     paths_agree(&head64_config(), 1, 120, 30, 0);
     paths_agree(&head64_config(), 1, 7, 13, 9);
     paths_agree(&head64_config(), 1, 140, 12, 130);
+    // bf16: the GEMV phases' rows pass flagged, not through grid barriers.
     paths_agree_in(&head64_config(), 1, 20, 12, 0, Precision::Bf16);
+    paths_agree_in(&head64_config(), 1, 140, 12, 130, Precision::Bf16);
 }
 
 /// The persistent step at its smallest (a few steps of a 2-layer model):
-/// the size compute-sanitizer's racecheck can finish.
+/// the size compute-sanitizer's racecheck can finish. FP32 (grid barriers
+/// between phases) and bf16 (flagged rows).
 #[test]
 #[ignore = "needs a GPU"]
 fn decode_persistent_small() {
     paths_agree(&head64_config(), 1, 3, 2, 0);
+    paths_agree_in(&head64_config(), 1, 3, 2, 0, Precision::Bf16);
 }
 
 /// The tensor-core GEMVs (two rows and more) at their smallest, FP32

@@ -71,6 +71,9 @@ pub struct DecodeStepTable {
     /// Host staging of the next table (kept: a step allocates nothing).
     staging: Vec<u8>,
     sync: CudaSlice<u32>,
+    /// The one-row step's flagged rows (`DecodeStepParams::flags`), zeroed
+    /// once: their flags only ever advance.
+    flags: CudaSlice<u64>,
     /// Where the kernel records its trace, when on (see
     /// `DecodeStepParams::trace`).
     trace: Option<CudaSlice<u64>>,
@@ -88,14 +91,15 @@ pub struct StepLaunch {
 }
 
 impl DecodeStepTable {
-    /// Room for `layers` layers.
-    pub fn new(gpu: &Gpu, layers: usize) -> Result<Self, OpError> {
+    /// Room for `layers` layers of width `c`.
+    pub fn new(gpu: &Gpu, layers: usize, c: usize) -> Result<Self, OpError> {
         let bytes = layers * size_of::<DecodeStepLayer<f32>>();
         Ok(DecodeStepTable {
             table: gpu.alloc(bytes)?,
             uploaded: Vec::with_capacity(bytes),
             staging: Vec::with_capacity(bytes),
             sync: gpu.alloc(DECODE_STEP_SYNC_WORDS)?,
+            flags: gpu.alloc(decode_step_flag_words(to_u32(OP, "c", c)?))?,
             trace: None,
         })
     }
@@ -348,6 +352,7 @@ where
     ] {
         check_len(OP, what, len, need)?;
     }
+    check_len(OP, "flags", table.flags.len(), decode_step_flag_words(c as u32))?;
     let (part_val, part_idx, att_acc, att_ml, att_counter, parts_stride) = ws.step_scratch(gpu, gpu.sm_count())?;
     let trace = match table.trace.as_mut() {
         Some(t) => {
@@ -381,6 +386,7 @@ where
         att_ml,
         att_counter,
         sync: out_ptr(gpu, &mut table.sync),
+        flags: out_ptr(gpu, &mut table.flags),
         n_layer: to_u32(OP, "layers", n_layer)?,
         n: n as u32,
         c: c as u32,
@@ -419,8 +425,9 @@ where
     // kernel reads or writes for n rows, c, nh, max_t, vp (checked above),
     // 16-byte aligned, weights in W's format; the workspace's scratch holds
     // gridDim.x * n argmax partials and n * nh * parts_stride attention
-    // partials with zeroed counters, and the sync words are zero between
-    // launches (the kernel leaves them so); the trace, when on, holds
+    // partials with zeroed counters, and the first two sync words are zero
+    // between launches (the kernel leaves them so), the third and the flags
+    // (checked above) only ever written by this table's launches; the trace, when on, holds
     // gridDim.x blocks of its words (checked above); one block per SM, each fitting
     // (occupancy >= 1, so the grid is resident at once for its barriers);
     // shared memory as `decode_step_smem` lays out; the kernel keeps the

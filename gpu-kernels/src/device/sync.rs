@@ -247,3 +247,53 @@ pub unsafe fn grid_wait(counter: *const u32, target: u32) {
     // SAFETY: the caller's contract.
     while unsafe { load_acquire_u32(counter) } < target {}
 }
+
+/// A float published with its flag in one 64-bit word (the flag in the
+/// high half): one 8-byte store writes both, so a reader that sees the
+/// flag it waits for sees the value written with it, with no fence or
+/// barrier between writer and reader (NCCL's "LL" protocol rests on the
+/// same single-copy atomicity of aligned 8-byte accesses). The flag must
+/// differ from whatever the word held before, or a reader would take the
+/// old value.
+///
+/// # Safety
+/// `p` is an 8-byte aligned `u64` in global memory.
+#[inline(always)]
+pub unsafe fn store_flagged(p: *mut u64, value: f32, flag: u32) {
+    let word = ((flag as u64) << 32) | value.to_bits() as u64;
+    // SAFETY: the caller's contract.
+    unsafe { asm!("st.relaxed.gpu.global.b64 [{p}], {w};", p = in(reg64) p, w = in(reg64) word, options(nostack)) };
+}
+
+/// Two flagged words ([`store_flagged`]) in one 16-byte load at GPU scope
+/// (each word read whole, so each flag comes with its own value).
+///
+/// # Safety
+/// `p` is a 16-byte aligned pair of `u64` in global memory.
+#[inline(always)]
+pub unsafe fn load_flagged2(p: *const u64) -> [u64; 2] {
+    let (a, b): (u64, u64);
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            "ld.relaxed.gpu.global.v2.b64 {{{a}, {b}}}, [{p}];",
+            a = out(reg64) a,
+            b = out(reg64) b,
+            p = in(reg64) p,
+            options(nostack),
+        )
+    };
+    [a, b]
+}
+
+/// The flag of a flagged word ([`store_flagged`]).
+#[inline(always)]
+pub fn flag_of(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
+/// The value of a flagged word ([`store_flagged`]).
+#[inline(always)]
+pub fn flagged_value(word: u64) -> f32 {
+    f32::from_bits(word as u32)
+}

@@ -17,7 +17,10 @@
 //!
 //! Between phases a block arrives at the grid barrier first, then starts
 //! the small copies the next phase needs (its bias, layernorm parameters),
-//! then waits: their latency hides behind the barrier's. The weight tiles
+//! then waits: their latency hides behind the barrier's. At one row of
+//! bf16 weights the GEMV phases' rows need no barrier: each output goes out
+//! with a flag in the same 8-byte word, and its readers poll for the flag
+//! (`flagged`); only the attention's two barriers a layer remain. The weight tiles
 //! are issued by a producer thread once a phase has staged its input rows
 //! (f32 weights at one row: once the rows arrived, see `issue_early`),
 //! so their bytes stream while the block computes, not while the next
@@ -46,9 +49,9 @@ use crate::device::tma::{
 use crate::device::unroll;
 use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
-    WARP_SIZE, atomic_add_acq_rel_u32, atomic_add_shared_u32, block_idx_x, clock64, global_timer_ns, grid_arrive,
-    grid_dependency_wait, grid_dim_x, grid_wait, lane_id, launch_dependents, sync_threads, sync_threads_or,
-    thread_fence, thread_idx_x, warp_id,
+    WARP_SIZE, atomic_add_acq_rel_u32, atomic_add_shared_u32, block_idx_x, clock64, flag_of, flagged_value,
+    global_timer_ns, grid_arrive, grid_dependency_wait, grid_dim_x, grid_wait, lane_id, launch_dependents,
+    load_acquire_u32, load_flagged2, store_flagged, sync_threads, sync_threads_or, thread_fence, thread_idx_x, warp_id,
 };
 use crate::params::decode::DECODE_MAX_ROWS;
 use crate::params::decode_step::*;
@@ -223,8 +226,9 @@ impl<W, const ON: bool> Trace<'_, W, ON> {
     fn init(self) {
         if self.on() && thread_idx_x() == 0 {
             let words = decode_step_trace_words(self.0.n_layer);
-            // SAFETY: the slot (pointer, counter) is 16 bytes of the
-            // launch's shared memory; the trace holds gridDim.x blocks of
+            // SAFETY: the pointer and counter are the first 12 bytes of the
+            // 16-byte slot in the launch's shared memory (the epoch has the
+            // rest); the trace holds gridDim.x blocks of
             // `words` (the contract).
             unsafe {
                 *Self::slot() = self.0.trace.add(block_idx_x() as usize * words);
@@ -321,6 +325,13 @@ struct Gemv<W> {
     epi: Epilogue,
     k_cache: *mut f32,
     v_cache: *mut f32,
+    /// Non-null: the input row comes flagged from here (`DecodeStepParams::flags`),
+    /// each word carrying `flag_in` once written (`with_flags`).
+    flags_in: *const u64,
+    flag_in: u32,
+    /// Non-null: the outputs also go here, flagged `flag_out`.
+    flags_out: *mut u64,
+    flag_out: u32,
 }
 
 /// GEMV phase `g` of the step: per layer qkv, attproj, fc, fcproj; then
@@ -346,6 +357,10 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
             epi: Epilogue::Logits,
             k_cache: core::ptr::null_mut(),
             v_cache: core::ptr::null_mut(),
+            flags_in: core::ptr::null(),
+            flag_in: 0,
+            flags_out: core::ptr::null_mut(),
+            flag_out: 0,
         };
     }
     let layer = g / GEMVS;
@@ -362,6 +377,10 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
         epi: Epilogue::Qkv,
         k_cache: lw.k_cache,
         v_cache: lw.v_cache,
+        flags_in: core::ptr::null(),
+        flag_in: 0,
+        flags_out: core::ptr::null_mut(),
+        flag_out: 0,
     };
     match g % GEMVS {
         0 => {}
@@ -377,6 +396,59 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
             (ph.w, ph.bias, ph.ln_w, ph.ln_b) = (lw.fcproj_w, lw.fcproj_b, null, null);
             (ph.inp, ph.c_in, ph.oc, ph.epi) = (p.h, 4 * c, c, Epilogue::Residual);
         }
+    }
+    ph
+}
+
+/// Whether the GEMV phases pass their rows flagged (`DecodeStepParams::flags`)
+/// instead of through grid barriers: the readers of a flagged row poll
+/// it, so only the barriers before and after the attention phase remain
+/// in a layer (2 of 5). One row of bf16 weights only. Measured on an H100
+/// (`bench step`, docs/performance.md, decode step 16): bf16 6 % faster a
+/// step at 64 and 512 tokens; f32 weights 0-1.3 % slower (their attention
+/// phase took 0.8 µs longer, not understood yet). At 8 rows the residual
+/// phases stage their rows with `cp.async`, which cannot check flags.
+const fn flagged<W, const R: usize>() -> bool {
+    R == 1 && size_of::<W>() == 2
+}
+
+/// Where this launch's epoch lies in shared memory (a fixed offset).
+const EPOCH_SLOT: usize = decode_step_smem(0, 0, 0, 1, 0, 0).epoch as usize;
+
+/// The shared-memory slot of the launch's epoch (`DecodeStepParams::flags`).
+#[inline(always)]
+fn epoch_slot() -> *mut u32 {
+    // SAFETY: the launch's shared memory holds the layout's `epoch` slot.
+    unsafe { dynamic_shared_align16::<u8>().add(EPOCH_SLOT) as *mut u32 }
+}
+
+/// GEMV phase `g`'s flagged input and output (`flagged`): the rows after
+/// attproj, fc and fcproj go flagged to their readers (fc, fcproj, and the
+/// next qkv or the LM head), each layer's with its own flag.
+///
+/// # Safety
+/// The params' contract (`flags` holds `decode_step_flag_words(c)` words);
+/// the epoch slot was written before a block barrier.
+#[inline(always)]
+unsafe fn with_flags<W>(p: &DecodeStepParams<W>, mut ph: Gemv<W>, g: usize) -> Gemv<W> {
+    let (c, nl) = (p.c as usize, p.n_layer as usize);
+    // SAFETY: written at the start, before a block barrier.
+    let base = unsafe { *epoch_slot() }.wrapping_mul(nl as u32);
+    let layer = div32(g, GEMVS);
+    let flag = base.wrapping_add(layer as u32);
+    // SAFETY: (all) the regions after attproj `[0, c)`, after fc `[c, 5c)`,
+    // after fcproj `[5c, 6c)` lie in the flags' 6c words.
+    let (xa, h, xf) = unsafe { (p.flags, p.flags.add(c), p.flags.add(5 * c)) };
+    if g >= GEMVS * nl {
+        (ph.flags_in, ph.flag_in) = (xf, flag.wrapping_sub(1));
+        return ph;
+    }
+    match rem32(g, GEMVS) {
+        0 if layer > 0 => (ph.flags_in, ph.flag_in) = (xf, flag.wrapping_sub(1)),
+        0 => {}
+        1 => (ph.flags_out, ph.flag_out) = (xa, flag),
+        2 => (ph.flags_in, ph.flag_in, ph.flags_out, ph.flag_out) = (xa, flag, h, flag),
+        _ => (ph.flags_in, ph.flag_in, ph.flags_out, ph.flag_out) = (h, flag, xf, flag),
     }
     ph
 }
@@ -641,6 +713,11 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
     let c_in = ph.c_in;
     let round = ph.ln_w.is_null();
     let embed = ph.inp.is_null();
+    if !ph.flags_in.is_null() {
+        // SAFETY: one row of c_in flagged words (`with_flags`); the rest as above.
+        unsafe { stage_flagged::<W>(ph, sm, keep, round, res_lo, res_hi) };
+        return;
+    }
     if merge > 1 {
         // The attention output of the one row, merged from its partials: a
         // vector a thread (not `stage_vectors`' batches, whose merges in
@@ -689,6 +766,57 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
             store4(sm.xs.add(r * c_in + k), if round { v.map(W::round_input) } else { v });
         },
     );
+}
+
+/// Flagged words a thread loads (in pairs) before it waits on any: one
+/// round trip for fcproj's 3072 inputs over 512 threads.
+const FLAG_BATCH: usize = 4;
+
+/// Stage the one row of a flagged input (`ph.flags_in`, `c_in` words)
+/// into `xs`, each pair of words polled until both carry `ph.flag_in`
+/// (at once: pausing 32 ns between polls was 0.5 % slower on an H100);
+/// `keep` and `round` as in `stage_rows`.
+///
+/// # Safety
+/// The params' contract; `ph.flags_in` holds `c_in` words, which their
+/// writers flag `ph.flag_in` without waiting on this block; `sm` as
+/// `decode_step_smem` lays it out for one row.
+#[inline(always)]
+unsafe fn stage_flagged<W: Weight>(ph: &Gemv<W>, sm: &Smem, keep: bool, round: bool, res_lo: usize, res_hi: usize) {
+    let threads = DECODE_STEP_THREADS as usize;
+    let pairs = ph.c_in / 2;
+    let mut base = thread_idx_x() as usize;
+    while base < pairs {
+        let mut w = [[0u64; 2]; FLAG_BATCH];
+        unroll!(u < FLAG_BATCH => {
+            let i = base + u * threads;
+            if i < pairs {
+                // SAFETY: 2i + 2 <= c_in words, 16-byte aligned (the buffer is).
+                w[u] = unsafe { load_flagged2(ph.flags_in.add(2 * i)) };
+            }
+        });
+        unroll!(u < FLAG_BATCH => {
+            let i = base + u * threads;
+            if i < pairs {
+                // `&`, not `&&`: one test, no branch between the halves.
+                while (flag_of(w[u][0]) != ph.flag_in) | (flag_of(w[u][1]) != ph.flag_in) {
+                    // SAFETY: as above.
+                    w[u] = unsafe { load_flagged2(ph.flags_in.add(2 * i)) };
+                }
+                let k = 2 * i;
+                for (j, &word) in w[u].iter().enumerate() {
+                    let e = flagged_value(word);
+                    if keep && (res_lo..res_hi).contains(&(k + j)) {
+                        // SAFETY: xraw holds the block's residual columns of the row.
+                        unsafe { *sm.xraw.add(k + j - res_lo) = e };
+                    }
+                    // SAFETY: k + j < c_in: xs holds the row.
+                    unsafe { *sm.xs.add(k + j) = if round { W::round_input(e) } else { e } };
+                }
+            }
+        });
+        base += FLAG_BATCH * threads;
+    }
 }
 
 /// The epilogue of column `col`, row `r`, whose dot product is `sum`; the
@@ -740,8 +868,21 @@ unsafe fn epilogue<W: Weight>(
                 *cache.add(((r * nh + h) * p.max_t as usize + pos as usize) * HS + d) = v;
             }
             // The residual phases' share is the one `xraw` keeps: lo is its start.
-            Epilogue::Residual => *p.x.add(r * c + col) = *sm.xraw.add(r * sm.xw + col - lo) + v,
-            Epilogue::Gelu => *p.h.add(r * 4 * c + col) = gelu(v),
+            Epilogue::Residual => {
+                let x = *sm.xraw.add(r * sm.xw + col - lo) + v;
+                *p.x.add(r * c + col) = x;
+                if !ph.flags_out.is_null() {
+                    // One row: the flagged row's word col.
+                    store_flagged(ph.flags_out.add(col), x, ph.flag_out);
+                }
+            }
+            Epilogue::Gelu => {
+                let y = gelu(v);
+                *p.h.add(r * 4 * c + col) = y;
+                if !ph.flags_out.is_null() {
+                    store_flagged(ph.flags_out.add(col), y, ph.flag_out);
+                }
+            }
             Epilogue::Logits => {
                 *p.logits.add(r * p.vp as usize + col) = v;
                 if col < p.v as usize {
@@ -1115,8 +1256,13 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     tr: Trace<'_, W, T>,
 ) {
     let n = p.n as usize;
-    // SAFETY: g is a phase of the step.
+    // SAFETY: g is a phase of the step; the epoch slot was written at the start.
     let ph = unsafe { gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, g) };
+    let ph = if flagged::<W, R>() {
+        unsafe { with_flags(p, ph, g) }
+    } else {
+        ph
+    };
     // SAFETY: KINDS entries.
     let sh = unsafe { *ring.shares.add(kind_of(g, p.n_layer as usize)) };
     let (lo, hi, tc) = (sh.lo as usize, sh.hi as usize, sh.tc as usize);
@@ -1383,13 +1529,23 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
 struct Boundary {
     ln: Option<(*const f32, *const f32)>,
     gemv: Option<usize>,
+    /// Whether the blocks meet at a grid barrier here (not where the next
+    /// phase polls its flagged input, `flagged`).
+    grid: bool,
+}
+
+/// The phase boundaries of the launch so far (the trace's phase index),
+/// and how many of them were grid barriers (the barrier's target).
+struct Boundaries {
+    phases: u32,
+    grid: u32,
 }
 
 /// Between two phases: the block arrives at the grid barrier (after every
 /// thread's writes, [`BARRIER_THREAD`]), then starts the copies the next
 /// phases need (the next layernorm's parameters and GEMV bias, `next`),
-/// then waits for the other blocks. `barriers` counts this launch's
-/// barriers.
+/// then waits for the other blocks; without the grid barrier (`next.grid`
+/// false) only the copies. `b` counts this launch's boundaries.
 ///
 /// # Safety
 /// The params' contract (one block per SM, all resident; `sync` word 0
@@ -1401,15 +1557,19 @@ unsafe fn between_phases<W: Weight, const T: bool>(
     p: &DecodeStepParams<W>,
     sm: &Smem,
     ring: &Ring,
-    barriers: &mut u32,
+    b: &mut Boundaries,
     next: Boundary,
     tr: Trace<'_, W, T>,
 ) {
     let tid = thread_idx_x();
-    let phase = *barriers as usize;
+    let phase = b.phases as usize;
     tr.mark(phase, DecodeStepMark::End);
-    *barriers += 1;
-    if tid == BARRIER_THREAD {
+    b.phases += 1;
+    let grid = next.grid;
+    if grid {
+        b.grid += 1;
+    }
+    if grid && tid == BARRIER_THREAD {
         // SAFETY: the caller's contract.
         unsafe { grid_arrive(p.sync) };
     }
@@ -1428,9 +1588,9 @@ unsafe fn between_phases<W: Weight, const T: bool>(
         }
     }
     tr.mark(phase, DecodeStepMark::Issued);
-    if tid == BARRIER_THREAD {
+    if grid && tid == BARRIER_THREAD {
         // SAFETY: the caller's contract.
-        unsafe { grid_wait(p.sync, *barriers * grid_dim_x()) };
+        unsafe { grid_wait(p.sync, b.grid * grid_dim_x()) };
     }
     sync_threads();
     tr.mark(phase + 1, DecodeStepMark::Start);
@@ -1471,8 +1631,12 @@ unsafe fn lm_head_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: (f32,
     // SAFETY: the params' contract; `best` holds WARPS * ROWS pairs.
     if unsafe { argmax_finish(&out, mine, sm.best, n) } && thread_idx_x() == 0 {
         // SAFETY: every block has passed every grid barrier and arrived;
-        // none touches the barrier's counter again in this launch.
-        unsafe { *p.sync = 0 };
+        // none touches the barrier's counter again in this launch, and
+        // every block read the epoch at its start.
+        unsafe {
+            *p.sync = 0;
+            *p.sync.add(2) = *epoch_slot();
+        }
     }
 }
 
@@ -1566,10 +1730,16 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
         // SAFETY: n entries.
         unsafe { *sm.pos.add(tid as usize) = *p.pos.add(tid as usize) };
     }
+    if tid == 0 {
+        // This launch's epoch: one past the last launch's (`flags`), read
+        // at GPU scope (not from a line this SM's L1 kept from before).
+        // SAFETY: the sync words; the last launch completed (the PDL wait).
+        unsafe { *epoch_slot() = load_acquire_u32(p.sync.add(2)).wrapping_add(1) };
+    }
     sync_threads();
     tr.mark(0, DecodeStepMark::Start);
 
-    let mut barriers = 0u32;
+    let mut bounds = Boundaries { phases: 0, grid: 0 };
     // One loop over the GEMV phases, so each phase's code exists once: the
     // step's code is larger than the instruction caches, and a copy per
     // phase (the layer's order written out) had every phase fetching its
@@ -1611,14 +1781,24 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
                 3 => Some((p.lnf_w, p.lnf_b)),
                 _ => None,
             };
-            let mut next = Boundary { ln, gemv: Some(g + 1) };
+            // The attention's inputs and outputs are not flagged.
+            let grid = !flagged::<W, R>() || g % GEMVS == 0;
+            let mut next = Boundary {
+                ln,
+                gemv: Some(g + 1),
+                grid,
+            };
             if g % GEMVS == 0 {
                 // Attention between qkv and attproj.
-                between_phases(&p, &sm, &ring, &mut barriers, next, tr);
+                between_phases(&p, &sm, &ring, &mut bounds, next, tr);
                 run_attention(&p, &ring, &sm, layer, reader_merges::<R>());
-                next = Boundary { ln: None, gemv: None };
+                next = Boundary {
+                    ln: None,
+                    gemv: None,
+                    grid: true,
+                };
             }
-            between_phases(&p, &sm, &ring, &mut barriers, next, tr);
+            between_phases(&p, &sm, &ring, &mut bounds, next, tr);
         }
     }
     tr.clocks(DecodeStepTraceHeader::TimerEnd, DecodeStepTraceHeader::ClockEnd);

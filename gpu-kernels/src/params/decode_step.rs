@@ -71,8 +71,15 @@ pub const DECODE_STEP_ATTN_KEYS: u32 = 8;
 pub const DECODE_STEP_GEMVS_PER_LAYER: u32 = 4;
 /// Kinds of GEMV phase: a layer's four, then the LM head.
 pub const DECODE_STEP_GEMV_KINDS: u32 = DECODE_STEP_GEMVS_PER_LAYER + 1;
-/// Words of the `sync` buffer: the grid barrier's arrivals, the LM head's.
-pub const DECODE_STEP_SYNC_WORDS: usize = 2;
+/// Words of the `sync` buffer: the grid barrier's arrivals, the LM head's,
+/// and the launches so far (the flags' epoch, see `DecodeStepParams::flags`).
+pub const DECODE_STEP_SYNC_WORDS: usize = 3;
+/// Words of `DecodeStepParams::flags` for width `c`: the residual stream
+/// after attproj (`c`), the MLP's hidden row (`4c`), the residual stream
+/// after fcproj (`c`).
+pub const fn decode_step_flag_words(c: u32) -> usize {
+    6 * c as usize
+}
 
 /// Phases of a layer: qkv, attention, attproj, fc, fcproj (the LM head
 /// follows the last layer).
@@ -156,8 +163,11 @@ pub struct DecodeStepSmem {
     /// `slots` mbarriers (8 bytes each).
     pub bars: u32,
     /// The block's trace pointer (8 bytes; see `DecodeStepParams::trace`)
-    /// and a warp counter (4 bytes, 8 with padding), at a fixed offset.
+    /// and a warp counter (4 bytes), at a fixed offset.
     pub trace: u32,
+    /// This launch's epoch (`u32`, the trace slot's last 4 bytes), at a
+    /// fixed offset: the flags it writes and waits for derive from it.
+    pub epoch: u32,
     /// The block's columns and tiles of each kind of GEMV phase
     /// ([`DECODE_STEP_GEMV_KINDS`] entries of four `u32`), worked out once.
     pub shares: u32,
@@ -219,6 +229,7 @@ pub const fn decode_step_smem(
 ) -> DecodeStepSmem {
     let bars = 0;
     let trace = bars + DECODE_STEP_MAX_SLOTS * 8;
+    let epoch = trace + 12;
     let shares = trace + 16;
     let pos = shares + DECODE_STEP_GEMV_KINDS * 16;
     let red = (pos + DECODE_MAX_ROWS * 4).next_multiple_of(16);
@@ -244,6 +255,7 @@ pub const fn decode_step_smem(
     DecodeStepSmem {
         bars,
         trace,
+        epoch,
         shares,
         pos,
         red,
@@ -268,8 +280,10 @@ pub const fn decode_step_smem(
 /// [`decode_step_smem`]`(n, c, n_layer, gridDim.x, slots, slot_bytes).total` bytes of dynamic
 /// shared memory. `slot_bytes` holds at least one weight row of the widest
 /// input (`4c` elements). `c = 64 * nh`, `c % 8 == 0`, `n <=`
-/// [`DECODE_STEP_MAX_ROWS`], every buffer 16-byte aligned, `sync` and the
-/// attention counters zero between launches (the kernel leaves them so).
+/// [`DECODE_STEP_MAX_ROWS`], every buffer 16-byte aligned, the first two
+/// `sync` words and the attention counters zero between launches (the
+/// kernel leaves them so); `sync[2]` and `flags` as the last launch on them
+/// left them (zero at first).
 ///
 /// Results as the fused chain's: the logits, each row's argmax over the
 /// first `v` columns in `ids` and `tokens` (the next step's input), `pos[r]
@@ -310,6 +324,17 @@ pub struct DecodeStepParams<W = f32> {
     pub att_counter: *mut u32,
     /// [`DECODE_STEP_SYNC_WORDS`] counters.
     pub sync: *mut u32,
+    /// At one row of bf16 weights, the rows that pass between the GEMV
+    /// phases of a layer and into the next without a grid barrier
+    /// ([`decode_step_flag_words`]`(c)` words): each word holds a float (low
+    /// half) and its flag (high half), written by one 8-byte store, so a
+    /// reader that sees the flag it expects sees the value with it. A
+    /// launch's flag for layer `l` is `epoch * n_layer + l`, its epoch one
+    /// more than `sync[2]` (which its last block then advances): no flag
+    /// repeats between a word's consecutive writes. Zero-filled at
+    /// allocation (epochs start at 1). The other kernels only advance the
+    /// epoch.
+    pub flags: *mut u64,
     pub n_layer: u32,
     pub n: u32,
     pub c: u32,
