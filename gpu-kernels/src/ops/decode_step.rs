@@ -404,10 +404,12 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
 /// instead of through grid barriers: the readers of a flagged row poll
 /// it, so only the barriers before and after the attention phase remain
 /// in a layer (2 of 5). One row of bf16 weights only. Measured on an H100
-/// (`bench step`, docs/performance.md, decode step 16): bf16 6 % faster a
-/// step at 64 and 512 tokens; f32 weights 0-1.3 % slower (their attention
-/// phase took 0.8 µs longer, not understood yet). At 8 rows the residual
-/// phases stage their rows with `cp.async`, which cannot check flags.
+/// (`bench step`, docs/performance.md, decode step 16): bf16 6-7 % faster
+/// a step at 64 and 512 tokens; f32 weights 0-1.3 % slower (their
+/// attention phase took 0.8 µs longer, not understood yet), and 5 % slower
+/// with their tiles issued after staging (`issue_early` off). At 8 rows
+/// the residual phases stage their rows with `cp.async`, which cannot
+/// check flags.
 const fn flagged<W, const R: usize>() -> bool {
     R == 1 && size_of::<W>() == 2
 }
@@ -774,7 +776,7 @@ const FLAG_BATCH: usize = 4;
 
 /// Stage the one row of a flagged input (`ph.flags_in`, `c_in` words)
 /// into `xs`, each pair of words polled until both carry `ph.flag_in`
-/// (at once: pausing 32 ns between polls was 0.5 % slower on an H100);
+/// (at once: pausing 32 ns between polls was ~0.7 % slower on an H100);
 /// `keep` and `round` as in `stage_rows`.
 ///
 /// # Safety
