@@ -1258,9 +1258,11 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     tr: Trace<'_, W, T>,
 ) {
     let n = p.n as usize;
-    // SAFETY: g is a phase of the step; the epoch slot was written at the start.
+    // SAFETY: g is a phase of the step.
     let ph = unsafe { gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, g) };
     let ph = if flagged::<W, R>() {
+        // SAFETY: the params' contract (flags hold 6c words); the epoch slot was
+        // written at the start, before a block barrier.
         unsafe { with_flags(p, ph, g) }
     } else {
         ph
