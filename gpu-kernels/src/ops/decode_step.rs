@@ -934,43 +934,101 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
     // ks is a power of two.
     let span = ((c_in + ks - 1) >> ks.trailing_zeros()).next_multiple_of(W::PER_LOAD);
     let step = LANES * W::PER_LOAD;
-    let mut u = warp;
-    while u < cols * ks {
-        let (col, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
-        let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
-        let mut acc = [0f32; R];
-        let mut k = k_lo + lane * W::PER_LOAD;
-        while k < k_hi {
-            // SAFETY: col < cols of the tile, k + PER_LOAD <= c_in.
-            let w = unsafe { W::load_raw(wt.add(col * c_in), k) };
-            unroll!(r < R => {
-                if r < n {
-                    unroll!(q < W::PER_LOAD / VEC => {
-                        // SAFETY: r < n, k + PER_LOAD <= c_in.
-                        let x = unsafe { load4(xs.add(r * c_in + k + q * VEC)) };
-                        let e = q * VEC;
-                        acc[r] = fma(
-                            x[0],
-                            W::value(&w, e),
-                            fma(x[1], W::value(&w, e + 1), fma(x[2], W::value(&w, e + 2), fma(x[3], W::value(&w, e + 3), acc[r]))),
-                        );
-                    });
-                }
-            });
-            k += step;
-        }
-        // Lane r gets row r's sum.
-        let s = warp_reduce_sum_many(acc);
-        if lane < n {
-            if ks == 1 {
-                // SAFETY: lane < n, c0 + col < oc.
-                unsafe { epilogue(p, ph, sm, lo, lane, c0 + col, s, best) };
-            } else {
-                // SAFETY: u < 2 * WARPS.
-                unsafe { *red.add(u * ROWS + lane) = s };
+    let units = cols * ks;
+    // Two units a warp at once (`u` and `u + WARPS`: the same k range, as
+    // ks divides WARPS), so their chains of loads, products and the
+    // reduction overlap and each staged x serves both columns.
+    // bf16 tiles only: with f32 weights (twice the bytes a column, so
+    // bound by the stream, not this chain) the second column's registers
+    // made ptxas spill.
+    if size_of::<W>() == 2 {
+        let mut u = warp;
+        while u < units {
+            let two = u + WARPS < units;
+            let (col, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
+            let col2 = (u + WARPS) >> ks.trailing_zeros();
+            let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
+            let mut acc = [0f32; 2];
+            let mut k = k_lo + lane * W::PER_LOAD;
+            while k < k_hi {
+                // SAFETY: col (and col2 when `two`) < cols of the tile, k + PER_LOAD <= c_in.
+                let w = unsafe { W::load_raw(wt.add(col * c_in), k) };
+                let w2 = if two {
+                    // SAFETY: as above.
+                    unsafe { W::load_raw(wt.add(col2 * c_in), k) }
+                } else {
+                    w
+                };
+                unroll!(q < W::PER_LOAD / VEC => {
+                    // SAFETY: row 0 of xs; k + PER_LOAD <= c_in.
+                    let x = unsafe { load4(xs.add(k + q * VEC)) };
+                    let e = q * VEC;
+                    acc[0] = fma(
+                        x[0],
+                        W::value(&w, e),
+                        fma(x[1], W::value(&w, e + 1), fma(x[2], W::value(&w, e + 2), fma(x[3], W::value(&w, e + 3), acc[0]))),
+                    );
+                    acc[1] = fma(
+                        x[0],
+                        W::value(&w2, e),
+                        fma(x[1], W::value(&w2, e + 1), fma(x[2], W::value(&w2, e + 2), fma(x[3], W::value(&w2, e + 3), acc[1]))),
+                    );
+                });
+                k += step;
             }
+            // Lane j gets unit j's sum (u, then u + WARPS).
+            let s = warp_reduce_sum_many(acc);
+            if n > 0 && (lane == 0 || (lane == 1 && two)) {
+                let (unit, c) = if lane == 0 { (u, col) } else { (u + WARPS, col2) };
+                if ks == 1 {
+                    // SAFETY: row 0 < n, c0 + c < oc.
+                    unsafe { epilogue(p, ph, sm, lo, 0, c0 + c, s, best) };
+                } else {
+                    // SAFETY: unit < 2 * WARPS.
+                    unsafe { *red.add(unit * ROWS) = s };
+                }
+            }
+            u += 2 * WARPS;
         }
-        u += WARPS;
+    } else {
+        let mut u = warp;
+        while u < cols * ks {
+            let (col, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
+            let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
+            let mut acc = [0f32; R];
+            let mut k = k_lo + lane * W::PER_LOAD;
+            while k < k_hi {
+                // SAFETY: col < cols of the tile, k + PER_LOAD <= c_in.
+                let w = unsafe { W::load_raw(wt.add(col * c_in), k) };
+                unroll!(r < R => {
+                    if r < n {
+                        unroll!(q < W::PER_LOAD / VEC => {
+                            // SAFETY: r < n, k + PER_LOAD <= c_in.
+                            let x = unsafe { load4(xs.add(r * c_in + k + q * VEC)) };
+                            let e = q * VEC;
+                            acc[r] = fma(
+                                x[0],
+                                W::value(&w, e),
+                                fma(x[1], W::value(&w, e + 1), fma(x[2], W::value(&w, e + 2), fma(x[3], W::value(&w, e + 3), acc[r]))),
+                            );
+                        });
+                    }
+                });
+                k += step;
+            }
+            // Lane r gets row r's sum.
+            let s = warp_reduce_sum_many(acc);
+            if lane < n {
+                if ks == 1 {
+                    // SAFETY: lane < n, c0 + col < oc.
+                    unsafe { epilogue(p, ph, sm, lo, lane, c0 + col, s, best) };
+                } else {
+                    // SAFETY: u < 2 * WARPS.
+                    unsafe { *red.add(u * ROWS + lane) = s };
+                }
+            }
+            u += WARPS;
+        }
     }
     if ks > 1 {
         sync_threads();
