@@ -11,9 +11,12 @@ use gpu_kernels::params::decode_step::DECODE_STEP_MAX_ROWS;
 use gpu_kernels::params::sample::SampleRow;
 use host::bench::step_trace::phase_times;
 use host::cpu::CpuModel;
+use host::cpu::ops as cpu;
 use host::generate::{Backend, LogitsWanted, StopReason, generate};
 use host::gpu::engine::{DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
 use host::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, decode_attention};
+use host::gpu::ops::decode_step::decode_step_fold;
+use host::gpu::ops::weight::WeightRef;
 use host::gpu::shape::{DecodeAttentionShape, KvRows, SampleShape};
 use host::model::checkpoint::Checkpoint;
 use host::model::fixtures::llmc_bytes;
@@ -278,6 +281,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
             persistent_rows_max_keys: 0,
+            fold_layernorms: true,
         },
         DecodeTuning {
             prefetch_ahead_bytes: PREFETCH_SMALL_BYTES,
@@ -291,6 +295,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
             persistent_rows_max_keys: 0,
+            fold_layernorms: true,
         },
     ] {
         eng.set_decode_tuning(tuning);
@@ -360,6 +365,23 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
                     0.0,
                 );
             }
+        }
+        // One row of bf16 weights with the layernorms not folded
+        // (`decode_step_fold`): the row normalised in the step, as the
+        // library runs it without folds (f32 weights always do).
+        if b == 1 && bf16 {
+            eng.set_decode_tuning(persistent_everywhere(DecodeTuning {
+                fold_layernorms: false,
+                ..DecodeTuning::default()
+            }));
+            let unfolded = forced_path(&mut eng, DecodePath::Graph, &prompt, b, t, &graph_ids);
+            check(
+                &what("persistent step, layernorms not folded, vs folded"),
+                &unfolded.concat(),
+                &logits.concat(),
+                paths_tol,
+                0.0,
+            );
         }
         if b > 1 && steps > 1 {
             switch_to_chain(
@@ -460,6 +482,71 @@ fn decode_graph_windowed() {
 fn decode_graph_eight_rows_and_long_cache() {
     // 8 rows (the fused kernels' limit), past two 64-key chunks.
     paths_agree(&head64_config(), 8, 70, 80, 0);
+}
+
+/// The one-row step's layernorm folds (`decode_step_fold`, the plain
+/// kernel of every module) against their CPU twin over the weights' stored
+/// values: f32 and bf16 weights, with and without a bias, odd column counts.
+#[test]
+#[ignore = "needs a GPU"]
+fn decode_step_fold_matches_cpu() {
+    let Some(gpu) = crate::kernels::skip::gpu() else { return };
+    for &(oc, c, with_bias) in &[(2304, 768, true), (37, 64, false), (9, 1024, true)] {
+        let (w, ln_w, ln_b, lin_b) = (
+            random_vec(oc * c, 0.1),
+            random_vec(c, 1.0),
+            random_vec(c, 1.0),
+            random_vec(oc, 1.0),
+        );
+        let (dln_w, dln_b, dlin_b) = (
+            gpu.upload(&ln_w).unwrap(),
+            gpu.upload(&ln_b).unwrap(),
+            gpu.upload(&lin_b).unwrap(),
+        );
+        let w16: Vec<half::bf16> = w.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        let (dw, dw16) = (gpu.upload(&w).unwrap(), gpu.upload(&w16).unwrap());
+        // c products of at most 1 * 0.1 each, summed in another order.
+        let atol = 4.0 * f32::EPSILON * c as f32 * 0.1;
+        for bf16 in [false, true] {
+            let stored: Vec<f32> = if bf16 {
+                w16.iter().map(|x| x.to_f32()).collect()
+            } else {
+                w.clone()
+            };
+            let mut want = vec![0f32; 2 * oc];
+            cpu::decode_step_fold(
+                &mut want,
+                (&ln_w, &ln_b),
+                &stored,
+                with_bias.then_some(&lin_b[..]),
+                oc,
+                c,
+            );
+            let mut out = poisoned(&gpu, 2 * oc);
+            let weight = if bf16 {
+                WeightRef::Bf16(&dw16)
+            } else {
+                WeightRef::F32(&dw)
+            };
+            decode_step_fold(
+                &gpu,
+                &mut out,
+                (&dln_w, &dln_b),
+                weight,
+                with_bias.then_some(&dlin_b),
+                oc,
+                c,
+            )
+            .unwrap();
+            check(
+                &format!("decode_step_fold oc={oc} c={c} bias={with_bias} bf16={bf16}"),
+                &down(&gpu, &out),
+                &want,
+                atol,
+                0.0,
+            );
+        }
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ use gpu_kernels::params::KernelParams;
 use gpu_kernels::params::decode::DECODE_HEAD_SIZE;
 use gpu_kernels::params::decode_step::*;
 
-use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
+use super::args::{OpError, aligned16, blocks_for, check_len, in_ptr, out_ptr, to_u32};
 use super::decode::DecodeWorkspace;
 use super::weight::{KernelWeight, WeightRef};
 use crate::Gpu;
@@ -26,6 +26,11 @@ pub struct StepLayer<'a> {
     /// `[max_batch][nh][max_t][64]` each.
     pub k_cache: &'a mut CudaSlice<f32>,
     pub v_cache: &'a mut CudaSlice<f32>,
+    /// ln1 folded into qkv and ln2 into fc ([`decode_step_fold`], `[2 *
+    /// 3C]` and `[2 * 4C]`), or none: the one-row step then layernorms
+    /// the row itself (slower: docs/performance.md, decode step 18).
+    pub qkv_fold: Option<&'a CudaSlice<f32>>,
+    pub fc_fold: Option<&'a CudaSlice<f32>>,
 }
 
 /// The tensors outside the layers, and the sizes.
@@ -35,6 +40,9 @@ pub struct StepModel<'a> {
     /// `[max_pos, c]`
     pub wpe: &'a CudaSlice<f32>,
     pub lnf: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    /// lnf folded into the LM head ([`decode_step_fold`], `[2 * vp]`), or
+    /// none.
+    pub lnf_fold: Option<&'a CudaSlice<f32>>,
     pub c: usize,
     pub nh: usize,
     /// Real and padded vocabulary.
@@ -278,6 +286,8 @@ where
         let (attproj_w, attproj_b) = w(l.attproj, c, c)?;
         let (fc_w, fc_b) = w(l.fc, 4 * c, c)?;
         let (fcproj_w, fcproj_b) = w(l.fcproj, c, 4 * c)?;
+        let qkv_fold = fold_ptr(gpu, l.qkv_fold, 3 * c)?;
+        let fc_fold = fold_ptr(gpu, l.fc_fold, 4 * c)?;
         let layer = DecodeStepLayer::<W> {
             ln1_w: in_ptr(gpu, l.ln1.0),
             ln1_b: in_ptr(gpu, l.ln1.1),
@@ -293,6 +303,8 @@ where
             fcproj_b,
             k_cache: out_ptr(gpu, l.k_cache),
             v_cache: out_ptr(gpu, l.v_cache),
+            qkv_fold,
+            fc_fold,
         };
         if !aligned16(&[
             layer.ln1_w as usize,
@@ -308,7 +320,7 @@ where
         ]) {
             return Err(unaligned());
         }
-        // SAFETY: `DecodeStepLayer` is `repr(C)` and made of 14 pointers
+        // SAFETY: `DecodeStepLayer` is `repr(C)` and made of 16 pointers
         // (no padding, no invalid byte patterns): its bytes are what the
         // kernel reads.
         let bytes = unsafe {
@@ -372,6 +384,7 @@ where
         wpe: in_ptr(gpu, model.wpe),
         lnf_w: in_ptr(gpu, model.lnf.0),
         lnf_b: in_ptr(gpu, model.lnf.1),
+        lnf_fold: fold_ptr(gpu, model.lnf_fold, vp)?,
         tokens: out_ptr(gpu, bufs.tokens),
         pos: out_ptr(gpu, bufs.pos),
         ids: out_ptr(gpu, bufs.ids),
@@ -433,5 +446,94 @@ where
     // shared memory as `decode_step_smem` lays out; the kernel keeps the
     // PDL contract (weights only before its wait).
     unsafe { gpu.launch_pdl(kernel, cfg, p, launch.pdl)? };
+    Ok(())
+}
+
+/// The device address of a fold of `oc` columns, or null for none.
+fn fold_ptr(gpu: &Gpu, fold: Option<&CudaSlice<f32>>, oc: usize) -> Result<*const f32, OpError> {
+    match fold {
+        None => Ok(std::ptr::null()),
+        Some(f) => {
+            check_len(OP, "fold", f.len(), DECODE_STEP_FOLD_PAIR * oc)?;
+            Ok(in_ptr(gpu, f))
+        }
+    }
+}
+
+/// `decode_step_fold`: the layernorm `ln` (weight, bias: `[c]` each) folded
+/// into the `[oc, c]` `weight` and its `bias` (none: zero), for the one-row
+/// step ([`StepLayer::qkv_fold`]): `out[2j] = Σ_k γ_k weight[j][k]`,
+/// `out[2j + 1] = bias_j + Σ_k β_k weight[j][k]` over the weight's values
+/// as stored. CPU twin: `cpu::ops::decode_step_fold`. Made once per model:
+/// a fold is stale once its weights change.
+pub fn decode_step_fold(
+    gpu: &Gpu,
+    out: &mut CudaSlice<f32>,
+    ln: (&CudaSlice<f32>, &CudaSlice<f32>),
+    weight: WeightRef<'_>,
+    bias: Option<&CudaSlice<f32>>,
+    oc: usize,
+    c: usize,
+) -> Result<(), OpError> {
+    const OP: &str = "decode_step_fold";
+    check_len(OP, "out", out.len(), DECODE_STEP_FOLD_PAIR * oc)?;
+    check_len(OP, "ln weight", ln.0.len(), c)?;
+    check_len(OP, "ln bias", ln.1.len(), c)?;
+    check_len(OP, "weight", weight.len(), oc * c)?;
+    if let Some(b) = bias {
+        check_len(OP, "bias", b.len(), oc)?;
+    }
+    if !c.is_multiple_of(8) {
+        return Err(OpError::shape(OP, format!("c = {c}: a multiple of 8")));
+    }
+    let warps = DECODE_STEP_FOLD_THREADS / 32;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks_for(to_u32(OP, "oc", oc)?, warps), 1, 1),
+        block_dim: (DECODE_STEP_FOLD_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    if oc == 0 {
+        return Ok(());
+    }
+    let (c, oc_u32) = (to_u32(OP, "c", c)?, to_u32(OP, "oc", oc)?);
+    let ln_w = in_ptr(gpu, ln.0);
+    let ln_b = in_ptr(gpu, ln.1);
+    let bias = bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b));
+    let out = out_ptr(gpu, out);
+    match weight {
+        WeightRef::F32(_) => {
+            let p = DecodeStepFoldParams::<f32> {
+                w: f32::ptr(gpu, weight).ok_or_else(|| OpError::shape(OP, "weight format"))?,
+                ln_w,
+                ln_b,
+                bias,
+                out,
+                c,
+                oc: oc_u32,
+            };
+            if !aligned16(&[p.w as usize]) {
+                return Err(OpError::shape(OP, "the weight must be 16-byte aligned"));
+            }
+            // SAFETY: every buffer holds what the params say (checked above),
+            // the weight 16-byte aligned, c % 8 == 0; the grid covers oc columns.
+            unsafe { gpu.launch(DECODE_STEP_FOLD, cfg, p)? };
+        }
+        WeightRef::Bf16(_) => {
+            let p = DecodeStepFoldParams::<u16> {
+                w: u16::ptr(gpu, weight).ok_or_else(|| OpError::shape(OP, "weight format"))?,
+                ln_w,
+                ln_b,
+                bias,
+                out,
+                c,
+                oc: oc_u32,
+            };
+            if !aligned16(&[p.w as usize]) {
+                return Err(OpError::shape(OP, "the weight must be 16-byte aligned"));
+            }
+            // SAFETY: as above, over bf16 bits.
+            unsafe { gpu.launch(DECODE_STEP_FOLD_BF16, cfg, p)? };
+        }
+    }
     Ok(())
 }

@@ -47,7 +47,7 @@ use crate::device::tma::{
     mbarrier_init, mbarrier_wait_parity,
 };
 use crate::device::unroll;
-use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum_many};
+use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, atomic_add_shared_u32, block_idx_x, clock64, flag_of, flagged_value,
     global_timer_ns, grid_arrive, grid_dependency_wait, grid_dim_x, grid_wait, lane_id, launch_dependents,
@@ -332,6 +332,9 @@ struct Gemv<W> {
     /// Non-null: the outputs also go here, flagged `flag_out`.
     flags_out: *mut u64,
     flag_out: u32,
+    /// Null, or the layernorm folded into this phase's columns (pairs, see
+    /// [`DECODE_STEP_FOLD`]); used at one row ([`folded`]).
+    fold: *const f32,
 }
 
 /// GEMV phase `g` of the step: per layer qkv, attproj, fc, fcproj; then
@@ -361,6 +364,7 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
             flag_in: 0,
             flags_out: core::ptr::null_mut(),
             flag_out: 0,
+            fold: p.lnf_fold,
         };
     }
     let layer = g / GEMVS;
@@ -381,19 +385,20 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
         flag_in: 0,
         flags_out: core::ptr::null_mut(),
         flag_out: 0,
+        fold: lw.qkv_fold,
     };
     match g % GEMVS {
         0 => {}
         1 => {
-            (ph.w, ph.bias, ph.ln_w, ph.ln_b) = (lw.attproj_w, lw.attproj_b, null, null);
+            (ph.w, ph.bias, ph.ln_w, ph.ln_b, ph.fold) = (lw.attproj_w, lw.attproj_b, null, null, null);
             (ph.inp, ph.oc, ph.epi) = (p.att, c, Epilogue::Residual);
         }
         2 => {
-            (ph.w, ph.bias, ph.ln_w, ph.ln_b) = (lw.fc_w, lw.fc_b, lw.ln2_w, lw.ln2_b);
+            (ph.w, ph.bias, ph.ln_w, ph.ln_b, ph.fold) = (lw.fc_w, lw.fc_b, lw.ln2_w, lw.ln2_b, lw.fc_fold);
             (ph.inp, ph.oc, ph.epi) = (p.x, 4 * c, Epilogue::Gelu);
         }
         _ => {
-            (ph.w, ph.bias, ph.ln_w, ph.ln_b) = (lw.fcproj_w, lw.fcproj_b, null, null);
+            (ph.w, ph.bias, ph.ln_w, ph.ln_b, ph.fold) = (lw.fcproj_w, lw.fcproj_b, null, null, null);
             (ph.inp, ph.c_in, ph.oc, ph.epi) = (p.h, 4 * c, c, Epilogue::Residual);
         }
     }
@@ -621,6 +626,43 @@ unsafe fn stage_ln(lnp: *mut f32, w: *const f32, b: *const f32, c: usize) {
     cp_async_commit();
 }
 
+/// Whether phase `ph` runs with its layernorm folded into its weights
+/// ([`DECODE_STEP_FOLD`]): one row of bf16 weights, and a fold given. Its
+/// stagers read the layernorm's weight, and its epilogues the fold pairs,
+/// from global memory (L2). Measured on an H200 (`bench step`, docs/
+/// performance.md, decode step 18): bf16 1.3 % faster a step, the CLI
+/// 1.5-2 %; f32 weights 0.3 % slower a step and their CLI 1 %, so they
+/// layernorm the row. Copying the weight and pairs to shared memory at the
+/// boundary before the phase ahead lengthened those grid barriers by ~0.45
+/// µs, which cancelled the gain.
+#[inline(always)]
+fn folded<W, const R: usize>(ph: &Gemv<W>) -> bool {
+    R == 1 && size_of::<W>() == 2 && !ph.fold.is_null()
+}
+
+/// Start copying what GEMV phase `g` needs besides its rows and weights:
+/// its layernorm's parameters (unless folded: [`folded`]) and its bias.
+///
+/// # Safety
+/// The params' contract; `g` a GEMV phase; `lnp` and the bias slot's last
+/// readers finished before a block barrier.
+#[inline(always)]
+unsafe fn stage_phase_params<W: Weight, const R: usize>(p: &DecodeStepParams<W>, sm: &Smem, ring: &Ring, g: usize) {
+    let tbl = ring.tbl as *const DecodeStepLayer<W>;
+    // SAFETY: g <= last; KINDS shares.
+    let (ph, sh) = unsafe { (gemv_phase(p, tbl, g), *ring.shares.add(kind_of(g, p.n_layer as usize))) };
+    if folded::<W, R>(&ph) {
+        // Its pairs carry the bias.
+        return;
+    }
+    if !ph.ln_w.is_null() {
+        // SAFETY: the parameters hold c floats; lnp is free (the contract).
+        unsafe { stage_ln(sm.lnp, ph.ln_w, ph.ln_b, p.c as usize) };
+    }
+    // SAFETY: the bias slot is free (the contract).
+    unsafe { stage_bias(&ph, sm, sh.lo as usize, sh.hi as usize) };
+}
+
 /// Layernorm the staged rows `xs[r][0..c]`, `r < n`, in place, each with
 /// the whole block (two block reductions a row: the mean, then the
 /// variance about it), output rounded as the weights multiply it. One
@@ -700,7 +742,9 @@ unsafe fn stage_copy(inp: *const f32, xs: *mut f32, len: usize) {
 /// input rows, or the embedding (block 0 also writes it to `x`, the
 /// residual stream). Rows without a layernorm are rounded as the weights
 /// multiply them. The qkv and fc phases' rows (the residual stream) also go
-/// to `xraw` as read, the block's residual columns `res` of them.
+/// to `xraw` as read, the block's residual columns `res` of them. A folded
+/// phase (`gamma`, its layernorm's `c_in` weights, not null; one row) also
+/// stores the row times them after the row, at `xs[c_in..]`.
 ///
 /// # Safety
 /// The params' contract; `sm` as `decode_step_smem` lays it out; `res` the
@@ -708,7 +752,15 @@ unsafe fn stage_copy(inp: *const f32, xs: *mut f32, len: usize) {
 /// the phase is attproj at one row, whose input is the attention's
 /// `merge` partials a head (`reader_merges`), merged as staged.
 #[inline(always)]
-unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem, n: usize, res: Share, merge: usize) {
+unsafe fn stage_rows<W: Weight>(
+    p: &DecodeStepParams<W>,
+    ph: &Gemv<W>,
+    sm: &Smem,
+    n: usize,
+    res: Share,
+    merge: usize,
+    gamma: *const f32,
+) {
     // The residual stream's rows, kept raw for the residual epilogues.
     let keep = matches!(ph.epi, Epilogue::Qkv | Epilogue::Gelu);
     let (res_lo, res_hi) = (res.lo as usize, res.hi as usize);
@@ -717,7 +769,7 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
     let embed = ph.inp.is_null();
     if !ph.flags_in.is_null() {
         // SAFETY: one row of c_in flagged words (`with_flags`); the rest as above.
-        unsafe { stage_flagged::<W>(ph, sm, keep, round, res_lo, res_hi) };
+        unsafe { stage_flagged::<W>(ph, sm, keep, round, (res_lo, res_hi), gamma) };
         return;
     }
     if merge > 1 {
@@ -736,38 +788,54 @@ unsafe fn stage_rows<W: Weight>(p: &DecodeStepParams<W>, ph: &Gemv<W>, sm: &Smem
         }
         return;
     }
-    stage_vectors(
-        n,
-        c_in,
-        // SAFETY: (both) r < n, k + 4 <= c_in; token and position clamped
-        // into the tables; x and xs hold n * c_in floats (c_in == c when
-        // embedding or keeping), xraw n rows of xw >= res_hi - res_lo.
-        |r, k| unsafe {
-            if embed {
-                let tok = (*p.tokens.add(r)).min(p.v - 1) as usize;
-                let pos = (*sm.pos.add(r)).min(p.max_pos - 1) as usize;
-                let (a, b) = (W::load4_f32(p.wte, tok * c_in + k), load4(p.wpe.add(pos * c_in + k)));
-                [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
-            } else {
-                load4_cg(ph.inp.add(r * c_in + k))
-            }
-        },
-        // SAFETY: r < n, k + 4 <= c_in: `x` and `xs` hold n * c_in floats; xraw n rows of
-        // xw >= res_hi - res_lo, written at k - res_lo only inside that range.
-        |r, k, v| unsafe {
-            if embed && block_idx_x() == 0 {
-                store4(p.x.add(r * c_in + k), v);
-            }
-            if keep && k + VEC > res_lo && k < res_hi {
-                for (i, &e) in v.iter().enumerate() {
-                    if (res_lo..res_hi).contains(&(k + i)) {
-                        *sm.xraw.add(r * sm.xw + k + i - res_lo) = e;
-                    }
+    // SAFETY: r < n, k + 4 <= c_in; token and position clamped into the
+    // tables.
+    let load = |r: usize, k: usize| unsafe {
+        if embed {
+            let tok = (*p.tokens.add(r)).min(p.v - 1) as usize;
+            let pos = (*sm.pos.add(r)).min(p.max_pos - 1) as usize;
+            let (a, b) = (W::load4_f32(p.wte, tok * c_in + k), load4(p.wpe.add(pos * c_in + k)));
+            [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+        } else {
+            load4_cg(ph.inp.add(r * c_in + k))
+        }
+    };
+    // SAFETY: r < n, k + 4 <= c_in: `x` and `xs` hold n * c_in floats (c_in == c when
+    // embedding or keeping), xraw n rows of xw >= res_hi - res_lo, written at k - res_lo
+    // only inside that range.
+    let store = |r: usize, k: usize, v: [f32; VEC]| unsafe {
+        if embed && block_idx_x() == 0 {
+            store4(p.x.add(r * c_in + k), v);
+        }
+        if keep && k + VEC > res_lo && k < res_hi {
+            for (i, &e) in v.iter().enumerate() {
+                if (res_lo..res_hi).contains(&(k + i)) {
+                    *sm.xraw.add(r * sm.xw + k + i - res_lo) = e;
                 }
             }
-            store4(sm.xs.add(r * c_in + k), if round { v.map(W::round_input) } else { v });
-        },
-    );
+        }
+        store4(sm.xs.add(r * c_in + k), if round { v.map(W::round_input) } else { v });
+    };
+    if !gamma.is_null() {
+        // One row, its layernorm folded: a vector a thread (c_in = 768 is
+        // 192 of them), the weight's loaded beside the row's, their
+        // product after the row.
+        let mut k = thread_idx_x() as usize * VEC;
+        while k < c_in {
+            // SAFETY: k + 4 <= c_in: gamma holds c_in floats, xs 2 * c_in (one row).
+            unsafe {
+                let (v, gm) = (load(0, k), load4(gamma.add(k)));
+                store(0, k, v);
+                store4(
+                    sm.xs.add(c_in + k),
+                    [v[0] * gm[0], v[1] * gm[1], v[2] * gm[2], v[3] * gm[3]],
+                );
+            }
+            k += DECODE_STEP_THREADS as usize * VEC;
+        }
+        return;
+    }
+    stage_vectors(n, c_in, load, store);
 }
 
 /// Flagged words a thread loads (in pairs) before it waits on any: one
@@ -777,24 +845,40 @@ const FLAG_BATCH: usize = 4;
 /// Stage the one row of a flagged input (`ph.flags_in`, `c_in` words)
 /// into `xs`, each pair of words polled until both carry `ph.flag_in`
 /// (at once: pausing 32 ns between polls was ~0.7 % slower on an H100);
-/// `keep` and `round` as in `stage_rows`.
+/// `keep`, `round` and `gamma` as in `stage_rows`, `res` its residual
+/// columns.
 ///
 /// # Safety
 /// The params' contract; `ph.flags_in` holds `c_in` words, which their
 /// writers flag `ph.flag_in` without waiting on this block; `sm` as
 /// `decode_step_smem` lays it out for one row.
 #[inline(always)]
-unsafe fn stage_flagged<W: Weight>(ph: &Gemv<W>, sm: &Smem, keep: bool, round: bool, res_lo: usize, res_hi: usize) {
+unsafe fn stage_flagged<W: Weight>(
+    ph: &Gemv<W>,
+    sm: &Smem,
+    keep: bool,
+    round: bool,
+    (res_lo, res_hi): (usize, usize),
+    gamma: *const f32,
+) {
     let threads = DECODE_STEP_THREADS as usize;
-    let pairs = ph.c_in / 2;
+    let c_in = ph.c_in;
+    let pairs = c_in / 2;
     let mut base = thread_idx_x() as usize;
     while base < pairs {
         let mut w = [[0u64; 2]; FLAG_BATCH];
+        let mut gm = [Vec2([0f32; 2]); FLAG_BATCH];
         unroll!(u < FLAG_BATCH => {
             let i = base + u * threads;
             if i < pairs {
-                // SAFETY: 2i + 2 <= c_in words, 16-byte aligned (the buffer is).
-                w[u] = unsafe { load_flagged2(ph.flags_in.add(2 * i)) };
+                // SAFETY: 2i + 2 <= c_in words, 16-byte aligned (the buffer is); gamma
+                // (when given) c_in floats, 8-byte aligned.
+                unsafe {
+                    w[u] = load_flagged2(ph.flags_in.add(2 * i));
+                    if !gamma.is_null() {
+                        gm[u] = *gamma.add(2 * i).cast::<Vec2<f32>>();
+                    }
+                }
             }
         });
         unroll!(u < FLAG_BATCH => {
@@ -812,8 +896,14 @@ unsafe fn stage_flagged<W: Weight>(ph: &Gemv<W>, sm: &Smem, keep: bool, round: b
                         // SAFETY: xraw holds the block's residual columns of the row.
                         unsafe { *sm.xraw.add(k + j - res_lo) = e };
                     }
-                    // SAFETY: k + j < c_in: xs holds the row.
-                    unsafe { *sm.xs.add(k + j) = if round { W::round_input(e) } else { e } };
+                    // SAFETY: k + j < c_in: xs holds the row (and its product with
+                    // gamma after it, when given).
+                    unsafe {
+                        *sm.xs.add(k + j) = if round { W::round_input(e) } else { e };
+                        if !gamma.is_null() {
+                            *sm.xs.add(c_in + k + j) = e * gm[u].0[j];
+                        }
+                    }
                 }
             }
         });
@@ -905,13 +995,79 @@ struct Tile<W> {
     cols: usize,
 }
 
+/// The mean and rstd of the staged row `xs[..c]`, each warp for itself
+/// (every warp gets the same bits: a butterfly sum adds the same pairs in
+/// every lane). One pass, Σx and Σx² in f32: a folded phase needs no
+/// normalised row, only these, and no block reduction or barrier for them.
+///
+/// # Safety
+/// `xs` holds `c` floats (`c % 4 == 0`), 16-byte aligned, published to the
+/// warp by a block barrier.
+#[inline(always)]
+unsafe fn warp_row_moments(xs: *const f32, c: usize) -> (f32, f32) {
+    let stride = LANES * VEC;
+    // Two vectors a pass, each with its own sums: shorter add chains.
+    let (mut s, mut q) = ([0f32; 2], [0f32; 2]);
+    let mut k = lane_id() as usize * VEC;
+    while k < c {
+        unroll!(h < 2 => {
+            let kk = k + h * stride;
+            if kk < c {
+                // SAFETY: kk + 4 <= c.
+                let x = unsafe { load4(xs.add(kk)) };
+                s[h] += (x[0] + x[1]) + (x[2] + x[3]);
+                q[h] = fma(x[0], x[0], fma(x[1], x[1], fma(x[2], x[2], fma(x[3], x[3], q[h]))));
+            }
+        });
+        k += 2 * stride;
+    }
+    let (sum, sq) = (warp_reduce_sum(s[0] + s[1]), warp_reduce_sum(q[0] + q[1]));
+    let inv_c = 1.0 / c as f32;
+    let mean = sum * inv_c;
+    let var = (sq * inv_c - mean * mean).max(0.0);
+    (mean, rsqrt_precise(var + LAYERNORM_EPS))
+}
+
+/// Column `col`'s fold pair ([`DECODE_STEP_FOLD`]) where the phase is
+/// folded (`moments`), loaded ahead of its sum (its L2 latency then
+/// overlaps the dot product); zeros otherwise.
+///
+/// # Safety
+/// With `moments`: `col < ph.oc`.
+#[inline(always)]
+unsafe fn fold_pair<W>(ph: &Gemv<W>, moments: Option<(f32, f32)>, col: usize) -> Vec2<f32> {
+    if moments.is_some() {
+        // SAFETY: oc pairs; 8-byte aligned (the buffer is 16).
+        unsafe { *ph.fold.add(DECODE_STEP_FOLD_PAIR * col).cast::<Vec2<f32>>() }
+    } else {
+        Vec2([0.0; 2])
+    }
+}
+
+/// A folded phase's sum (`(x ⊙ γ) · W_j`) to the layer's output, from the
+/// row's `(mean, rstd)` and the column's `pair` ([`fold_pair`]); other
+/// phases' sums as they are.
+#[inline(always)]
+fn unfold(moments: Option<(f32, f32)>, pair: Vec2<f32>, sum: f32) -> f32 {
+    match moments {
+        None => sum,
+        Some((mean, rstd)) => fma(rstd, fma(-mean, pair.0[0], sum), pair.0[1]),
+    }
+}
+
 /// Multiply one tile by the staged rows `xs` and run each sum's epilogue,
 /// one column a warp on the FMA units (one row: each thread serves row 0).
+/// A folded phase (`moments`, the row's mean and rstd) multiplies the row
+/// times the layernorm's weight (`xs[c_in..]`) and unfolds each sum.
 ///
 /// # Safety
 /// The params' contract; the tile's bytes have arrived; `red` holds
-/// `2 * WARPS * ROWS` floats; every thread of the block calls it.
+/// `2 * WARPS * ROWS` floats; every thread of the block calls it; with
+/// `moments`, the phase is folded.
 #[inline(always)]
+// Kept: a device helper inlined into its kernels, whose arguments are
+// the caller's registers; a struct for them would only rename them.
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile_gemv<W: Weight, const R: usize>(
     p: &DecodeStepParams<W>,
     ph: &Gemv<W>,
@@ -919,12 +1075,19 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
     tile: Tile<W>,
     n: usize,
     best: &mut (f32, u32),
+    moments: Option<(f32, f32)>,
 ) {
     // Each thread's rows vary with its lane beyond one row: `best` serves one.
     const { assert!(R == 1) };
     let Tile { wt, lo, c0, cols } = tile;
     let (c_in, lane, warp) = (ph.c_in, lane_id() as usize, warp_id() as usize);
-    let (xs, red) = (sm.xs as *const f32, sm.red);
+    let xs = if moments.is_some() {
+        // SAFETY: a folded phase staged x ⊙ γ after the row.
+        unsafe { sm.xs.add(c_in) as *const f32 }
+    } else {
+        sm.xs as *const f32
+    };
+    let red = sm.red;
     // Split each column over `ks` warps when the tile has fewer columns
     // than warps (then fewer than 2 * WARPS units: `red` holds them).
     let mut ks = 1;
@@ -948,6 +1111,13 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
             let (col, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
             let col2 = (u + WARPS) >> ks.trailing_zeros();
             let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
+            // The epilogue lanes' fold pairs, loaded before the sums.
+            let pair = if ks == 1 && (lane == 0 || (lane == 1 && two)) {
+                // SAFETY: col (col2 when `two`) < cols: c0 + it < oc.
+                unsafe { fold_pair(ph, moments, c0 + if lane == 0 { col } else { col2 }) }
+            } else {
+                Vec2([0.0; 2])
+            };
             let mut acc = [0f32; 2];
             let mut k = k_lo + lane * W::PER_LOAD;
             while k < k_hi {
@@ -982,7 +1152,7 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
                 let (unit, c) = if lane == 0 { (u, col) } else { (u + WARPS, col2) };
                 if ks == 1 {
                     // SAFETY: row 0 < n, c0 + c < oc.
-                    unsafe { epilogue(p, ph, sm, lo, 0, c0 + c, s, best) };
+                    unsafe { epilogue(p, ph, sm, lo, 0, c0 + c, unfold(moments, pair, s), best) };
                 } else {
                     // SAFETY: unit < 2 * WARPS.
                     unsafe { *red.add(unit * ROWS) = s };
@@ -995,6 +1165,12 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
         while u < cols * ks {
             let (col, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
             let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
+            let pair = if ks == 1 && lane < n {
+                // SAFETY: col < cols: c0 + col < oc.
+                unsafe { fold_pair(ph, moments, c0 + col) }
+            } else {
+                Vec2([0.0; 2])
+            };
             let mut acc = [0f32; R];
             let mut k = k_lo + lane * W::PER_LOAD;
             while k < k_hi {
@@ -1021,7 +1197,7 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
             if lane < n {
                 if ks == 1 {
                     // SAFETY: lane < n, c0 + col < oc.
-                    unsafe { epilogue(p, ph, sm, lo, lane, c0 + col, s, best) };
+                    unsafe { epilogue(p, ph, sm, lo, lane, c0 + col, unfold(moments, pair, s), best) };
                 } else {
                     // SAFETY: u < 2 * WARPS.
                     unsafe { *red.add(u * ROWS + lane) = s };
@@ -1041,7 +1217,10 @@ unsafe fn tile_gemv<W: Weight, const R: usize>(
                 s += unsafe { *red.add((col * ks + part) * ROWS + r) };
             }
             // SAFETY: r < n, c0 + col < oc.
-            unsafe { epilogue(p, ph, sm, lo, r, c0 + col, s, best) };
+            unsafe {
+                let pair = fold_pair(ph, moments, c0 + col);
+                epilogue(p, ph, sm, lo, r, c0 + col, unfold(moments, pair, s), best);
+            }
         }
     }
 }
@@ -1328,6 +1507,16 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     // SAFETY: KINDS entries.
     let sh = unsafe { *ring.shares.add(kind_of(g, p.n_layer as usize)) };
     let (lo, hi, tc) = (sh.lo as usize, sh.hi as usize, sh.tc as usize);
+    // A folded phase's pairs carry its bias.
+    let fold = folded::<W, R>(&ph);
+    let ph = if fold {
+        Gemv {
+            bias: core::ptr::null(),
+            ..ph
+        }
+    } else {
+        ph
+    };
     // SAFETY: KINDS entries; kind 1 is attproj's share, fcproj's too (both
     // have c columns).
     let res = unsafe { *ring.shares.add(1) };
@@ -1342,10 +1531,11 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         } else {
             0
         };
+        let gamma = if fold { ph.ln_w } else { core::ptr::null() };
         // SAFETY: the params' contract, `sm` laid out by `decode_step_smem`, `res` this
-        // block's residual share, `merge` the row's items where it merges: `stage_rows`'
-        // contract.
-        unsafe { stage_rows(p, &ph, sm, n, res, merge) };
+        // block's residual share, `merge` the row's items where it merges, `gamma` the
+        // layernorm's c_in weights where folded (one row): `stage_rows`' contract.
+        unsafe { stage_rows(p, &ph, sm, n, res, merge, gamma) };
     }
     tr.mark(traced_phase(g), DecodeStepMark::Loaded);
     if issue_early::<W, R>() && thread_idx_x() == PRODUCER_THREAD {
@@ -1355,7 +1545,11 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     // The bias and the layernorm's parameters (`stage_ln`) have landed.
     cp_async_wait_group::<0>();
     sync_threads();
-    if !ph.ln_w.is_null() {
+    let mut moments = None;
+    if fold {
+        // SAFETY: xs holds the row (c_in floats), staged before the barrier.
+        moments = Some(unsafe { warp_row_moments(sm.xs, ph.c_in) });
+    } else if !ph.ln_w.is_null() {
         if R == 1 {
             // SAFETY: xs holds n rows of c_in, lnp the parameters, red at
             // least BLOCK_REDUCE_SCRATCH floats (unused until the tiles).
@@ -1403,7 +1597,7 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         if R == 1 {
             // SAFETY: the tile's bytes arrived (the parity wait above); `sm.red` holds the
             // reduction scratch the layout sizes; every thread of the block gets here.
-            unsafe { tile_gemv::<W, 1>(p, &ph, sm, tile, n, best) };
+            unsafe { tile_gemv::<W, 1>(p, &ph, sm, tile, n, best, moments) };
         } else if simt_rows::<W>() {
             // SAFETY: as for `tile_gemv`; `red` holds WARPS * MMA_OUTPUTS >= 2 * WARPS * OUTS
             // floats (the layout's size for more than one row); f32 rows are staged as read.
@@ -1590,10 +1784,9 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
     sync_threads();
 }
 
-/// What the phases after a boundary need staged early: the next
-/// layernorm's parameters, the next GEMV phase's bias.
+/// What the phases after a boundary need staged early: the next GEMV
+/// phase's parameters ([`stage_phase_params`]).
 struct Boundary {
-    ln: Option<(*const f32, *const f32)>,
     gemv: Option<usize>,
     /// Whether the blocks meet at a grid barrier here (not where the next
     /// phase polls its flagged input, `flagged`).
@@ -1609,17 +1802,17 @@ struct Boundaries {
 
 /// Between two phases: the block arrives at the grid barrier (after every
 /// thread's writes, [`BARRIER_THREAD`]), then starts the copies the next
-/// phases need (the next layernorm's parameters and GEMV bias, `next`),
+/// phases need ([`stage_phase_params`] of `next.gemv`),
 /// then waits for the other blocks; without the grid barrier (`next.grid`
 /// false) only the copies. `b` counts this launch's boundaries.
 ///
 /// # Safety
 /// The params' contract (one block per SM, all resident; `sync` word 0
 /// counts this launch's arrivals); every thread of the block calls it,
-/// after a block barrier that follows the phase's work; `next.ln`, when
-/// given, holds `c` floats each, 16-byte aligned; `next.gemv` is a phase.
+/// after a block barrier that follows the phase's work; `next.gemv` is a
+/// phase.
 #[inline(always)]
-unsafe fn between_phases<W: Weight, const T: bool>(
+unsafe fn between_phases<W: Weight, const R: usize, const T: bool>(
     p: &DecodeStepParams<W>,
     sm: &Smem,
     ring: &Ring,
@@ -1639,19 +1832,10 @@ unsafe fn between_phases<W: Weight, const T: bool>(
         // SAFETY: the caller's contract.
         unsafe { grid_arrive(p.sync) };
     }
-    if let Some((w, b)) = next.ln {
-        // SAFETY: the caller's contract; lnp's last readers finished before
-        // the block barrier.
-        unsafe { stage_ln(sm.lnp, w, b, p.c as usize) };
-    }
     if let Some(g) = next.gemv {
-        // SAFETY: g is a phase of the step; KINDS shares; the bias slot's
+        // SAFETY: g is a phase of the step; lnp's and the bias slot's last
         // readers finished before the block barrier.
-        unsafe {
-            let ph = gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, g);
-            let sh = *ring.shares.add(kind_of(g, p.n_layer as usize));
-            stage_bias(&ph, sm, sh.lo as usize, sh.hi as usize);
-        }
+        unsafe { stage_phase_params::<W, R>(p, sm, ring, g) };
     }
     tr.mark(phase, DecodeStepMark::Issued);
     if grid && tid == BARRIER_THREAD {
@@ -1775,20 +1959,10 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
         // SAFETY: the barriers are initialised; no slot was read yet.
         unsafe { issue(&p, &mut prod, consumed, &ring) };
     }
-    // The first phase's layernorm parameters and bias (later phases' come
-    // at the barrier before them, `between_phases`).
-    // SAFETY: layer 0's ln1 parameters hold c floats; phase 0's share.
-    unsafe {
-        let l0 = &*(ring.tbl as *const DecodeStepLayer<W>);
-        stage_ln(sm.lnp, l0.ln1_w, l0.ln1_b, c);
-        let sh = *ring.shares;
-        stage_bias(
-            &gemv_phase(&p, ring.tbl as *const DecodeStepLayer<W>, 0),
-            &sm,
-            sh.lo as usize,
-            sh.hi as usize,
-        );
-    }
+    // The first phase's parameters (later phases' come at the boundaries
+    // before them, `between_phases`).
+    // SAFETY: phase 0; nothing read lnp or the bias slot yet.
+    unsafe { stage_phase_params::<W, R>(&p, &sm, &ring, 0) };
     grid_dependency_wait();
     launch_dependents();
     // The positions, once (only the LM head's last block changes them).
@@ -1834,37 +2008,19 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
                 break;
             }
             let layer = g / GEMVS;
-            let lw = &*(ring.tbl as *const DecodeStepLayer<W>).add(layer);
-            // What the phases after this one need early: the next GEMV's
-            // bias, and after attproj ln2's parameters, after fcproj the
-            // next layer's ln1 (or lnf).
-            let ln = match g % GEMVS {
-                1 => Some((lw.ln2_w, lw.ln2_b)),
-                3 if layer + 1 < nl => {
-                    let next = &*(ring.tbl as *const DecodeStepLayer<W>).add(layer + 1);
-                    Some((next.ln1_w, next.ln1_b))
-                }
-                3 => Some((p.lnf_w, p.lnf_b)),
-                _ => None,
-            };
             // The attention's inputs and outputs are not flagged.
             let grid = !flagged::<W, R>() || g % GEMVS == 0;
             let mut next = Boundary {
-                ln,
                 gemv: Some(g + 1),
                 grid,
             };
             if g % GEMVS == 0 {
                 // Attention between qkv and attproj.
-                between_phases(&p, &sm, &ring, &mut bounds, next, tr);
+                between_phases::<W, R, T>(&p, &sm, &ring, &mut bounds, next, tr);
                 run_attention(&p, &ring, &sm, layer, reader_merges::<R>());
-                next = Boundary {
-                    ln: None,
-                    gemv: None,
-                    grid: true,
-                };
+                next = Boundary { gemv: None, grid: true };
             }
-            between_phases(&p, &sm, &ring, &mut bounds, next, tr);
+            between_phases::<W, R, T>(&p, &sm, &ring, &mut bounds, next, tr);
         }
     }
     tr.clocks(DecodeStepTraceHeader::TimerEnd, DecodeStepTraceHeader::ClockEnd);
@@ -1892,3 +2048,65 @@ decode_step_entry!(decode_step_rows, f32, DECODE_STEP_MAX_ROWS as usize, false);
 decode_step_entry!(decode_step_rows_bf16, u16, DECODE_STEP_MAX_ROWS as usize, false);
 decode_step_entry!(decode_step_rows_traced, f32, DECODE_STEP_MAX_ROWS as usize, true);
 decode_step_entry!(decode_step_rows_bf16_traced, u16, DECODE_STEP_MAX_ROWS as usize, true);
+
+/// [`DECODE_STEP_FOLD`]: column `j` of `w` (one warp) to its fold pair,
+/// `(Σ_k γ_k w[j][k], bias_j + Σ_k β_k w[j][k])`, in f32 over the weight's
+/// values as stored (bf16 ones too: the step multiplies those).
+///
+/// # Safety
+/// `DecodeStepFoldParams`' contract, with the launch it describes.
+#[inline(always)]
+unsafe fn decode_step_fold_body<W: Weight>(p: DecodeStepFoldParams<W>) {
+    let (c, oc) = (p.c as usize, p.oc as usize);
+    let warps = DECODE_STEP_FOLD_THREADS as usize / LANES;
+    let j = block_idx_x() as usize * warps + warp_id() as usize;
+    if j >= oc {
+        return;
+    }
+    let lane = lane_id() as usize;
+    let (mut g, mut b) = (0f32, 0f32);
+    let mut k = lane * W::PER_LOAD;
+    while k < c {
+        // SAFETY: j < oc, k + PER_LOAD <= c (c % 8 == 0); row j is 16-byte
+        // aligned as w is and c % 8 == 0.
+        let w = unsafe { W::load_raw(p.w.add(j * c), k) };
+        unroll!(e < W::PER_LOAD => {
+            let wv = W::value(&w, e);
+            // SAFETY: k + e < c.
+            unsafe {
+                g = fma(*p.ln_w.add(k + e), wv, g);
+                b = fma(*p.ln_b.add(k + e), wv, b);
+            }
+        });
+        k += LANES * W::PER_LOAD;
+    }
+    let (g, b) = (warp_reduce_sum(g), warp_reduce_sum(b));
+    if lane == 0 {
+        // SAFETY: j < oc: bias (when given) and the pairs hold oc.
+        unsafe {
+            let bias = if p.bias.is_null() { 0.0 } else { *p.bias.add(j) };
+            *p.out.add(DECODE_STEP_FOLD_PAIR * j) = g;
+            *p.out.add(DECODE_STEP_FOLD_PAIR * j + 1) = bias + b;
+        }
+    }
+}
+
+/// [`decode_step_fold_body`] over f32 weights.
+///
+/// # Safety
+/// `DecodeStepFoldParams`' contract, with the launch it describes.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn decode_step_fold(p: DecodeStepFoldParams<f32>) {
+    // SAFETY: forwarded.
+    unsafe { decode_step_fold_body(p) }
+}
+
+/// [`decode_step_fold_body`] over bf16 weights.
+///
+/// # Safety
+/// `DecodeStepFoldParams`' contract, with the launch it describes.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn decode_step_fold_bf16(p: DecodeStepFoldParams<u16>) {
+    // SAFETY: forwarded.
+    unsafe { decode_step_fold_body(p) }
+}

@@ -155,7 +155,29 @@ pub struct DecodeStepLayer<W = f32> {
     /// `[max_batch][nh][max_t][64]` each.
     pub k_cache: *mut f32,
     pub v_cache: *mut f32,
+    /// Null, or ln1 folded into qkv (`[3C]` pairs, see
+    /// [`DECODE_STEP_FOLD`]): the one-row step then multiplies the raw row.
+    pub qkv_fold: *const f32,
+    /// Null, or ln2 folded into fc (`[4C]` pairs).
+    pub fc_fold: *const f32,
 }
+
+/// Folds a layernorm into the linear layer that reads it, for the one-row
+/// step: `out[2j] = Σ_k γ_k W[j][k]` and `out[2j + 1] = bias_j + Σ_k β_k
+/// W[j][k]`. As `LN(x)_k = (x_k - mean) rstd γ_k + β_k`, the layer's output
+/// is `(LN(x) · Wᵀ)_j + bias_j = rstd ((x ⊙ γ) · W_j - mean out[2j]) +
+/// out[2j + 1]`: the step multiplies `x ⊙ γ` (made as the row is staged)
+/// and needs only the row's mean and rstd, which each warp sums for itself,
+/// not the normalised row (no block reduction, no barrier). One warp a
+/// column ([`DECODE_STEP_FOLD_THREADS`] threads a block);
+/// `DecodeStepFoldParams<f32>` / `<u16>`.
+pub const DECODE_STEP_FOLD: &str = "decode_step_fold";
+pub const DECODE_STEP_FOLD_BF16: &str = "decode_step_fold_bf16";
+/// Threads a block of [`DECODE_STEP_FOLD`] (a column a warp).
+pub const DECODE_STEP_FOLD_THREADS: u32 = 256;
+/// Floats a column takes in a fold: the two sums, side by side, so the
+/// step's epilogue reads both with one 8-byte load.
+pub const DECODE_STEP_FOLD_PAIR: usize = 2;
 
 /// Shared memory of a launch, in bytes from the (16-byte aligned) base.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -300,6 +322,9 @@ pub struct DecodeStepParams<W = f32> {
     pub wpe: *const f32,
     pub lnf_w: *const f32,
     pub lnf_b: *const f32,
+    /// Null, or lnf folded into the LM head (`[vp]` pairs, see
+    /// [`DECODE_STEP_FOLD`]).
+    pub lnf_fold: *const f32,
     /// `[n]` step state: read at the start, advanced at the end.
     pub tokens: *mut u32,
     pub pos: *mut u32,
@@ -362,6 +387,25 @@ pub struct DecodeStepParams<W = f32> {
     pub trace: *mut u64,
 }
 
+/// [`DECODE_STEP_FOLD`]: fold the layernorm `(ln_w, ln_b)` into the
+/// `[oc, c]` weight `w` (f32, or bf16 bits for `W = u16`) and its bias.
+/// Launch: `ceil(oc / (DECODE_STEP_FOLD_THREADS / 32))` blocks of
+/// [`DECODE_STEP_FOLD_THREADS`]; `c % 8 == 0`, `w` 16-byte aligned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeStepFoldParams<W = f32> {
+    pub w: *const W,
+    /// `[c]` each.
+    pub ln_w: *const f32,
+    pub ln_b: *const f32,
+    /// `[oc]`, or null (no bias: the LM head).
+    pub bias: *const f32,
+    /// `[oc]` pairs ([`DECODE_STEP_FOLD_PAIR`] floats a column).
+    pub out: *mut f32,
+    pub c: u32,
+    pub oc: u32,
+}
+
 // SAFETY: repr(C) structs of plain numbers and device pointers, the same
 // layout on host and device.
-crate::kernel_params!(unsafe DecodeStepParams<f32>, DecodeStepParams<u16>);
+crate::kernel_params!(unsafe DecodeStepParams<f32>, DecodeStepParams<u16>, DecodeStepFoldParams<f32>, DecodeStepFoldParams<u16>);

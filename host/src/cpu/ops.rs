@@ -357,6 +357,35 @@ pub fn attention_forward(
         });
 }
 
+/// The layernorm `(weight, bias)` (`[c]` each) folded into the `[oc, c]`
+/// linear `w` and its `lin_bias` for the one-row decode step: `out[2j] =
+/// Σ_k weight_k w[j][k]`, `out[2j + 1] = lin_bias_j + Σ_k bias_k w[j][k]`
+/// (pairs: `gpu_kernels::params::decode_step::DECODE_STEP_FOLD`). Then
+/// `layernorm(x) · w_j + lin_bias_j = rstd ((x ⊙ weight) · w_j - mean
+/// out[2j]) + out[2j + 1]`. Sums in k order, in f32.
+pub fn decode_step_fold(
+    out: &mut [f32],
+    ln: (&[f32], &[f32]),
+    w: &[f32],
+    lin_bias: Option<&[f32]>,
+    oc: usize,
+    c: usize,
+) {
+    let (weight, bias) = ln;
+    assert!(out.len() >= 2 * oc && weight.len() >= c && bias.len() >= c && w.len() >= oc * c);
+    assert!(lin_bias.is_none_or(|b| b.len() >= oc));
+    out[..2 * oc].par_chunks_mut(2).enumerate().for_each(|(j, pair)| {
+        let row = &w[j * c..(j + 1) * c];
+        let (mut g, mut b) = (0f32, 0f32);
+        for k in 0..c {
+            g += weight[k] * row[k];
+            b += bias[k] * row[k];
+        }
+        pair[0] = g;
+        pair[1] = lin_bias.map_or(0.0, |lb| lb[j]) + b;
+    });
+}
+
 /// Low f32 mantissa bits TF32 drops (23 - 10).
 const TF32_DROPPED_BITS: u32 = 13;
 

@@ -19,15 +19,15 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
 use gpu_host::ops::attention::max_span;
 use gpu_host::shape::{DecodeAttentionShape, KvRows, LayernormWeights, MatmulShape, SampleShape};
 use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS, DECODE_PREFETCH_RANGES};
-use gpu_kernels::params::decode_step::{DECODE_STEP_ATTN_KEYS, DECODE_STEP_WARPS};
+use gpu_kernels::params::decode_step::{DECODE_STEP_ATTN_KEYS, DECODE_STEP_FOLD_PAIR, DECODE_STEP_WARPS};
 
-use super::{Activations, DeviceParams, GpuEngine, Last};
+use super::{Activations, DeviceParams, DeviceWeight, GpuEngine, Last};
 use crate::gpu::Gpu;
 use crate::gpu::ops::decode::{
     DecodeLaunch, DecodeWorkspace, Embed, GemvWeights, Input, L2Prefetch, Output, decode_attention, decode_gemv,
 };
 use crate::gpu::ops::decode_step::{
-    DecodeStepTable, StepBuffers, StepLaunch, StepLayer, StepModel, decode_step, decode_step_config,
+    DecodeStepTable, StepBuffers, StepLaunch, StepLayer, StepModel, decode_step, decode_step_config, decode_step_fold,
 };
 use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
 use crate::gpu::ops::weight::WeightRef;
@@ -90,6 +90,40 @@ pub(super) struct DecodeState {
     ids_copied: CudaEvent,
     /// The persistent step's layer table, made by its first launch.
     step_table: Option<DecodeStepTable>,
+    /// The one-row step's folded layernorms, made by its first launch.
+    step_folds: Option<StepFolds>,
+}
+
+/// The layernorms folded into the GEMVs that read them, for the one-row
+/// persistent step (`decode_step_fold`): per layer ln1 into qkv and ln2
+/// into fc, then lnf into the LM head. Made once from the engine's
+/// weights, which never change after the upload.
+struct StepFolds {
+    layers: Vec<[CudaSlice<f32>; 2]>,
+    lnf: CudaSlice<f32>,
+}
+
+impl StepFolds {
+    fn new(gpu: &Gpu, p: &DeviceParams, cfg: &ModelConfig) -> Result<StepFolds> {
+        let c = cfg.channels;
+        let fold = |ln: (&CudaSlice<f32>, &CudaSlice<f32>), w: &DeviceWeight, bias: Option<&CudaSlice<f32>>, oc| {
+            let mut out = gpu.alloc::<f32>(DECODE_STEP_FOLD_PAIR * oc)?;
+            decode_step_fold(gpu, &mut out, ln, w.as_ref(), bias, oc, c)?;
+            anyhow::Ok(out)
+        };
+        let layers = p
+            .layers
+            .iter()
+            .map(|l| {
+                Ok([
+                    fold((&l.ln1w, &l.ln1b), &l.qkvw, Some(&l.qkvb), 3 * c)?,
+                    fold((&l.ln2w, &l.ln2b), &l.fcw, Some(&l.fcb), 4 * c)?,
+                ])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let lnf = fold((&p.lnfw, &p.lnfb), &p.wte, None, cfg.padded_vocab_size)?;
+        Ok(StepFolds { layers, lnf })
+    }
 }
 
 /// Launch knobs of the fused decode step, for experiments and the bench;
@@ -149,6 +183,12 @@ pub struct DecodeTuning {
     /// Slots of the persistent step's weight ring (2 to 4, each as large as
     /// fits; 0: the most slots of a block's widest share that fit, else two).
     pub step_ring_slots: usize,
+    /// The one-row persistent step over bf16 weights multiplies the raw
+    /// row by the weights with each layernorm folded into them
+    /// (`decode_step_fold`), so no phase waits for a normalised row; off
+    /// (and over f32 weights, where it measured 1 % slower): it layernorms
+    /// the row first.
+    pub fold_layernorms: bool,
 }
 
 impl Default for DecodeTuning {
@@ -170,6 +210,8 @@ impl Default for DecodeTuning {
             persistent_rows_max_keys: PERSISTENT_ROWS_MAX_KEYS,
             trace: false,
             step_ring_slots: 0,
+            // docs/performance.md, decode step 18.
+            fold_layernorms: true,
         }
     }
 }
@@ -245,6 +287,7 @@ impl DecodeState {
             plan: None,
             ids_copied: gpu.new_event().ctx("cuEventCreate")?,
             step_table: None,
+            step_folds: None,
         }))
     }
 
@@ -604,10 +647,17 @@ impl Step<'_> {
             .as_mut()
             .context("the persistent step's table is missing")?;
         table.set_trace(gpu, d.tuning.trace)?;
+        // The kernel folds bf16 weights only (`gpu_kernels::ops::decode_step`).
+        let fold = b == 1 && d.tuning.fold_layernorms && matches!(p.wte, DeviceWeight::Bf16(_));
+        if fold && d.step_folds.is_none() {
+            d.step_folds = Some(StepFolds::new(gpu, p, cfg).context("folding the layernorms")?);
+        }
+        let folds = d.step_folds.as_ref().filter(|_| fold);
         let model = StepModel {
             wte: p.wte.as_ref(),
             wpe: &p.wpe,
             lnf: (&p.lnfw, &p.lnfb),
+            lnf_fold: folds.map(|f| &f.lnf),
             c: cfg.channels,
             nh: cfg.num_heads,
             v: cfg.vocab_size,
@@ -619,8 +669,9 @@ impl Step<'_> {
         let layers = p
             .layers
             .iter()
+            .enumerate()
             .zip(self.kv_cache.iter_mut())
-            .map(|(lw, (k, v))| StepLayer {
+            .map(|((l, lw), (k, v))| StepLayer {
                 ln1: (&lw.ln1w, &lw.ln1b),
                 qkv: (lw.qkvw.as_ref(), &lw.qkvb),
                 attproj: (lw.attprojw.as_ref(), &lw.attprojb),
@@ -629,6 +680,8 @@ impl Step<'_> {
                 fcproj: (lw.fcprojw.as_ref(), &lw.fcprojb),
                 k_cache: k,
                 v_cache: v,
+                qkv_fold: folds.map(|f| &f.layers[l][0]),
+                fc_fold: folds.map(|f| &f.layers[l][1]),
             });
         let a = &mut *self.acts;
         let bufs = StepBuffers {
