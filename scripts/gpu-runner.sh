@@ -35,8 +35,8 @@
 # GPT2_REQUIRE_GPU=1 (always, here) a pass with S > 0 FAILS, naming the
 # skipped tests. Tests that cannot run in a pass by design are not run there
 # (--skip) rather than skipping, so a clean run has 0 skipped:
-#   - WGMMA_TESTS (the wgmma-only tests) in the portable pass, whose sm_80
-#     module has no wgmma kernels, and in every pass on a GPU that is not
+#   - WGMMA_TESTS (the sm_90a-only tests: wgmma, the decode step's folds)
+#     in the portable pass, whose sm_80 module has no such kernels, and in every pass on a GPU that is not
 #     compute capability 9.0;
 #   - ORACLE_TESTS when step 2 made no oracle (step 2 has failed already,
 #     or ORACLE=0 asked for none).
@@ -252,7 +252,7 @@ SANITIZER_TIMEOUT="${SANITIZER_TIMEOUT:-300}"
 PORTABLE="${PORTABLE:-1}"
 PORTABLE_TESTS="${PORTABLE_TESTS:-gpu gpu_oom}"
 # libtest --skip matches substrings: keep these full paths.
-WGMMA_TESTS="${WGMMA_TESTS-matmul_tf32::matmul_tf32_wgmma_error_matches_cublas matmul_tf32::matmul_tf32_split_k_every_wgmma_tile matmul_bf16::matmul_bf16_wgmma_gpt2_shapes matmul_bf16::matmul_bf16_wgmma_awkward_shapes_every_variant matmul_bf16::matmul_bf16_wgmma_selects_exactly}"
+WGMMA_TESTS="${WGMMA_TESTS-matmul_tf32::matmul_tf32_wgmma_error_matches_cublas matmul_tf32::matmul_tf32_split_k_every_wgmma_tile matmul_bf16::matmul_bf16_wgmma_gpt2_shapes matmul_bf16::matmul_bf16_wgmma_awkward_shapes_every_variant matmul_bf16::matmul_bf16_wgmma_selects_exactly decode::decode_step_fold_matches_cpu}"
 ORACLE_TESTS="${ORACLE_TESTS-oracle::cpu_logits_match_transformers forward::transformers_oracle}"
 ORACLE="${ORACLE:-1}"
 ORACLE_TIMEOUT="${ORACLE_TIMEOUT:-240}"

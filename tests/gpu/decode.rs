@@ -484,8 +484,8 @@ fn decode_graph_eight_rows_and_long_cache() {
     paths_agree(&head64_config(), 8, 70, 80, 0);
 }
 
-/// The one-row step's layernorm folds (`decode_step_fold`, the plain
-/// kernel of every module) against their CPU twin over the weights' stored
+/// The one-row step's layernorm folds (`decode_step_fold`, in the sm_90a
+/// module with the step) against their CPU twin over the weights' stored
 /// values: f32 and bf16 weights, with and without a bias, odd column counts.
 #[test]
 #[ignore = "needs a GPU"]

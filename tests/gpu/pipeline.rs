@@ -51,7 +51,8 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
         names.insert(s.name.to_string());
     }
     // Kernels of the sm_90a module only: the wgmma matmuls, the persistent
-    // decode step (bulk copies on mbarriers) and the cluster sampler.
+    // decode step (bulk copies on mbarriers) and its layernorm folds, and the
+    // cluster sampler.
     let mut wgmma: BTreeSet<String> = MATMUL_TF32_WGMMA_VARIANTS
         .iter()
         .chain(&MATMUL_3XTF32_WGMMA_VARIANTS)
@@ -67,6 +68,8 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
         gpu_kernels::params::decode_step::DECODE_STEP_ROWS_BF16,
         gpu_kernels::params::decode_step::DECODE_STEP_ROWS_TRACED,
         gpu_kernels::params::decode_step::DECODE_STEP_ROWS_BF16_TRACED,
+        gpu_kernels::params::decode_step::DECODE_STEP_FOLD,
+        gpu_kernels::params::decode_step::DECODE_STEP_FOLD_BF16,
         gpu_kernels::params::sample::SAMPLE_CLUSTER_FORWARD,
     ] {
         assert!(names.remove(k), "{k} was not found in {}", dir.display());
