@@ -1896,7 +1896,7 @@ unsafe fn lm_head_finish<W, const R: usize>(p: &DecodeStepParams<W>, best: (f32,
 /// `DecodeStepParams`' contract, with the launch it describes; `n <= R`.
 #[inline(always)]
 unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: DecodeStepParams<W>) {
-    let (c, nl) = (p.c as usize, p.n_layer as usize);
+    let nl = p.n_layer as usize;
     let lay = decode_step_smem(p.n, p.c, p.n_layer, grid_dim_x(), p.slots, p.slot_bytes);
     // SAFETY: the launch provides `lay.total` bytes, 16-byte aligned.
     let base = unsafe { dynamic_shared_align16::<u8>() };
