@@ -486,54 +486,72 @@ pub fn decode_step_fold(
     if !c.is_multiple_of(8) {
         return Err(OpError::shape(OP, format!("c = {c}: a multiple of 8")));
     }
-    let warps = DECODE_STEP_FOLD_THREADS / 32;
     let cfg = LaunchConfig {
-        grid_dim: (blocks_for(to_u32(OP, "oc", oc)?, warps), 1, 1),
+        grid_dim: (blocks_for(to_u32(OP, "oc", oc)?, DECODE_STEP_FOLD_COLUMNS), 1, 1),
         block_dim: (DECODE_STEP_FOLD_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     if oc == 0 {
         return Ok(());
     }
-    let (c, oc_u32) = (to_u32(OP, "c", c)?, to_u32(OP, "oc", oc)?);
-    let ln_w = in_ptr(gpu, ln.0);
-    let ln_b = in_ptr(gpu, ln.1);
+    let (c, oc) = (to_u32(OP, "c", c)?, to_u32(OP, "oc", oc)?);
+    let (ln_w, ln_b) = (in_ptr(gpu, ln.0), in_ptr(gpu, ln.1));
     let bias = bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b));
     let out = out_ptr(gpu, out);
+    // The weight's own pointer is set by `launch_fold`, by its type.
+    let template = DecodeStepFoldParams::<f32> {
+        w: std::ptr::null(),
+        ln_w,
+        ln_b,
+        bias,
+        out,
+        c,
+        oc,
+    };
     match weight {
-        WeightRef::F32(_) => {
-            let p = DecodeStepFoldParams::<f32> {
-                w: f32::ptr(gpu, weight).ok_or_else(|| OpError::shape(OP, "weight format"))?,
-                ln_w,
-                ln_b,
-                bias,
-                out,
-                c,
-                oc: oc_u32,
-            };
-            if !aligned16(&[p.w as usize]) {
-                return Err(OpError::shape(OP, "the weight must be 16-byte aligned"));
-            }
-            // SAFETY: every buffer holds what the params say (checked above),
-            // the weight 16-byte aligned, c % 8 == 0; the grid covers oc columns.
-            unsafe { gpu.launch(DECODE_STEP_FOLD, cfg, p)? };
-        }
-        WeightRef::Bf16(_) => {
-            let p = DecodeStepFoldParams::<u16> {
-                w: u16::ptr(gpu, weight).ok_or_else(|| OpError::shape(OP, "weight format"))?,
-                ln_w,
-                ln_b,
-                bias,
-                out,
-                c,
-                oc: oc_u32,
-            };
-            if !aligned16(&[p.w as usize]) {
-                return Err(OpError::shape(OP, "the weight must be 16-byte aligned"));
-            }
-            // SAFETY: as above, over bf16 bits.
-            unsafe { gpu.launch(DECODE_STEP_FOLD_BF16, cfg, p)? };
-        }
+        WeightRef::F32(_) => launch_fold::<f32>(gpu, DECODE_STEP_FOLD, cfg, weight, template),
+        WeightRef::Bf16(_) => launch_fold::<u16>(gpu, DECODE_STEP_FOLD_BF16, cfg, weight, template),
     }
+}
+
+/// [`decode_step_fold`]'s launch by kernel `name` over `weight`'s elements
+/// (type `W`), the other parameters as `template` holds them.
+fn launch_fold<W: KernelWeight>(
+    gpu: &Gpu,
+    name: &'static str,
+    cfg: LaunchConfig,
+    weight: WeightRef<'_>,
+    template: DecodeStepFoldParams<f32>,
+) -> Result<(), OpError>
+where
+    DecodeStepFoldParams<W>: KernelParams,
+{
+    const OP: &str = "decode_step_fold";
+    let w = W::ptr(gpu, weight).ok_or_else(|| OpError::shape(OP, "weight format"))?;
+    if !aligned16(&[w as usize]) {
+        return Err(OpError::shape(OP, "the weight must be 16-byte aligned"));
+    }
+    let DecodeStepFoldParams {
+        ln_w,
+        ln_b,
+        bias,
+        out,
+        c,
+        oc,
+        ..
+    } = template;
+    let p = DecodeStepFoldParams::<W> {
+        w,
+        ln_w,
+        ln_b,
+        bias,
+        out,
+        c,
+        oc,
+    };
+    // SAFETY: every buffer holds what the params say (checked by
+    // `decode_step_fold`), the weight of the kernel's element type and
+    // 16-byte aligned, c % 8 == 0; the grid covers oc columns.
+    unsafe { gpu.launch(name, cfg, p)? };
     Ok(())
 }

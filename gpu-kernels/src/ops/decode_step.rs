@@ -2058,8 +2058,7 @@ decode_step_entry!(decode_step_rows_bf16_traced, u16, DECODE_STEP_MAX_ROWS as us
 #[inline(always)]
 unsafe fn decode_step_fold_body<W: Weight>(p: DecodeStepFoldParams<W>) {
     let (c, oc) = (p.c as usize, p.oc as usize);
-    let warps = DECODE_STEP_FOLD_THREADS as usize / LANES;
-    let j = block_idx_x() as usize * warps + warp_id() as usize;
+    let j = (block_idx_x() * DECODE_STEP_FOLD_COLUMNS + warp_id()) as usize;
     if j >= oc {
         return;
     }

@@ -175,6 +175,8 @@ pub const DECODE_STEP_FOLD: &str = "decode_step_fold";
 pub const DECODE_STEP_FOLD_BF16: &str = "decode_step_fold_bf16";
 /// Threads a block of [`DECODE_STEP_FOLD`] (a column a warp).
 pub const DECODE_STEP_FOLD_THREADS: u32 = 256;
+/// Columns a block of [`DECODE_STEP_FOLD`] folds: one a warp of 32 lanes.
+pub const DECODE_STEP_FOLD_COLUMNS: u32 = DECODE_STEP_FOLD_THREADS / 32;
 /// Floats a column takes in a fold: the two sums, side by side, so the
 /// step's epilogue reads both with one 8-byte load.
 pub const DECODE_STEP_FOLD_PAIR: usize = 2;
