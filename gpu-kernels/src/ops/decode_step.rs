@@ -2090,7 +2090,7 @@ unsafe fn decode_step_fold_body<W: Weight>(p: DecodeStepFoldParams<W>) {
     }
 }
 
-/// [`decode_step_fold_body`] over f32 weights.
+/// `decode_step_fold_body` over f32 weights.
 ///
 /// # Safety
 /// `DecodeStepFoldParams`' contract, with the launch it describes.
@@ -2100,7 +2100,7 @@ pub unsafe extern "ptx-kernel" fn decode_step_fold(p: DecodeStepFoldParams<f32>)
     unsafe { decode_step_fold_body(p) }
 }
 
-/// [`decode_step_fold_body`] over bf16 weights.
+/// `decode_step_fold_body` over bf16 weights.
 ///
 /// # Safety
 /// `DecodeStepFoldParams`' contract, with the launch it describes.
