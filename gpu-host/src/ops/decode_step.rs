@@ -28,7 +28,8 @@ pub struct StepLayer<'a> {
     pub v_cache: &'a mut CudaSlice<f32>,
     /// ln1 folded into qkv and ln2 into fc ([`decode_step_fold`], `[2 *
     /// 3C]` and `[2 * 4C]`), or none: the one-row step then layernorms
-    /// the row itself (slower: docs/performance.md, decode step 18).
+    /// the row itself (slower: docs/performance.md, decode step 18). The
+    /// step folds over bf16 weights only; f32 weights ignore these.
     pub qkv_fold: Option<&'a CudaSlice<f32>>,
     pub fc_fold: Option<&'a CudaSlice<f32>>,
 }

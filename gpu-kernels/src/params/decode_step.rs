@@ -163,7 +163,7 @@ pub struct DecodeStepLayer<W = f32> {
 }
 
 /// Folds a layernorm into the linear layer that reads it, for the one-row
-/// step: `out[2j] = Σ_k γ_k W[j][k]` and `out[2j + 1] = bias_j + Σ_k β_k
+/// step over bf16 weights (f32 weights measured slower folded): `out[2j] = Σ_k γ_k W[j][k]` and `out[2j + 1] = bias_j + Σ_k β_k
 /// W[j][k]`. As `LN(x)_k = (x_k - mean) rstd γ_k + β_k`, the layer's output
 /// is `(LN(x) · Wᵀ)_j + bias_j = rstd ((x ⊙ γ) · W_j - mean out[2j]) +
 /// out[2j + 1]`: the step multiplies `x ⊙ γ` (made as the row is staged)
