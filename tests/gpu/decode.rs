@@ -561,6 +561,13 @@ fn decode_persistent_one_row() {
     // bf16: the GEMV phases' rows pass flagged, not through grid barriers.
     paths_agree_in(&head64_config(), 1, 20, 12, 0, Precision::Bf16);
     paths_agree_in(&head64_config(), 1, 140, 12, 130, Precision::Bf16);
+    // bf16 past 4 items of 128 keys: attproj's staging polls the flagged
+    // partials 4 at a time, so the fifth takes a second batch.
+    let long = ModelConfig {
+        max_seq_len: 700,
+        ..head64_config()
+    };
+    paths_agree_in(&long, 1, 600, 6, 0, Precision::Bf16);
 }
 
 /// The persistent step at its smallest (a few steps of a 2-layer model):

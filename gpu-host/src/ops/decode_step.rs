@@ -100,15 +100,16 @@ pub struct StepLaunch {
 }
 
 impl DecodeStepTable {
-    /// Room for `layers` layers of width `c`.
-    pub fn new(gpu: &Gpu, layers: usize, c: usize) -> Result<Self, OpError> {
+    /// Room for `layers` layers of width `c`, and the flags of a cache of
+    /// `max_t` positions.
+    pub fn new(gpu: &Gpu, layers: usize, c: usize, max_t: usize) -> Result<Self, OpError> {
         let bytes = layers * size_of::<DecodeStepLayer<f32>>();
         Ok(DecodeStepTable {
             table: gpu.alloc(bytes)?,
             uploaded: Vec::with_capacity(bytes),
             staging: Vec::with_capacity(bytes),
             sync: gpu.alloc(DECODE_STEP_SYNC_WORDS)?,
-            flags: gpu.alloc(decode_step_flag_words(to_u32(OP, "c", c)?))?,
+            flags: gpu.alloc(decode_step_flag_words(to_u32(OP, "c", c)?, to_u32(OP, "max_t", max_t)?))?,
             trace: None,
         })
     }
@@ -365,7 +366,12 @@ where
     ] {
         check_len(OP, what, len, need)?;
     }
-    check_len(OP, "flags", table.flags.len(), decode_step_flag_words(c as u32))?;
+    check_len(
+        OP,
+        "flags",
+        table.flags.len(),
+        decode_step_flag_words(c as u32, max_t as u32),
+    )?;
     let (part_val, part_idx, att_acc, att_ml, att_counter, parts_stride) = ws.step_scratch(gpu, gpu.sm_count())?;
     let trace = match table.trace.as_mut() {
         Some(t) => {

@@ -159,26 +159,115 @@ unsafe fn merged_att4<W>(p: &DecodeStepParams<W>, head: usize, d: usize, items: 
                 }
             }
         });
-        let mut mb = m_all;
-        unroll!(u < MERGE_BATCH => {
-            mb = mb.max(m[u]);
-        });
-        // Item 0 holds the query's own key: mb is finite from the first batch.
-        let s = exp2_approx(m_all - mb);
-        l_all *= s;
-        unroll!(e < VEC => {
-            o[e] *= s;
-        });
-        unroll!(u < MERGE_BATCH => {
-            // A missing item (max -inf) weighs 0.
-            let w = exp2_approx(m[u] - mb);
-            l_all = fma(l[u], w, l_all);
-            unroll!(e < VEC => {
-                o[e] = fma(a[u][e], w, o[e]);
-            });
-        });
-        m_all = mb;
+        merge_batch(&mut m_all, &mut l_all, &mut o, &m, &l, &a);
         i0 += MERGE_BATCH;
+    }
+    o.map(|x| x / l_all)
+}
+
+/// Fold a batch of partials (max `m`, sum `l`, accumulators `a`; a missing
+/// one has max -inf) into the running (`m_all`, `l_all`, `o`), as
+/// `combine_parts` would.
+#[inline(always)]
+fn merge_batch<const B: usize, const D: usize>(
+    m_all: &mut f32,
+    l_all: &mut f32,
+    o: &mut [f32; D],
+    m: &[f32; B],
+    l: &[f32; B],
+    a: &[[f32; D]; B],
+) {
+    let mut mb = *m_all;
+    unroll!(u < B => {
+        mb = mb.max(m[u]);
+    });
+    // Item 0 holds the query's own key: mb is finite from the first batch.
+    let s = exp2_approx(*m_all - mb);
+    *l_all *= s;
+    unroll!(e < D => {
+        o[e] *= s;
+    });
+    unroll!(u < B => {
+        // A missing item (max -inf) weighs 0.
+        let w = exp2_approx(m[u] - mb);
+        *l_all = fma(l[u], w, *l_all);
+        unroll!(e < D => {
+            o[e] = fma(a[u][e], w, o[e]);
+        });
+    });
+    *m_all = mb;
+}
+
+/// Flagged partial `item` of head `head` ([`decode_step_flag_words`]'s
+/// layout): its accumulators, then its max and sum.
+///
+/// # Safety
+/// The params' contract (`flags` sized for `c` and `max_t`); `head < nh`,
+/// `item < decode_step_att_items(max_t)`.
+#[inline(always)]
+unsafe fn att_flagged_part<W>(p: &DecodeStepParams<W>, head: usize, item: usize) -> *mut u64 {
+    let items = decode_step_att_items(p.max_t);
+    // SAFETY: the caller's contract: inside the flags' partials.
+    unsafe {
+        p.flags
+            .add(decode_step_flag_rows(p.c) + (head * items + item) * DECODE_STEP_ATT_PART_WORDS)
+    }
+}
+
+/// Partials [`merged_att2_flagged`] loads at once: two pairs of words
+/// each (8 registers).
+const MERGE_BATCH_FLAGGED: usize = 4;
+
+/// Dimensions `d, d + 1` of head `head`'s attention output, merged from
+/// its `items` flagged partials (`AttOut::Flagged`): each partial's max
+/// and sum and its two accumulators loaded for a whole batch first, then
+/// each pair polled until it carries `flag`. Two dimensions a thread, not
+/// [`merged_att4`]'s four: a flagged word is twice a float's registers, and
+/// 384 of the block's 512 threads then cover a 768-wide row in one pass.
+///
+/// # Safety
+/// The params' contract; the attention phase of this layer writes the
+/// head's `items` partials flagged `flag` without waiting on this block;
+/// `d` even, `d + 2 <= 64`; `items >= 1`.
+#[inline(always)]
+unsafe fn merged_att2_flagged<W>(p: &DecodeStepParams<W>, head: usize, d: usize, items: usize, flag: u32) -> [f32; 2] {
+    // Each partial's pairs: (max, sum), then dimensions d, d + 1.
+    let offs = [HS, d];
+    let (mut m_all, mut l_all, mut o) = (f32::NEG_INFINITY, 0f32, [0f32; 2]);
+    let mut i0 = 0;
+    while i0 < items {
+        let mut w = [[[0u64; 2]; 2]; MERGE_BATCH_FLAGGED];
+        unroll!(u < MERGE_BATCH_FLAGGED => {
+            if i0 + u < items {
+                // SAFETY: item i0 + u < items of the head; even offsets: 16-byte aligned pairs.
+                let part = unsafe { att_flagged_part(p, head, i0 + u) };
+                for (j, &off) in offs.iter().enumerate() {
+                    // SAFETY: as above.
+                    w[u][j] = unsafe { load_flagged2(part.add(off)) };
+                }
+            }
+        });
+        let mut m = [f32::NEG_INFINITY; MERGE_BATCH_FLAGGED];
+        let mut l = [0f32; MERGE_BATCH_FLAGGED];
+        let mut a = [[0f32; 2]; MERGE_BATCH_FLAGGED];
+        unroll!(u < MERGE_BATCH_FLAGGED => {
+            if i0 + u < items {
+                // SAFETY: as above.
+                let part = unsafe { att_flagged_part(p, head, i0 + u) };
+                for (j, &off) in offs.iter().enumerate() {
+                    // `&`, not `&&`: one test, no branch between the halves.
+                    while (flag_of(w[u][j][0]) != flag) | (flag_of(w[u][j][1]) != flag) {
+                        // SAFETY: as above.
+                        w[u][j] = unsafe { load_flagged2(part.add(off)) };
+                    }
+                }
+                m[u] = flagged_value(w[u][0][0]);
+                l[u] = flagged_value(w[u][0][1]);
+                a[u] = [flagged_value(w[u][1][0]), flagged_value(w[u][1][1])];
+            }
+        });
+        merge_batch(&mut m_all, &mut l_all, &mut o, &m, &l, &a);
+        i0 += MERGE_BATCH_FLAGGED;
     }
     o.map(|x| x / l_all)
 }
@@ -407,8 +496,9 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
 
 /// Whether the GEMV phases pass their rows flagged (`DecodeStepParams::flags`)
 /// instead of through grid barriers: the readers of a flagged row poll
-/// it, so only the barriers before and after the attention phase remain
-/// in a layer (2 of 5). One row of bf16 weights only. Measured on an H100
+/// it, so only the barrier before the attention phase remains in a layer
+/// (1 of 5; the attention's partials go flagged to attproj,
+/// `AttOut::Flagged`). One row of bf16 weights only. Measured on an H100
 /// (`bench step`, docs/performance.md, decode step 16): bf16 6-7 % faster
 /// a step at 64 and 512 tokens; f32 weights 0-1.3 % slower (their
 /// attention phase took 0.8 µs longer, not understood yet), and 5 % slower
@@ -429,6 +519,17 @@ fn epoch_slot() -> *mut u32 {
     unsafe { dynamic_shared_align16::<u8>().add(EPOCH_SLOT) as *mut u32 }
 }
 
+/// This launch's flag for layer `layer`'s flagged words (`DecodeStepParams::flags`).
+///
+/// # Safety
+/// The epoch slot was written before a block barrier.
+#[inline(always)]
+unsafe fn layer_flag<W>(p: &DecodeStepParams<W>, layer: usize) -> u32 {
+    // SAFETY: the caller's contract.
+    let epoch = unsafe { *epoch_slot() };
+    epoch.wrapping_mul(p.n_layer).wrapping_add(layer as u32)
+}
+
 /// GEMV phase `g`'s flagged input and output (`flagged`): the rows after
 /// attproj, fc and fcproj go flagged to their readers (fc, fcproj, and the
 /// next qkv or the LM head), each layer's with its own flag.
@@ -439,10 +540,9 @@ fn epoch_slot() -> *mut u32 {
 #[inline(always)]
 unsafe fn with_flags<W>(p: &DecodeStepParams<W>, mut ph: Gemv<W>, g: usize) -> Gemv<W> {
     let (c, nl) = (p.c as usize, p.n_layer as usize);
-    // SAFETY: written at the start, before a block barrier.
-    let base = unsafe { *epoch_slot() }.wrapping_mul(nl as u32);
     let layer = div32(g, GEMVS);
-    let flag = base.wrapping_add(layer as u32);
+    // SAFETY: the caller's contract.
+    let flag = unsafe { layer_flag(p, layer) };
     // SAFETY: (all) the regions after attproj `[0, c)`, after fc `[c, 5c)`,
     // after fcproj `[5c, 6c)` lie in the flags' 6c words.
     let (xa, h, xf) = unsafe { (p.flags, p.flags.add(c), p.flags.add(5 * c)) };
@@ -748,9 +848,9 @@ unsafe fn stage_copy(inp: *const f32, xs: *mut f32, len: usize) {
 ///
 /// # Safety
 /// The params' contract; `sm` as `decode_step_smem` lays it out; `res` the
-/// block's share of the residual phases (attproj, fcproj); `merge > 1`:
+/// block's share of the residual phases (attproj, fcproj); `merge` given:
 /// the phase is attproj at one row, whose input is the attention's
-/// `merge` partials a head (`reader_merges`), merged as staged.
+/// partials (`reader_merges`), merged as staged.
 #[inline(always)]
 unsafe fn stage_rows<W: Weight>(
     p: &DecodeStepParams<W>,
@@ -758,7 +858,7 @@ unsafe fn stage_rows<W: Weight>(
     sm: &Smem,
     n: usize,
     res: Share,
-    merge: usize,
+    merge: Option<Merge>,
     gamma: *const f32,
 ) {
     // The residual stream's rows, kept raw for the residual epilogues.
@@ -772,16 +872,40 @@ unsafe fn stage_rows<W: Weight>(
         unsafe { stage_flagged::<W>(ph, sm, keep, round, (res_lo, res_hi), gamma) };
         return;
     }
-    if merge > 1 {
+    if let Some(Merge {
+        items,
+        dest: AttOut::Flagged(flag),
+    }) = merge
+    {
+        // The attention output of the one row, merged from its flagged
+        // partials: two dimensions a thread.
+        let mut k = thread_idx_x() as usize * 2;
+        while k < c_in {
+            // An idle row (no items) attends to nothing.
+            let v = if items == 0 {
+                [0f32; 2]
+            } else {
+                // SAFETY: k + 2 <= c_in = nh * 64, k even: dims k % 64.. of head k / 64,
+                // whose partials the attention phase writes flagged.
+                unsafe { merged_att2_flagged(p, k / HS, k % HS, items, flag) }
+            };
+            // SAFETY: xs holds c_in floats, 16-byte aligned: k even, 8-byte aligned.
+            unsafe { *sm.xs.add(k).cast::<Vec2<f32>>() = Vec2(if round { v.map(W::round_input) } else { v }) };
+            k += DECODE_STEP_THREADS as usize * 2;
+        }
+        return;
+    }
+    if let Some(Merge { items, .. }) = merge.filter(|m| m.items > 1) {
         // The attention output of the one row, merged from its partials: a
         // vector a thread (not `stage_vectors`' batches, whose merges in
         // flight at once would not fit the registers).
         let mut k = thread_idx_x() as usize * VEC;
         while k < c_in {
             // SAFETY: k + 4 <= c_in = nh * 64: dims k % 64.. of head k / 64, whose
-            // partials the attention phase wrote; xs holds c_in floats.
+            // partials the attention phase wrote before the grid barrier; xs holds
+            // c_in floats.
             unsafe {
-                let v = merged_att4(p, k / HS, k % HS, merge);
+                let v = merged_att4(p, k / HS, k % HS, items);
                 store4(sm.xs.add(k), if round { v.map(W::round_input) } else { v });
             }
             k += DECODE_STEP_THREADS as usize * VEC;
@@ -1526,10 +1650,14 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     } else {
         // The attproj phase of one row merges the attention's partials.
         let merge = if reader_merges::<R>() && g < GEMVS * p.n_layer as usize && g % GEMVS == 1 {
-            // SAFETY: one row's position.
-            att_items(unsafe { *sm.pos } as usize, p.max_t as usize, p.window as usize)
+            Some(Merge {
+                // SAFETY: one row's position.
+                items: att_items(unsafe { *sm.pos } as usize, p.max_t as usize, p.window as usize),
+                // SAFETY: the epoch slot was written before a block barrier.
+                dest: unsafe { att_dest::<W, R>(&p, div32(g, GEMVS)) },
+            })
         } else {
-            0
+            None
         };
         let gamma = if fold { ph.ln_w } else { core::ptr::null() };
         // SAFETY: the params' contract, `sm` laid out by `decode_step_smem`, `res` this
@@ -1623,18 +1751,58 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     }
 }
 
+/// Attproj's input at one row, merged from the attention's partials as it
+/// is staged ([`reader_merges`]): the row's items a head, and where the
+/// attention phase put them.
+#[derive(Clone, Copy)]
+struct Merge {
+    items: usize,
+    dest: AttOut,
+}
+
+/// Where the attention phase's items go (a head of several items at more
+/// than one row: `LastBlock`; one row: `Readers` or `Flagged`).
+#[derive(Clone, Copy)]
+enum AttOut {
+    /// A head of one item writes `att`; otherwise the head's last block to
+    /// finish merges its partials into `att`.
+    LastBlock,
+    /// The same, except that the partials of a head of several items stay
+    /// in the partial buffers, and attproj's staging merges them
+    /// ([`reader_merges`], [`merged_att4`]).
+    Readers,
+    /// Every item's partial goes to the flags' partials with this flag, a
+    /// head of one item's too; attproj's staging polls and merges them
+    /// ([`merged_att4_flagged`]), and no grid barrier follows the phase.
+    Flagged(u32),
+}
+
+/// Where layer `layer`'s attention puts its items, for `R` rows of `W` weights.
+///
+/// # Safety
+/// The epoch slot was written before a block barrier.
+#[inline(always)]
+unsafe fn att_dest<W, const R: usize>(p: &DecodeStepParams<W>, layer: usize) -> AttOut {
+    if flagged::<W, R>() {
+        // SAFETY: the caller's contract.
+        AttOut::Flagged(unsafe { layer_flag(p, layer) })
+    } else if reader_merges::<R>() {
+        AttOut::Readers
+    } else {
+        AttOut::LastBlock
+    }
+}
+
 /// Decode attention of layer `layer`: one block per item of
 /// [`ATT_ITEM_KEYS`] keys of a (row, head), items past a row's position
 /// skipped; each warp scores 8 of the item's keys, and the warps' partials
-/// merge in shared memory (`xs`). A head of one item writes `att` there;
-/// otherwise each item's merged partial goes to the partial buffers and
-/// the last block to finish one of the head's items merges them.
+/// merge in shared memory (`xs`); the merged item goes where `dest` says.
 ///
 /// # Safety
 /// The params' contract; after a grid barrier that published q and the
 /// new keys and values; every thread of the block calls it.
 #[inline(always)]
-unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, layer: usize, reader_merges: bool) {
+unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, layer: usize, dest: AttOut) {
     // SAFETY: layer < n_layer entries of the table.
     let lw = unsafe { &*(ring.tbl as *const DecodeStepLayer<W>).add(layer) };
     let (n, nh, c, max_t, window) = (
@@ -1719,6 +1887,24 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
             } else {
                 None
             };
+            if let AttOut::Flagged(flag) = dest {
+                if let Some((m_all, l_all, o)) = merged {
+                    // SAFETY: head < nh (one row), item < items <= the flags' items a head;
+                    // tid < 64 words of the partial, then its max and sum.
+                    unsafe {
+                        let part = att_flagged_part(p, head, item);
+                        store_flagged(part.add(tid), o, flag);
+                        if tid == 0 {
+                            store_flagged(part.add(HS), m_all, flag);
+                            store_flagged(part.add(HS + 1), l_all, flag);
+                        }
+                    }
+                }
+                // The partials in xs are read before the next item rewrites them.
+                sync_threads();
+                i += nb;
+                continue;
+            }
             // SAFETY: r * c + h * HS + 64 <= n * c.
             let out = unsafe { p.att.add(r * c + h * HS) };
             if items == 1 {
@@ -1737,11 +1923,11 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
                             *p.att_ml.add(2 * (part0 + item) + 1) = l_all;
                         }
                     }
-                    if !reader_merges {
+                    if matches!(dest, AttOut::LastBlock) {
                         thread_fence();
                     }
                 }
-                if reader_merges {
+                if matches!(dest, AttOut::Readers) {
                     // The attproj phase merges the partials as it stages them
                     // (published by the grid barrier).
                     sync_threads();
@@ -2008,7 +2194,7 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
                 break;
             }
             let layer = g / GEMVS;
-            // The attention's inputs and outputs are not flagged.
+            // The attention's inputs are not flagged.
             let grid = !flagged::<W, R>() || g % GEMVS == 0;
             let mut next = Boundary {
                 gemv: Some(g + 1),
@@ -2017,8 +2203,12 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
             if g % GEMVS == 0 {
                 // Attention between qkv and attproj.
                 between_phases::<W, R, T>(&p, &sm, &ring, &mut bounds, next, tr);
-                run_attention(&p, &ring, &sm, layer, reader_merges::<R>());
-                next = Boundary { gemv: None, grid: true };
+                run_attention(&p, &ring, &sm, layer, att_dest::<W, R>(&p, layer));
+                // Flagged partials need no barrier before attproj.
+                next = Boundary {
+                    gemv: None,
+                    grid: !flagged::<W, R>(),
+                };
             }
             between_phases::<W, R, T>(&p, &sm, &ring, &mut bounds, next, tr);
         }

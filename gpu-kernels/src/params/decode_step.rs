@@ -74,11 +74,31 @@ pub const DECODE_STEP_GEMV_KINDS: u32 = DECODE_STEP_GEMVS_PER_LAYER + 1;
 /// Words of the `sync` buffer: the grid barrier's arrivals, the LM head's,
 /// and the launches so far (the flags' epoch, see `DecodeStepParams::flags`).
 pub const DECODE_STEP_SYNC_WORDS: usize = 3;
-/// Words of `DecodeStepParams::flags` for width `c`: the residual stream
-/// after attproj (`c`), the MLP's hidden row (`4c`), the residual stream
-/// after fcproj (`c`).
-pub const fn decode_step_flag_words(c: u32) -> usize {
+/// Partials one (row, head) of the attention phase can have: one per item
+/// of `DECODE_STEP_WARPS * DECODE_STEP_ATTN_KEYS` keys of a cache of
+/// `max_t` positions.
+pub const fn decode_step_att_items(max_t: u32) -> usize {
+    max_t.div_ceil(DECODE_STEP_WARPS * DECODE_STEP_ATTN_KEYS) as usize
+}
+
+/// Words of one flagged attention partial: its 64 accumulators, then its
+/// max and sum (an even count: every pair of words stays 16-byte aligned).
+pub const DECODE_STEP_ATT_PART_WORDS: usize = DECODE_HEAD_SIZE as usize + 2;
+const _: () = assert!(DECODE_STEP_ATT_PART_WORDS.is_multiple_of(2));
+
+/// Words of the rows passed flagged between phases (`DecodeStepParams::flags`)
+/// before the attention's partials: the residual stream after attproj
+/// (`c`), the MLP's hidden row (`4c`), the residual stream after fcproj (`c`).
+pub const fn decode_step_flag_rows(c: u32) -> usize {
     6 * c as usize
+}
+
+/// Words of `DecodeStepParams::flags` for width `c` and a cache of `max_t`
+/// positions: [`decode_step_flag_rows`], then the attention's partials,
+/// [`decode_step_att_items`] per head of [`DECODE_STEP_ATT_PART_WORDS`].
+pub const fn decode_step_flag_words(c: u32, max_t: u32) -> usize {
+    let heads = (c / DECODE_HEAD_SIZE) as usize;
+    decode_step_flag_rows(c) + heads * decode_step_att_items(max_t) * DECODE_STEP_ATT_PART_WORDS
 }
 
 /// Phases of a layer: qkv, attention, attproj, fc, fcproj (the LM head
@@ -352,8 +372,9 @@ pub struct DecodeStepParams<W = f32> {
     /// [`DECODE_STEP_SYNC_WORDS`] counters.
     pub sync: *mut u32,
     /// At one row of bf16 weights, the rows that pass between the GEMV
-    /// phases of a layer and into the next without a grid barrier
-    /// ([`decode_step_flag_words`]`(c)` words): each word holds a float (low
+    /// phases of a layer and into the next, and the attention's partials
+    /// into attproj, without a grid barrier
+    /// ([`decode_step_flag_words`]`(c, max_t)` words): each word holds a float (low
     /// half) and its flag (high half), written by one 8-byte store, so a
     /// reader that sees the flag it expects sees the value with it. A
     /// launch's flag for layer `l` is `epoch * n_layer + l`, its epoch one

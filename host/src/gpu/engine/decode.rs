@@ -640,7 +640,7 @@ impl Step<'_> {
     fn enqueue_persistent(&mut self, d: &mut DecodeState, b: usize) -> Result<()> {
         let (gpu, p, cfg) = (self.gpu, self.params, self.config);
         if d.step_table.is_none() {
-            d.step_table = Some(DecodeStepTable::new(gpu, p.layers.len(), cfg.channels)?);
+            d.step_table = Some(DecodeStepTable::new(gpu, p.layers.len(), cfg.channels, self.max_t)?);
         }
         let table = d
             .step_table
