@@ -1108,12 +1108,29 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
     stride: usize,
     key_end: usize,
 ) -> (f32, f32, [f32; 2 * VEC]) {
-    let key_of = |i: usize| first + i * stride;
-    // Every K and V load first (V does not depend on the scores), so the
-    // keys cost one memory round trip, not two.
+    // SAFETY: the caller's contract.
+    let kv = unsafe { load_keys::<K>(k_g, v_g, first, stride, key_end) };
+    attend_loaded(q, &kv, first, stride, key_end)
+}
+
+/// This lane's 8 dimensions of K and V of the keys [`attend_keys`] takes
+/// (`[key][ka, kb, va, vb]`; keys at or past `key_end` left zero), every
+/// load in flight at once (V does not depend on the scores, so the keys
+/// cost one memory round trip, not two).
+///
+/// # Safety
+/// As for [`attend_keys`].
+#[inline(always)]
+pub(crate) unsafe fn load_keys<const K: usize>(
+    k_g: *const f32,
+    v_g: *const f32,
+    first: usize,
+    stride: usize,
+    key_end: usize,
+) -> [[[f32; VEC]; 4]; K] {
     let mut kv = [[[0f32; VEC]; 4]; K];
     unroll!(i < K => {
-        let key = key_of(i);
+        let key = first + i * stride;
         if key < key_end {
             // SAFETY: the caller's contract.
             unsafe {
@@ -1126,6 +1143,21 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
             }
         }
     });
+    kv
+}
+
+/// [`attend_keys`] over the keys [`load_keys`] loaded (`kv`, the same
+/// `first`, `stride` and `key_end`). Keys all past `key_end`: max -inf,
+/// sum 0. All 32 lanes call it.
+#[inline(always)]
+pub(crate) fn attend_loaded<const K: usize>(
+    q: &[f32; 2 * VEC],
+    kv: &[[[f32; VEC]; 4]; K],
+    first: usize,
+    stride: usize,
+    key_end: usize,
+) -> (f32, f32, [f32; 2 * VEC]) {
+    let key_of = |i: usize| first + i * stride;
     let mut s = [0f32; K];
     unroll!(i < K => {
         let key = key_of(i);
@@ -1151,6 +1183,21 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
     merge_state(&mut m, &mut l, &mut acc, 8);
     merge_state(&mut m, &mut l, &mut acc, 16);
     (m, l, acc)
+}
+
+/// Fold one more key into an online-softmax state (`m` in log2 units):
+/// its score `s` (finite) and this lane's 8 dimensions of its value.
+#[inline(always)]
+pub(crate) fn add_key(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], s: f32, va: [f32; VEC], vb: [f32; VEC]) {
+    let m_new = m.max(s);
+    // exp2(-inf) = 0: a state without keys keeps nothing of its own.
+    let (a, w) = (exp2_approx(*m - m_new), exp2_approx(s - m_new));
+    *l = fma(*l, a, w);
+    for e in 0..VEC {
+        acc[e] = fma(acc[e], a, w * va[e]);
+        acc[VEC + e] = fma(acc[VEC + e], a, w * vb[e]);
+    }
+    *m = m_new;
 }
 
 /// Write one partial (lanes `< 8` of the warp that [`attend_keys`] gave

@@ -18,9 +18,9 @@
 //! Between phases a block arrives at the grid barrier first, then starts
 //! the small copies the next phase needs (its bias, layernorm parameters),
 //! then waits: their latency hides behind the barrier's. At one row of
-//! bf16 weights the GEMV phases' rows need no barrier: each output goes out
-//! with a flag in the same 8-byte word, and its readers poll for the flag
-//! (`flagged`); only the attention's two barriers a layer remain. The weight tiles
+//! bf16 weights no phase needs a barrier: each output (a row's value, or
+//! an attention partial's) goes out with a flag in the same 8-byte word,
+//! and its readers poll for the flag (`flagged`). The weight tiles
 //! are issued by a producer thread once a phase has staged its input rows
 //! (f32 weights at one row: once the rows arrived, see `issue_early`),
 //! so their bytes stream while the block computes, not while the next
@@ -31,10 +31,11 @@
 //! each phase's code: the step is larger than the instruction caches.
 
 use super::decode::{
-    ATT_LANES, ArgmaxOut, HS, MMA_ACC, MMA_BATCH, MMA_OUTPUTS, MMA_QUAD, MMA_TILE, MmaStaged, MmaWeight, argmax_finish,
-    attend_keys, better, combine_parts, layernorm_rows, merge_parts_dim, mma_load_batch, mma_out, mma_stage_step,
-    stage_vectors, warp_best,
+    ATT_LANES, ArgmaxOut, HS, MMA_ACC, MMA_BATCH, MMA_OUTPUTS, MMA_QUAD, MMA_TILE, MmaStaged, MmaWeight, add_key,
+    argmax_finish, attend_keys, attend_loaded, better, combine_parts, layernorm_rows, load_keys, merge_parts_dim,
+    mma_load_batch, mma_out, mma_stage_step, stage_vectors, warp_best,
 };
+use super::flash_attention::decode::{key_lanes_sum, key_score_part};
 use super::gelu::gelu;
 use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
 use super::weight::Weight;
@@ -496,9 +497,9 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
 
 /// Whether the GEMV phases pass their rows flagged (`DecodeStepParams::flags`)
 /// instead of through grid barriers: the readers of a flagged row poll
-/// it, so only the barrier before the attention phase remains in a layer
-/// (1 of 5; the attention's partials go flagged to attproj,
-/// `AttOut::Flagged`). One row of bf16 weights only. Measured on an H100
+/// it, and no grid barrier remains in the step: the attention reads q
+/// and the new key and value flagged too, and its partials go flagged to
+/// attproj (`AttOut::Flagged`). One row of bf16 weights only. Measured on an H100
 /// (`bench step`, docs/performance.md, decode step 16): bf16 6-7 % faster
 /// a step at 64 and 512 tokens; f32 weights 0-1.3 % slower (their
 /// attention phase took 0.8 µs longer, not understood yet), and 5 % slower
@@ -531,8 +532,9 @@ unsafe fn layer_flag<W>(p: &DecodeStepParams<W>, layer: usize) -> u32 {
 }
 
 /// GEMV phase `g`'s flagged input and output (`flagged`): the rows after
-/// attproj, fc and fcproj go flagged to their readers (fc, fcproj, and the
-/// next qkv or the LM head), each layer's with its own flag.
+/// qkv, attproj, fc and fcproj go flagged to their readers (the attention,
+/// fc, fcproj, and the next qkv or the LM head), each layer's with its own
+/// flag.
 ///
 /// # Safety
 /// The params' contract (`flags` holds `decode_step_flag_words(c)` words);
@@ -544,15 +546,19 @@ unsafe fn with_flags<W>(p: &DecodeStepParams<W>, mut ph: Gemv<W>, g: usize) -> G
     // SAFETY: the caller's contract.
     let flag = unsafe { layer_flag(p, layer) };
     // SAFETY: (all) the regions after attproj `[0, c)`, after fc `[c, 5c)`,
-    // after fcproj `[5c, 6c)` lie in the flags' 6c words.
-    let (xa, h, xf) = unsafe { (p.flags, p.flags.add(c), p.flags.add(5 * c)) };
+    // after fcproj `[5c, 6c)` and after qkv `[6c, 9c)` lie in the flags' rows.
+    let (xa, h, xf, qkv) = unsafe { (p.flags, p.flags.add(c), p.flags.add(5 * c), p.flags.add(6 * c)) };
     if g >= GEMVS * nl {
         (ph.flags_in, ph.flag_in) = (xf, flag.wrapping_sub(1));
         return ph;
     }
     match rem32(g, GEMVS) {
-        0 if layer > 0 => (ph.flags_in, ph.flag_in) = (xf, flag.wrapping_sub(1)),
-        0 => {}
+        0 => {
+            (ph.flags_out, ph.flag_out) = (qkv, flag);
+            if layer > 0 {
+                (ph.flags_in, ph.flag_in) = (xf, flag.wrapping_sub(1));
+            }
+        }
         1 => (ph.flags_out, ph.flag_out) = (xa, flag),
         2 => (ph.flags_in, ph.flag_in, ph.flags_out, ph.flag_out) = (xa, flag, h, flag),
         _ => (ph.flags_in, ph.flag_in, ph.flags_out, ph.flag_out) = (h, flag, xf, flag),
@@ -1066,8 +1072,15 @@ unsafe fn epilogue<W: Weight>(
     unsafe {
         match ph.epi {
             Epilogue::Qkv => {
-                if col < c {
+                if !ph.flags_out.is_null() {
+                    // One row: q, k and v flagged for this step's attention,
+                    // which reads the new key and value from there (the
+                    // cache keeps them for the steps after).
+                    store_flagged(ph.flags_out.add(col), v, ph.flag_out);
+                } else if col < c {
                     *p.q.add(r * c + col) = v;
+                }
+                if col < c {
                     return;
                 }
                 let pos = *sm.pos.add(r);
@@ -1777,6 +1790,89 @@ enum AttOut {
     Flagged(u32),
 }
 
+/// Lanes' pairs of flagged words for their 8 dimensions of a q, k or v
+/// row (`decode_query`'s: `4 * (lane % 8)` and 32 more, two words a pair).
+const ATT_PAIRS: usize = 2 * VEC / 2;
+
+/// [`attend_keys`] for one warp of an item at one row whose inputs came
+/// flagged (`AttOut::Flagged`): q, and the new key and value at `pos`,
+/// from qkv's flagged row (`with_flags`), the keys before `pos` from the
+/// cache. Every load goes out before the first poll, so the flags cost no
+/// round trip more than the cache.
+///
+/// # Safety
+/// The params' contract at one row; `lw` the layer's entry, whose qkv
+/// phase flags its row `flag` without waiting on this block; `head < nh`;
+/// `first <= pos < max_t`, the warp's keys `first + lane / 8 + 4i`; all 32
+/// lanes call it.
+#[inline(always)]
+unsafe fn attend_flagged<W>(
+    p: &DecodeStepParams<W>,
+    lw: &DecodeStepLayer<W>,
+    head: usize,
+    first: usize,
+    pos: usize,
+    flag: u32,
+) -> (f32, f32, [f32; 2 * VEC]) {
+    let (c, max_t) = (p.c as usize, p.max_t as usize);
+    let l8 = lane_id() as usize % ATT_LANES;
+    let key0 = first + lane_id() as usize / ATT_LANES;
+    let plane = head * max_t * HS + VEC * l8;
+    // SAFETY: the planes of the head; keys below pos < max_t.
+    let kv = unsafe {
+        load_keys::<ATT_KEYS_PER_GROUP>(
+            lw.k_cache.add(plane),
+            lw.v_cache.add(plane),
+            key0,
+            ATT_GROUPS_PER_WARP,
+            pos,
+        )
+    };
+    // SAFETY: qkv's 3c flagged words lie at 6c in the flags (`with_flags`).
+    let row = unsafe { p.flags.add(6 * c) } as *const u64;
+    // Pair j of the lane's words of q (part 0), k (1) or v (2): dims
+    // 4*l8 + 2j of the head for j < 2, the same 32 further for j >= 2.
+    let word = |part: usize, j: usize| part * c + head * HS + VEC * l8 + (j / 2) * (HS / 2) + 2 * (j % 2);
+    // The lane's pairs of part `part`, loaded at once.
+    let issue = |part: usize| {
+        let mut w = [[0u64; 2]; ATT_PAIRS];
+        unroll!(j < ATT_PAIRS => {
+            // SAFETY: word(part, j) + 2 <= 3c, even: a 16-byte aligned pair.
+            w[j] = unsafe { load_flagged2(row.add(word(part, j))) };
+        });
+        w
+    };
+    // Their 8 values, each pair polled until flagged.
+    let settle = |part: usize, mut w: [[u64; 2]; ATT_PAIRS]| {
+        let mut vals = [0f32; 2 * VEC];
+        unroll!(j < ATT_PAIRS => {
+            // `&`, not `&&`: one test, no branch between the halves.
+            while (flag_of(w[j][0]) != flag) | (flag_of(w[j][1]) != flag) {
+                // SAFETY: as in `issue`.
+                w[j] = unsafe { load_flagged2(row.add(word(part, j))) };
+            }
+            vals[2 * j] = flagged_value(w[j][0]);
+            vals[2 * j + 1] = flagged_value(w[j][1]);
+        });
+        vals
+    };
+    // The warp that holds the newest key folds it in: its q and k go out
+    // with the cache's loads, its v (registers short) once they arrived.
+    let new = pos < first + ATT_KEYS;
+    let wq = issue(0);
+    let wk = if new { issue(1) } else { [[0u64; 2]; ATT_PAIRS] };
+    let q = settle(0, wq).map(|x| x * p.scale_log2e);
+    let wv = if new { issue(2) } else { [[0u64; 2]; ATT_PAIRS] };
+    let (mut m, mut l, mut acc) = attend_loaded(&q, &kv, key0, ATT_GROUPS_PER_WARP, pos);
+    if new {
+        let (k, v) = (settle(1, wk), settle(2, wv));
+        let half = |x: &[f32; 2 * VEC], h: usize| [x[VEC * h], x[VEC * h + 1], x[VEC * h + 2], x[VEC * h + 3]];
+        let s = key_lanes_sum(key_score_part(&q, half(&k, 0), half(&k, 1)), ATT_LANES as u32);
+        add_key(&mut m, &mut l, &mut acc, s, half(&v, 0), half(&v, 1));
+    }
+    (m, l, acc)
+}
+
 /// Where layer `layer`'s attention puts its items, for `R` rows of `W` weights.
 ///
 /// # Safety
@@ -1841,7 +1937,10 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
         if item < items {
             let first = key_lo + item * ATT_ITEM_KEYS + warp * ATT_KEYS;
             let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, [0f32; 2 * VEC]);
-            if first <= pos {
+            if let (AttOut::Flagged(flag), true) = (dest, first <= pos) {
+                // SAFETY: one row: head < nh; the rest as `attend_flagged` asks.
+                (m, l, acc) = unsafe { attend_flagged(p, lw, head, first, pos, flag) };
+            } else if first <= pos {
                 // This lane's 8 query dimensions, pre-scaled into log2 units.
                 // SAFETY: h*HS + 36 + 4 <= c.
                 let q_g = unsafe { p.q.add(r * c + h * HS + VEC * l8) };
@@ -2194,8 +2293,7 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
                 break;
             }
             let layer = g / GEMVS;
-            // The attention's inputs are not flagged.
-            let grid = !flagged::<W, R>() || g % GEMVS == 0;
+            let grid = !flagged::<W, R>();
             let mut next = Boundary {
                 gemv: Some(g + 1),
                 grid,

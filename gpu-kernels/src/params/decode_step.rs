@@ -88,9 +88,11 @@ const _: () = assert!(DECODE_STEP_ATT_PART_WORDS.is_multiple_of(2));
 
 /// Words of the rows passed flagged between phases (`DecodeStepParams::flags`)
 /// before the attention's partials: the residual stream after attproj
-/// (`c`), the MLP's hidden row (`4c`), the residual stream after fcproj (`c`).
+/// (`c`), the MLP's hidden row (`4c`), the residual stream after fcproj
+/// (`c`), then qkv's output (`3c`: q, and the new key and value, which the
+/// attention reads from here rather than from the cache).
 pub const fn decode_step_flag_rows(c: u32) -> usize {
-    6 * c as usize
+    9 * c as usize
 }
 
 /// Words of `DecodeStepParams::flags` for width `c` and a cache of `max_t`
@@ -371,9 +373,9 @@ pub struct DecodeStepParams<W = f32> {
     pub att_counter: *mut u32,
     /// [`DECODE_STEP_SYNC_WORDS`] counters.
     pub sync: *mut u32,
-    /// At one row of bf16 weights, the rows that pass between the GEMV
-    /// phases of a layer and into the next, and the attention's partials
-    /// into attproj, without a grid barrier
+    /// At one row of bf16 weights, the rows that pass between the phases
+    /// of a layer and into the next (the attention's partials too), without
+    /// a grid barrier
     /// ([`decode_step_flag_words`]`(c, max_t)` words): each word holds a float (low
     /// half) and its flag (high half), written by one 8-byte store, so a
     /// reader that sees the flag it expects sees the value with it. A
