@@ -1185,21 +1185,6 @@ pub(crate) fn attend_loaded<const K: usize>(
     (m, l, acc)
 }
 
-/// Fold one more key into an online-softmax state (`m` in log2 units):
-/// its score `s` (finite) and this lane's 8 dimensions of its value.
-#[inline(always)]
-pub(crate) fn add_key(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], s: f32, va: [f32; VEC], vb: [f32; VEC]) {
-    let m_new = m.max(s);
-    // exp2(-inf) = 0: a state without keys keeps nothing of its own.
-    let (a, w) = (exp2_approx(*m - m_new), exp2_approx(s - m_new));
-    *l = fma(*l, a, w);
-    for e in 0..VEC {
-        acc[e] = fma(acc[e], a, w * va[e]);
-        acc[VEC + e] = fma(acc[VEC + e], a, w * vb[e]);
-    }
-    *m = m_new;
-}
-
 /// Write one partial (lanes `< 8` of the warp that [`attend_keys`] gave
 /// (max, sum, acc)): `acc` at `part_acc[part * 64 ..]`, (max, sum) at
 /// `part_ml[2 * part ..]`; each writing lane then fences, so an arrival

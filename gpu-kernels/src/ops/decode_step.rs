@@ -31,9 +31,9 @@
 //! each phase's code: the step is larger than the instruction caches.
 
 use super::decode::{
-    ATT_LANES, ArgmaxOut, HS, MMA_ACC, MMA_BATCH, MMA_OUTPUTS, MMA_QUAD, MMA_TILE, MmaStaged, MmaWeight, add_key,
-    argmax_finish, attend_keys, attend_loaded, better, combine_parts, layernorm_rows, load_keys, merge_parts_dim,
-    mma_load_batch, mma_out, mma_stage_step, stage_vectors, warp_best,
+    ATT_LANES, ArgmaxOut, HS, MMA_ACC, MMA_BATCH, MMA_OUTPUTS, MMA_QUAD, MMA_TILE, MmaStaged, MmaWeight, argmax_finish,
+    attend_keys, attend_loaded, better, combine_parts, layernorm_rows, load_keys, merge_parts_dim, mma_load_batch,
+    mma_out, mma_stage_step, stage_vectors, warp_best,
 };
 use super::flash_attention::decode::{key_lanes_sum, key_score_part};
 use super::gelu::gelu;
@@ -1667,7 +1667,7 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
                 // SAFETY: one row's position.
                 items: att_items(unsafe { *sm.pos } as usize, p.max_t as usize, p.window as usize),
                 // SAFETY: the epoch slot was written before a block barrier.
-                dest: unsafe { att_dest::<W, R>(&p, div32(g, GEMVS)) },
+                dest: unsafe { att_dest::<W, R>(p, div32(g, GEMVS)) },
             })
         } else {
             None
@@ -1788,6 +1788,21 @@ enum AttOut {
     /// head of one item's too; attproj's staging polls and merges them
     /// ([`merged_att4_flagged`]), and no grid barrier follows the phase.
     Flagged(u32),
+}
+
+/// Fold one more key into an online-softmax state (`m` in log2 units):
+/// its score `s` (finite) and this lane's 8 dimensions of its value.
+#[inline(always)]
+fn add_key(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], s: f32, va: [f32; VEC], vb: [f32; VEC]) {
+    let m_new = m.max(s);
+    // exp2(-inf) = 0: a state without keys keeps nothing of its own.
+    let (a, w) = (exp2_approx(*m - m_new), exp2_approx(s - m_new));
+    *l = fma(*l, a, w);
+    for e in 0..VEC {
+        acc[e] = fma(acc[e], a, w * va[e]);
+        acc[VEC + e] = fma(acc[VEC + e], a, w * vb[e]);
+    }
+    *m = m_new;
 }
 
 /// Lanes' pairs of flagged words for their 8 dimensions of a q, k or v
