@@ -503,8 +503,10 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
 /// (`bench step`, docs/performance.md, decode step 16): bf16 6-7 % faster
 /// a step at 64 and 512 tokens; f32 weights 0-1.3 % slower (their
 /// attention phase took 0.8 µs longer, not understood yet), and 5 % slower
-/// with their tiles issued after staging (`issue_early` off). At 8 rows
-/// the residual phases stage their rows with `cp.async`, which cannot
+/// with their tiles issued after staging (`issue_early` off). Decode step
+/// 19 (H200), with the attention flagged too: f32 weights 7.6 % faster at
+/// one row, not yet taken, because the traced f32 entry then spills. At 8
+/// rows the residual phases stage their rows with `cp.async`, which cannot
 /// check flags.
 const fn flagged<W, const R: usize>() -> bool {
     R == 1 && size_of::<W>() == 2
