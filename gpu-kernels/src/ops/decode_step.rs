@@ -539,7 +539,7 @@ unsafe fn layer_flag<W>(p: &DecodeStepParams<W>, layer: usize) -> u32 {
 /// flag.
 ///
 /// # Safety
-/// The params' contract (`flags` holds `decode_step_flag_words(c)` words);
+/// The params' contract (`flags` holds `decode_step_flag_words(c, max_t)` words);
 /// the epoch slot was written before a block barrier.
 #[inline(always)]
 unsafe fn with_flags<W>(p: &DecodeStepParams<W>, mut ph: Gemv<W>, g: usize) -> Gemv<W> {
@@ -1788,7 +1788,7 @@ enum AttOut {
     Readers,
     /// Every item's partial goes to the flags' partials with this flag, a
     /// head of one item's too; attproj's staging polls and merges them
-    /// ([`merged_att4_flagged`]), and no grid barrier follows the phase.
+    /// ([`merged_att2_flagged`]), and no grid barrier follows the phase.
     Flagged(u32),
 }
 
@@ -1814,8 +1814,9 @@ const ATT_PAIRS: usize = 2 * VEC / 2;
 /// [`attend_keys`] for one warp of an item at one row whose inputs came
 /// flagged (`AttOut::Flagged`): q, and the new key and value at `pos`,
 /// from qkv's flagged row (`with_flags`), the keys before `pos` from the
-/// cache. Every load goes out before the first poll, so the flags cost no
-/// round trip more than the cache.
+/// cache. q's loads (and the new key's) go out with the cache's, so the
+/// flags cost no round trip more than the cache; the new value's go out
+/// once q has arrived (in flight beside the cache's, they spilled).
 ///
 /// # Safety
 /// The params' contract at one row; `lw` the layer's entry, whose qkv
@@ -1913,7 +1914,8 @@ unsafe fn att_dest<W, const R: usize>(p: &DecodeStepParams<W>, layer: usize) -> 
 ///
 /// # Safety
 /// The params' contract; after a grid barrier that published q and the
-/// new keys and values; every thread of the block calls it.
+/// new keys and values, or (`dest` flagged) after qkv's phase in this
+/// block, its row then polled; every thread of the block calls it.
 #[inline(always)]
 unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, layer: usize, dest: AttOut) {
     // SAFETY: layer < n_layer entries of the table.
