@@ -13,12 +13,12 @@
 //! per (chunk of `WARPS * 8` keys, row, head), 8 keys a warp, the warps'
 //! partials merged in shared memory; where a head has several chunks, the
 //! last block to finish one merges theirs (at one row, the attproj phase
-//! merges them instead as it stages its input: `reader_merges`).
+//! merges them instead as it stages its input: `Merge`).
 //!
 //! Between phases a block arrives at the grid barrier first, then starts
 //! the small copies the next phase needs (its bias, layernorm parameters),
-//! then waits: their latency hides behind the barrier's. At one row of
-//! bf16 weights no phase needs a barrier: each output (a row's value, or
+//! then waits: their latency hides behind the barrier's. At one row no
+//! phase needs a barrier: each output (a row's value, or
 //! an attention partial's) goes out with a flag in the same 8-byte word,
 //! and its readers poll for the flag (`flagged`). The weight tiles
 //! are issued by a producer thread once a phase has staged its input rows
@@ -37,7 +37,7 @@ use super::decode::{
 };
 use super::flash_attention::decode::{key_lanes_sum, key_score_part};
 use super::gelu::gelu;
-use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
+use super::vec4::{VEC, load4, load4_cg, store4};
 use super::weight::Weight;
 use crate::device::Vec2;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
@@ -96,17 +96,6 @@ const fn issue_early<W, const R: usize>() -> bool {
     R == 1 && size_of::<W>() == size_of::<f32>()
 }
 
-/// Whether the attention of a head with several key items is merged by
-/// its readers, the attproj phase's staging ([`merged_att4`]), rather than
-/// by the last of its blocks: one row only, where every block stages the
-/// row's 12 heads of partials (a few KB) anyway. The last-block merge put
-/// a partial's publication, an atomic and the merge's L2 reads on the
-/// attention phase's path: its slowest block took 8.3 µs at 512 keys
-/// against 2.7 at 64 (H100, `bench step --step-pos0 512`).
-const fn reader_merges<const R: usize>() -> bool {
-    R == 1
-}
-
 /// Items (of `ATT_ITEM_KEYS` keys) of the attention of a row at position
 /// `raw` (0 for an idle row, at or past `max_t`).
 #[inline(always)]
@@ -120,50 +109,6 @@ fn att_items(raw: usize, max_t: usize, window: usize) -> usize {
         0
     };
     (raw + 1 - key_lo).div_ceil(ATT_ITEM_KEYS)
-}
-
-/// Partials [`merged_att4`] loads at once: one L2 round trip for up to
-/// this many items (1024 keys).
-const MERGE_BATCH: usize = 8;
-
-/// Dimensions `d..d + 4` of head `head`'s attention output, merged from
-/// its `items` partials in the partial buffers (as `combine_parts` would,
-/// batch by batch with a running maximum).
-///
-/// # Safety
-/// The params' contract; the partials of `head` were written before the
-/// grid barrier this phase follows; `d + 4 <= 64`; `items >= 1`.
-#[inline(always)]
-unsafe fn merged_att4<W>(p: &DecodeStepParams<W>, head: usize, d: usize, items: usize) -> [f32; VEC] {
-    let part0 = head * p.parts_stride as usize;
-    // SAFETY: the head's partials: parts_stride of them from part0.
-    let (acc, ml) = unsafe {
-        (
-            p.att_acc.add(part0 * HS + d) as *const f32,
-            p.att_ml.add(2 * part0) as *const f32,
-        )
-    };
-    let (mut m_all, mut l_all, mut o) = (f32::NEG_INFINITY, 0f32, [0f32; VEC]);
-    let mut i0 = 0;
-    while i0 < items {
-        let mut m = [f32::NEG_INFINITY; MERGE_BATCH];
-        let mut l = [0f32; MERGE_BATCH];
-        let mut a = [[0f32; VEC]; MERGE_BATCH];
-        unroll!(u < MERGE_BATCH => {
-            if i0 + u < items {
-                let i = i0 + u;
-                // SAFETY: item i < items <= parts_stride; written by other blocks: `cg`.
-                unsafe {
-                    m[u] = load_cg(ml.add(2 * i));
-                    l[u] = load_cg(ml.add(2 * i + 1));
-                    a[u] = load4_cg(acc.add(i * HS));
-                }
-            }
-        });
-        merge_batch(&mut m_all, &mut l_all, &mut o, &m, &l, &a);
-        i0 += MERGE_BATCH;
-    }
-    o.map(|x| x / l_all)
 }
 
 /// Fold a batch of partials (max `m`, sum `l`, accumulators `a`; a missing
@@ -223,8 +168,8 @@ const MERGE_BATCH_FLAGGED: usize = 4;
 /// its `items` flagged partials (`AttOut::Flagged`): each partial's max
 /// and sum and its two accumulators loaded for a whole batch first, then
 /// each pair polled until it carries `flag`. Two dimensions a thread, not
-/// [`merged_att4`]'s four: a flagged word is twice a float's registers, and
-/// 384 of the block's 512 threads then cover a 768-wide row in one pass.
+/// four: a flagged word is twice a float's registers, and 384 of the
+/// block's 512 threads then cover a 768-wide row in one pass.
 ///
 /// # Safety
 /// The params' contract; the attention phase of this layer writes the
@@ -499,17 +444,14 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
 /// instead of through grid barriers: the readers of a flagged row poll
 /// it, and no grid barrier remains in the step: the attention reads q
 /// and the new key and value flagged too, and its partials go flagged to
-/// attproj (`AttOut::Flagged`). One row of bf16 weights only. Measured on an H100
-/// (`bench step`, docs/performance.md, decode step 16): bf16 6-7 % faster
-/// a step at 64 and 512 tokens; f32 weights 0-1.3 % slower (their
-/// attention phase took 0.8 µs longer, not understood yet), and 5 % slower
-/// with their tiles issued after staging (`issue_early` off). Decode step
-/// 19 (H200), with the attention flagged too: f32 weights 7.6 % faster at
-/// one row, not yet taken, because the traced f32 entry then spills. At 8
-/// rows the residual phases stage their rows with `cp.async`, which cannot
-/// check flags.
+/// attproj (`AttOut::Flagged`). One row, of either weight type. Measured
+/// (`bench step`, docs/performance.md): decode step 16 (H100), rows only,
+/// bf16 6-7 % faster a step, f32 0-1.3 % slower; step 19 (H200), the
+/// attention flagged too: f32 7.6 % faster at one row, taken in step 20.
+/// At 8 rows the residual phases stage their rows with `cp.async`, which
+/// cannot check flags.
 const fn flagged<W, const R: usize>() -> bool {
-    R == 1 && size_of::<W>() == 2
+    R == 1
 }
 
 /// Where this launch's epoch lies in shared memory (a fixed offset).
@@ -858,7 +800,7 @@ unsafe fn stage_copy(inp: *const f32, xs: *mut f32, len: usize) {
 /// The params' contract; `sm` as `decode_step_smem` lays it out; `res` the
 /// block's share of the residual phases (attproj, fcproj); `merge` given:
 /// the phase is attproj at one row, whose input is the attention's
-/// partials (`reader_merges`), merged as staged.
+/// flagged partials, merged as staged.
 #[inline(always)]
 unsafe fn stage_rows<W: Weight>(
     p: &DecodeStepParams<W>,
@@ -880,11 +822,7 @@ unsafe fn stage_rows<W: Weight>(
         unsafe { stage_flagged::<W>(ph, sm, keep, round, (res_lo, res_hi), gamma) };
         return;
     }
-    if let Some(Merge {
-        items,
-        dest: AttOut::Flagged(flag),
-    }) = merge
-    {
+    if let Some(Merge { items, flag }) = merge {
         // The attention output of the one row, merged from its flagged
         // partials: two dimensions a thread.
         let mut k = thread_idx_x() as usize * 2;
@@ -900,23 +838,6 @@ unsafe fn stage_rows<W: Weight>(
             // SAFETY: xs holds c_in floats, 16-byte aligned: k even, 8-byte aligned.
             unsafe { *sm.xs.add(k).cast::<Vec2<f32>>() = Vec2(if round { v.map(W::round_input) } else { v }) };
             k += DECODE_STEP_THREADS as usize * 2;
-        }
-        return;
-    }
-    if let Some(Merge { items, .. }) = merge.filter(|m| m.items > 1) {
-        // The attention output of the one row, merged from its partials: a
-        // vector a thread (not `stage_vectors`' batches, whose merges in
-        // flight at once would not fit the registers).
-        let mut k = thread_idx_x() as usize * VEC;
-        while k < c_in {
-            // SAFETY: k + 4 <= c_in = nh * 64: dims k % 64.. of head k / 64, whose
-            // partials the attention phase wrote before the grid barrier; xs holds
-            // c_in floats.
-            unsafe {
-                let v = merged_att4(p, k / HS, k % HS, items);
-                store4(sm.xs.add(k), if round { v.map(W::round_input) } else { v });
-            }
-            k += DECODE_STEP_THREADS as usize * VEC;
         }
         return;
     }
@@ -1663,13 +1584,13 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         // SAFETY: attproj's and fcproj's inputs (att, h) hold n rows of c_in.
         unsafe { stage_copy(ph.inp, sm.xs, n * ph.c_in) };
     } else {
-        // The attproj phase of one row merges the attention's partials.
-        let merge = if reader_merges::<R>() && g < GEMVS * p.n_layer as usize && g % GEMVS == 1 {
+        // The attproj phase of one row merges the attention's flagged partials.
+        let merge = if flagged::<W, R>() && g < GEMVS * p.n_layer as usize && g % GEMVS == 1 {
             Some(Merge {
                 // SAFETY: one row's position.
                 items: att_items(unsafe { *sm.pos } as usize, p.max_t as usize, p.window as usize),
                 // SAFETY: the epoch slot was written before a block barrier.
-                dest: unsafe { att_dest::<W, R>(p, div32(g, GEMVS)) },
+                flag: unsafe { layer_flag(p, div32(g, GEMVS)) },
             })
         } else {
             None
@@ -1766,26 +1687,22 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     }
 }
 
-/// Attproj's input at one row, merged from the attention's partials as it
-/// is staged ([`reader_merges`]): the row's items a head, and where the
-/// attention phase put them.
+/// Attproj's input at one row, merged from the attention's flagged
+/// partials (`AttOut::Flagged`) as it is staged: the row's items a head,
+/// and the flag the layer's partials carry.
 #[derive(Clone, Copy)]
 struct Merge {
     items: usize,
-    dest: AttOut,
+    flag: u32,
 }
 
-/// Where the attention phase's items go (a head of several items at more
-/// than one row: `LastBlock`; one row: `Readers` or `Flagged`).
+/// Where the attention phase's items go (more than one row: `LastBlock`;
+/// one row: `Flagged`).
 #[derive(Clone, Copy)]
 enum AttOut {
     /// A head of one item writes `att`; otherwise the head's last block to
     /// finish merges its partials into `att`.
     LastBlock,
-    /// The same, except that the partials of a head of several items stay
-    /// in the partial buffers, and attproj's staging merges them
-    /// ([`reader_merges`], [`merged_att4`]).
-    Readers,
     /// Every item's partial goes to the flags' partials with this flag, a
     /// head of one item's too; attproj's staging polls and merges them
     /// ([`merged_att2_flagged`]), and no grid barrier follows the phase.
@@ -1900,8 +1817,6 @@ unsafe fn att_dest<W, const R: usize>(p: &DecodeStepParams<W>, layer: usize) -> 
     if flagged::<W, R>() {
         // SAFETY: the caller's contract.
         AttOut::Flagged(unsafe { layer_flag(p, layer) })
-    } else if reader_merges::<R>() {
-        AttOut::Readers
     } else {
         AttOut::LastBlock
     }
@@ -2041,16 +1956,7 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
                             *p.att_ml.add(2 * (part0 + item) + 1) = l_all;
                         }
                     }
-                    if matches!(dest, AttOut::LastBlock) {
-                        thread_fence();
-                    }
-                }
-                if matches!(dest, AttOut::Readers) {
-                    // The attproj phase merges the partials as it stages them
-                    // (published by the grid barrier).
-                    sync_threads();
-                    i += nb;
-                    continue;
+                    thread_fence();
                 }
                 sync_threads();
                 // SAFETY: n * nh counters, zero between launches.

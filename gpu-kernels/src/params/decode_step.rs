@@ -365,15 +365,16 @@ pub struct DecodeStepParams<W = f32> {
     pub part_idx: *mut u32,
     /// Attention partials: `[n * nh * parts_stride * 64]` and `[... * 2]`,
     /// one per item of `DECODE_STEP_WARPS * DECODE_STEP_ATTN_KEYS` keys;
-    /// `[n * nh]` counters. A head with several items is merged by its last
-    /// block (the counters), or at one row by the attproj phase, which reads
-    /// the partials as it stages its input (`att` then holds nothing).
+    /// `[n * nh]` counters. With more than one row, a head with several
+    /// items is merged by its last block (the counters). At one row the
+    /// partials go flagged to `flags` instead, and the attproj phase merges
+    /// them as it stages its input (`att` then holds nothing).
     pub att_acc: *mut f32,
     pub att_ml: *mut f32,
     pub att_counter: *mut u32,
     /// [`DECODE_STEP_SYNC_WORDS`] counters.
     pub sync: *mut u32,
-    /// At one row of bf16 weights, the rows that pass between the phases
+    /// At one row, the rows that pass between the phases
     /// of a layer and into the next (the attention's partials too), without
     /// a grid barrier
     /// ([`decode_step_flag_words`]`(c, max_t)` words): each word holds a float (low

@@ -1266,19 +1266,33 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
 fn time_forward(
     engine: &mut GpuEngine,
     args: &Args,
-    mut call: impl FnMut(&mut GpuEngine, usize) -> anyhow::Result<()>,
+    call: impl FnMut(&mut GpuEngine, usize) -> anyhow::Result<()>,
 ) -> anyhow::Result<(f64, usize)> {
-    let mut samples = Vec::new();
+    time_forward_enqueue(engine, args, call).map(|(ms, n, _)| (ms, n))
+}
+
+/// [`time_forward`], plus the median wall-clock time the host spent in
+/// `call` (enqueueing its launches): where it is close to the GPU's time,
+/// the call is bound by its launches, not by its kernels.
+fn time_forward_enqueue(
+    engine: &mut GpuEngine,
+    args: &Args,
+    mut call: impl FnMut(&mut GpuEngine, usize) -> anyhow::Result<()>,
+) -> anyhow::Result<(f64, usize, f64)> {
+    let (mut samples, mut host) = (Vec::new(), Vec::new());
     for i in 0..args.warmup + args.samples {
         let start = engine.gpu().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let wall = std::time::Instant::now();
         call(engine, i)?;
+        let enqueued = wall.elapsed().as_secs_f64() * 1e3;
         let end = engine.gpu().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         let ms = start.elapsed_ms(&end)? as f64;
         if i >= args.warmup {
             samples.push(ms);
+            host.push(enqueued);
         }
     }
-    Ok((median(&mut samples), samples.len()))
+    Ok((median(&mut samples), samples.len(), median(&mut host)))
 }
 
 /// Slots of the server's engine in `bench slots`.
@@ -1401,8 +1415,8 @@ fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
     let bytes = llmc_bytes(&config, E2E_SEED, DType::F32)?;
     let weights = host::model::llmc::parse(&bytes)?;
     println!(
-        "{:>6} {:>8} {:>7} {:>6} {:>6} {:>6} {:>12} {:>12}",
-        "prec", "attn", "what", "B", "T", "window", "median ms", "tokens/s"
+        "{:>6} {:>8} {:>7} {:>6} {:>6} {:>6} {:>12} {:>12} {:>12}",
+        "prec", "attn", "what", "B", "T", "window", "median ms", "tokens/s", "enqueue ms"
     );
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
         let gpu = Gpu::new(args.device)?;
@@ -1430,13 +1444,14 @@ fn bench_e2e(_gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
             engine.set_attention_window(window);
             let attn = format!("{:?}", engine.attention_in_use());
             let toks = tokens(b * t);
-            let (med, n) = time_forward(&mut engine, args, |e, _| e.forward(&toks, b, t, 0, LogitsWanted::Last))?;
+            let (med, n, host_ms) =
+                time_forward_enqueue(&mut engine, args, |e, _| e.forward(&toks, b, t, 0, LogitsWanted::Last))?;
             println!(
-                "{prec:>6} {attn:>8} {:>7} {b:>6} {t:>6} {window:>6} {med:>12.3} {:>12.0}",
+                "{prec:>6} {attn:>8} {:>7} {b:>6} {t:>6} {window:>6} {med:>12.3} {:>12.0} {host_ms:>12.3}",
                 "prefill",
                 (b * t) as f64 / (med * 1e-3)
             );
-            report.e2e.push(serde_json::json!({"precision": prec, "attention": attn, "what": "prefill", "b": b, "t": t, "window": window, "median_ms": med, "samples": n}));
+            report.e2e.push(serde_json::json!({"precision": prec, "attention": attn, "what": "prefill", "b": b, "t": t, "window": window, "median_ms": med, "samples": n, "enqueue_ms": host_ms}));
         }
         engine.set_attention_kind(AttentionKind::Flash);
         engine.set_attention_window(0);
