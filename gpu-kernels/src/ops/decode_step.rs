@@ -22,8 +22,7 @@
 //! an attention partial's) goes out with a flag in the same 8-byte word,
 //! and its readers poll for the flag (`flagged`). The weight tiles
 //! are issued by a producer thread once a phase has staged its input rows
-//! (f32 weights at one row: once the rows arrived, see `issue_early`),
-//! so their bytes stream while the block computes, not while the next
+//! (and normalised them), so their bytes stream while the block computes, not while the next
 //! phase waits on its inputs: a load issued behind a tile's bytes waits for
 //! them (measured: `bench step` traces, the notes in docs/performance.md).
 //! The tiles are marked to leave L2 first: read once a step, they would
@@ -83,18 +82,6 @@ const BARRIER_THREAD: u32 = DECODE_STEP_THREADS - WARP_SIZE;
 /// first lane. Not warp 0, which takes the most columns when they do not
 /// divide evenly (the tiles' issue sits on its path); not the barrier's.
 const PRODUCER_THREAD: u32 = DECODE_STEP_THREADS - 2 * WARP_SIZE;
-
-/// Whether a GEMV phase issues the next weight tiles as soon as its input
-/// rows have arrived, before their layernorm, rather than once they are
-/// staged. Measured on an H100 (`bench step`; docs/performance.md, decode
-/// step 8): with f32 weights at one row, early is 6 % faster, the 74 KB
-/// tiles then land before the next phase's loads queue behind them; with
-/// bf16 tiles (half the bytes) or 8 rows (a longer layernorm) it is 1-4 %
-/// slower. Issuing at the phase's start (before the loads) was slower in
-/// every case, and so was issuing half a tile at each point.
-const fn issue_early<W, const R: usize>() -> bool {
-    R == 1 && size_of::<W>() == size_of::<f32>()
-}
 
 /// Items (of `ATT_ITEM_KEYS` keys) of the attention of a row at position
 /// `raw` (0 for an idle row, at or past `max_t`).
@@ -1602,10 +1589,6 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         unsafe { stage_rows(p, &ph, sm, n, res, merge, gamma) };
     }
     tr.mark(traced_phase(g), DecodeStepMark::Loaded);
-    if issue_early::<W, R>() && thread_idx_x() == PRODUCER_THREAD {
-        // SAFETY: every slot consumed so far was read.
-        unsafe { issue(p, prod, *consumed, ring) };
-    }
     // The bias and the layernorm's parameters (`stage_ln`) have landed.
     cp_async_wait_group::<0>();
     sync_threads();
@@ -1633,11 +1616,15 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         }
     }
     tr.mark(traced_phase(g), DecodeStepMark::Staged);
-    // The slot the last phase freed gets its next tile now (or, see
-    // `issue_early`, once the rows arrived), not at the barrier: its bytes
-    // then stream while this phase computes, not while the next one waits
-    // on its input rows.
-    if !issue_early::<W, R>() && thread_idx_x() == PRODUCER_THREAD {
+    // The slot the last phase freed gets its next tile now, not at the
+    // barrier: its bytes then stream while this phase computes, not while
+    // the next one waits on its input rows. Issued once the rows arrived
+    // instead, before their layernorm: 6 % faster for f32 weights at one
+    // row under grid barriers (H100, decode step 8), 1-4 % slower for bf16
+    // and 8 rows, and with flagged rows 2-8 % slower for f32 too (H200,
+    // decode step 20). Issued at the phase's start (before the loads):
+    // slower in every case, and so was half a tile at each point.
+    if thread_idx_x() == PRODUCER_THREAD {
         // SAFETY: every slot consumed so far was read.
         unsafe { issue(p, prod, *consumed, ring) };
     }
