@@ -80,7 +80,7 @@ def e2e_table(rust, torch):
         what = r.get("what", "")
         if what not in ("prefill", "decode"):
             continue  # e.g. `bench trace` rows
-        extra = ", ".join(f"{k}={v}" for k, v in r.items() if k not in skip)
+        extra = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(r.items()) if k not in skip)
         ours = r.get("median_ms", r.get("median_ms_per_step"))
         key = ("prefill", prec, r["b"], r.get("t")) if what == "prefill" else ("decode", prec, r["b"])
         theirs = tp.get(key)
