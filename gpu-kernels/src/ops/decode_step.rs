@@ -437,7 +437,7 @@ unsafe fn gemv_phase<W: Weight>(p: &DecodeStepParams<W>, tbl: *const DecodeStepL
 /// attention flagged too: f32 7.6 % faster at one row, taken in step 20.
 /// At 8 rows the residual phases stage their rows with `cp.async`, which
 /// cannot check flags.
-const fn flagged<W, const R: usize>() -> bool {
+const fn flagged<const R: usize>() -> bool {
     R == 1
 }
 
@@ -1544,7 +1544,7 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     let n = p.n as usize;
     // SAFETY: g is a phase of the step.
     let ph = unsafe { gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, g) };
-    let ph = if flagged::<W, R>() {
+    let ph = if flagged::<R>() {
         // SAFETY: the params' contract (flags hold 6c words); the epoch slot was
         // written at the start, before a block barrier.
         unsafe { with_flags(p, ph, g) }
@@ -1572,7 +1572,7 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
         unsafe { stage_copy(ph.inp, sm.xs, n * ph.c_in) };
     } else {
         // The attproj phase of one row merges the attention's flagged partials.
-        let merge = if flagged::<W, R>() && g < GEMVS * p.n_layer as usize && g % GEMVS == 1 {
+        let merge = if flagged::<R>() && g < GEMVS * p.n_layer as usize && g % GEMVS == 1 {
             Some(Merge {
                 // SAFETY: one row's position.
                 items: att_items(unsafe { *sm.pos } as usize, p.max_t as usize, p.window as usize),
@@ -1801,7 +1801,7 @@ unsafe fn attend_flagged<W>(
 /// The epoch slot was written before a block barrier.
 #[inline(always)]
 unsafe fn att_dest<W, const R: usize>(p: &DecodeStepParams<W>, layer: usize) -> AttOut {
-    if flagged::<W, R>() {
+    if flagged::<R>() {
         // SAFETY: the caller's contract.
         AttOut::Flagged(unsafe { layer_flag(p, layer) })
     } else {
@@ -2205,7 +2205,7 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
                 break;
             }
             let layer = g / GEMVS;
-            let grid = !flagged::<W, R>();
+            let grid = !flagged::<R>();
             let mut next = Boundary {
                 gemv: Some(g + 1),
                 grid,
@@ -2217,7 +2217,7 @@ unsafe fn decode_step_body<W: MmaWeight, const R: usize, const T: bool>(p: Decod
                 // Flagged partials need no barrier before attproj.
                 next = Boundary {
                     gemv: None,
-                    grid: !flagged::<W, R>(),
+                    grid: !flagged::<R>(),
                 };
             }
             between_phases::<W, R, T>(&p, &sm, &ring, &mut bounds, next, tr);
