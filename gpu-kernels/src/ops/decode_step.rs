@@ -1545,8 +1545,8 @@ unsafe fn run_gemv<W: MmaWeight, const R: usize, const T: bool>(
     // SAFETY: g is a phase of the step.
     let ph = unsafe { gemv_phase(p, ring.tbl as *const DecodeStepLayer<W>, g) };
     let ph = if flagged::<R>() {
-        // SAFETY: the params' contract (flags hold 6c words); the epoch slot was
-        // written at the start, before a block barrier.
+        // SAFETY: the params' contract (flags hold `decode_step_flag_words(c, max_t)`
+        // words); the epoch slot was written at the start, before a block barrier.
         unsafe { with_flags(p, ph, g) }
     } else {
         ph

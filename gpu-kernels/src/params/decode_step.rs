@@ -374,17 +374,16 @@ pub struct DecodeStepParams<W = f32> {
     pub att_counter: *mut u32,
     /// [`DECODE_STEP_SYNC_WORDS`] counters.
     pub sync: *mut u32,
-    /// At one row, the rows that pass between the phases
-    /// of a layer and into the next (the attention's partials too), without
-    /// a grid barrier
-    /// ([`decode_step_flag_words`]`(c, max_t)` words): each word holds a float (low
-    /// half) and its flag (high half), written by one 8-byte store, so a
-    /// reader that sees the flag it expects sees the value with it. A
-    /// launch's flag for layer `l` is `epoch * n_layer + l`, its epoch one
-    /// more than `sync[2]` (which its last block then advances): no flag
-    /// repeats between a word's consecutive writes. Zero-filled at
-    /// allocation (epochs start at 1). The other kernels only advance the
-    /// epoch.
+    /// At one row, the rows that pass between the phases of a layer and
+    /// into the next (the attention's partials too), without a grid
+    /// barrier ([`decode_step_flag_words`]`(c, max_t)` words): each word
+    /// holds a float (low half) and its flag (high half), written by one
+    /// 8-byte store, so a reader that sees the flag it expects sees the
+    /// value with it. A launch's flag for layer `l` is `epoch * n_layer +
+    /// l`, its epoch one more than `sync[2]` (which its last block then
+    /// advances): no flag repeats between a word's consecutive writes.
+    /// Zero-filled at allocation (epochs start at 1). The other kernels
+    /// only advance the epoch.
     pub flags: *mut u64,
     pub n_layer: u32,
     pub n: u32,
