@@ -34,15 +34,18 @@
 
 use cudarc::driver::CudaSlice;
 use gpu_host::shape::MatmulShape;
-use gpu_kernels::params::matmul_bf16::{Bf16TileShape, MATMUL_BF16_VARIANTS, MATMUL_BF16_WGMMA_VARIANTS};
+use gpu_kernels::params::matmul_bf16::{
+    Bf16TileShape, MATMUL_BF16_VARIANTS, MATMUL_BF16_WGMMA_BK, MATMUL_BF16_WGMMA_VARIANTS,
+};
 use gpu_kernels::params::matmul_tf32::TileShape;
 use half::bf16;
 use host::cpu::ops::{gelu_forward, matmul_forward_bf16 as cpu_matmul_forward_bf16};
 use host::gpu::Gpu;
 use host::gpu::ops::args::OpError;
 use host::gpu::ops::matmul_bf16::{
-    Bf16Out, Bf16TileOptions, bf16_blocks, choose_tile, choose_wgmma_tile, matmul_forward_bf16,
-    matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_with, matmul_forward_bf16_with,
+    BF16_WGMMA_MAX_SPLITS, BF16_WGMMA_MIN_KTILES_PER_SPLIT, Bf16Out, Bf16TileOptions, bf16_blocks, bf16_wgmma_plan,
+    choose_tile, choose_wgmma_tile, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_partials,
+    matmul_forward_bf16_wgmma_split, matmul_forward_bf16_wgmma_with, matmul_forward_bf16_with,
 };
 use rand::Rng;
 
@@ -199,7 +202,74 @@ impl Case {
         };
         let name = shape.map_or("wgmma auto", |s| s.name);
         let what = format!("{name} n={n} c={c} oc={oc} bf16 out={bf16_out}");
-        let (max_abs, rmse) = errors(&got, &self.want, oc, &what);
+        self.check_against_twin(&got, &what, bf16_out);
+    }
+
+    /// The split-K launch with `tile` and `splits`: its parts added up in
+    /// order on the host with the bias (as the residual layernorm adds
+    /// them), against the twin. The parts buffer is poisoned with NaN and
+    /// one slice longer than asked: the slices past those written must stay
+    /// untouched.
+    fn check_wgmma_split(&self, gpu: &Gpu, tile: &TileShape, splits: usize) {
+        let (n, c, oc) = (self.n, self.c, self.oc);
+        assert!(!self.gelu, "split-K parts take no GELU");
+        let len = n * oc;
+        let mut d_parts = gpu.upload(&vec![f32::NAN; (splits + 1) * len]).unwrap();
+        let shape = MatmulShape::new(n, oc, c);
+        let written =
+            matmul_forward_bf16_wgmma_split(gpu, *tile, splits, &mut d_parts, &self.d_inp16, &self.d_w, shape).unwrap();
+        let what = format!("{} split {splits} ({written} written) n={n} c={c} oc={oc}", tile.name);
+        assert!((1..=splits).contains(&written), "{what}: wrote {written} parts");
+        let parts = gpu.download(&d_parts).unwrap();
+        assert!(
+            parts[written * len..].iter().all(|v| v.is_nan()),
+            "{what}: a slice past the parts written was touched"
+        );
+        let got = self.add_parts(gpu, &parts, written);
+        self.check_against_twin(&got, &what, false);
+    }
+
+    /// The planned call (`matmul_forward_bf16_wgmma_partials`, the engine's
+    /// projections) with room for 8 parts: whole rows in `out` or parts in
+    /// the workspace, as it says, against the twin.
+    fn check_wgmma_planned(&self, gpu: &Gpu) {
+        let (n, c, oc) = (self.n, self.c, self.oc);
+        let len = n * oc;
+        let mut d_parts = gpu.upload(&vec![f32::NAN; 8 * len]).unwrap();
+        let mut d_out = gpu.upload(&vec![f32::NAN; len]).unwrap();
+        let shape = MatmulShape::new(n, oc, c);
+        let (inp, w, bias) = (&self.d_inp16, &self.d_w, self.d_b.as_ref());
+        let parts = matmul_forward_bf16_wgmma_partials(gpu, &mut d_parts, &mut d_out, inp, w, bias, shape).unwrap();
+        let what = format!("planned, {parts} parts, n={n} c={c} oc={oc}");
+        let got = if parts == 1 {
+            gpu.download(&d_out).unwrap()
+        } else {
+            assert!(
+                gpu.download(&d_out).unwrap().iter().all(|v| v.is_nan()),
+                "{what}: out was written though the result is in parts"
+            );
+            self.add_parts(gpu, &gpu.download(&d_parts).unwrap(), parts)
+        };
+        self.check_against_twin(&got, &what, false);
+    }
+
+    /// `parts` slices of `n * oc` partial sums added in order, then the bias.
+    fn add_parts(&self, gpu: &Gpu, parts: &[f32], count: usize) -> Vec<f32> {
+        let (len, oc) = (self.n * self.oc, self.oc);
+        let bias = self.d_b.as_ref().map(|b| gpu.download(b).unwrap());
+        (0..len)
+            .map(|i| {
+                let sum = (1..count).fold(parts[i], |acc, s| acc + parts[s * len + i]);
+                sum + bias.as_ref().map_or(0.0, |b| b[i % oc])
+            })
+            .collect()
+    }
+
+    /// Every element of `got` within the bounds of the twin (module docs),
+    /// the errors printed.
+    fn check_against_twin(&self, got: &[f32], what: &str, bf16_out: bool) {
+        let oc = self.oc;
+        let (max_abs, rmse) = errors(got, &self.want, oc, what);
         let scale = self.scale;
         eprintln!(
             "matmul_bf16 {what}: max abs {max_abs:.3e} ({:.2e} scale), RMSE {rmse:.3e} ({:.2e} scale)",
@@ -478,6 +548,74 @@ fn matmul_bf16_wgmma_gpt2_shapes() {
                     case.check_wgmma(&gpu, Some(s), bf16_out);
                 }
             }
+        }
+    }
+}
+
+/// Split over `k` (the projections of short prompts, whose parts the
+/// residual layernorm adds): every `wgmma` tile at 2, 3 and 8 splits on the
+/// GPT-2 projection shapes at 1, 64 and 200 rows and on an awkward shape
+/// (c = 776: 13 k-tiles, the last zero-filled, so 8 splits become 7), then
+/// the planned call, each against the twin.
+#[test]
+#[ignore = "needs a GPU"]
+fn matmul_bf16_wgmma_split_k_parts_add_up_to_the_twin() {
+    let Some(gpu) = wgmma_gpu() else { return };
+    for (n, c, oc) in [
+        (1, 768, 768),
+        (64, 3072, 768),
+        (64, 768, 768),
+        (200, 3072, 768),
+        (77, 776, 50),
+    ] {
+        let case = Case::new(&gpu, n, c, oc, true, false);
+        for s in &MATMUL_BF16_WGMMA_VARIANTS {
+            for splits in [2, 3, 8] {
+                case.check_wgmma_split(&gpu, s, splits);
+            }
+        }
+        case.check_wgmma_planned(&gpu);
+    }
+}
+
+/// The split plan splits only outputs that leave the GPU's block slots
+/// idle, within the workspace, never beyond the k-tiles, and every split
+/// gets k-tiles (no GPU needed).
+#[test]
+fn matmul_bf16_wgmma_plan_policy() {
+    const SMS: usize = 132;
+    let big = usize::MAX / 2;
+    let (tile, s) = bf16_wgmma_plan(MatmulShape::new(64, 768, 3072), SMS, big);
+    assert!(
+        s > 1,
+        "M=64 N=768 K=3072 ({}) leaves SMs idle: should split, got {s}",
+        tile.name
+    );
+    let (_, s) = bf16_wgmma_plan(MatmulShape::new(8192, 768, 3072), SMS, big);
+    assert_eq!(s, 1, "a full GPU needs no split");
+    let (_, s) = bf16_wgmma_plan(MatmulShape::new(64, 768, 3072), SMS, 64 * 768);
+    assert_eq!(s, 1, "a workspace of one output allows no split");
+    let (_, s) = bf16_wgmma_plan(MatmulShape::new(64, 768, 64), SMS, big);
+    assert_eq!(s, 1, "one k-tile cannot split");
+    for n in [1, 64, 256, 1024, 8192] {
+        for (c, oc) in [(768, 768), (3072, 768), (776, 50)] {
+            let shape = MatmulShape::new(n, oc, c);
+            let (tile, splits) = bf16_wgmma_plan(shape, SMS, big);
+            let ktiles = c.div_ceil(MATMUL_BF16_WGMMA_BK as usize);
+            assert!(MATMUL_BF16_WGMMA_VARIANTS.contains(&tile) && (1..=BF16_WGMMA_MAX_SPLITS).contains(&splits));
+            assert_eq!(tile, choose_wgmma_tile(shape, SMS), "the split keeps the unsplit tile");
+            if splits > 1 {
+                let per = ktiles.div_ceil(splits);
+                assert!(
+                    per >= BF16_WGMMA_MIN_KTILES_PER_SPLIT,
+                    "M={n} K={c}: {per} k-tiles a split"
+                );
+                assert!(
+                    (splits - 1) * per < ktiles,
+                    "M={n} K={c}: split {splits} of {per} gets none"
+                );
+            }
+            eprintln!("M={n:5} N={oc:6} K={c:5}: {:40} x{splits}", tile.name);
         }
     }
 }

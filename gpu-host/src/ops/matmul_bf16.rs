@@ -8,7 +8,10 @@
 //!
 //! On Hopper, [`matmul_forward_bf16_wgmma`]: `inp` already in bf16 (rounded
 //! once by its producer), operands staged by TMA into `wgmma` tiles, the
-//! result in f32 or bf16 ([`Bf16Out`]).
+//! result in f32 or bf16 ([`Bf16Out`]). Where the output has too few tiles
+//! to fill the GPU and its reader adds split-K parts (the projections into
+//! the residual stream), [`matmul_forward_bf16_wgmma_partials`] splits `k`
+//! ([`bf16_wgmma_plan`]).
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use gpu_kernels::params::matmul_bf16::{
@@ -222,6 +225,119 @@ pub fn matmul_forward_bf16_wgmma(
     matmul_forward_bf16_wgmma_with(gpu, opts, out, inp, weight, bias, shape)
 }
 
+/// Fewest k-tiles (of `MATMUL_BF16_WGMMA_BK`) one split of a split-K
+/// launch takes: below it the pipeline's fill and the partial tile's store
+/// outweigh the k-steps they spread (the 3xTF32 kernel's rule,
+/// `matmul_tf32::FP32_TC_MIN_KTILES_PER_SPLIT`).
+pub const BF16_WGMMA_MIN_KTILES_PER_SPLIT: usize = 4;
+/// Most splits of a split-K launch: each is a slice of `m x n` partial sums
+/// that the reader adds up.
+pub const BF16_WGMMA_MAX_SPLITS: usize = 8;
+
+/// The tile ([`choose_wgmma_tile`]) and split count for an `m x n x k`
+/// matmul whose reader adds split-K parts: where the tiles leave the GPU's
+/// block slots (`sms` times the tile's blocks an SM) mostly empty, `k` is
+/// split until they are about full, each split at least
+/// [`BF16_WGMMA_MIN_KTILES_PER_SPLIT`] k-tiles, at most
+/// [`BF16_WGMMA_MAX_SPLITS`], and the parts within `workspace_floats`.
+/// Small `m` is the case: at 64 x 768 x 3072 (the MLP projection of a
+/// 64-token prompt) the 64x64 tile makes 12 blocks of 48 k-tiles each.
+pub fn bf16_wgmma_plan(shape: MatmulShape, sms: usize, workspace_floats: usize) -> (TileShape, usize) {
+    let tile = choose_wgmma_tile(shape, sms);
+    let blocks = tf32_blocks(&tile, shape).max(1);
+    let slots = sms * tile.blocks_per_sm as usize;
+    let ktiles = shape.k.div_ceil(MATMUL_BF16_WGMMA_BK as usize);
+    let fit = workspace_floats / shape.out_len().max(1);
+    let splits = (slots / blocks)
+        .min(ktiles / BF16_WGMMA_MIN_KTILES_PER_SPLIT)
+        .min(fit)
+        .clamp(1, BF16_WGMMA_MAX_SPLITS);
+    (tile, effective_splits(ktiles, splits))
+}
+
+/// Splits of `ktiles` k-tiles asked for as `splits` that all get some: each
+/// takes `ceil(ktiles / splits)`, so fewer may be needed.
+fn effective_splits(ktiles: usize, splits: usize) -> usize {
+    let per = ktiles.div_ceil(splits.max(1)).max(1);
+    ktiles.div_ceil(per).max(1)
+}
+
+/// [`matmul_forward_bf16_wgmma`] (f32 out) for a reader that adds split-K
+/// parts: split over `k` as [`bf16_wgmma_plan`] says for `parts`' size.
+/// Returns the split count: 1 means `out` holds the result (bias added);
+/// `s > 1` means `parts` holds `s` slices of `m * n` partial sums, no
+/// bias, for the reader to add in order with the bias
+/// (`layernorm::residual_layernorm_split_forward`), and `out` is untouched.
+pub fn matmul_forward_bf16_wgmma_partials(
+    gpu: &Gpu,
+    parts: &mut CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    inp: &CudaSlice<half::bf16>,
+    weight: &CudaSlice<half::bf16>,
+    bias: Option<&CudaSlice<f32>>,
+    shape: MatmulShape,
+) -> Result<usize, OpError> {
+    let (tile, splits) = bf16_wgmma_plan(shape, gpu.sm_count(), parts.len());
+    if splits > 1 {
+        matmul_forward_bf16_wgmma_split(gpu, tile, splits, parts, inp, weight, shape)
+    } else {
+        let opts = Bf16TileOptions::new(tile);
+        matmul_forward_bf16_wgmma_with(gpu, opts, Bf16Out::F32(out), inp, weight, bias, shape)?;
+        Ok(1)
+    }
+}
+
+/// The split-K launch itself, with an explicit tile and split count (the
+/// bench's sweeps): `parts` gets the partial sums of up to `splits` slices
+/// of `k` (no bias, no GELU), slice `s` at `s * m * n`. Returns the slices
+/// written (fewer than `splits` where `ceil(k-tiles / splits)` covers `k`
+/// in fewer).
+pub fn matmul_forward_bf16_wgmma_split(
+    gpu: &Gpu,
+    tile: TileShape,
+    splits: usize,
+    parts: &mut CudaSlice<f32>,
+    inp: &CudaSlice<half::bf16>,
+    weight: &CudaSlice<half::bf16>,
+    shape: MatmulShape,
+) -> Result<usize, OpError> {
+    if splits == 0 {
+        return Err(OpError::shape(OP_WGMMA, "splits must be at least 1"));
+    }
+    let ktiles = shape.k.div_ceil(MATMUL_BF16_WGMMA_BK as usize);
+    let splits = effective_splits(ktiles, splits);
+    check_len(OP_WGMMA, "parts", parts.len(), splits.saturating_mul(shape.out_len()))?;
+    let split = WgmmaSplit {
+        splits,
+        ktiles_per_split: ktiles.div_ceil(splits),
+    };
+    let out = out_ptr(gpu, parts);
+    launch_wgmma(
+        gpu,
+        Bf16TileOptions::new(tile),
+        (out, std::ptr::null_mut()),
+        inp,
+        weight,
+        None,
+        shape,
+        split,
+    )?;
+    Ok(splits)
+}
+
+/// How a launch splits `k`: `splits` grid rows of `ktiles_per_split`
+/// k-tiles (1 and 0: unsplit).
+#[derive(Clone, Copy)]
+struct WgmmaSplit {
+    splits: usize,
+    ktiles_per_split: usize,
+}
+
+const UNSPLIT: WgmmaSplit = WgmmaSplit {
+    splits: 1,
+    ktiles_per_split: 0,
+};
+
 /// [`matmul_forward_bf16_wgmma`] with an explicit tile (one of
 /// `MATMUL_BF16_WGMMA_VARIANTS`).
 pub fn matmul_forward_bf16_wgmma_with(
@@ -232,6 +348,34 @@ pub fn matmul_forward_bf16_wgmma_with(
     weight: &CudaSlice<half::bf16>,
     bias: Option<&CudaSlice<f32>>,
     shape: MatmulShape,
+) -> Result<(), OpError> {
+    let MatmulShape { m, n, .. } = shape;
+    let outs = match out {
+        Bf16Out::F32(o) => {
+            check_len(OP_WGMMA, "out", o.len(), m * n)?;
+            (out_ptr(gpu, o), std::ptr::null_mut())
+        }
+        Bf16Out::Bf16(o) => {
+            check_len(OP_WGMMA, "out", o.len(), m * n)?;
+            (std::ptr::null_mut(), out_ptr(gpu, o).cast::<u16>())
+        }
+    };
+    launch_wgmma(gpu, opts, outs, inp, weight, bias, shape, UNSPLIT)
+}
+
+/// One launch of a bf16 `wgmma` tile: `outs` is (f32 out, bf16 out), exactly
+/// one non-null and sized by the caller (`split.splits * m * n` floats for a
+/// split launch, whose bias is `None` and GELU off).
+#[allow(clippy::too_many_arguments)]
+fn launch_wgmma(
+    gpu: &Gpu,
+    opts: Bf16TileOptions<TileShape>,
+    (out_f32, out_bf16): (*mut f32, *mut u16),
+    inp: &CudaSlice<half::bf16>,
+    weight: &CudaSlice<half::bf16>,
+    bias: Option<&CudaSlice<f32>>,
+    shape: MatmulShape,
+    split: WgmmaSplit,
 ) -> Result<(), OpError> {
     let Bf16TileOptions { tile, gelu } = opts;
     let tile = &tile;
@@ -247,18 +391,14 @@ pub fn matmul_forward_bf16_wgmma_with(
             format!("{} is not a bf16 wgmma tile", tile.name),
         ));
     }
+    if split.splits > 1 && (bias.is_some() || gelu || out_f32.is_null()) {
+        return Err(OpError::shape(
+            OP_WGMMA,
+            "a split-K launch writes f32 partial sums, without bias or GELU",
+        ));
+    }
     check_shape(OP_WGMMA, inp.len(), weight.len(), bias, shape)?;
     let MatmulShape { m, n, k } = shape;
-    let (out_f32, out_bf16) = match out {
-        Bf16Out::F32(o) => {
-            check_len(OP_WGMMA, "out", o.len(), m * n)?;
-            (out_ptr(gpu, o), std::ptr::null_mut())
-        }
-        Bf16Out::Bf16(o) => {
-            check_len(OP_WGMMA, "out", o.len(), m * n)?;
-            (std::ptr::null_mut(), out_ptr(gpu, o).cast::<u16>())
-        }
-    };
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -284,10 +424,14 @@ pub fn matmul_forward_bf16_wgmma_with(
         c: to_u32(OP_WGMMA, "k", k)?,
         oc: to_u32(OP_WGMMA, "n", n)?,
         gelu: gelu as u32,
-        k_tiles_per_split: 0,
+        k_tiles_per_split: to_u32(OP_WGMMA, "k-tiles per split", split.ktiles_per_split)?,
     };
     let cfg = LaunchConfig {
-        grid_dim: (to_u32(OP_WGMMA, "blocks", tf32_blocks(tile, shape))?, 1, 1),
+        grid_dim: (
+            to_u32(OP_WGMMA, "blocks", tf32_blocks(tile, shape))?,
+            to_u32(OP_WGMMA, "splits", split.splits)?,
+            1,
+        ),
         block_dim: (tile.threads(), 1, 1),
         shared_mem_bytes: tile.shared_bytes(),
     };
@@ -296,10 +440,13 @@ pub fn matmul_forward_bf16_wgmma_with(
     // variants, and the sm_90a module is loaded), whose parameter type is
     // MatmulBf16WgmmaParams. The maps describe `inp` (>= m rows) and
     // `weight` (n rows) of k bf16 with the boxes the kernel was compiled
-    // with; exactly one of `out` (m*n f32, 16-byte aligned) and `out_bf16`
-    // (m*n bf16, 8-byte aligned) is set, `bias` holds n floats or is null
-    // (all checked above); no split-K. Grid, block and shared memory come
-    // from `tile`, and the shared-memory limit was raised for it.
+    // with; exactly one of `out` (m*n f32, 16-byte aligned; splits*m*n for
+    // a split launch, the callers' checks) and `out_bf16` (m*n bf16, 8-byte
+    // aligned) is set, `bias` holds n floats or is null, and a split launch
+    // has no bias, no GELU and f32 out (checked above); grid row `y` takes
+    // k-tiles `y * k_tiles_per_split..` and writes slice `y`. Grid, block
+    // and shared memory come from `tile`, and the shared-memory limit was
+    // raised for it.
     unsafe { gpu.launch(tile.name, cfg, params)? };
     Ok(())
 }

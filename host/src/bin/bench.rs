@@ -17,7 +17,7 @@ use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::decode_step::DECODE_STEP_MAX_ROWS;
 use gpu_kernels::params::matmul::{MATMUL_GEMV_MAX_ROWS, MATMUL_TILE_M, MATMUL_TILE_M_MID};
 use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
-use gpu_kernels::params::matmul_tf32::TileEngine;
+use gpu_kernels::params::matmul_tf32::{TileEngine, TileShape};
 use gpu_kernels::params::sample::SampleRow;
 use host::bench::replicas::bench_replicas;
 use host::bench::step_trace::{PHASE_KINDS, PhaseTimes, by_kind, phase_times};
@@ -40,7 +40,8 @@ use host::gpu::ops::matmul::{
     matmul_forward_plan, matmul_forward_small, matmul_forward_with, split_k_workspace_floats,
 };
 use host::gpu::ops::matmul_bf16::{
-    Bf16Out, Bf16TileOptions, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_with,
+    BF16_WGMMA_MAX_SPLITS, Bf16Out, Bf16TileOptions, bf16_wgmma_plan, matmul_forward_bf16, matmul_forward_bf16_wgmma,
+    matmul_forward_bf16_wgmma_partials, matmul_forward_bf16_wgmma_split, matmul_forward_bf16_wgmma_with,
 };
 use host::gpu::ops::matmul_tf32::{
     MatmulTf32Error, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_plan, fp32_tc_variants,
@@ -124,6 +125,11 @@ const GEMV_MIN_SAMPLES: usize = 100;
 const COPY_BYTES: usize = 1 << 30;
 /// Random data uploaded once and copied over the copy source (64 MB).
 const COPY_FILL_FLOATS: usize = 1 << 24;
+/// The `gemm` section's split-K rows (bf16 `wgmma`): outputs of at most
+/// this many rows and columns (where splitting can pay, and the parts of 8
+/// splits stay small).
+const SPLIT_BENCH_MAX_M: usize = 1024;
+const SPLIT_BENCH_MAX_N: usize = 4096;
 /// cuBLAS workspace of the `gemv` section's handle (PyTorch's default on
 /// Hopper), set explicitly so cuBLAS never allocates during graph capture.
 const GEMV_CUBLAS_WORKSPACE: usize = 32 << 20;
@@ -560,6 +566,31 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                             "bf16",
                             t,
                         );
+                    }
+                    // Split over k, the parts left for their reader to add
+                    // (the engine's projections of short prompts; the
+                    // reader's extra reads are not in these times): the
+                    // planned call, then each tile at 2, 4 and 8 splits.
+                    if m <= SPLIT_BENCH_MAX_M && n <= SPLIT_BENCH_MAX_N {
+                        let mut parts = gpu.alloc::<f32>(BF16_WGMMA_MAX_SPLITS * m * n)?;
+                        let (tile, s) = bf16_wgmma_plan(gemm, gpu.sm_count(), parts.len());
+                        let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
+                            let (inp, w) = (&inp16[i], &w16[i]);
+                            matmul_forward_bf16_wgmma_partials(gpu, &mut parts, &mut sets.out[i], inp, w, None, gemm)
+                                .map(|_| ())
+                        })?;
+                        let short = |t: &TileShape| t.name.trim_start_matches("matmul_forward_").to_string();
+                        record(format!("ours_{}_planned_s{s}_parts", short(&tile)), "bf16", t);
+                        for shape in &MATMUL_BF16_WGMMA_VARIANTS {
+                            for splits in [2, 4, 8] {
+                                let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
+                                    let (inp, w) = (&inp16[i], &w16[i]);
+                                    matmul_forward_bf16_wgmma_split(gpu, *shape, splits, &mut parts, inp, w, gemm)
+                                        .map(|_| ())
+                                })?;
+                                record(format!("ours_{}_s{splits}_parts", short(shape)), "bf16", t);
+                            }
+                        }
                     }
                 }
             }

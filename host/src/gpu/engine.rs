@@ -45,7 +45,9 @@ use crate::gpu::ops::layernorm::{
 use crate::gpu::ops::matmul::{
     MatmulKernel, MatmulOptions, MatmulWorkspace, choose, matmul_forward_with, split_k_workspace_floats,
 };
-use crate::gpu::ops::matmul_bf16::{BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma};
+use crate::gpu::ops::matmul_bf16::{
+    BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_partials,
+};
 use crate::gpu::ops::matmul_tf32::{
     TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_planned, matmul_forward_fp32_tc_partials,
     matmul_forward_fp32_tc_with, matmul_forward_tf32_opts,
@@ -1008,6 +1010,38 @@ fn matmul_bf16_acts(
     matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, shape, gelu)
 }
 
+/// [`matmul_leaving_parts`] for the bf16 projections on Hopper (bf16
+/// activations): split over `k` where the output has too few tiles to fill
+/// the GPU (`matmul_bf16::bf16_wgmma_plan`: a short prompt's projections),
+/// the parts left in the split-K workspace for the residual layernorm to add
+/// up with the bias, when `reader_takes_parts`.
+fn matmul_bf16_leaving_parts(
+    gpu: &Gpu,
+    ws: &mut MatmulScratch,
+    out: &mut CudaSlice<f32>,
+    inp: &CudaSlice<bf16>,
+    (weight, bias): (WeightRef<'_>, &CudaSlice<f32>),
+    shape: MatmulShape,
+    reader_takes_parts: bool,
+) -> Result<Projected, OpError> {
+    let WeightRef::Bf16(w) = weight else {
+        return Err(OpError::shape(
+            "matmul_forward_bf16_wgmma",
+            "bf16 activations need bf16 weights",
+        ));
+    };
+    if !reader_takes_parts {
+        matmul_forward_bf16_wgmma(gpu, Bf16Out::F32(out), inp, w, Some(bias), shape, false)?;
+        return Ok(Projected::Rows);
+    }
+    let parts = matmul_forward_bf16_wgmma_partials(gpu, ws.fp32.partial_mut(), out, inp, w, Some(bias), shape)?;
+    Ok(if parts > 1 {
+        Projected::Parts(parts)
+    } else {
+        Projected::Rows
+    })
+}
+
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
 /// workspace (prefill or flash-decoding, picked by `t` inside), else the
 /// unfused kernel. Same contract either way (docs/design.md).
@@ -1250,17 +1284,9 @@ impl GpuEngine {
                     if !atty_in_bf16 {
                         f32_to_bf16(gpu, &mut x.atty, &a.atty, n * c)?;
                     }
-                    let out = Bf16Out::F32(&mut a.proj);
-                    matmul_bf16_acts(
-                        gpu,
-                        out,
-                        &x.atty,
-                        lw.attprojw.as_ref(),
-                        Some(&lw.attprojb),
-                        attproj_mm,
-                        false,
-                    )?;
-                    Projected::Rows
+                    let attproj = (lw.attprojw.as_ref(), &lw.attprojb);
+                    let takes_parts = residual_layernorm_split_fits(c);
+                    matmul_bf16_leaving_parts(gpu, ws, &mut a.proj, &x.atty, attproj, attproj_mm, takes_parts)?
                 }
                 None => matmul_leaving_parts(
                     gpu,
@@ -1321,17 +1347,9 @@ impl GpuEngine {
             }
             let projected = match a16.as_deref_mut() {
                 Some(x) => {
-                    let out = Bf16Out::F32(&mut a.proj);
-                    matmul_bf16_acts(
-                        gpu,
-                        out,
-                        &x.fch_gelu,
-                        lw.fcprojw.as_ref(),
-                        Some(&lw.fcprojb),
-                        fcproj_mm,
-                        false,
-                    )?;
-                    Projected::Rows
+                    let fcproj = (lw.fcprojw.as_ref(), &lw.fcprojb);
+                    let takes_parts = residual_layernorm_split_fits(c);
+                    matmul_bf16_leaving_parts(gpu, ws, &mut a.proj, &x.fch_gelu, fcproj, fcproj_mm, takes_parts)?
                 }
                 None => matmul_leaving_parts(
                     gpu,
