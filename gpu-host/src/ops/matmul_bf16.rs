@@ -21,7 +21,7 @@ use gpu_kernels::params::matmul_bf16::{
 use gpu_kernels::params::matmul_tf32::TileShape;
 
 use super::args::{OpError, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use super::matmul_tf32::{predicted_cost, tf32_blocks};
+use super::matmul_tf32::{SplitRule, predicted_cost, tf32_blocks};
 use crate::runtime::TensorElem;
 use crate::{Gpu, MatmulShape};
 
@@ -227,7 +227,7 @@ pub fn matmul_forward_bf16_wgmma(
 
 /// Fewest k-tiles (of `MATMUL_BF16_WGMMA_BK`) one split of a split-K
 /// launch takes: below it the pipeline's fill and the partial tile's store
-/// outweigh the k-steps they spread (the 3xTF32 kernel's rule,
+/// outweigh the k-steps they spread (as the 3xTF32 plan's
 /// `matmul_tf32::FP32_TC_MIN_KTILES_PER_SPLIT`).
 pub const BF16_WGMMA_MIN_KTILES_PER_SPLIT: usize = 4;
 /// Most splits of a split-K launch: each is a slice of `m x n` partial sums
@@ -236,23 +236,24 @@ pub const BF16_WGMMA_MAX_SPLITS: usize = 8;
 
 /// The tile ([`choose_wgmma_tile`]) and split count for an `m x n x k`
 /// matmul whose reader adds split-K parts: where the tiles leave the GPU's
-/// block slots (`sms` times the tile's blocks an SM) mostly empty, `k` is
-/// split until they are about full, each split at least
-/// [`BF16_WGMMA_MIN_KTILES_PER_SPLIT`] k-tiles, at most
-/// [`BF16_WGMMA_MAX_SPLITS`], and the parts within `workspace_floats`.
+/// block slots mostly empty, `k` is split by the 3xTF32 plan's
+/// [`SplitRule`], each split at least [`BF16_WGMMA_MIN_KTILES_PER_SPLIT`]
+/// k-tiles, at most [`BF16_WGMMA_MAX_SPLITS`], the parts within
+/// `workspace_floats`.
 /// Small `m` is the case: at 64 x 768 x 3072 (the MLP projection of a
 /// 64-token prompt) the 64x64 tile makes 12 blocks of 48 k-tiles each.
 pub fn bf16_wgmma_plan(shape: MatmulShape, sms: usize, workspace_floats: usize) -> (TileShape, usize) {
     let tile = choose_wgmma_tile(shape, sms);
-    let blocks = tf32_blocks(&tile, shape).max(1);
-    let slots = sms * tile.blocks_per_sm as usize;
-    let ktiles = shape.k.div_ceil(MATMUL_BF16_WGMMA_BK as usize);
-    let fit = workspace_floats / shape.out_len().max(1);
-    let splits = (slots / blocks)
-        .min(ktiles / BF16_WGMMA_MIN_KTILES_PER_SPLIT)
-        .min(fit)
-        .clamp(1, BF16_WGMMA_MAX_SPLITS);
-    (tile, effective_splits(ktiles, splits))
+    let rule = SplitRule {
+        k_tile: MATMUL_BF16_WGMMA_BK as usize,
+        min_ktiles: BF16_WGMMA_MIN_KTILES_PER_SPLIT,
+        max_splits: BF16_WGMMA_MAX_SPLITS,
+    };
+    let ktiles = shape.k.div_ceil(rule.k_tile);
+    (
+        tile,
+        effective_splits(ktiles, rule.splits(&tile, shape, sms, workspace_floats)),
+    )
 }
 
 /// Splits of `ktiles` k-tiles asked for as `splits` that all get some: each

@@ -438,15 +438,42 @@ pub fn fp32_tc_plan(shape: MatmulShape, sms: usize, workspace_floats: usize, wgm
         .copied()
         .min_by_key(key)
         .expect("variant lists are not empty");
-    let blocks = tf32_blocks(&tile, shape).max(1);
-    let wave = sms * tile.blocks_per_sm as usize;
-    let ktiles = shape.k.div_ceil(MATMUL_TF32_BK as usize);
-    let fit = workspace_floats / shape.out_len().max(1);
-    let splits = (wave / blocks)
-        .min(ktiles / FP32_TC_MIN_KTILES_PER_SPLIT)
-        .min(fit)
-        .clamp(1, FP32_TC_MAX_SPLITS);
-    (tile, splits)
+    let rule = SplitRule {
+        k_tile: MATMUL_TF32_BK as usize,
+        min_ktiles: FP32_TC_MIN_KTILES_PER_SPLIT,
+        max_splits: FP32_TC_MAX_SPLITS,
+    };
+    (tile, rule.splits(&tile, shape, sms, workspace_floats))
+}
+
+/// How a plan splits `k` where a matmul's tiles leave the GPU idle: the
+/// 3xTF32 plan's rule, which the bf16 `wgmma` plan shares.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitRule {
+    /// Depth of a k-tile.
+    pub k_tile: usize,
+    /// Fewest k-tiles a split takes.
+    pub min_ktiles: usize,
+    /// Most splits.
+    pub max_splits: usize,
+}
+
+impl SplitRule {
+    /// Splits for `tile` on `shape`: enough to fill the GPU's block slots
+    /// (`sms` times the tile's blocks an SM) about once, each at least
+    /// `min_ktiles` deep, at most `max_splits`, and the parts (one `m x n`
+    /// output each) within `workspace_floats`; 1 where any of those allows
+    /// no split.
+    pub fn splits(self, tile: &TileShape, shape: MatmulShape, sms: usize, workspace_floats: usize) -> usize {
+        let blocks = tf32_blocks(tile, shape).max(1);
+        let slots = sms * tile.blocks_per_sm as usize;
+        let ktiles = shape.k.div_ceil(self.k_tile);
+        let fit = workspace_floats / shape.out_len().max(1);
+        (slots / blocks)
+            .min(ktiles / self.min_ktiles)
+            .min(fit)
+            .clamp(1, self.max_splits)
+    }
 }
 
 /// `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])` at FP32's accuracy
