@@ -30,6 +30,12 @@
 //! rounding of the result: half a bf16 ulp, at most 2^-8 of its magnitude
 //! (8 significant bits), allowed on top (`BF16_OUT_REL`).
 //!
+//! The split-K launches (`matmul_forward_bf16_wgmma_split`, the planned
+//! `matmul_forward_bf16_wgmma_partials`) are held to the same bounds: their
+//! parts, added in order in f32 on the host as the residual layernorm adds
+//! them, sum the same exact products in another order, each split's
+//! accumulator over fewer steps.
+//!
 //! The measured errors are printed (run with `--nocapture`).
 
 use cudarc::driver::CudaSlice;
