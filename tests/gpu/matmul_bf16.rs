@@ -236,12 +236,12 @@ impl Case {
     }
 
     /// The planned call (`matmul_forward_bf16_wgmma_partials`, the engine's
-    /// projections) with room for 8 parts: whole rows in `out` or parts in
-    /// the workspace, as it says, against the twin.
+    /// projections) with room for the most parts a plan makes: whole rows
+    /// in `out` or parts in the workspace, as it says, against the twin.
     fn check_wgmma_planned(&self, gpu: &Gpu) {
         let (n, c, oc) = (self.n, self.c, self.oc);
         let len = n * oc;
-        let mut d_parts = gpu.upload(&vec![f32::NAN; 8 * len]).unwrap();
+        let mut d_parts = gpu.upload(&vec![f32::NAN; BF16_WGMMA_MAX_SPLITS * len]).unwrap();
         let mut d_out = gpu.upload(&vec![f32::NAN; len]).unwrap();
         let shape = MatmulShape::new(n, oc, c);
         let (inp, w, bias) = (&self.d_inp16, &self.d_w, self.d_b.as_ref());

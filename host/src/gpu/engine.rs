@@ -1001,13 +1001,18 @@ fn matmul_bf16_acts(
     shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
-    let WeightRef::Bf16(w) = weight else {
-        return Err(OpError::shape(
+    matmul_forward_bf16_wgmma(gpu, out, inp, bf16_weight(weight)?, bias, shape, gelu)
+}
+
+/// The bf16 matrix of a weight that bf16 activations multiply.
+fn bf16_weight(weight: WeightRef<'_>) -> Result<&CudaSlice<bf16>, OpError> {
+    match weight {
+        WeightRef::Bf16(w) => Ok(w),
+        _ => Err(OpError::shape(
             "matmul_forward_bf16_wgmma",
             "bf16 activations need bf16 weights",
-        ));
-    };
-    matmul_forward_bf16_wgmma(gpu, out, inp, w, bias, shape, gelu)
+        )),
+    }
 }
 
 /// [`matmul_leaving_parts`] for the bf16 projections on Hopper (bf16
@@ -1024,16 +1029,11 @@ fn matmul_bf16_leaving_parts(
     shape: MatmulShape,
     reader_takes_parts: bool,
 ) -> Result<Projected, OpError> {
-    let WeightRef::Bf16(w) = weight else {
-        return Err(OpError::shape(
-            "matmul_forward_bf16_wgmma",
-            "bf16 activations need bf16 weights",
-        ));
-    };
     if !reader_takes_parts {
-        matmul_forward_bf16_wgmma(gpu, Bf16Out::F32(out), inp, w, Some(bias), shape, false)?;
+        matmul_bf16_acts(gpu, Bf16Out::F32(out), inp, weight, Some(bias), shape, false)?;
         return Ok(Projected::Rows);
     }
+    let w = bf16_weight(weight)?;
     let parts = matmul_forward_bf16_wgmma_partials(gpu, ws.fp32.partial_mut(), out, inp, w, Some(bias), shape)?;
     Ok(if parts > 1 {
         Projected::Parts(parts)
