@@ -580,12 +580,15 @@ fn decode_persistent_small() {
     paths_agree_in(&head64_config(), 1, 3, 2, 0, Precision::Bf16);
 }
 
-/// The tensor-core GEMVs (two rows and more) at their smallest, FP32
-/// (3xTF32) and bf16: the size compute-sanitizer's racecheck can finish.
+/// The GEMVs of two rows and more at their smallest, FP32 (the chain's
+/// 3xTF32 tensor-core kernels; the persistent step's FMA tiles, at 3 rows
+/// and at all 8, whose loop reads every staged row unpredicated) and bf16
+/// (tensor cores): the size compute-sanitizer's racecheck can finish.
 #[test]
 #[ignore = "needs a GPU"]
 fn decode_mma_small() {
     paths_agree(&head64_config(), 3, 3, 2, 0);
+    paths_agree(&head64_config(), 8, 3, 2, 0);
     paths_agree_in(&head64_config(), 3, 3, 2, 0, Precision::Bf16);
 }
 
@@ -593,8 +596,8 @@ fn decode_mma_small() {
 #[ignore = "needs a GPU"]
 fn decode_graph_124m() {
     paths_agree(&ModelConfig::GPT2_124M, 1, 16, 24, 0);
-    // Eight rows: the persistent step on tensor cores (3xTF32) on GPT-2's
-    // own shapes, against the chain and the CPU.
+    // Eight rows: the persistent step (FMA tiles for f32 weights) on
+    // GPT-2's own shapes, against the chain and the CPU.
     paths_agree(&ModelConfig::GPT2_124M, 8, 16, 8, 0);
 }
 

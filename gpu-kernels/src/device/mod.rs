@@ -55,3 +55,14 @@ macro_rules! unroll {
     };
 }
 pub(crate) use unroll;
+
+/// Ask ptxas not to unroll the loop this is called in (PTX's `.pragma
+/// "nounroll"`, which applies to the loop whose header block holds it: call
+/// it first thing in the loop's body). For hot loops written out as wide as
+/// the registers allow: ptxas's own unrolling hoists the copies' loads
+/// together, and the kernel spills.
+#[inline(always)]
+pub fn no_unroll() {
+    // SAFETY: a directive to the assembler; no instruction, no operand.
+    unsafe { core::arch::asm!(".pragma \"nounroll\";", options(nomem, nostack, preserves_flags)) };
+}

@@ -29,3 +29,28 @@ struct Align16([u8; SHARED_ALIGN]);
 pub unsafe fn dynamic_shared_align16<T>() -> *mut T {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Align16>().cast()
 }
+
+/// The two floats at shared-memory address `addr` (`ld.shared.v2.f32`, a
+/// 32-bit address as [`super::mma::shared_addr`] gives). A loop that keeps
+/// such addresses, rather than generic pointers, saves the generic-to-shared
+/// conversion on every load and a register per pointer; ptxas folds a
+/// constant added to `addr` into the load's offset.
+///
+/// # Safety
+/// `addr` is 8-byte aligned and the 8 bytes at it lie in this block's shared
+/// memory, written before the last barrier (or by this thread).
+#[inline(always)]
+pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
+    let (a, b): (f32, f32);
+    // SAFETY: the caller's contract; the asm reads 8 shared bytes and writes none.
+    unsafe {
+        core::arch::asm!(
+            "ld.shared.v2.f32 {{{a}, {b}}}, [{p}];",
+            a = out(reg32) a,
+            b = out(reg32) b,
+            p = in(reg32) addr,
+            options(nostack, readonly, preserves_flags)
+        )
+    }
+    [a, b]
+}

@@ -41,18 +41,18 @@ use super::weight::Weight;
 use crate::device::Vec2;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::mma::{cp_async_4, cp_async_16, cp_async_commit, cp_async_wait_group, shared_addr};
-use crate::device::shared::dynamic_shared_align16;
+use crate::device::shared::{dynamic_shared_align16, ld_shared_v2_f32};
 use crate::device::tma::{
     bulk_copy_to_shared_evict_first, fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive_expect_tx,
     mbarrier_init, mbarrier_wait_parity,
 };
-use crate::device::unroll;
 use crate::device::warp::{BLOCK_REDUCE_SCRATCH, block_reduce_sum, warp_reduce_sum, warp_reduce_sum_many};
 use crate::device::{
     WARP_SIZE, atomic_add_acq_rel_u32, atomic_add_shared_u32, block_idx_x, clock64, flag_of, flagged_value,
     global_timer_ns, grid_arrive, grid_dependency_wait, grid_dim_x, grid_wait, lane_id, launch_dependents,
     load_acquire_u32, load_flagged2, store_flagged, sync_threads, sync_threads_or, thread_fence, thread_idx_x, warp_id,
 };
+use crate::device::{no_unroll, unroll};
 use crate::params::decode::DECODE_MAX_ROWS;
 use crate::params::decode_step::*;
 use crate::params::layernorm::LAYERNORM_EPS;
@@ -1329,7 +1329,6 @@ unsafe fn tile_gemv_rows<W: Weight>(
     }
     // ks is a power of two; fewer than 2 * WARPS units (`red` holds them).
     let span = ((c_in + ks - 1) >> ks.trailing_zeros()).next_multiple_of(PAIR);
-    let step = LANES * PAIR;
     // The output this lane ends with: column `j` of the group, row `r`.
     let (j, r) = (lane / ROWS, lane % ROWS);
     // f32 weights (`simt_rows`): the tile is rows of c_in floats.
@@ -1338,30 +1337,18 @@ unsafe fn tile_gemv_rows<W: Weight>(
     while u < groups * ks {
         let (grp, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
         let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
-        // acc[jj * ROWS + rr]: column jj of the group, row rr.
-        let mut acc = [0f32; OUTS];
-        let mut k = k_lo + lane * PAIR;
-        while k < k_hi {
-            let mut w = [Vec2([0.0; PAIR]); CB];
-            unroll!(jj < CB => {
-                if grp * CB + jj < cols {
-                    // SAFETY: column grp*CB + jj < cols of the tile, k + 2 <= c_in (c_in and
-                    // the spans are even); 8-byte aligned (slots are, rows are even).
-                    w[jj] = unsafe { *wf.add((grp * CB + jj) * c_in + k).cast::<Vec2<f32>>() };
-                }
-            });
-            unroll!(rr < ROWS => {
-                if rr < n {
-                    // SAFETY: rr < n rows of c_in, k + 2 <= c_in, 8-byte aligned.
-                    let x = unsafe { *xs.add(rr * c_in + k).cast::<Vec2<f32>>() };
-                    unroll!(jj < CB => {
-                        let a = &mut acc[jj * ROWS + rr];
-                        *a = fma(x.0[1], w[jj].0[1], fma(x.0[0], w[jj].0[0], *a));
-                    });
-                }
-            });
-            k += step;
-        }
+        // The unit's columns (the group's, within the tile) and its k range.
+        let cols_here = (cols - grp * CB).min(CB);
+        // SAFETY: grp * CB < cols: the group's first column lies in the tile.
+        let w0 = unsafe { wf.add(grp * CB * c_in) };
+        let acc = if n == ROWS {
+            // SAFETY: the unit's columns lie in the tile, [k_lo, k_hi) in c_in (even: c_in
+            // and span are); all ROWS rows are staged.
+            unsafe { rows_dot::<true>(w0, xs, c_in, cols_here, k_lo, k_hi, n) }
+        } else {
+            // SAFETY: as above, with the n staged rows.
+            unsafe { rows_dot::<false>(w0, xs, c_in, cols_here, k_lo, k_hi, n) }
+        };
         let s = warp_reduce_sum_many(acc);
         let col = grp * CB + j;
         if lane < OUTS && r < n && col < cols {
@@ -1392,6 +1379,72 @@ unsafe fn tile_gemv_rows<W: Weight>(
         }
     }
 }
+
+/// One unit's dot products in [`tile_gemv_rows`]: columns `0..cols` of
+/// `w0` (rows of `c_in` floats) against the staged rows `xs`, over k in
+/// `[k_lo, k_hi)`, each lane taking `PAIR` consecutive k every [`STEP`];
+/// returns the lane's partial sums, `[column * ROWS + row]`.
+///
+/// Written for the instruction count (the 8-row f32 step is bound by issue,
+/// docs/performance.md, decode step 21). The SASS of the loop before:
+/// ~62 instructions for its 32 FMAs, a predicate re-evaluated per row, a
+/// 64-bit counter, and three instructions per row's address. Now: with
+/// `ALL` (the caller's choice when `n == ROWS`) no row is predicated; the
+/// addresses are 32-bit shared-window ones, one instruction a row; and
+/// ptxas is asked not to unroll (its 4x unroll hoisted the copies' loads
+/// together and the step spilled): ~45 instructions a step.
+///
+/// # Safety
+/// `w0` holds `cols <= ROWS_TILE_COLS` rows of `c_in` floats, `xs` `n`
+/// rows (`ROWS` with `ALL`), both in shared memory, 8-byte aligned with
+/// `c_in`, `k_lo` and `k_hi` even, `k_hi <= c_in`.
+#[inline(always)]
+unsafe fn rows_dot<const ALL: bool>(
+    w0: *const f32,
+    xs: *const f32,
+    c_in: usize,
+    cols: usize,
+    k_lo: usize,
+    k_hi: usize,
+    n: usize,
+) -> [f32; ROWS_TILE_OUTS] {
+    let mut acc = [0f32; ROWS_TILE_OUTS];
+    // Shared-memory byte addresses (32-bit): the lane's first pair in row 0
+    // of the staged rows and of the weights, and the rows' pitch.
+    const BYTES: u32 = size_of::<f32>() as u32;
+    let k0 = k_lo as u32 + lane_id() * PAIR as u32;
+    let pitch = c_in as u32 * BYTES;
+    // SAFETY: both point into shared memory (the staged rows, the ring).
+    let (xa, wa) = unsafe { (shared_addr(xs) + k0 * BYTES, shared_addr(w0) + k0 * BYTES) };
+    let mut k = k0;
+    let mut off = 0u32;
+    while k < k_hi as u32 {
+        no_unroll();
+        let mut w = [[0f32; PAIR]; ROWS_TILE_COLS];
+        unroll!(jj < ROWS_TILE_COLS => {
+            if jj < cols {
+                // SAFETY: column jj < cols of the tile, k + 2 <= c_in, 8-byte aligned.
+                w[jj] = unsafe { ld_shared_v2_f32(wa + jj as u32 * pitch + off) };
+            }
+        });
+        unroll!(rr < ROWS => {
+            if ALL || rr < n {
+                // SAFETY: row rr is staged (ALL: all ROWS are), k + 2 <= c_in, 8-byte aligned.
+                let x = unsafe { ld_shared_v2_f32(xa + rr as u32 * pitch + off) };
+                unroll!(jj < ROWS_TILE_COLS => {
+                    let a = &mut acc[jj * ROWS + rr];
+                    *a = fma(x[1], w[jj][1], fma(x[0], w[jj][0], *a));
+                });
+            }
+        });
+        k += STEP;
+        off += STEP * BYTES;
+    }
+    acc
+}
+
+/// k values a warp takes per step in [`rows_dot`].
+const STEP: u32 = (LANES * PAIR) as u32;
 
 /// The row whose epilogues thread `tid` runs in [`tile_gemv_rows`] (its
 /// lane's, and a split's summing thread's: both `tid % ROWS`).
