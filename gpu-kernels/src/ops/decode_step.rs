@@ -1387,12 +1387,12 @@ unsafe fn tile_gemv_rows<W: Weight>(
 ///
 /// Written for the instruction count (the 8-row f32 step is bound by issue,
 /// docs/performance.md, decode step 21). The SASS of the loop before:
-/// ~62 instructions for its 32 FMAs, a predicate re-evaluated per row, a
+/// 74 instructions for its 32 FMAs, a predicate re-evaluated per row, a
 /// 64-bit counter, and three instructions per row's address. Now: with
 /// `ALL` (the caller's choice when `n == ROWS`) no row is predicated; the
 /// addresses are 32-bit shared-window ones, one instruction a row; and
 /// ptxas is asked not to unroll (its 4x unroll hoisted the copies' loads
-/// together and the step spilled): ~45 instructions a step.
+/// together and the step spilled): 57 instructions a step.
 ///
 /// # Safety
 /// `w0` holds `cols <= ROWS_TILE_COLS` rows of `c_in` floats, `xs` `n`
