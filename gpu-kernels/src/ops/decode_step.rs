@@ -1337,7 +1337,7 @@ unsafe fn tile_gemv_rows<W: Weight>(
     while u < groups * ks {
         let (grp, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
         let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
-        // The unit's columns (the group's, within the tile) and its k range.
+        // The unit's columns: the group's, cut at the tile's last.
         let cols_here = (cols - grp * CB).min(CB);
         // SAFETY: grp * CB < cols: the group's first column lies in the tile.
         let w0 = unsafe { wf.add(grp * CB * c_in) };
