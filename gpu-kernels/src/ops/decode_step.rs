@@ -1299,8 +1299,9 @@ const fn simt_rows<W>() -> bool {
 /// [`simt_rows`]): a warp takes [`ROWS_TILE_COLS`] columns against every
 /// staged row, each lane 2 consecutive k; the warp's [`ROWS_TILE_OUTS`]
 /// sums reduce-scatter so lane `i < ROWS_TILE_OUTS` holds column
-/// `i / ROWS`, row `i % ROWS`. With fewer column groups than warps, a group's k is split
-/// over `ks` warps whose partials meet in `red`. Either way thread `t`
+/// `i / ROWS`, row `i % ROWS`. A group's k is split into units of whole
+/// loop steps ([`rows_units`]), each a warp's, whose partials meet in
+/// `red` when there are several. Either way thread `t`
 /// runs the epilogues of row `t % ROWS` only ([`simt_row`]), the row its
 /// `best` tracks.
 ///
@@ -1323,19 +1324,18 @@ unsafe fn tile_gemv_rows<W: Weight>(
     let (c_in, tid, lane, warp) = (ph.c_in, thread_idx_x() as usize, lane_id() as usize, warp_id() as usize);
     let (xs, red) = (sm.xs as *const f32, sm.red);
     let groups = cols.div_ceil(CB);
-    let mut ks = 1;
-    while groups * ks < WARPS {
-        ks *= 2;
-    }
-    // ks is a power of two; fewer than 2 * WARPS units (`red` holds them).
-    let span = ((c_in + ks - 1) >> ks.trailing_zeros()).next_multiple_of(PAIR);
+    // `ks` units a group (at most 2 * WARPS units in all: `red` holds
+    // them), each of whole loop steps.
+    let steps = div32(c_in + STEP as usize - 1, STEP as usize);
+    let ks = rows_units(groups, steps);
+    let span = div32(steps + ks - 1, ks) * STEP as usize;
     // The output this lane ends with: column `j` of the group, row `r`.
     let (j, r) = (lane / ROWS, lane % ROWS);
     // f32 weights (`simt_rows`): the tile is rows of c_in floats.
     let wf = wt as *const f32;
     let mut u = warp;
     while u < groups * ks {
-        let (grp, part) = (u >> ks.trailing_zeros(), u & (ks - 1));
+        let (grp, part) = (div32(u, ks), rem32(u, ks));
         let (k_lo, k_hi) = ((part * span).min(c_in), ((part + 1) * span).min(c_in));
         // The unit's columns: the group's, cut at the tile's last.
         let cols_here = (cols - grp * CB).min(CB);
@@ -1378,6 +1378,38 @@ unsafe fn tile_gemv_rows<W: Weight>(
             unsafe { epilogue(p, ph, sm, lo, i % ROWS, c0 + col, s, best) };
         }
     }
+}
+
+/// Loop steps of k up to which [`ROWS_SPLIT`] holds
+/// [`decode_step_rows_units`] (k = 8192 in f32 pairs; longer k takes the
+/// row for this many, which still covers it, in longer units).
+const ROWS_SPLIT_STEPS: usize = 128;
+
+/// [`decode_step_rows_units`] for every `steps <= ROWS_SPLIT_STEPS` and
+/// `groups <= 2 * WARPS`, worked out at compile time: the search's
+/// divisions would cost more than the loop they balance, on every tile.
+static ROWS_SPLIT: [[u8; 2 * WARPS + 1]; ROWS_SPLIT_STEPS + 1] = {
+    let mut t = [[1u8; 2 * WARPS + 1]; ROWS_SPLIT_STEPS + 1];
+    let mut s = 1;
+    while s <= ROWS_SPLIT_STEPS {
+        let mut g = 1;
+        while g <= 2 * WARPS {
+            t[s][g] = decode_step_rows_units(g as u32, s as u32) as u8;
+            g += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+/// [`decode_step_rows_units`] by table: 1 past `2 * WARPS` groups (no
+/// split).
+#[inline(always)]
+fn rows_units(groups: usize, steps: usize) -> usize {
+    if groups > 2 * WARPS {
+        return 1;
+    }
+    ROWS_SPLIT[steps.min(ROWS_SPLIT_STEPS)][groups] as usize
 }
 
 /// One unit's dot products in [`tile_gemv_rows`]: columns `0..cols` of

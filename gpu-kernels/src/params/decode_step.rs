@@ -203,6 +203,32 @@ pub const DECODE_STEP_FOLD_COLUMNS: u32 = DECODE_STEP_FOLD_THREADS / 32;
 /// step's epilogue reads both with one 8-byte load.
 pub const DECODE_STEP_FOLD_PAIR: usize = 2;
 
+/// Units a column group of the step's f32 tiles of several rows, each a
+/// warp's: k of `groups` column groups (`steps` loop steps each) cut into
+/// `units` pieces of whole steps so that the block's busiest warp runs the
+/// fewest steps, `ceil(groups * units / WARPS) * ceil(steps / units)`; a
+/// tie goes to fewer units (fewer reductions); at most `2 * WARPS` units
+/// in all (the partials' room), else 1. The rule before, a power of two
+/// of units a group, left rounds mostly idle: a 19-column tile (10 groups
+/// of two columns) at k = 768 took 20 units, so 16 warps and then 4, 12
+/// steps on the busiest warp against 8 with 3 units a group
+/// (docs/performance.md, decode step 22).
+pub const fn decode_step_rows_units(groups: u32, steps: u32) -> u32 {
+    let (mut best, mut best_cost) = (1, u32::MAX);
+    let mut ks = 1;
+    while ks <= steps && groups * ks <= 2 * DECODE_STEP_WARPS {
+        let m = steps.div_ceil(ks);
+        // The units that cover k at m steps each (at most ks).
+        let units = steps.div_ceil(m);
+        let cost = (groups * units).div_ceil(DECODE_STEP_WARPS) * m;
+        if cost < best_cost {
+            (best, best_cost) = (units, cost);
+        }
+        ks += 1;
+    }
+    best
+}
+
 /// Shared memory of a launch, in bytes from the (16-byte aligned) base.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeStepSmem {
