@@ -278,6 +278,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             persistent: false,
             trace: false,
             step_ring_slots: 0,
+            step_ring_fill: false,
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
             persistent_rows_max_keys: 0,
@@ -292,6 +293,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             persistent: false,
             trace: false,
             step_ring_slots: 0,
+            step_ring_fill: false,
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
             persistent_rows_max_keys: 0,
@@ -349,8 +351,10 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             paths_tol,
             0.0,
         );
-        // Another ring: other tile boundaries, so other summation orders.
-        for slots in [3, 4] {
+        // Another ring: other tile boundaries, so other summation orders
+        // (the default fills shared memory with 2 or 3 slots, except for
+        // f32 at one row; these take slots of a block's widest share).
+        for slots in [2, 3, 4] {
             eng.set_decode_tuning(persistent_everywhere(DecodeTuning {
                 step_ring_slots: slots,
                 ..DecodeTuning::default()

@@ -94,9 +94,19 @@ pub struct StepLaunch {
     /// The launch may start while the previous kernel finishes (its
     /// weights load meanwhile).
     pub pdl: bool,
-    /// Slots of the weight ring ([`decode_step_config`]'s `ring_slots`;
-    /// 0 chooses).
-    pub ring_slots: usize,
+    /// The weight ring asked for ([`decode_step_config`]'s `ring`).
+    pub ring: RingAsk,
+}
+
+/// The weight ring a caller asks of the step ([`decode_step_config`]);
+/// the default lets the step choose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingAsk {
+    /// Slots, 2 to `DECODE_STEP_MAX_SLOTS`; 0 chooses.
+    pub slots: usize,
+    /// With `slots`: the slots share all the shared memory left, each past
+    /// a block's widest share where it fits (fewer, wider tiles).
+    pub fill: bool,
 }
 
 impl DecodeStepTable {
@@ -133,14 +143,41 @@ impl DecodeStepTable {
     }
 }
 
+/// The weight ring a step gets unasked (`RingAsk::slots` 0), where it is not
+/// the most slots of a block's widest share: this many slots sharing all
+/// the shared memory left (`RingAsk::fill`). Measured on an H200 (`bench step
+/// --step-ring-slots N --step-ring-fill`, docs/performance.md, decode step
+/// 22): bf16 tiles are quick to multiply, so each tile's fixed costs (its
+/// barrier wait, the block barriers, the epilogues) set the LM head's pace,
+/// and two large slots (fewer, wider tiles) beat four of the widest share:
+/// the LM head 28.8 → 24.1 µs at one row, 40.3 → 32.1 at 8. f32 at several
+/// rows: three slots, 1.8 % faster than two (the next phases' tiles load
+/// sooner). f32 at one row: the rule's two slots of the widest share; three
+/// filled slots were 13 % slower there (the third tile in flight delays the
+/// rows' loads), two filled ones 0.5 %.
+fn filled_ring_slots(elem: usize, n: usize) -> Option<usize> {
+    match (elem, n) {
+        (2, _) => Some(FILLED_RING_SLOTS_BF16),
+        (4, 2..) => Some(FILLED_RING_SLOTS_F32_ROWS),
+        _ => None,
+    }
+}
+
+/// [`filled_ring_slots`] for bf16 weights.
+const FILLED_RING_SLOTS_BF16: usize = 2;
+/// [`filled_ring_slots`] for f32 weights at two rows and more.
+const FILLED_RING_SLOTS_F32_ROWS: usize = 3;
+
 /// The launch of a step of `n` rows of width `c = 64 * nh`, `n_layer`
 /// layers, over weights of `elem` bytes: one block per SM, and the weight
 /// ring's slots and slot size, the largest that fit beside the fixed parts
 /// of shared memory; or `None` where the step does not serve this (not the
 /// sm_90a module, other head sizes, too many rows, or no slot that holds
-/// the widest weight row). `ring_slots` (2 to `DECODE_STEP_MAX_SLOTS`)
-/// asks for that many slots, each the largest that fits (up to a block's
-/// widest share); 0 chooses.
+/// the widest weight row). `ring.slots` asks for that many slots, each the
+/// largest that fits (up to a block's widest share, or with `ring.fill`
+/// past it: the slots then share all the shared memory left); 0 chooses
+/// ([`filled_ring_slots`], else the most slots of the widest share that
+/// fit, at least two).
 pub fn decode_step_config(
     gpu: &Gpu,
     n: usize,
@@ -148,7 +185,7 @@ pub fn decode_step_config(
     nh: usize,
     n_layer: usize,
     elem: usize,
-    ring_slots: usize,
+    ring: RingAsk,
 ) -> Option<(LaunchConfig, u32, u32)> {
     let blocks = gpu.sm_count();
     // The tensor-core tiles (two rows and more) take k in steps of 4
@@ -170,15 +207,21 @@ pub fn decode_step_config(
     let avail = gpu.max_shared_per_block().checked_sub(fixed)?;
     let mut slot = slice.next_multiple_of(align);
     let mut slots = (avail / slot).min(DECODE_STEP_MAX_SLOTS as usize);
-    if ring_slots != 0 {
-        if !(2..=DECODE_STEP_MAX_SLOTS as usize).contains(&ring_slots) {
+    // `k` slots: each the widest share, or with `fill` all there is; one
+    // that does not hold the widest weight row serves nothing.
+    let sized = |k: usize, fill: bool| {
+        let share = avail / k / align * align;
+        let s = if fill { share } else { slot.min(share) };
+        (s >= widest_row).then_some(s)
+    };
+    if ring.slots != 0 {
+        if !(2..=DECODE_STEP_MAX_SLOTS as usize).contains(&ring.slots) {
             return None;
         }
-        slots = ring_slots;
-        slot = slot.min(avail / slots / align * align);
-        if slot < widest_row {
-            return None;
-        }
+        slots = ring.slots;
+        slot = sized(slots, ring.fill)?;
+    } else if let Some((k, s)) = filled_ring_slots(elem, n).and_then(|k| Some((k, sized(k, true)?))) {
+        (slots, slot) = (k, s);
     } else if slots < 2 {
         // Two smaller slots: a phase then takes several tiles.
         slots = 2;
@@ -248,7 +291,7 @@ where
                 format!("{n} rows: the persistent step serves 1 to {DECODE_STEP_MAX_ROWS} rows"),
             )
         })?;
-    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, nh, n_layer, elem, launch.ring_slots) else {
+    let Some((cfg, slots, slot_bytes)) = decode_step_config(gpu, n, c, nh, n_layer, elem, launch.ring) else {
         return Err(OpError::shape(
             OP,
             format!(
@@ -561,4 +604,50 @@ where
     // 16-byte aligned, c % 8 == 0; the grid covers oc columns.
     unsafe { gpu.launch(name, cfg, p)? };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_kernels::params::decode_step::{DECODE_STEP_WARPS, decode_step_rows_units};
+
+    /// Steps on the busiest warp when `groups` column groups of `steps`
+    /// loop steps are cut into `units` pieces each.
+    fn busiest(groups: u32, steps: u32, units: u32) -> u32 {
+        (groups * units).div_ceil(DECODE_STEP_WARPS) * steps.div_ceil(units)
+    }
+
+    #[test]
+    fn rows_units_balance_the_warps_within_the_partials_room() {
+        let room = 2 * DECODE_STEP_WARPS;
+        for steps in 1..=130 {
+            for groups in 1..=room + 8 {
+                let units = decode_step_rows_units(groups, steps);
+                assert!(
+                    units >= 1 && units <= steps,
+                    "{groups} groups, {steps} steps: {units} units"
+                );
+                if groups * units > room {
+                    assert_eq!(units, 1, "{groups} groups, {steps} steps: past the room");
+                    continue;
+                }
+                // No other cut within the room leaves the busiest warp fewer steps.
+                let best = (1..=steps)
+                    .filter(|&u| groups * u <= room)
+                    .map(|u| busiest(groups, steps, u))
+                    .min()
+                    .unwrap();
+                assert_eq!(
+                    busiest(groups, steps, units),
+                    best,
+                    "{groups} groups, {steps} steps: {units} units"
+                );
+            }
+        }
+        // The case that motivated it: a 19-column tile (10 groups) at k = 768
+        // (12 steps), 12 steps on the busiest warp as a power of two of units
+        // a group (2), 8 with 3.
+        assert_eq!(decode_step_rows_units(10, 12), 3);
+        assert_eq!(busiest(10, 12, 2), 12);
+        assert_eq!(busiest(10, 12, 3), 8);
+    }
 }

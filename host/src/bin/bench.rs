@@ -182,6 +182,10 @@ struct Args {
     /// `DecodeTuning::step_ring_slots`); 0 lets the engine choose.
     #[arg(long, default_value_t = 0)]
     step_ring_slots: usize,
+    /// `step` section: with `--step-ring-slots`, the slots share all the
+    /// shared memory left (`DecodeTuning::step_ring_fill`).
+    #[arg(long)]
+    step_ring_fill: bool,
     /// `slots` section: wrap each row count's last step in the profiler's
     /// collection range (`cuProfilerStart`/`Stop`), for
     /// `ncu --profile-from-start off`.
@@ -1706,6 +1710,7 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
             persistent_rows_max_keys: usize::MAX,
             step_ring_slots: args.step_ring_slots,
+            step_ring_fill: args.step_ring_fill,
             ..base
         };
         let chain = DecodeTuning {
@@ -1713,7 +1718,15 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             ..base
         };
         if args.step_ring_slots != 0 {
-            println!("  (the persistent step's ring: {} slots asked)", args.step_ring_slots);
+            println!(
+                "  (the persistent step's ring: {} slots asked{})",
+                args.step_ring_slots,
+                if args.step_ring_fill {
+                    ", filling shared memory"
+                } else {
+                    ""
+                }
+            );
         }
         engine.set_decode_path(DecodePath::Graph, true);
         for (name, tuning) in [("chain", chain), ("persistent", persistent)] {

@@ -27,7 +27,8 @@ use crate::gpu::ops::decode::{
     DecodeLaunch, DecodeWorkspace, Embed, GemvWeights, Input, L2Prefetch, Output, decode_attention, decode_gemv,
 };
 use crate::gpu::ops::decode_step::{
-    DecodeStepTable, StepBuffers, StepLaunch, StepLayer, StepModel, decode_step, decode_step_config, decode_step_fold,
+    DecodeStepTable, RingAsk, StepBuffers, StepLaunch, StepLayer, StepModel, decode_step, decode_step_config,
+    decode_step_fold,
 };
 use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
 use crate::gpu::ops::weight::WeightRef;
@@ -181,14 +182,28 @@ pub struct DecodeTuning {
     /// eager launches for good).
     pub trace: bool,
     /// Slots of the persistent step's weight ring (2 to 4, each as large as
-    /// fits; 0: the most slots of a block's widest share that fit, else two).
+    /// fits up to a block's widest share; 0: `decode_step_config`'s choice,
+    /// by weight type and rows).
     pub step_ring_slots: usize,
+    /// With `step_ring_slots`: the slots share all the shared memory left,
+    /// each past a block's widest share if it fits (fewer, larger tiles).
+    pub step_ring_fill: bool,
     /// The one-row persistent step over bf16 weights multiplies the raw
     /// row by the weights with each layernorm folded into them
     /// (`decode_step_fold`), so no phase waits for a normalised row; off
     /// (and over f32 weights, where it measured 1 % slower): it layernorms
     /// the row first.
     pub fold_layernorms: bool,
+}
+
+impl DecodeTuning {
+    /// The persistent step's weight ring, as these knobs ask for it.
+    fn ring_ask(&self) -> RingAsk {
+        RingAsk {
+            slots: self.step_ring_slots,
+            fill: self.step_ring_fill,
+        }
+    }
 }
 
 impl Default for DecodeTuning {
@@ -210,6 +225,7 @@ impl Default for DecodeTuning {
             persistent_rows_max_keys: PERSISTENT_ROWS_MAX_KEYS,
             trace: false,
             step_ring_slots: 0,
+            step_ring_fill: false,
             // docs/performance.md, decode step 18.
             fold_layernorms: true,
         }
@@ -697,7 +713,7 @@ impl Step<'_> {
         };
         let launch = StepLaunch {
             pdl: d.pdl,
-            ring_slots: d.tuning.step_ring_slots,
+            ring: d.tuning.ring_ask(),
         };
         decode_step(gpu, &mut d.ws, table, launch, &model, layers, bufs)?;
         if let Some((rows, streams)) = self.sample {
@@ -965,7 +981,7 @@ fn runs_persistent(
             cfg.num_heads,
             p.layers.len(),
             elem,
-            tuning.step_ring_slots,
+            tuning.ring_ask(),
         )
         .is_some()
 }
