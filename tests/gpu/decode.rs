@@ -133,6 +133,7 @@ fn persistent_everywhere(tuning: DecodeTuning) -> DecodeTuning {
         persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
         persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
         persistent_rows_max_keys: usize::MAX,
+        persistent_rows_max_keys_bf16: usize::MAX,
         ..tuning
     }
 }
@@ -160,6 +161,7 @@ fn switch_to_chain(
     }
     eng.set_decode_tuning(DecodeTuning {
         persistent_rows_max_keys: keys_at(switch_pos),
+        persistent_rows_max_keys_bf16: keys_at(switch_pos),
         ..persistent_everywhere(DecodeTuning::default())
     });
     assert!(eng.decode_step_is_persistent(b, switch_pos));
@@ -282,6 +284,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
             persistent_rows_max_keys: 0,
+            persistent_rows_max_keys_bf16: 0,
             fold_layernorms: true,
         },
         DecodeTuning {
@@ -297,6 +300,7 @@ fn paths_agree_in(cfg: &ModelConfig, b: usize, t: usize, steps: usize, window: u
             persistent_max_rows: 1,
             persistent_max_rows_bf16: 1,
             persistent_rows_max_keys: 0,
+            persistent_rows_max_keys_bf16: 0,
             fold_layernorms: true,
         },
     ] {

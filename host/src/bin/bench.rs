@@ -1709,6 +1709,7 @@ fn bench_step(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             persistent_max_rows: DECODE_STEP_MAX_ROWS as usize,
             persistent_max_rows_bf16: DECODE_STEP_MAX_ROWS as usize,
             persistent_rows_max_keys: usize::MAX,
+            persistent_rows_max_keys_bf16: usize::MAX,
             step_ring_slots: args.step_ring_slots,
             step_ring_fill: args.step_ring_fill,
             ..base

@@ -61,7 +61,9 @@ mod decode;
 mod slots;
 mod tp;
 use decode::{Chosen, DecodeState};
-pub use decode::{DecodePath, DecodeTuning, PERSISTENT_ROWS_MAX_KEYS, PREFETCH_AHEAD_TRY_BYTES};
+pub use decode::{
+    DecodePath, DecodeTuning, PERSISTENT_ROWS_MAX_KEYS, PERSISTENT_ROWS_MAX_KEYS_F32, PREFETCH_AHEAD_TRY_BYTES,
+};
 use slots::SlotState;
 pub use tp::TpEngine;
 

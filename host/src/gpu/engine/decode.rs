@@ -168,12 +168,15 @@ pub struct DecodeTuning {
     /// measured faster than the chain on an H100 (0.434 against 0.468 ms a
     /// step; docs/performance.md, decode steps 6 and 7).
     pub persistent_max_rows_bf16: usize,
-    /// At two rows and more, the most keys a row may attend to (its cache,
-    /// or the attention window) for the persistent step to serve the step;
-    /// past it the chain does. Default [`PERSISTENT_ROWS_MAX_KEYS`]: the
-    /// persistent step's attention phase grows faster with the keys than
-    /// the chain's (docs/performance.md, decode steps 11 and 13).
+    /// At two rows and more over f32 weights, the most keys a row may
+    /// attend to (its cache, or the attention window) for the persistent
+    /// step to serve the step; past it the chain does. Default
+    /// [`PERSISTENT_ROWS_MAX_KEYS_F32`]: the persistent step's attention
+    /// phase grows faster with the keys than the chain's
+    /// (docs/performance.md, decode steps 11, 13 and 22).
     pub persistent_rows_max_keys: usize,
+    /// The same for bf16 weights. Default [`PERSISTENT_ROWS_MAX_KEYS`].
+    pub persistent_rows_max_keys_bf16: usize,
     /// The persistent step records when each block's phases start, get
     /// their inputs and end (`GpuEngine::decode_step_trace`): a diagnostic
     /// for the bench, one block barrier per phase dearer. Use it with
@@ -222,7 +225,8 @@ impl Default for DecodeTuning {
             persistent: true,
             persistent_max_rows: DECODE_MAX_ROWS as usize,
             persistent_max_rows_bf16: DECODE_MAX_ROWS as usize,
-            persistent_rows_max_keys: PERSISTENT_ROWS_MAX_KEYS,
+            persistent_rows_max_keys: PERSISTENT_ROWS_MAX_KEYS_F32,
+            persistent_rows_max_keys_bf16: PERSISTENT_ROWS_MAX_KEYS,
             trace: false,
             step_ring_slots: 0,
             step_ring_fill: false,
@@ -247,7 +251,7 @@ pub(super) enum Chosen {
 /// whether it runs as the persistent kernel.
 type GraphKey = (usize, usize, bool, bool, bool);
 
-/// `DecodeTuning::persistent_rows_max_keys`'s default: while every row's
+/// `DecodeTuning::persistent_rows_max_keys_bf16`'s default: while every row's
 /// keys fit one of the persistent step's attention items (128 keys), its
 /// attention merges nothing; past that its heads' items are merged across
 /// blocks, and at 8 rows the chain is faster. On an H100 (`bench step
@@ -256,6 +260,17 @@ type GraphKey = (usize, usize, bool, bool, bool);
 /// 0.510 after 256; FP32 0.602 against 0.627, 0.711 against 0.652
 /// (docs/performance.md, decode step 13).
 pub const PERSISTENT_ROWS_MAX_KEYS: usize = (DECODE_STEP_WARPS * DECODE_STEP_ATTN_KEYS) as usize;
+
+/// `DecodeTuning::persistent_rows_max_keys`'s default (f32 weights): two
+/// of the persistent step's attention items. With its tiles' warps
+/// balanced (decode step 22) the 8-row f32 step beats the chain up to
+/// there and not reliably past it (H200, `bench step --step-pos0`, ms a
+/// step, persistent against chain): 0.573 against 0.614 after 128
+/// tokens, 0.583 against 0.615 after 192, 0.631 against 0.634 after 256;
+/// 0.646 against 0.637 after 320, 0.709 against 0.685 after 576, 0.813
+/// against 0.746 after 768. bf16 loses past one item (0.476 against 0.452
+/// after 128 tokens).
+pub const PERSISTENT_ROWS_MAX_KEYS_F32: usize = 2 * PERSISTENT_ROWS_MAX_KEYS;
 
 /// A prefetch distance to try (`DecodeTuning::prefetch_ahead_bytes`): the
 /// largest GPT-2 124M matrix (fc, 9.4 MB) and more, well inside a Hopper L2
@@ -966,14 +981,14 @@ fn runs_persistent(
     keys: usize,
 ) -> bool {
     let elem = p.wte.as_ref().elem_bytes();
-    let max_rows = if elem == size_of::<f32>() {
-        tuning.persistent_max_rows
+    let (max_rows, max_keys) = if elem == size_of::<f32>() {
+        (tuning.persistent_max_rows, tuning.persistent_rows_max_keys)
     } else {
-        tuning.persistent_max_rows_bf16
+        (tuning.persistent_max_rows_bf16, tuning.persistent_rows_max_keys_bf16)
     };
     tuning.persistent
         && b <= max_rows
-        && (b == 1 || keys <= tuning.persistent_rows_max_keys)
+        && (b == 1 || keys <= max_keys)
         && decode_step_config(
             gpu,
             b,
