@@ -154,7 +154,7 @@ impl DecodeStepTable {
 /// rows: three slots, 1.8 % faster than two (the next phases' tiles load
 /// sooner). f32 at one row: the rule's two slots of the widest share; three
 /// filled slots were 13 % slower there (the third tile in flight delays the
-/// rows' loads), two filled ones 0.5 %.
+/// rows' loads), two filled ones 0.5-1 %.
 fn filled_ring_slots(elem: usize, n: usize) -> Option<usize> {
     match (elem, n) {
         (2, _) => Some(FILLED_RING_SLOTS_BF16),
