@@ -176,7 +176,7 @@ const FILLED_RING_SLOTS_F32_ROWS: usize = 3;
 /// the widest weight row). `ring.slots` asks for that many slots, each the
 /// largest that fits (up to a block's widest share, or with `ring.fill`
 /// past it: the slots then share all the shared memory left); 0 chooses
-/// ([`filled_ring_slots`], else the most slots of the widest share that
+/// (`filled_ring_slots`, else the most slots of the widest share that
 /// fit, at least two).
 pub fn decode_step_config(
     gpu: &Gpu,
