@@ -45,6 +45,7 @@ pub mod ops;
 pub mod runtime;
 pub mod shape;
 
+pub use ops::kv_cache::KvElem;
 pub use runtime::{Gpu, GpuError, Module, require_gpu_env, test_gpu};
 pub use shape::{
     AttentionShape, DecodeAttentionShape, EncoderShape, KvCacheShape, KvRows, LayernormWeights, MatmulShape, RowShape,

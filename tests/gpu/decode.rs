@@ -13,6 +13,7 @@ use host::bench::step_trace::phase_times;
 use host::cpu::CpuModel;
 use host::cpu::ops as cpu;
 use host::generate::{Backend, LogitsWanted, StopReason, generate};
+use host::gpu::Gpu;
 use host::gpu::engine::{DecodePath, DecodeTuning, GpuEngine, PREFETCH_AHEAD_TRY_BYTES, Precision};
 use host::gpu::ops::decode::{DecodeLaunch, DecodeWorkspace, decode_attention};
 use host::gpu::ops::decode_step::decode_step_fold;
@@ -24,7 +25,7 @@ use host::model::{DType, ModelConfig};
 use host::sample::{Sampler, SamplingParams};
 use rand::Rng;
 
-use crate::kernels::{check, down, poisoned, random_vec};
+use crate::kernels::{CacheElem, check, down, poisoned, random_vec};
 
 /// Graph replay against the eager launches of the same kernels.
 const GRAPH_TOL: f32 = 1e-6;
@@ -688,11 +689,18 @@ fn decode_past_the_row_limit_takes_the_per_row_graph() {
 /// last row is idle (at `max_t`: a free slot of a server's batch): its
 /// output stays untouched. Mapped: rows read the cache rows `cache_row`
 /// names (two rows share one, as a prefill's tokens do), and the last row
-/// is idle by a cache row past the cache instead.
+/// is idle by a cache row past the cache instead. Over f32 caches and
+/// bf16 ones (the reference reads the same bf16 values, widened).
 #[test]
 #[ignore = "needs a GPU"]
 fn decode_attention_rows_at_different_positions() {
     let Some(gpu) = crate::kernels::skip::gpu() else { return };
+    decode_attention_rows_in::<f32>(&gpu);
+    decode_attention_rows_in::<half::bf16>(&gpu);
+}
+
+/// [`decode_attention_rows_at_different_positions`] over caches of `E`.
+fn decode_attention_rows_in<E: CacheElem>(gpu: &Gpu) {
     let (n, nh, hs, max_t) = (6usize, 3usize, 64usize, 300usize);
     let c = nh * hs;
     let idle = n - 1;
@@ -708,19 +716,20 @@ fn decode_attention_rows_at_different_positions() {
         }
         let dmap = gpu.upload(&cache_row).unwrap();
         let q = random_vec(n * c, 1.0);
-        let kc = random_vec(n * nh * max_t * hs, 1.0);
-        let vc = random_vec(n * nh * max_t * hs, 1.0);
-        let mut ws = DecodeWorkspace::new(&gpu, n, nh, max_t).unwrap();
-        let mut out = poisoned(&gpu, n * c);
+        let kept = |x: Vec<f32>| -> Vec<f32> { x.into_iter().map(E::kept).collect() };
+        let kc = kept(random_vec(n * nh * max_t * hs, 1.0));
+        let vc = kept(random_vec(n * nh * max_t * hs, 1.0));
+        let mut ws = DecodeWorkspace::new(gpu, n, nh, max_t).unwrap();
+        let mut out = poisoned(gpu, n * c);
         let (dq, dk, dv, dpos) = (
             gpu.upload(&q).unwrap(),
-            gpu.upload(&kc).unwrap(),
-            gpu.upload(&vc).unwrap(),
+            E::up(gpu, &kc),
+            E::up(gpu, &vc),
             gpu.upload(&pos).unwrap(),
         );
         for pdl in [false, true] {
             decode_attention(
-                &gpu,
+                gpu,
                 &mut ws,
                 DecodeLaunch::new(pdl),
                 &mut out,
@@ -734,7 +743,7 @@ fn decode_attention_rows_at_different_positions() {
                 DecodeAttentionShape { rows: n, c, nh, window },
             )
             .unwrap();
-            let got = down(&gpu, &out);
+            let got = down(gpu, &out);
             assert!(
                 got[idle * c..].iter().all(|x| x.is_nan()),
                 "the idle row's output was written"
@@ -762,7 +771,10 @@ fn decode_attention_rows_at_different_positions() {
                 }
             }
             check(
-                &format!("decode attention, window {window}, mapped {mapped}, pdl {pdl}"),
+                &format!(
+                    "decode attention, {} cache, window {window}, mapped {mapped}, pdl {pdl}",
+                    std::any::type_name::<E>()
+                ),
                 got,
                 &want,
                 1e-5,

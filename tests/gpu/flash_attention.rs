@@ -4,7 +4,9 @@
 //! Every case draws fresh random qkv and cache prefixes, fills the cache past
 //! `pos0 + t` with NaN (the kernels must never read it) and the output with
 //! NaN (every element must be written), and checks the stored K,V bit for bit
-//! and the output within the precision's bar. Each case prints max abs error,
+//! and the output within the precision's bar. The bf16 kernels keep a bf16
+//! cache (the bf16 engine's): its prefix is drawn as bf16 values, and the
+//! stored K,V must be the CPU's rounded to nearest even. Each case prints max abs error,
 //! RMSE and mismatches (`--nocapture`); failures are collected and reported
 //! together at the end of each test.
 //!
@@ -14,7 +16,9 @@
 //! unit roundoff 8x TF32's, on the same four operands). The measured errors
 //! are printed.
 
+use gpu_host::KvElem;
 use gpu_host::shape::AttentionShape;
+use half::bf16;
 use host::gpu::Gpu;
 use host::gpu::ops::flash_attention::{
     FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
@@ -93,33 +97,38 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
             })
             .collect()
     };
+    let bf16_cache = precision == FlashPrecision::Bf16;
+    // As the cache keeps a value (bf16: rounded to nearest even).
+    let kept = |x: f32| if bf16_cache { bf16::from_f32(x).to_f32() } else { x };
     let (mut k_cpu, mut v_cpu) = (prefix(), prefix());
+    for x in k_cpu.iter_mut().chain(v_cpu.iter_mut()) {
+        *x = kept(*x);
+    }
     let (k_init, v_init) = (k_cpu.clone(), v_cpu.clone());
     let mut out_cpu = vec![0f32; b * t * c];
     host::cpu::ops::attention_forward(&mut out_cpu, &mut k_cpu, &mut v_cpu, &qkv, shape);
+    for x in k_cpu.iter_mut().chain(v_cpu.iter_mut()) {
+        *x = kept(*x);
+    }
 
     let mut ws = FlashWorkspace::new(gpu, b, nh, max_t).unwrap();
     ws.force_tf32_kv_split(kv_split);
     ws.force_bf16_stages(stages);
-    let d_qkv = gpu.upload(&qkv).unwrap();
-    let mut d_k = gpu.upload(&k_init).unwrap();
-    let mut d_v = gpu.upload(&v_init).unwrap();
-    let mut d_out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
-    let r = match path {
-        Path::Auto => {
-            let opts = FlashOptions { precision, ws: &mut ws };
-            attention_forward_flash(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, opts)
-        }
-        Path::Prefill => {
-            let opts = FlashOptions { precision, ws: &mut ws };
-            attention_forward_flash_prefill(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, opts)
-        }
-        Path::Decode => attention_forward_flash_decode(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, &mut ws),
+    let run = Run {
+        gpu,
+        path,
+        precision,
+        shape,
+        qkv: &qkv,
     };
-    r.map_err(|e| format!("{k:?}: launch failed: {e}"))?;
-    gpu.synchronize().map_err(|e| format!("{k:?}: kernel fault: {e}"))?;
-    let out = gpu.download(&d_out).unwrap();
-    let (k_gpu, v_gpu) = (gpu.download(&d_k).unwrap(), gpu.download(&d_v).unwrap());
+    let (out, k_gpu, v_gpu) = if bf16_cache {
+        let to16 = |x: &[f32]| x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>();
+        let (out, k, v) = run.launch(&mut ws, &to16(&k_init), &to16(&v_init))?;
+        let to32 = |x: Vec<bf16>| x.into_iter().map(bf16::to_f32).collect::<Vec<_>>();
+        (out, to32(k), to32(v))
+    } else {
+        run.launch(&mut ws, &k_init, &v_init)?
+    };
 
     let cache_bad = k_gpu
         .iter()
@@ -147,6 +156,56 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// What a case's launch leaves: the output, and the K and V caches.
+type Launched<E> = (Vec<f32>, Vec<E>, Vec<E>);
+
+/// One case's launch, on a cache of either element type.
+struct Run<'a> {
+    gpu: &'a Gpu,
+    path: Path,
+    precision: FlashPrecision,
+    shape: AttentionShape,
+    qkv: &'a [f32],
+}
+
+impl Run<'_> {
+    /// The output (poisoned first) and the caches after the call, from
+    /// caches uploaded as `k_init` and `v_init`.
+    fn launch<E: KvElem + Default>(
+        &self,
+        ws: &mut FlashWorkspace,
+        k_init: &[E],
+        v_init: &[E],
+    ) -> Result<Launched<E>, String> {
+        let Run {
+            gpu,
+            path,
+            precision,
+            shape,
+            qkv,
+        } = *self;
+        let d_qkv = gpu.upload(qkv).unwrap();
+        let mut d_k = gpu.upload(k_init).unwrap();
+        let mut d_v = gpu.upload(v_init).unwrap();
+        let mut d_out = gpu.upload(&vec![f32::NAN; shape.b * shape.t * shape.c]).unwrap();
+        let r = match path {
+            Path::Auto => {
+                let opts = FlashOptions { precision, ws };
+                attention_forward_flash(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, opts)
+            }
+            Path::Prefill => {
+                let opts = FlashOptions { precision, ws };
+                attention_forward_flash_prefill(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, opts)
+            }
+            Path::Decode => attention_forward_flash_decode(gpu, &mut d_out, &mut d_k, &mut d_v, &d_qkv, shape, ws),
+        };
+        r.map_err(|e| format!("{shape:?}: launch failed: {e}"))?;
+        gpu.synchronize().map_err(|e| format!("{shape:?}: kernel fault: {e}"))?;
+        let out = gpu.download(&d_out).unwrap();
+        Ok((out, gpu.download(&d_k).unwrap(), gpu.download(&d_v).unwrap()))
+    }
 }
 
 fn run_all(cases: impl IntoIterator<Item = Case>) {
@@ -266,7 +325,10 @@ fn flash_prefill_bf16_out_is_the_f32_output_rounded() {
     for pos0 in [0, 37] {
         let max_t = pos0 + t + CACHE_SLACK;
         let qkv = random_vec(b * t * 3 * c, 1.0);
-        let prefix = random_vec(b * nh * max_t * HS, 1.0);
+        let prefix: Vec<bf16> = random_vec(b * nh * max_t * HS, 1.0)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
         for window in [0, 40] {
             for stages in BF16_STAGES {
                 for kv_split in TF32_KV_SPLITS {

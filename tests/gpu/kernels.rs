@@ -954,10 +954,59 @@ fn matmul_rejects_short_buffers() {
     assert!(r.is_err(), "out holds 4 floats, 6 needed");
 }
 
+/// A KV cache element the tests upload and read back: f32, or bf16 (the
+/// bf16 engine's cache).
+pub trait CacheElem: gpu_host::KvElem + Default {
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+
+    /// `x` as the cache keeps it.
+    fn kept(x: f32) -> f32 {
+        Self::from_f32(x).to_f32()
+    }
+
+    /// The device buffer widened to f32.
+    fn down(gpu: &Gpu, buf: &CudaSlice<Self>) -> Vec<f32> {
+        gpu.download(buf).unwrap().into_iter().map(Self::to_f32).collect()
+    }
+
+    /// `x` uploaded in this element type.
+    fn up(gpu: &Gpu, x: &[f32]) -> CudaSlice<Self> {
+        gpu.upload(&x.iter().map(|&v| Self::from_f32(v)).collect::<Vec<_>>())
+            .unwrap()
+    }
+}
+
+impl CacheElem for f32 {
+    fn from_f32(x: f32) -> f32 {
+        x
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl CacheElem for half::bf16 {
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
 /// One attention case: prefill `prefill.t` tokens (from position 0), then
 /// `steps` single-token decode steps, each checked (output and caches)
-/// against the CPU.
+/// against the CPU; over an f32 cache, then over a bf16 one.
 fn attention_case(gpu: &Gpu, v: Variant, prefill: AttentionShape, steps: usize) {
+    attention_case_in::<f32>(gpu, v, prefill, steps);
+    attention_case_in::<half::bf16>(gpu, v, prefill, steps);
+}
+
+/// [`attention_case`] over a cache of `E`: the CPU's keys and values
+/// rounded as `E` keeps them, so that both sides attend over the same
+/// numbers.
+fn attention_case_in<E: CacheElem>(gpu: &Gpu, v: Variant, prefill: AttentionShape, steps: usize) {
     let AttentionShape {
         b,
         t: t0,
@@ -971,12 +1020,19 @@ fn attention_case(gpu: &Gpu, v: Variant, prefill: AttentionShape, steps: usize) 
     let cache = b * nh * max_t * hs;
     // Caches start as random garbage on both sides: positions not yet
     // written must never be read.
-    let garbage = random_vec(cache, 1.0);
+    let garbage: Vec<f32> = random_vec(cache, 1.0).into_iter().map(E::kept).collect();
     let (mut ck, mut cv) = (garbage.clone(), garbage.clone());
-    let (mut gk, mut gv) = (gpu.upload(&garbage).unwrap(), gpu.upload(&garbage).unwrap());
+    let (mut gk, mut gv) = (E::up(gpu, &garbage), E::up(gpu, &garbage));
     let mut pos0 = 0;
     for (i, t) in std::iter::once(t0).chain(std::iter::repeat_n(1, steps)).enumerate() {
         let qkv = random_vec(b * t * 3 * c, 1.5);
+        // The CPU's K and V as the cache keeps them.
+        let mut qkv_kept = qkv.clone();
+        for row in qkv_kept.chunks_exact_mut(3 * c) {
+            for x in &mut row[c..] {
+                *x = E::kept(*x);
+            }
+        }
         let mut want = vec![0f32; b * t * c];
         let shape = AttentionShape {
             b,
@@ -987,16 +1043,18 @@ fn attention_case(gpu: &Gpu, v: Variant, prefill: AttentionShape, steps: usize) 
             nh,
             window,
         };
-        cpu::attention_forward(&mut want, &mut ck, &mut cv, &qkv, shape);
+        cpu::attention_forward(&mut want, &mut ck, &mut cv, &qkv_kept, shape);
         let dq = gpu.upload(&qkv).unwrap();
         let mut out = poisoned(gpu, b * t * c);
         attention_forward_variant(gpu, v, &mut out, &mut gk, &mut gv, &dq, shape).unwrap();
-        let what = format!("attention {v:?} b={b} t={t} pos0={pos0} c={c} nh={nh} window={window} (call {i})");
+        let elem = std::any::type_name::<E>();
+        let what =
+            format!("attention {v:?} {elem} cache b={b} t={t} pos0={pos0} c={c} nh={nh} window={window} (call {i})");
         check(&what, &down(gpu, &out), &want, 1e-5, 1e-4);
         pos0 += t;
     }
-    check("k_cache", &down(gpu, &gk), &ck, 0.0, 0.0);
-    check("v_cache", &down(gpu, &gv), &cv, 0.0, 0.0);
+    check("k_cache", &E::down(gpu, &gk), &ck, 0.0, 0.0);
+    check("v_cache", &E::down(gpu, &gv), &cv, 0.0, 0.0);
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! reference doing the same; the device sampler with per-row streams
 //! against its CPU twin on the same logits.
 
+use cudarc::driver::CudaSlice;
 use gpu_host::shape::{KvCacheShape, KvRows, RowShape, SplitSums};
 use gpu_kernels::params::decode::DECODE_MAX_ROWS;
 use gpu_kernels::params::sample::SampleRow;
@@ -24,7 +25,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 
 use crate::decode::head64_config;
-use crate::kernels::{check, down, poisoned, random_vec};
+use crate::kernels::{CacheElem, check, down, poisoned, random_vec};
 
 /// The FP32 bar against the CPU reference.
 pub(crate) const FP32_TOL: f32 = 1e-3;
@@ -275,7 +276,8 @@ fn encoder_rows_matches_cpu() {
 
 /// `kv_cache_store` (and `kv_cache_store_split`) against its CPU twin:
 /// queries out, keys and values at each row's position, an idle row caching
-/// nothing; the rest of the cache keeps its (random) contents.
+/// nothing; the rest of the cache keeps its (random) contents. Into f32
+/// caches and into bf16 ones.
 #[test]
 #[ignore = "needs a GPU"]
 fn kv_cache_store_matches_cpu() {
@@ -285,44 +287,26 @@ fn kv_cache_store_matches_cpu() {
     let c = nh * hs;
     let qkv = random_vec(n * 3 * c, 1.0);
     let dqkv = gpu.upload(&qkv).unwrap();
-    // One call on both sides over caches of `rows` random rows; `map`:
-    // each row's cache row (None: row r is cache row r).
     let shape = KvCacheShape { rows: n, c, nh, max_t };
-    let both = |what: &str, pos: &[u32], map: Option<&[u32]>, rows: usize| {
-        let (mut kc, mut vc) = (random_vec(rows * c * max_t, 1.0), random_vec(rows * c * max_t, 1.0));
-        let (mut dk, mut dv) = (gpu.upload(&kc).unwrap(), gpu.upload(&vc).unwrap());
-        let dpos = gpu.upload(pos).unwrap();
-        let dmap = map.map(|m| gpu.upload(m).unwrap());
-        let mut dq = poisoned(&gpu, n * c);
-        let cache = KvRows {
-            k_cache: &mut dk,
-            v_cache: &mut dv,
-            pos: &dpos,
-            cache_row: dmap.as_ref(),
-        };
-        kv_cache_store(&gpu, &mut dq, cache, &dqkv, shape).unwrap();
-        let mut q = vec![0f32; n * c];
-        let cache = KvRows {
-            k_cache: &mut kc[..],
-            v_cache: &mut vc[..],
-            pos,
-            cache_row: map,
-        };
-        host::cpu::ops::kv_cache_store(&mut q, cache, &qkv, shape);
-        check(&format!("{what} q"), &down(&gpu, &dq), &q, 0.0, 0.0);
-        check(&format!("{what} k"), &down(&gpu, &dk), &kc, 0.0, 0.0);
-        check(&format!("{what} v"), &down(&gpu, &dv), &vc, 0.0, 0.0);
+    let call = StoreCall {
+        gpu: &gpu,
+        qkv: &qkv,
+        dqkv: &dqkv,
+        shape,
     };
     let mut pos: Vec<u32> = (0..n).map(|_| rng.random_range(0..max_t as u32)).collect();
     pos[2] = max_t as u32;
-    both("kv_cache_store", &pos, None, n);
-
     // Mapped rows, as a prefill of several slots runs them: rows 0 and 1 go
     // to cache row 3 at two positions, row 4 to a cache row past the cache
     // (idle); the cache has fewer rows than the call.
     let rows = 4usize;
     let map: Vec<u32> = vec![3, 3, 0, 1, rows as u32];
-    both("kv_cache_store mapped", &[7, 8, 0, 19, 5], Some(&map), rows);
+    let mapped_pos = [7, 8, 0, 19, 5];
+    call.check::<f32>("kv_cache_store", &pos, None, n);
+    call.check::<f32>("kv_cache_store mapped", &mapped_pos, Some(&map), rows);
+    // Into bf16 caches (the bf16 engine's).
+    call.check::<bf16>("kv_cache_store bf16", &pos, None, n);
+    call.check::<bf16>("kv_cache_store bf16 mapped", &mapped_pos, Some(&map), rows);
 
     // The qkv rows as a split matmul leaves them: parts added in order, then
     // the bias (or none), bit for bit the twin's; 9 parts take the kernel's
@@ -364,5 +348,51 @@ fn kv_cache_store_matches_cpu() {
         check(&format!("{what} q"), &down(&gpu, &dq), &q, 0.0, 0.0);
         check(&format!("{what} k"), &down(&gpu, &dk), &kc, 0.0, 0.0);
         check(&format!("{what} v"), &down(&gpu, &dv), &vc, 0.0, 0.0);
+    }
+}
+
+/// One `kv_cache_store` call on both sides: the qkv rows and the shape.
+struct StoreCall<'a> {
+    gpu: &'a Gpu,
+    qkv: &'a [f32],
+    dqkv: &'a CudaSlice<f32>,
+    shape: KvCacheShape,
+}
+
+impl StoreCall<'_> {
+    /// The call over caches of `rows` random rows kept as `E` (`map`: each
+    /// row's cache row, or none: row r is cache row r), against the twin
+    /// over the same values, whose keys and values are then rounded as `E`
+    /// keeps them: bit for bit.
+    fn check<E: CacheElem>(&self, what: &str, pos: &[u32], map: Option<&[u32]>, rows: usize) {
+        let StoreCall { gpu, qkv, dqkv, shape } = *self;
+        let (n, c, max_t) = (shape.rows, shape.c, shape.max_t);
+        let kept = |x: Vec<f32>| -> Vec<f32> { x.into_iter().map(E::kept).collect() };
+        let (mut kc, mut vc) = (
+            kept(random_vec(rows * c * max_t, 1.0)),
+            kept(random_vec(rows * c * max_t, 1.0)),
+        );
+        let (mut dk, mut dv) = (E::up(gpu, &kc), E::up(gpu, &vc));
+        let dpos = gpu.upload(pos).unwrap();
+        let dmap = map.map(|m| gpu.upload(m).unwrap());
+        let mut dq = poisoned(gpu, n * c);
+        let cache = KvRows {
+            k_cache: &mut dk,
+            v_cache: &mut dv,
+            pos: &dpos,
+            cache_row: dmap.as_ref(),
+        };
+        kv_cache_store(gpu, &mut dq, cache, dqkv, shape).unwrap();
+        let mut q = vec![0f32; n * c];
+        let cache = KvRows {
+            k_cache: &mut kc[..],
+            v_cache: &mut vc[..],
+            pos,
+            cache_row: map,
+        };
+        host::cpu::ops::kv_cache_store(&mut q, cache, qkv, shape);
+        check(&format!("{what} q"), &down(gpu, &dq), &q, 0.0, 0.0);
+        check(&format!("{what} k"), &E::down(gpu, &dk), &kept(kc), 0.0, 0.0);
+        check(&format!("{what} v"), &E::down(gpu, &dv), &kept(vc), 0.0, 0.0);
     }
 }

@@ -3,13 +3,14 @@
 //! `pos0..pos0+t`, then attends.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::CacheBits;
 use gpu_kernels::params::attention::{
-    ATTENTION_BLOCK, ATTENTION_FORWARD, ATTENTION_FORWARD_NAIVE, ATTENTION_KV_STORE, ATTENTION_MAX_HEAD_SIZE,
-    ATTENTION_SIMPLE_BLOCK, AttentionParams,
+    ATTENTION_BLOCK, ATTENTION_FORWARD, ATTENTION_FORWARD_BF16, ATTENTION_FORWARD_NAIVE, ATTENTION_FORWARD_NAIVE_BF16,
+    ATTENTION_KV_STORE, ATTENTION_KV_STORE_BF16, ATTENTION_MAX_HEAD_SIZE, ATTENTION_SIMPLE_BLOCK, AttentionParams,
 };
 
 use super::args::{MAX_GRID_YZ, OpError, Variant, blocks_for, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use crate::{AttentionShape, Gpu, GpuError};
+use crate::{AttentionShape, Gpu, GpuError, KvElem};
 
 const OP: &str = "attention_forward";
 /// Threads per warp.
@@ -32,13 +33,13 @@ pub fn max_span(pos0: u32, t: u32, window: u32) -> u32 {
     if window == 0 { keys } else { keys.min(window) }
 }
 
-/// Launch configuration of the attention kernel of `variant` (the KV store's
-/// is `kv_store_config`).
-pub fn launch_config(variant: Variant, p: &AttentionParams) -> (&'static str, LaunchConfig) {
+/// Launch configuration of the attention kernel of `variant` over a cache
+/// of `K` elements (the KV store's is `kv_store_config`).
+pub fn launch_config<K: CacheBits>(variant: Variant, p: &AttentionParams<K>) -> (&'static str, LaunchConfig) {
     let hs = p.c / p.nh;
     match variant {
         Variant::Best => (
-            ATTENTION_FORWARD,
+            K::kernel(ATTENTION_FORWARD, ATTENTION_FORWARD_BF16),
             LaunchConfig {
                 grid_dim: (p.t, p.nh, p.b),
                 block_dim: (ATTENTION_BLOCK, 1, 1),
@@ -46,7 +47,7 @@ pub fn launch_config(variant: Variant, p: &AttentionParams) -> (&'static str, La
             },
         ),
         Variant::Naive => (
-            ATTENTION_FORWARD_NAIVE,
+            K::kernel(ATTENTION_FORWARD_NAIVE, ATTENTION_FORWARD_NAIVE_BF16),
             LaunchConfig {
                 grid_dim: (blocks_for(p.b * p.t * p.nh, ATTENTION_SIMPLE_BLOCK), 1, 1),
                 block_dim: (ATTENTION_SIMPLE_BLOCK, 1, 1),
@@ -60,7 +61,7 @@ pub fn launch_config(variant: Variant, p: &AttentionParams) -> (&'static str, La
 /// b*t*c channels, one thread per 4 of them where the kernel takes 16-byte
 /// steps (C and the head size multiples of 4; cudarc's allocations are
 /// aligned, and were a buffer not, the loop would still cover it, by strides).
-fn kv_store_config(p: &AttentionParams) -> LaunchConfig {
+fn kv_store_config<K: CacheBits>(p: &AttentionParams<K>) -> LaunchConfig {
     let vectorised = p.c.is_multiple_of(VEC) && (p.c / p.nh).is_multiple_of(VEC);
     let per_thread = if vectorised { VEC } else { 1 };
     LaunchConfig {
@@ -81,19 +82,22 @@ const VEC: u32 = 4;
 /// The caller has checked what `attention_forward_variant` checks: `qkv`
 /// holds b*t*3c floats, each cache b*nh*max_t*(c/nh), `pos0 + t <= max_t`,
 /// and the pointers belong to `gpu`'s context.
-pub(crate) unsafe fn launch_kv_store(gpu: &Gpu, p: &AttentionParams) -> Result<(), GpuError> {
-    // SAFETY: forwarded from this function's contract.
-    unsafe { gpu.launch(ATTENTION_KV_STORE, kv_store_config(p), *p) }
+pub(crate) unsafe fn launch_kv_store<K: CacheBits>(gpu: &Gpu, p: &AttentionParams<K>) -> Result<(), GpuError> {
+    let kernel = K::kernel(ATTENTION_KV_STORE, ATTENTION_KV_STORE_BF16);
+    // SAFETY: forwarded from this function's contract; the kernel is the
+    // one for the caches' elements.
+    unsafe { gpu.launch(kernel, kv_store_config(p), *p) }
 }
 
-/// Store K,V of this call into one layer's caches, then attention of every
+/// Store K,V of this call into one layer's caches (f32 or bf16,
+/// [`KvElem`]), then attention of every
 /// query at positions `pos0..pos0+t` over keys `max(0, p-window+1)..=p`
 /// (`window == 0`: all), scale `1/sqrt(hs)`.
-pub fn attention_forward(
+pub fn attention_forward<E: KvElem>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<E>,
+    v_cache: &mut impl DevicePtrMut<E>,
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
 ) -> Result<(), OpError> {
@@ -101,11 +105,11 @@ pub fn attention_forward(
 }
 
 /// [`attention_forward`] on the baseline kernel.
-pub fn attention_forward_naive(
+pub fn attention_forward_naive<E: KvElem>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<E>,
+    v_cache: &mut impl DevicePtrMut<E>,
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
 ) -> Result<(), OpError> {
@@ -113,12 +117,12 @@ pub fn attention_forward_naive(
 }
 
 /// [`attention_forward`] with the kernel chosen by `variant`.
-pub fn attention_forward_variant(
+pub fn attention_forward_variant<E: KvElem>(
     gpu: &Gpu,
     variant: Variant,
     out: &mut impl DevicePtrMut<f32>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<E>,
+    v_cache: &mut impl DevicePtrMut<E>,
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
 ) -> Result<(), OpError> {
@@ -168,8 +172,8 @@ pub fn attention_forward_variant(
     }
     let params = AttentionParams {
         out: out_ptr(gpu, out),
-        k_cache: out_ptr(gpu, k_cache),
-        v_cache: out_ptr(gpu, v_cache),
+        k_cache: E::bits_mut(out_ptr(gpu, k_cache)),
+        v_cache: E::bits_mut(out_ptr(gpu, v_cache)),
         qkv: in_ptr(gpu, qkv),
         b: b as u32,
         t: t as u32,

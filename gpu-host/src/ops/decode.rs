@@ -12,9 +12,10 @@ use gpu_kernels::params::decode::*;
 use gpu_kernels::params::decode_step::DECODE_STEP_ATTN_KEYS;
 
 use super::args::{OpError, aligned16, check_len, in_ptr, out_ptr, to_u32};
+use super::kv_cache::KvCache;
 use super::weight::{KernelWeight, WeightRef};
-use crate::{DecodeAttentionShape, Gpu, KvRows, LayernormWeights, MatmulShape};
-use gpu_kernels::params::KernelParams;
+use crate::{DecodeAttentionShape, Gpu, KvElem, KvRows, LayernormWeights, MatmulShape};
+use gpu_kernels::params::{CacheBits, KernelParams};
 
 const OP_GEMV: &str = "decode_gemv";
 const OP_ATTN: &str = "decode_attention";
@@ -298,11 +299,11 @@ pub enum Output<'a> {
         gelu: bool,
     },
     /// The qkv projection: q to `q` (`[n, oc/3]`), k and v into the caches
-    /// (`[max_batch][nh][max_t][oc/3/nh]`) at each row's `pos`.
+    /// (`[max_batch][nh][max_t][oc/3/nh]`, kept as the weights are) at each
+    /// row's `pos`.
     Qkv {
         q: &'a mut CudaSlice<f32>,
-        k_cache: &'a mut CudaSlice<f32>,
-        v_cache: &'a mut CudaSlice<f32>,
+        kv: &'a mut KvCache,
         pos: &'a CudaSlice<u32>,
         nh: usize,
         max_t: usize,
@@ -628,14 +629,7 @@ where
             }
             p.gelu = gelu as u32;
         }
-        Output::Qkv {
-            q,
-            k_cache,
-            v_cache,
-            pos,
-            nh,
-            max_t,
-        } => {
+        Output::Qkv { q, kv, pos, nh, max_t } => {
             let cq = oc / 3;
             if !oc.is_multiple_of(3) || nh == 0 || !cq.is_multiple_of(nh) || max_t == 0 {
                 return Err(OpError::shape(
@@ -646,11 +640,10 @@ where
             check_len(OP_GEMV, "q", q.len(), n * cq)?;
             check_len(OP_GEMV, "pos", pos.len(), n)?;
             to_u32(OP_GEMV, "cache", n * cq * max_t)?;
-            check_len(OP_GEMV, "k_cache", k_cache.len(), n * cq * max_t)?;
-            check_len(OP_GEMV, "v_cache", v_cache.len(), n * cq * max_t)?;
+            check_len(OP_GEMV, "KV cache", kv.len(), n * cq * max_t)?;
             p.out = out_ptr(gpu, q);
-            p.k_cache = out_ptr(gpu, k_cache);
-            p.v_cache = out_ptr(gpu, v_cache);
+            (p.k_cache, p.v_cache) = W::cache_ptrs(gpu, kv)
+                .ok_or_else(|| OpError::shape(OP_GEMV, "the KV cache must be kept as the weights are (f32 or bf16)"))?;
             p.pos = in_ptr(gpu, pos);
             p.nh = nh as u32;
             p.max_t = max_t as u32;
@@ -724,13 +717,13 @@ where
 /// ([`KvRows`]), heads of size [`DECODE_HEAD_SIZE`]: `out[n, c]` from
 /// `q[n, c]`. A row at or past `max_t`, or whose cache row is past the
 /// caches', is idle.
-pub fn decode_attention(
+pub fn decode_attention<E: KvElem>(
     gpu: &Gpu,
     ws: &mut DecodeWorkspace,
     launch: DecodeLaunch<'_>,
     out: &mut CudaSlice<f32>,
     q: &CudaSlice<f32>,
-    cache: KvRows<'_, &CudaSlice<f32>, CudaSlice<u32>>,
+    cache: KvRows<'_, &CudaSlice<E>, CudaSlice<u32>>,
     shape: DecodeAttentionShape,
 ) -> Result<(), OpError> {
     let KvRows {
@@ -761,8 +754,8 @@ pub fn decode_attention(
     let p = DecodeAttentionParams {
         out: out_ptr(gpu, out),
         q: in_ptr(gpu, q),
-        k_cache: in_ptr(gpu, k_cache),
-        v_cache: in_ptr(gpu, v_cache),
+        k_cache: E::bits(in_ptr(gpu, k_cache)),
+        v_cache: E::bits(in_ptr(gpu, v_cache)),
         pos: in_ptr(gpu, pos),
         cache_row: cache_row.map_or(std::ptr::null(), |r| in_ptr(gpu, r)),
         cache_rows: to_u32(OP_ATTN, "cache rows", cache_rows)?,
@@ -787,12 +780,13 @@ pub fn decode_attention(
         block_dim: (DECODE_ATTN_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: the caches hold cache_rows rows of nh x max_t x 64 floats and
+    let kernel = E::Bits::kernel(DECODE_ATTENTION, DECODE_ATTENTION_BF16);
+    // SAFETY: the caches hold cache_rows rows of nh x max_t x 64 elements (the kernel's type) and
     // the kernel reads no row past them (cache_row holds n entries, or is
     // null and cache_rows >= n), q and out n x c (checked); the workspace's partials hold n*nh*parts_stride entries,
     // parts_stride >= chunks * 2 for this max_t, and its counters n*nh,
     // zero between launches; the kernel keeps the PDL contract; the
     // prefetch ranges lie inside buffers `launch` borrows.
-    unsafe { gpu.launch_pdl(DECODE_ATTENTION, cfg, p, launch.pdl && gpu.has_wgmma())? };
+    unsafe { gpu.launch_pdl(kernel, cfg, p, launch.pdl && gpu.has_wgmma())? };
     Ok(())
 }

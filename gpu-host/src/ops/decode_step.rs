@@ -10,6 +10,7 @@ use gpu_kernels::params::decode_step::*;
 
 use super::args::{OpError, aligned16, blocks_for, check_len, in_ptr, out_ptr, to_u32};
 use super::decode::DecodeWorkspace;
+use super::kv_cache::KvCache;
 use super::weight::{KernelWeight, WeightRef};
 use crate::Gpu;
 
@@ -23,9 +24,9 @@ pub struct StepLayer<'a> {
     pub ln2: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
     pub fc: (WeightRef<'a>, &'a CudaSlice<f32>),
     pub fcproj: (WeightRef<'a>, &'a CudaSlice<f32>),
-    /// `[max_batch][nh][max_t][64]` each.
-    pub k_cache: &'a mut CudaSlice<f32>,
-    pub v_cache: &'a mut CudaSlice<f32>,
+    /// K and V, `[max_batch][nh][max_t][64]` each, kept as the weights
+    /// are (f32, or bf16 with bf16 weights).
+    pub kv: &'a mut KvCache,
     /// ln1 folded into qkv and ln2 into fc ([`decode_step_fold`], `[2 *
     /// 3C]` and `[2 * 4C]`), or none: the one-row step then layernorms
     /// the row itself (slower: docs/performance.md, decode step 18). The
@@ -325,8 +326,9 @@ where
             check_len(OP, "layernorm weight", lw.len(), c)?;
             check_len(OP, "layernorm bias", lb.len(), c)?;
         }
-        check_len(OP, "k_cache", l.k_cache.len(), cache)?;
-        check_len(OP, "v_cache", l.v_cache.len(), cache)?;
+        check_len(OP, "KV cache", l.kv.len(), cache)?;
+        let (k_cache, v_cache) = W::cache_ptrs(gpu, l.kv)
+            .ok_or_else(|| OpError::shape(OP, "the KV cache must be kept as the weights are (f32 or bf16)"))?;
         let (qkv_w, qkv_b) = w(l.qkv, 3 * c, c)?;
         let (attproj_w, attproj_b) = w(l.attproj, c, c)?;
         let (fc_w, fc_b) = w(l.fc, 4 * c, c)?;
@@ -346,8 +348,8 @@ where
             fc_b,
             fcproj_w,
             fcproj_b,
-            k_cache: out_ptr(gpu, l.k_cache),
-            v_cache: out_ptr(gpu, l.v_cache),
+            k_cache,
+            v_cache,
             qkv_fold,
             fc_fold,
         };

@@ -20,11 +20,13 @@
 //! Softmax is FP32 with `ex2.approx` in all.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use gpu_kernels::params::CacheBits;
 use gpu_kernels::params::attention::AttentionParams;
 use gpu_kernels::params::flash_attention::*;
 use half::bf16;
 
 use super::args::{aligned16, in_ptr, out_ptr};
+use crate::KvElem;
 use crate::runtime::{Gpu, GpuError};
 
 /// Product precision of the prefill kernel.
@@ -279,14 +281,14 @@ fn assert_aligned(p: usize) {
 }
 
 /// Device address of an input buffer, checked aligned.
-fn addr<T: DevicePtr<f32>>(gpu: &Gpu, buf: &T) -> *const f32 {
+fn addr<E, T: DevicePtr<E>>(gpu: &Gpu, buf: &T) -> *const E {
     let p = in_ptr(gpu, buf);
     assert_aligned(p as usize);
     p
 }
 
 /// Device address of an output buffer, checked aligned.
-fn addr_mut<T: DevicePtrMut<f32>>(gpu: &Gpu, buf: &mut T) -> *mut f32 {
+fn addr_mut<E, T: DevicePtrMut<E>>(gpu: &Gpu, buf: &mut T) -> *mut E {
     let p = out_ptr(gpu, buf);
     assert_aligned(p as usize);
     p
@@ -309,11 +311,11 @@ pub struct FlashOptions<'a> {
 
 /// `attention_forward` with flash kernels: stores K,V, then prefill or
 /// flash-decoding by `t` (see the module docs). Panics on inconsistent sizes.
-pub fn attention_forward_flash(
+pub fn attention_forward_flash<E: KvElem>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<E>,
+    v_cache: &mut impl DevicePtrMut<E>,
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
     opts: FlashOptions<'_>,
@@ -323,11 +325,11 @@ pub fn attention_forward_flash(
 }
 
 /// [`attention_forward_flash`] forced onto the prefill kernel (any `t`).
-pub fn attention_forward_flash_prefill(
+pub fn attention_forward_flash_prefill<E: KvElem>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<E>,
+    v_cache: &mut impl DevicePtrMut<E>,
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
     opts: FlashOptions<'_>,
@@ -340,11 +342,11 @@ pub fn attention_forward_flash_prefill(
 }
 
 /// [`attention_forward_flash`] forced onto flash-decoding (`t <= FLASH_DECODE_MAX_T`).
-pub fn attention_forward_flash_decode(
+pub fn attention_forward_flash_decode<E: KvElem>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<f32>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<E>,
+    v_cache: &mut impl DevicePtrMut<E>,
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
     ws: &mut FlashWorkspace,
@@ -363,11 +365,11 @@ pub fn attention_forward_flash_decode(
 /// output rounded to bf16 (to nearest even) into `out` (`[b, t, c]` bf16):
 /// the values [`attention_forward_flash_prefill`] would write, rounded, with
 /// no f32 output and no conversion pass. Panics on inconsistent sizes.
-pub fn attention_forward_flash_bf16_out(
+pub fn attention_forward_flash_bf16_out<E: KvElem>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<bf16>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<E>,
+    v_cache: &mut impl DevicePtrMut<E>,
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
     ws: &mut FlashWorkspace,
@@ -404,11 +406,11 @@ struct Plan<'a> {
 
 /// Every entry point's body: the output as an address and its length in
 /// elements.
-fn run(
+fn run<E: KvElem>(
     gpu: &Gpu,
     (out, out_len): (Out, usize),
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<E>,
+    v_cache: &mut impl DevicePtrMut<E>,
     qkv: &impl DevicePtr<f32>,
     s: Shape,
     plan: Plan<'_>,
@@ -440,7 +442,14 @@ fn run(
             s.max_t
         );
     }
-    let (k, v, q) = (addr_mut(gpu, k_cache), addr_mut(gpu, v_cache), addr(gpu, qkv));
+    // The prefill kernels are built for one cache type each: bf16 for the
+    // bf16 kernel, f32 for the others.
+    assert!(
+        decode || E::Bits::BF16 == (precision == FlashPrecision::Bf16),
+        "attention_forward_flash: the bf16 prefill kernel takes a bf16 KV cache, the others an f32 one"
+    );
+    let (k, v) = (E::bits_mut(addr_mut(gpu, k_cache)), E::bits_mut(addr_mut(gpu, v_cache)));
+    let q = addr(gpu, qkv);
     let (o, o16) = match out {
         Out::F32(p) => (p, std::ptr::null_mut()),
         Out::Bf16(p) => {
@@ -508,10 +517,11 @@ fn run(
             parts,
             parts_stride: ws.parts_stride as u32,
         };
+        let kernel = E::Bits::kernel(ATTENTION_FORWARD_FLASH_DECODE, ATTENTION_FORWARD_FLASH_DECODE_BF16);
         // SAFETY: as above; the workspace holds max_b*nh*DECODE_MAX_T rows of
         // parts_stride partials, and b <= max_b, t <= DECODE_MAX_T, parts <= parts_stride
-        // (max_keys <= max_t <= ws.max_t).
-        unsafe { gpu.launch(ATTENTION_FORWARD_FLASH_DECODE, configs::decode(&s), dp)? };
+        // (max_keys <= max_t <= ws.max_t); the kernel is the one for the cache's elements.
+        unsafe { gpu.launch(kernel, configs::decode(&s), dp)? };
         let cp = FlashCombineParams {
             out: o,
             part_acc,
@@ -564,6 +574,7 @@ fn run(
         // shared memory it lays out for this kv_split (1, 2, or 4 only where
         // FlashWorkspace::new could raise the limit to the split-4 size).
         // kv_rounded only changes rounding, never what memory is touched.
+        // The kernel takes the cache's element type (asserted above).
         unsafe { gpu.launch(name, configs::prefill(&s, precision, kv_split, shared), pp)? };
     }
     Ok(())

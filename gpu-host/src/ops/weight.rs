@@ -5,7 +5,8 @@
 use cudarc::driver::CudaSlice;
 use half::bf16;
 
-use super::args::in_ptr;
+use super::args::{in_ptr, out_ptr};
+use super::kv_cache::KvCache;
 use crate::Gpu;
 
 /// A weight matrix the engine owns.
@@ -69,10 +70,14 @@ impl WeightRef<'_> {
     }
 }
 
-/// A weight element type as the kernels see it: `f32`, or `u16` for bf16 bits.
+/// A weight element type as the kernels see it: `f32`, or `u16` for bf16
+/// bits. The fused decode kernels keep the KV cache in the same type.
 pub trait KernelWeight: Copy + 'static {
     /// The device address of `w`'s elements, if `w` holds this type.
     fn ptr(gpu: &Gpu, w: WeightRef<'_>) -> Option<*const Self>;
+
+    /// The device addresses of the K and V caches, if they hold this type.
+    fn cache_ptrs(gpu: &Gpu, kv: &mut KvCache) -> Option<(*mut Self, *mut Self)>;
 }
 
 impl KernelWeight for f32 {
@@ -80,6 +85,13 @@ impl KernelWeight for f32 {
         match w {
             WeightRef::F32(w) => Some(in_ptr(gpu, w)),
             WeightRef::Bf16(_) => None,
+        }
+    }
+
+    fn cache_ptrs(gpu: &Gpu, kv: &mut KvCache) -> Option<(*mut f32, *mut f32)> {
+        match kv {
+            KvCache::F32(k, v) => Some((out_ptr(gpu, k), out_ptr(gpu, v))),
+            KvCache::Bf16(..) => None,
         }
     }
 }
@@ -90,6 +102,13 @@ impl KernelWeight for u16 {
             WeightRef::F32(_) => None,
             // bf16 and u16 have the same size and alignment.
             WeightRef::Bf16(w) => Some(in_ptr(gpu, w) as *const u16),
+        }
+    }
+
+    fn cache_ptrs(gpu: &Gpu, kv: &mut KvCache) -> Option<(*mut u16, *mut u16)> {
+        match kv {
+            KvCache::F32(..) => None,
+            KvCache::Bf16(k, v) => Some((out_ptr(gpu, k).cast(), out_ptr(gpu, v).cast())),
         }
     }
 }

@@ -26,7 +26,7 @@ pub use mma::*;
 pub use prefetch::*;
 pub use shared::*;
 pub use sync::*;
-pub use vector::{Vec2, Vec4};
+pub use vector::{F32Storage, Vec2, Vec4};
 pub use warp::*;
 
 /// Lanes in a warp on every NVIDIA GPU this crate targets.

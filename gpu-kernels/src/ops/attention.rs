@@ -6,13 +6,13 @@
 //! windowed, else 0). Prefill (`pos0 = 0`, many queries) and decode
 //! (`t = 1` over a long cache) run the same kernels.
 
-use super::vec4::{VEC, aligned16, load4, store4};
+use super::vec4::{VEC, aligned16, load4};
 use crate::device::math::exp_fast;
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::warp::{block_reduce_max, block_reduce_sum};
 use crate::device::{
-    WARP_SIZE, block_dim_x, block_idx_x, block_idx_y, block_idx_z, global_idx_x, grid_stride_x, lane_id, sync_threads,
-    thread_idx_x, warp_id,
+    F32Storage, WARP_SIZE, block_dim_x, block_idx_x, block_idx_y, block_idx_z, global_idx_x, grid_stride_x, lane_id,
+    sync_threads, thread_idx_x, warp_id,
 };
 use crate::params::attention::{ATTENTION_MAX_HEAD_SIZE, AttentionParams};
 /// Floats of shared scratch the block reductions need (one per warp).
@@ -32,7 +32,7 @@ fn first_key(pos: u32, window: u32) -> u32 {
 
 /// Offset of (row `b`, head `h`, position `pos`) in one layer's cache.
 #[inline(always)]
-fn cache_at(p: &AttentionParams, b: u32, h: u32, pos: u32) -> usize {
+fn cache_at<K>(p: &AttentionParams<K>, b: u32, h: u32, pos: u32) -> usize {
     let hs = (p.c / p.nh) as usize;
     ((b * p.nh + h) as usize * p.max_t as usize + pos as usize) * hs
 }
@@ -49,8 +49,8 @@ fn cache_at(p: &AttentionParams, b: u32, h: u32, pos: u32) -> usize {
 /// # Safety
 /// Buffers as documented on [`AttentionParams`]; `pos0 + t <= max_t`;
 /// `b*t*3c` and `b*nh*max_t*hs` fit in u32.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
+#[inline(always)]
+unsafe fn attention_kv_store_impl<K: F32Storage>(p: AttentionParams<K>) {
     // Nothing an earlier kernel wrote is read before this (PDL).
     crate::device::grid_dependency_sync();
     let (c, hs, t) = (p.c, p.c / p.nh, p.t);
@@ -62,8 +62,11 @@ pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
         ((bt * 3 * c + ch) as usize, dst as usize)
     };
     let (c_us, stride) = (c as usize, grid_stride_x());
-    let vectorised =
-        c % VEC as u32 == 0 && hs % VEC as u32 == 0 && aligned16(p.qkv) && aligned16(p.k_cache) && aligned16(p.v_cache);
+    let vectorised = c % VEC as u32 == 0
+        && hs % VEC as u32 == 0
+        && aligned16(p.qkv)
+        && K::aligned4(p.k_cache)
+        && K::aligned4(p.v_cache);
     let mut i = global_idx_x();
     if vectorised {
         while i < total / VEC as u32 {
@@ -73,8 +76,8 @@ pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
             // SAFETY: src + 2c + 4 <= b*t*3c; dst + 4 is inside the cache
             // (pos0 + t <= max_t); all 16-byte aligned (checked).
             unsafe {
-                store4(p.k_cache.add(dst), load4(p.qkv.add(src + c_us)));
-                store4(p.v_cache.add(dst), load4(p.qkv.add(src + 2 * c_us)));
+                K::store4(p.k_cache.add(dst), load4(p.qkv.add(src + c_us)));
+                K::store4(p.v_cache.add(dst), load4(p.qkv.add(src + 2 * c_us)));
             }
             i += stride;
         }
@@ -83,8 +86,8 @@ pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
             let (src, dst) = at(i / c, i % c);
             // SAFETY: src + 2c < b*t*3c; dst is inside the cache (pos0 + t <= max_t).
             unsafe {
-                *p.k_cache.add(dst) = *p.qkv.add(src + c_us);
-                *p.v_cache.add(dst) = *p.qkv.add(src + 2 * c_us);
+                K::store1(p.k_cache.add(dst), *p.qkv.add(src + c_us));
+                K::store1(p.v_cache.add(dst), *p.qkv.add(src + 2 * c_us));
             }
             i += stride;
         }
@@ -108,8 +111,8 @@ pub unsafe extern "ptx-kernel" fn attention_kv_store(p: AttentionParams) {
 /// Buffers as documented on [`AttentionParams`]; `hs <= ATTENTION_MAX_HEAD_SIZE`;
 /// the cache holds keys `0..pos0 + t` of these rows (the store kernel ran);
 /// shared memory as above.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn attention_forward(p: AttentionParams) {
+#[inline(always)]
+unsafe fn attention_forward_impl<K: F32Storage>(p: AttentionParams<K>) {
     // Nothing an earlier kernel wrote is read before this (PDL).
     crate::device::grid_dependency_sync();
     let (tq, h, b) = (block_idx_x(), block_idx_y(), block_idx_z());
@@ -139,10 +142,10 @@ pub unsafe extern "ptx-kernel" fn attention_forward(p: AttentionParams) {
 
     // SAFETY: lo <= pos < max_t, h < nh, b < B: the cache holds this row's
     // (b, h) slab of max_t positions, so `lo`'s offset is inside it.
-    let keys = unsafe { p.k_cache.add(cache_at(&p, b, h, lo)) } as *const f32;
+    let keys = unsafe { p.k_cache.add(cache_at(&p, b, h, lo)) }.cast_const();
     // SAFETY: the same in-bounds offset as `keys`, in the value cache.
-    let values = unsafe { p.v_cache.add(cache_at(&p, b, h, lo)) } as *const f32;
-    let vec = hs.is_multiple_of(VEC) && aligned16(keys);
+    let values = unsafe { p.v_cache.add(cache_at(&p, b, h, lo)) }.cast_const();
+    let vec = hs.is_multiple_of(VEC) && K::aligned4(keys);
     let mut local_max = f32::NEG_INFINITY;
     let mut j = tid;
     while j < span {
@@ -152,13 +155,13 @@ pub unsafe extern "ptx-kernel" fn attention_forward(p: AttentionParams) {
             let mut s = 0.0f32;
             if vec {
                 for i in 0..hs / VEC {
-                    let kv = load4(k.add(i * VEC));
+                    let kv = K::load4(k.add(i * VEC));
                     let qv = load4(q_s.add(i * VEC));
                     s += (qv[0] * kv[0] + qv[1] * kv[1]) + (qv[2] * kv[2] + qv[3] * kv[3]);
                 }
             } else {
                 for i in 0..hs {
-                    s += *q_s.add(i) * *k.add(i);
+                    s += *q_s.add(i) * K::load1(k.add(i));
                 }
             }
             *scores.add(j) = s;
@@ -195,7 +198,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward(p: AttentionParams) {
             for (r, a) in acc.iter_mut().enumerate() {
                 let d = lane + r * WARP_SIZE as usize;
                 if d < hs {
-                    *a += pj * *v.add(d);
+                    *a += pj * K::load1(v.add(d));
                 }
             }
         }
@@ -230,8 +233,8 @@ pub unsafe extern "ptx-kernel" fn attention_forward(p: AttentionParams) {
 ///
 /// # Safety
 /// As for [`attention_forward`] (no shared memory).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn attention_forward_naive(p: AttentionParams) {
+#[inline(always)]
+unsafe fn attention_forward_naive_impl<K: F32Storage>(p: AttentionParams<K>) {
     let hs = (p.c / p.nh) as usize;
     let total = p.b * p.t * p.nh;
     let mut i = global_idx_x();
@@ -248,7 +251,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_naive(p: AttentionParams) {
                 let k = p.k_cache.add(cache_at(&p, b, h, j));
                 let mut s = 0.0f32;
                 for d in 0..hs {
-                    s += *q.add(d) * *k.add(d);
+                    s += *q.add(d) * K::load1(k.add(d));
                 }
                 s * p.scale
             };
@@ -265,7 +268,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_naive(p: AttentionParams) {
                 sum += e;
                 let v = p.v_cache.add(cache_at(&p, b, h, j));
                 for d in 0..hs {
-                    *out.add(d) += e * *v.add(d);
+                    *out.add(d) += e * K::load1(v.add(d));
                 }
             }
             for d in 0..hs {
@@ -274,4 +277,36 @@ pub unsafe extern "ptx-kernel" fn attention_forward_naive(p: AttentionParams) {
         }
         i += grid_stride_x();
     }
+}
+
+/// The kernels' entry points: each `_impl` over an f32 cache and over a
+/// bf16 one (`_bf16`), with its safety contract.
+macro_rules! attention_entries {
+    ($($name:ident, $name_bf16:ident => $imp:ident;)+) => {$(
+        /// The f32-cache entry of the `_impl` of the same name.
+        ///
+        /// # Safety
+        /// As that `_impl`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: AttentionParams<f32>) {
+            // SAFETY: the caller's contract.
+            unsafe { $imp(p) }
+        }
+
+        /// The bf16-cache entry of the `_impl` of the same name.
+        ///
+        /// # Safety
+        /// As that `_impl`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name_bf16(p: AttentionParams<u16>) {
+            // SAFETY: the caller's contract.
+            unsafe { $imp(p) }
+        }
+    )+};
+}
+
+attention_entries! {
+    attention_kv_store, attention_kv_store_bf16 => attention_kv_store_impl;
+    attention_forward, attention_forward_bf16 => attention_forward_impl;
+    attention_forward_naive, attention_forward_naive_bf16 => attention_forward_naive_impl;
 }

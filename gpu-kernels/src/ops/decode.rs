@@ -20,8 +20,9 @@
 use super::flash_attention::decode::{decode_query, key_lanes_sum, key_score_part, merge_state};
 use super::flash_attention::softmax_base;
 use super::gelu::gelu;
-use super::vec4::{VEC, load_cg, load4, load4_cg, store4};
+use super::vec4::{VEC, load_cg, load4, store4};
 use super::weight::Weight;
+use crate::device::F32Storage;
 use crate::device::math::{exp2_approx, fma, rsqrt_precise};
 use crate::device::mma::{mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, split_tf32};
 use crate::device::shared::dynamic_shared_align16;
@@ -321,7 +322,7 @@ pub(crate) unsafe fn layernorm_rows<W: Weight>(xs: *mut f32, lnp: *const f32, st
 /// # Safety
 /// The params' contract; `r < n`, `col < oc`.
 #[inline(always)]
-unsafe fn store_out<W>(p: &DecodeGemvParams<W>, r: usize, col: usize, v: f32) {
+unsafe fn store_out<W: F32Storage>(p: &DecodeGemvParams<W>, r: usize, col: usize, v: f32) {
     let oc = p.oc as usize;
     // SAFETY: the caller's r < n and col < oc, with buffers as the params' contract
     // sizes them (output, residual, cache rows).
@@ -352,7 +353,7 @@ unsafe fn store_out<W>(p: &DecodeGemvParams<W>, r: usize, col: usize, v: f32) {
         let nh = p.nh as usize;
         let hs = c / nh;
         let (h, d) = (cc / hs, cc % hs);
-        *cache.add(((r * nh + h) * p.max_t as usize + pos as usize) * hs + d) = v;
+        W::store1(cache.add(((r * nh + h) * p.max_t as usize + pos as usize) * hs + d), v);
     }
 }
 
@@ -507,7 +508,7 @@ unsafe fn gemv_prologue<W: Weight>(p: &DecodeGemvParams<W>, xs: *mut f32, lnp: *
 /// # Safety
 /// The params' contract; `r < n`, `col < oc`.
 #[inline(always)]
-unsafe fn finish_column<W>(p: &DecodeGemvParams<W>, r: usize, col: usize, sum: f32, best: &mut (f32, u32)) {
+unsafe fn finish_column<W: F32Storage>(p: &DecodeGemvParams<W>, r: usize, col: usize, sum: f32, best: &mut (f32, u32)) {
     let mut v = sum;
     if !p.bias.is_null() {
         // SAFETY: col < oc.
@@ -1004,8 +1005,8 @@ const _: () = assert!(ATT_KEYS_PER_GROUP <= UNROLL_MAX);
 ///
 /// # Safety
 /// `DecodeAttentionParams`' contract, with the launch it describes.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
+#[inline(always)]
+unsafe fn decode_attention_impl<K: F32Storage>(p: DecodeAttentionParams<K>) {
     if p.early_trigger != 0 {
         launch_dependents();
     }
@@ -1050,7 +1051,8 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     // SAFETY: cache row cr < cache_rows, head h: max_t * HS floats from `plane`.
     let (k_g, v_g) = unsafe { (p.k_cache.add(plane), p.v_cache.add(plane)) };
     // SAFETY: keys below key_end lie in the cache plane.
-    let (m, l, acc) = unsafe { attend_keys::<ATT_KEYS_PER_GROUP>(&q, k_g, v_g, key_begin + grp, ATT_GROUPS, key_end) };
+    let (m, l, acc) =
+        unsafe { attend_keys::<ATT_KEYS_PER_GROUP, _>(&q, k_g, v_g, key_begin + grp, ATT_GROUPS, key_end) };
 
     let head = r * nh + h;
     let first = head * p.parts_stride as usize;
@@ -1088,6 +1090,26 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
     }
 }
 
+/// `decode_attention_impl` over an f32 cache.
+///
+/// # Safety
+/// As `decode_attention_impl`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams<f32>) {
+    // SAFETY: the caller's contract.
+    unsafe { decode_attention_impl(p) }
+}
+
+/// `decode_attention_impl` over a bf16 cache.
+///
+/// # Safety
+/// As `decode_attention_impl`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn decode_attention_bf16(p: DecodeAttentionParams<u16>) {
+    // SAFETY: the caller's contract.
+    unsafe { decode_attention_impl(p) }
+}
+
 /// One warp's online-softmax state over keys `first + i * stride` (`i <
 /// K <= 16`, below `key_end`) of one head, where lanes `8g..8g+8` form group `g`
 /// (its `first` differs by `g`) and lane `l % 8` holds 8 of the 64
@@ -1100,16 +1122,16 @@ pub unsafe extern "ptx-kernel" fn decode_attention(p: DecodeAttentionParams) {
 /// # Safety
 /// Every key below `key_end` is a row of the planes; all 32 lanes call it.
 #[inline(always)]
-pub(crate) unsafe fn attend_keys<const K: usize>(
+pub(crate) unsafe fn attend_keys<const K: usize, E: F32Storage>(
     q: &[f32; 2 * VEC],
-    k_g: *const f32,
-    v_g: *const f32,
+    k_g: *const E,
+    v_g: *const E,
     first: usize,
     stride: usize,
     key_end: usize,
 ) -> (f32, f32, [f32; 2 * VEC]) {
     // SAFETY: the caller's contract.
-    let kv = unsafe { load_keys::<K>(k_g, v_g, first, stride, key_end) };
+    let kv = unsafe { load_keys::<K, E>(k_g, v_g, first, stride, key_end) };
     attend_loaded(q, &kv, first, stride, key_end)
 }
 
@@ -1121,9 +1143,9 @@ pub(crate) unsafe fn attend_keys<const K: usize>(
 /// # Safety
 /// As for [`attend_keys`].
 #[inline(always)]
-pub(crate) unsafe fn load_keys<const K: usize>(
-    k_g: *const f32,
-    v_g: *const f32,
+pub(crate) unsafe fn load_keys<const K: usize, E: F32Storage>(
+    k_g: *const E,
+    v_g: *const E,
     first: usize,
     stride: usize,
     key_end: usize,
@@ -1135,10 +1157,10 @@ pub(crate) unsafe fn load_keys<const K: usize>(
             // SAFETY: the caller's contract.
             unsafe {
                 kv[i] = [
-                    load4_cg(k_g.add(key * HS)),
-                    load4_cg(k_g.add(key * HS + ATT_HALF)),
-                    load4_cg(v_g.add(key * HS)),
-                    load4_cg(v_g.add(key * HS + ATT_HALF)),
+                    E::load4_cg(k_g.add(key * HS)),
+                    E::load4_cg(k_g.add(key * HS + ATT_HALF)),
+                    E::load4_cg(v_g.add(key * HS)),
+                    E::load4_cg(v_g.add(key * HS + ATT_HALF)),
                 ];
             }
         }

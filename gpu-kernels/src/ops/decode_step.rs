@@ -345,8 +345,9 @@ struct Gemv<W> {
     c_in: usize,
     oc: usize,
     epi: Epilogue,
-    k_cache: *mut f32,
-    v_cache: *mut f32,
+    /// The caches, kept as the weights are (f32, or bf16 bits).
+    k_cache: *mut W,
+    v_cache: *mut W,
     /// Non-null: the input row comes flagged from here (`DecodeStepParams::flags`),
     /// each word carrying `flag_in` once written (`with_flags`).
     flags_in: *const u64,
@@ -1004,7 +1005,7 @@ unsafe fn epilogue<W: Weight>(
                 };
                 let nh = p.nh as usize;
                 let (h, d) = (cc / HS, cc % HS);
-                *cache.add(((r * nh + h) * p.max_t as usize + pos as usize) * HS + d) = v;
+                W::store1(cache.add(((r * nh + h) * p.max_t as usize + pos as usize) * HS + d), v);
             }
             // The residual phases' share is the one `xraw` keeps: lo is its start.
             Epilogue::Residual => {
@@ -1816,7 +1817,7 @@ const ATT_PAIRS: usize = 2 * VEC / 2;
 /// `first <= pos < max_t`, the warp's keys `first + lane / 8 + 4i`; all 32
 /// lanes call it.
 #[inline(always)]
-unsafe fn attend_flagged<W>(
+unsafe fn attend_flagged<W: Weight>(
     p: &DecodeStepParams<W>,
     lw: &DecodeStepLayer<W>,
     head: usize,
@@ -1830,7 +1831,7 @@ unsafe fn attend_flagged<W>(
     let plane = head * max_t * HS + VEC * l8;
     // SAFETY: the planes of the head; keys below pos < max_t.
     let kv = unsafe {
-        load_keys::<ATT_KEYS_PER_GROUP>(
+        load_keys::<ATT_KEYS_PER_GROUP, _>(
             lw.k_cache.add(plane),
             lw.v_cache.add(plane),
             key0,
@@ -1875,7 +1876,9 @@ unsafe fn attend_flagged<W>(
     let wv = if new { issue(2) } else { [[0u64; 2]; ATT_PAIRS] };
     let (mut m, mut l, mut acc) = attend_loaded(&q, &kv, key0, ATT_GROUPS_PER_WARP, pos);
     if new {
-        let (k, v) = (settle(1, wk), settle(2, wv));
+        // As the cache keeps them (bf16 rounds), so that this step and the
+        // later ones, which read the cache, see the same key and value.
+        let (k, v) = (settle(1, wk).map(W::round), settle(2, wv).map(W::round));
         let half = |x: &[f32; 2 * VEC], h: usize| [x[VEC * h], x[VEC * h + 1], x[VEC * h + 2], x[VEC * h + 3]];
         let s = key_lanes_sum(key_score_part(&q, half(&k, 0), half(&k, 1)), ATT_LANES as u32);
         add_key(&mut m, &mut l, &mut acc, s, half(&v, 0), half(&v, 1));
@@ -1907,7 +1910,7 @@ unsafe fn att_dest<W, const R: usize>(p: &DecodeStepParams<W>, layer: usize) -> 
 /// new keys and values, or (`dest` flagged) after qkv's phase in this
 /// block, its row then polled; every thread of the block calls it.
 #[inline(always)]
-unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, layer: usize, dest: AttOut) {
+unsafe fn run_attention<W: Weight>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, layer: usize, dest: AttOut) {
     // SAFETY: layer < n_layer entries of the table.
     let lw = unsafe { &*(ring.tbl as *const DecodeStepLayer<W>).add(layer) };
     let (n, nh, c, max_t, window) = (
@@ -1964,7 +1967,7 @@ unsafe fn run_attention<W>(p: &DecodeStepParams<W>, ring: &Ring, sm: &Smem, laye
                 let plane = head * max_t * HS + VEC * l8;
                 // SAFETY: the planes of (r, h); keys below pos + 1 <= max_t.
                 (m, l, acc) = unsafe {
-                    attend_keys::<ATT_KEYS_PER_GROUP>(
+                    attend_keys::<ATT_KEYS_PER_GROUP, _>(
                         &q,
                         lw.k_cache.add(plane),
                         lw.v_cache.add(plane),

@@ -3,7 +3,7 @@
 //! `params::kv_cache`).
 
 use super::vec4::{VEC, store4, sum_parts4};
-use crate::device::{global_idx_x, grid_stride_x};
+use crate::device::{F32Storage, global_idx_x, grid_stride_x};
 use crate::params::kv_cache::KvCacheStoreParams;
 
 /// The cache row of row `r` of a call: `cache_row[r]`, or `r` where the
@@ -28,8 +28,8 @@ pub(crate) unsafe fn cache_row(cache_row: *const u32, r: usize) -> usize {
 /// # Safety
 /// Buffers as documented on [`KvCacheStoreParams`], 16-byte aligned; `c`,
 /// `c / nh` multiples of 4 (the host checks).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn kv_cache_store(p: KvCacheStoreParams) {
+#[inline(always)]
+unsafe fn kv_cache_store_impl<K: F32Storage>(p: KvCacheStoreParams<K>) {
     // Nothing an earlier kernel wrote is read before this (PDL).
     crate::device::grid_dependency_sync();
     // 32-bit index arithmetic (64-bit division is a long software sequence
@@ -64,9 +64,29 @@ pub unsafe extern "ptx-kernel" fn kv_cache_store(p: KvCacheStoreParams) {
                 let cache = if part == 1 { p.k_cache } else { p.v_cache };
                 // SAFETY: cache row cr < cache_rows, head h < nh, pos < max_t,
                 // d + 4 <= hs (hs % 4 == 0).
-                unsafe { store4(cache.add(((cr * nh + h) * max_t + pos) * hs + d), x) };
+                unsafe { K::store4(cache.add(((cr * nh + h) * max_t + pos) * hs + d), x) };
             }
         }
         i += grid_stride_x();
     }
+}
+
+/// `kv_cache_store_impl` into an f32 cache.
+///
+/// # Safety
+/// As `kv_cache_store_impl`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn kv_cache_store(p: KvCacheStoreParams<f32>) {
+    // SAFETY: the caller's contract.
+    unsafe { kv_cache_store_impl(p) }
+}
+
+/// `kv_cache_store_impl` into a bf16 cache.
+///
+/// # Safety
+/// As `kv_cache_store_impl` (the cache 8-byte aligned).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn kv_cache_store_bf16(p: KvCacheStoreParams<u16>) {
+    // SAFETY: the caller's contract.
+    unsafe { kv_cache_store_impl(p) }
 }

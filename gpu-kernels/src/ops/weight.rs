@@ -8,7 +8,7 @@ use crate::device::Vec2;
 use crate::device::bf16::{bf16_to_f32, bf16x2_hi, bf16x2_lo, f32_to_bf16};
 
 /// A weight element: f32, or `u16` holding bf16 bits.
-pub trait Weight: Copy {
+pub trait Weight: crate::device::F32Storage {
     /// Values in one 16-byte load.
     const PER_LOAD: usize;
 

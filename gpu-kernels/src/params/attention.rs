@@ -10,6 +10,10 @@ pub const ATTENTION_KV_STORE: &str = "attention_kv_store";
 pub const ATTENTION_FORWARD: &str = "attention_forward";
 /// Baseline: one thread per (query, head), two passes over the keys.
 pub const ATTENTION_FORWARD_NAIVE: &str = "attention_forward_naive";
+/// The three kernels above over a bf16 cache (`AttentionParams<u16>`).
+pub const ATTENTION_KV_STORE_BF16: &str = "attention_kv_store_bf16";
+pub const ATTENTION_FORWARD_BF16: &str = "attention_forward_bf16";
+pub const ATTENTION_FORWARD_NAIVE_BF16: &str = "attention_forward_naive_bf16";
 
 /// Threads per block of `attention_forward` (4 warps).
 pub const ATTENTION_BLOCK: u32 = 128;
@@ -21,13 +25,13 @@ pub const ATTENTION_MAX_HEAD_SIZE: u32 = 128;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct AttentionParams {
+pub struct AttentionParams<K = f32> {
     /// `[b * t * c]`
     pub out: *mut f32,
-    /// `[b * nh * max_t * hs]`, one layer
-    pub k_cache: *mut f32,
-    /// `[b * nh * max_t * hs]`, one layer
-    pub v_cache: *mut f32,
+    /// `[b * nh * max_t * hs]`, one layer: f32, or bf16 bits (`K = u16`)
+    pub k_cache: *mut K,
+    /// `[b * nh * max_t * hs]`, one layer, as `k_cache`
+    pub v_cache: *mut K,
     /// `[b * t * 3c]`, rows `[q | k | v]`
     pub qkv: *const f32,
     pub b: u32,
@@ -44,4 +48,4 @@ pub struct AttentionParams {
 
 // SAFETY: repr(C) structs of plain numbers and device pointers, the same
 // layout on host and device.
-crate::kernel_params!(unsafe AttentionParams);
+super::cache_kernel_params!(unsafe AttentionParams);

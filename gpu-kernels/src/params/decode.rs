@@ -39,6 +39,8 @@ pub const DECODE_GEMV_BF16_VARIANTS: [&str; 4] = [
     DECODE_GEMV_BF16,
 ];
 pub const DECODE_ATTENTION: &str = "decode_attention";
+/// [`DECODE_ATTENTION`] over a bf16 cache (`DecodeAttentionParams<u16>`).
+pub const DECODE_ATTENTION_BF16: &str = "decode_attention_bf16";
 /// The GEMV on tensor cores (up to [`DECODE_MAX_ROWS`] rows): a warp
 /// multiplies a 16-column tile of the weight by the rows with `mma.sync`
 /// (columns as M, rows as N), so the staged rows are read once per 16
@@ -202,9 +204,10 @@ pub struct DecodeGemvParams<W = f32> {
     /// Non-null (with `v_cache`): the qkv epilogue. Columns `[0, C)` go to
     /// `out` as q, `[C, 2C)` to `k_cache` and `[2C, 3C)` to `v_cache` at
     /// `[(r * nh + h) * max_t + pos[r]] * HS + d`, where `C = oc / 3`,
-    /// `HS = C / nh`; rows whose `pos[r] >= max_t` store nothing.
-    pub k_cache: *mut f32,
-    pub v_cache: *mut f32,
+    /// `HS = C / nh`; rows whose `pos[r] >= max_t` store nothing. The
+    /// caches hold what the weights do: f32, or bf16 bits (`W = u16`).
+    pub k_cache: *mut W,
+    pub v_cache: *mut W,
     pub nh: u32,
     pub max_t: u32,
     /// Non-null: the greedy epilogue (the LM head). Each block writes its
@@ -252,15 +255,15 @@ pub struct DecodeGemvParams<W = f32> {
 /// merges them into `out`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct DecodeAttentionParams {
+pub struct DecodeAttentionParams<K = f32> {
     /// `[n, C]`
     pub out: *mut f32,
     /// `[n, C]` queries.
     pub q: *const f32,
-    /// `[cache_rows][nh][max_t][HS]`; row `r` of the call reads cache row
-    /// `cache_row[r]` (or `r`).
-    pub k_cache: *const f32,
-    pub v_cache: *const f32,
+    /// `[cache_rows][nh][max_t][HS]`, f32 or bf16 bits (`K = u16`); row
+    /// `r` of the call reads cache row `cache_row[r]` (or `r`).
+    pub k_cache: *const K,
+    pub v_cache: *const K,
     /// `[n]` positions; a row with `pos[r] >= max_t` is idle (a free slot
     /// of a server's batch): nothing is read for it and its `out` row is
     /// left as it was.
@@ -296,4 +299,6 @@ pub struct DecodeAttentionParams {
 
 // SAFETY: repr(C) structs of plain numbers and device pointers, the same
 // layout on host and device.
-crate::kernel_params!(unsafe DecodeGemvParams<f32>, DecodeGemvParams<u16>, DecodeAttentionParams);
+crate::kernel_params!(unsafe DecodeGemvParams<f32>, DecodeGemvParams<u16>);
+// SAFETY: as above.
+super::cache_kernel_params!(unsafe DecodeAttentionParams);

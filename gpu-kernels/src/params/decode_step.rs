@@ -174,9 +174,10 @@ pub struct DecodeStepLayer<W = f32> {
     /// `[C, 4C]`, `[C]`
     pub fcproj_w: *const W,
     pub fcproj_b: *const f32,
-    /// `[max_batch][nh][max_t][64]` each.
-    pub k_cache: *mut f32,
-    pub v_cache: *mut f32,
+    /// `[max_batch][nh][max_t][64]` each, kept as the weights are: f32,
+    /// or bf16 bits (`W = u16`).
+    pub k_cache: *mut W,
+    pub v_cache: *mut W,
     /// Null, or ln1 folded into qkv (`[3C]` pairs, see
     /// [`DECODE_STEP_FOLD`]): the one-row step then multiplies the raw row.
     pub qkv_fold: *const f32,

@@ -21,6 +21,8 @@ pub const ATTENTION_FORWARD_FLASH_BF16: &str = "attention_forward_flash_bf16";
 pub const ATTENTION_FORWARD_FLASH_BF16_2STAGE: &str = "attention_forward_flash_bf16_2stage";
 pub const ATTENTION_FORWARD_FLASH_FP32: &str = "attention_forward_flash_fp32";
 pub const ATTENTION_FORWARD_FLASH_DECODE: &str = "attention_forward_flash_decode";
+/// [`ATTENTION_FORWARD_FLASH_DECODE`] over a bf16 cache (`FlashDecodeParams<u16>`).
+pub const ATTENTION_FORWARD_FLASH_DECODE_BF16: &str = "attention_forward_flash_decode_bf16";
 pub const ATTENTION_FORWARD_FLASH_COMBINE: &str = "attention_forward_flash_combine";
 
 /// Head size the kernels are written for (every GPT-2 size has 64).
@@ -109,13 +111,14 @@ pub const FLASH_COMBINE_THREADS: u32 = FLASH_HEAD_SIZE;
 /// - FP32: grid (ceil(t/BLOCK_Q), nh, b), [`FLASH_THREADS`] threads, [`FLASH_SMEM_BYTES_FP32`] bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct FlashAttentionParams {
+pub struct FlashAttentionParams<K = f32> {
     /// [B, T, C]
     pub out: *mut f32,
     /// `[B][NH][maxT][HS]`, positions 0..pos0+t filled (or, with
-    /// `kv_from_qkv`, written by this kernel).
-    pub k_cache: *mut f32,
-    pub v_cache: *mut f32,
+    /// `kv_from_qkv`, written by this kernel): f32 for the FP32 and TF32
+    /// kernels, bf16 bits (`K = u16`) for the bf16 ones.
+    pub k_cache: *mut K,
+    pub v_cache: *mut K,
     /// [B, T, 3C]; only the Q third is read (all of it with `kv_from_qkv`).
     pub qkv: *const f32,
     pub b: u32,
@@ -157,11 +160,11 @@ pub struct FlashAttentionParams {
 /// max in log2 units (scores already times `scale_log2e`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct FlashDecodeParams {
+pub struct FlashDecodeParams<K = f32> {
     pub part_acc: *mut f32,
     pub part_ml: *mut f32,
-    pub k_cache: *const f32,
-    pub v_cache: *const f32,
+    pub k_cache: *const K,
+    pub v_cache: *const K,
     pub qkv: *const f32,
     pub b: u32,
     pub t: u32,
@@ -195,4 +198,6 @@ pub struct FlashCombineParams {
 
 // SAFETY: repr(C) structs of plain numbers and device pointers, the same
 // layout on host and device.
-crate::kernel_params!(unsafe FlashAttentionParams, FlashDecodeParams, FlashCombineParams);
+crate::kernel_params!(unsafe FlashCombineParams);
+// SAFETY: as above.
+super::cache_kernel_params!(unsafe FlashAttentionParams, FlashDecodeParams);

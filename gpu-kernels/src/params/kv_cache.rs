@@ -9,6 +9,8 @@
 
 /// One thread per 4 consecutive channels of a row's `3 * c` (q, k, v).
 pub const KV_CACHE_STORE: &str = "kv_cache_store";
+/// [`KV_CACHE_STORE`] into a bf16 cache (`KvCacheStoreParams<u16>`).
+pub const KV_CACHE_STORE_BF16: &str = "kv_cache_store_bf16";
 /// Threads per block (elementwise work).
 pub const KV_CACHE_STORE_BLOCK: u32 = 256;
 /// Channels per thread (16-byte loads and stores).
@@ -18,13 +20,14 @@ pub const KV_CACHE_STORE_VEC: u32 = 4;
 /// `n * 3 * c / 4` items, [`KV_CACHE_STORE_BLOCK`] threads.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct KvCacheStoreParams {
+pub struct KvCacheStoreParams<K = f32> {
     /// `[n, c]`: row `r`'s query (the first `c` of its qkv row).
     pub q: *mut f32,
-    /// `[cache_rows][nh][max_t][c / nh]` each: row `r` of the call writes
-    /// cache row `cache_row[r]` (or `r`), position `pos[r]`.
-    pub k_cache: *mut f32,
-    pub v_cache: *mut f32,
+    /// `[cache_rows][nh][max_t][c / nh]` each, f32 or bf16 bits (`K = u16`,
+    /// rounded to nearest even): row `r` of the call writes cache row
+    /// `cache_row[r]` (or `r`), position `pos[r]`.
+    pub k_cache: *mut K,
+    pub v_cache: *mut K,
     /// `[splits][n, 3 * c]`: q, k, v of each row (the qkv matmul's output),
     /// in `splits` split-K parts that are added in order (1: whole).
     pub qkv: *const f32,
@@ -50,4 +53,4 @@ pub struct KvCacheStoreParams {
 
 // SAFETY: repr(C) structs of plain numbers and device pointers, the same
 // layout on host and device.
-crate::kernel_params!(unsafe KvCacheStoreParams);
+super::cache_kernel_params!(unsafe KvCacheStoreParams);

@@ -28,6 +28,49 @@ macro_rules! kernel_params {
     };
 }
 
+/// The element types of a KV cache as the kernels take them: `f32`, or
+/// bf16 bits (`u16`, the bf16 engine's: half the bytes). An op over the
+/// cache has a kernel for each, the bf16 one named `..._bf16`; its
+/// parameter struct is generic over the element.
+pub trait CacheBits: Copy + 'static + cache_bits::Sealed {
+    /// Whether the elements are bf16 bits.
+    const BF16: bool;
+
+    /// Of an op's two kernels, the one for these elements.
+    fn kernel(f32_name: &'static str, bf16_name: &'static str) -> &'static str {
+        if Self::BF16 { bf16_name } else { f32_name }
+    }
+}
+
+mod cache_bits {
+    /// Only the two element types the kernels are built for.
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u16 {}
+}
+
+impl CacheBits for f32 {
+    const BF16: bool = false;
+}
+
+impl CacheBits for u16 {
+    const BF16: bool = true;
+}
+
+/// Implements [`KernelParams`] for parameter structs generic over the
+/// cache's element ([`CacheBits`]): `cache_kernel_params!(unsafe A, B)`,
+/// the same promise as [`kernel_params!`] for every element type.
+macro_rules! cache_kernel_params {
+    (unsafe $($t:ident),+ $(,)?) => {
+        $(
+            // SAFETY: promised by the caller, who wrote `unsafe`: the
+            // element type only names what the cache pointers point to.
+            unsafe impl<K: $crate::params::CacheBits> $crate::params::KernelParams for $t<K> {}
+        )+
+    };
+}
+pub(crate) use cache_kernel_params;
+
 pub mod saxpy;
 
 /// Kernels of the sm_90a module launched with at most this many threads

@@ -298,6 +298,9 @@ pub struct AttnSets {
     pub qkv: Vec<CudaSlice<f32>>,
     pub k: Vec<CudaSlice<f32>>,
     pub v: Vec<CudaSlice<f32>>,
+    /// The same caches in bf16 (the bf16 kernels').
+    pub k16: Vec<CudaSlice<half::bf16>>,
+    pub v16: Vec<CudaSlice<half::bf16>>,
     pub out: Vec<CudaSlice<f32>>,
 }
 
@@ -312,16 +315,21 @@ impl AttnSets {
             qkv: vec![],
             k: vec![],
             v: vec![],
+            k16: vec![],
+            v16: vec![],
             out: vec![],
         };
         // One random cache uploaded per set would take long for 64 sets of
         // small shapes; values only need to be finite and varied, so the sets
         // share host data (the device buffers are still distinct).
         let (qkv, cache) = (fill_random(qkv_len, 11), fill_random(cache_len, 13));
+        let cache16: Vec<half::bf16> = cache.iter().map(|&x| half::bf16::from_f32(x)).collect();
         for _ in 0..sets {
             s.qkv.push(gpu.upload(&qkv)?);
             s.k.push(gpu.upload(&cache)?);
             s.v.push(gpu.upload(&cache)?);
+            s.k16.push(gpu.upload(&cache16)?);
+            s.v16.push(gpu.upload(&cache16)?);
             s.out.push(gpu.upload(&vec![f32::NAN; out_len])?);
         }
         Ok(s)

@@ -1178,6 +1178,8 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
         FlashTf32Split(u32),
         /// The bf16 prefill with its f32 ring's depth forced.
         FlashBf16Stages(u32),
+        /// Flash-decoding over a bf16 cache (the bf16 engine's).
+        FlashDecodeBf16Cache,
     }
     for decode in [false, true] {
         for &b in &ATTN_B {
@@ -1193,6 +1195,7 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                 }
                 if decode {
                     variants.push(("flash_decode".into(), V::Flash(FlashPrecision::Fp32), 0));
+                    variants.push(("flash_decode_kv_bf16".into(), V::FlashDecodeBf16Cache, 0));
                 } else {
                     variants.push(("flash_fp32".into(), V::Flash(FlashPrecision::Fp32), 0));
                     variants.push(("flash_tf32".into(), V::Flash(FlashPrecision::Tf32), 0));
@@ -1241,11 +1244,26 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         V::Flash(prec) => Some(prec),
                         V::FlashTf32Split(_) => Some(FlashPrecision::Tf32),
                         V::FlashBf16Stages(_) => Some(FlashPrecision::Bf16),
+                        V::FlashDecodeBf16Cache => Some(FlashPrecision::Fp32),
                         V::Unfused | V::Naive => None,
                     };
+                    // The bf16 kernels keep a bf16 cache (flash-decoding takes either).
+                    let bf16_cache = flash == Some(FlashPrecision::Bf16) || v == V::FlashDecodeBf16Cache;
                     let timing = time_calls::<anyhow::Error>(gpu, sets.sets(), args.warmup, args.samples, |i| {
-                        let AttnSets { qkv, k, v: vc, out, .. } = &mut sets;
+                        let AttnSets {
+                            qkv,
+                            k,
+                            v: vc,
+                            k16,
+                            v16,
+                            out,
+                        } = &mut sets;
                         let (o, kc, vcc, q) = (&mut out[i], &mut k[i], &mut vc[i], &qkv[i]);
+                        if let (true, Some(precision)) = (bf16_cache, flash) {
+                            let opts = FlashOptions { precision, ws: &mut ws };
+                            attention_forward_flash(gpu, o, &mut k16[i], &mut v16[i], q, shape, opts)?;
+                            return Ok(());
+                        }
                         match (v, flash) {
                             (_, Some(precision)) => {
                                 let opts = FlashOptions { precision, ws: &mut ws };
@@ -1270,7 +1288,8 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                     let pairs: usize = (pos0..pos0 + t).map(keys).sum();
                     let (rate, unit) = if decode {
                         // K and V of every attended key, once per (row, head).
-                        let bytes = 2.0 * (b * nh * pairs * hs * 4) as f64;
+                        let elem = if name.contains("kv_bf16") { 2 } else { 4 };
+                        let bytes = 2.0 * (b * nh * pairs * hs * elem) as f64;
                         (bytes / (us * 1e-6) / 1e9, "GB/s")
                     } else {
                         (tflops(4.0 * (b * nh * hs * pairs) as f64, us), "TFLOP/s")

@@ -124,9 +124,10 @@ impl CpuModel {
     /// The reference of the GPU engine's bf16 precision: the weight
     /// matrices (qkv, attproj, fc, fcproj, wte) rounded to the nearest bf16
     /// once, and every matmul's input rounded to bf16 before it multiplies
-    /// (f32 products of bf16 values are exact, sums in f32); everything else
-    /// (embedding positions, biases, layernorm, attention, the KV cache) in
-    /// f32, as the engine does it.
+    /// (f32 products of bf16 values are exact, sums in f32); the keys and
+    /// values rounded to bf16 as the engine's bf16 KV cache keeps them;
+    /// everything else (embedding positions, biases, layernorm, attention
+    /// arithmetic) in f32, as the engine does it.
     pub fn new_bf16(weights: &Weights, max_batch: usize, max_seq_len: usize) -> Result<CpuModel> {
         let mut params = CpuParams::from_weights(weights).context("converting the checkpoint for the CPU")?;
         for l in &mut params.layers {
@@ -289,6 +290,12 @@ impl CpuModel {
                 Some(&lw.qkvb),
                 MatmulShape::new(n, 3 * c, c),
             );
+            if bf16 {
+                // The bf16 engine keeps its KV cache in bf16: K and V as stored.
+                for row in a.qkv[..n * 3 * c].chunks_exact_mut(3 * c) {
+                    round_bf16(&mut row[c..]);
+                }
+            }
             attention_forward(
                 sized(&mut a.atty, n * c),
                 k_cache,

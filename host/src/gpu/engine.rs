@@ -37,7 +37,7 @@ use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_fo
 use crate::gpu::ops::flash_attention::{
     FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
 };
-use crate::gpu::ops::kv_cache::kv_cache_store_split;
+use crate::gpu::ops::kv_cache::{KvCache, KvElem, kv_cache_store_split};
 use crate::gpu::ops::layernorm::{
     LayernormOut, layernorm_forward, layernorm_forward_bf16, layernorm_forward_tf32, residual_layernorm_forward,
     residual_layernorm_split_fits, residual_layernorm_split_forward,
@@ -56,6 +56,7 @@ use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
 use crate::gpu::ops::weight::{DeviceWeight, WeightRef};
 use crate::gpu::runtime::CudaContextExt;
 use crate::model::{DType, Layer, ModelConfig, Tensor, Weights};
+use gpu_host::with_kv;
 
 mod decode;
 mod slots;
@@ -272,8 +273,9 @@ pub struct GpuEngine {
     params: DeviceParams,
     /// Made when TF32 is first asked for on a GPU with `wgmma` kernels.
     tf32_weights: Option<Tf32Weights>,
-    /// Per layer: K and V caches, `[max_batch][NH][max_seq_len][HS]` each.
-    kv_cache: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
+    /// Per layer: K and V caches, `[max_batch][NH][max_seq_len][HS]` each,
+    /// f32, or bf16 in a bf16 engine.
+    kv_cache: Vec<KvCache>,
     acts: Activations,
     last: Option<Last>,
     /// The fused decode step's state, scratch and graphs; `None` where its
@@ -441,8 +443,10 @@ impl GpuEngine {
         let (c, l) = (config.channels, config.num_layers);
         let rows = max_rows.min(max_batch * max_seq_len);
         let cache_len = max_batch * max_seq_len * c;
+        // The cache is kept as the weights are: bf16 halves its bytes.
+        let kv_bf16 = format == WeightFormat::Bf16;
         let kv_cache = (0..l)
-            .map(|_| Ok((gpu.alloc::<f32>(cache_len)?, gpu.alloc::<f32>(cache_len)?)))
+            .map(|_| KvCache::alloc(&gpu, cache_len, kv_bf16))
             .collect::<Result<Vec<_>, crate::gpu::GpuError>>()
             .with_context(|| oom("the KV cache"))?;
         let alloc = |n: usize| gpu.alloc::<f32>(n);
@@ -1047,12 +1051,12 @@ fn matmul_bf16_leaving_parts(
 /// One layer's attention on the kernels chosen: flash when `flash` holds the
 /// workspace (prefill or flash-decoding, picked by `t` inside), else the
 /// unfused kernel. Same contract either way (docs/design.md).
-fn attention(
+fn attention<E: KvElem>(
     gpu: &Gpu,
     flash: Option<FlashOptions<'_>>,
     out: &mut CudaSlice<f32>,
-    k_cache: &mut impl DevicePtrMut<f32>,
-    v_cache: &mut impl DevicePtrMut<f32>,
+    k_cache: &mut impl DevicePtrMut<E>,
+    v_cache: &mut impl DevicePtrMut<E>,
     qkv: &CudaSlice<f32>,
     shape: AttentionShape,
 ) -> Result<()> {
@@ -1182,7 +1186,7 @@ impl GpuEngine {
                 row_shape,
             )?,
         }
-        for (li, (lw, (k_cache, v_cache))) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
+        for (li, (lw, kv)) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
             let rounded = |i: usize| tf32.map(|t| &t.layers[li][i]);
             // attention sub-block: x + attproj(attention(qkv(ln1(x)))), ln1(x) already in a.ln
             let qkv_projected = match a16.as_deref_mut() {
@@ -1212,7 +1216,7 @@ impl GpuEngine {
             // Whether attention wrote its output as the bf16 acts' copy itself.
             let mut atty_in_bf16 = false;
             match (place, per_row.as_deref_mut()) {
-                (Placement::Shared { row0, pos0 }, _) => {
+                (Placement::Shared { row0, pos0 }, _) => with_kv!(&mut *kv, |k_cache, v_cache| {
                     // The call's rows are cache rows row0..row0 + b.
                     let rows = row0 * c * self.max_seq_len..(row0 + b) * c * self.max_seq_len;
                     let (k, v) = (&mut k_cache.slice_mut(rows.clone()), &mut v_cache.slice_mut(rows));
@@ -1238,8 +1242,8 @@ impl GpuEngine {
                             attention(gpu, flash, &mut a.atty, k, v, &a.qkv, shape)?
                         }
                     }
-                }
-                (Placement::PerRow | Placement::Chunks, Some(s)) => {
+                }),
+                (Placement::PerRow | Placement::Chunks, Some(s)) => with_kv!(&mut *kv, |k_cache, v_cache| {
                     // Row r is cache row r (or cache_row[r]), at its own position.
                     let max_t = self.max_seq_len;
                     let cache_row = (place == Placement::Chunks).then_some(&s.cache_row);
@@ -1278,7 +1282,7 @@ impl GpuEngine {
                         window: self.window,
                     };
                     decode_attention(gpu, &mut s.ws, launch, &mut a.atty, &s.q, cache, shape)?;
-                }
+                }),
                 (Placement::PerRow | Placement::Chunks, None) => anyhow::bail!("the slot state is missing"),
             }
             let projected = match a16.as_deref_mut() {

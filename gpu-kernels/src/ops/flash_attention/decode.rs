@@ -12,7 +12,7 @@ use super::{HS, VEC, ld4, softmax_base, st4};
 use crate::device::math::{exp2_approx, fma};
 use crate::device::unroll;
 use crate::device::warp::shfl_xor_f32;
-use crate::device::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x, warp_id};
+use crate::device::{F32Storage, block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x, warp_id};
 use crate::params::flash_attention::*;
 
 const DEC_LANES: usize = FLASH_DECODE_LANES_PER_KEY as usize;
@@ -94,8 +94,8 @@ pub(crate) fn merge_state(m: &mut f32, l: &mut f32, acc: &mut [f32; 2 * VEC], la
 /// # Safety
 /// As [`FlashDecodeParams`] says; buffers as for the prefill kernels, and the
 /// partial buffers hold b*t*nh*parts_stride partials; gridDim.x * 2 <= parts_stride.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeParams) {
+#[inline(always)]
+unsafe fn attention_forward_flash_decode_impl<K: F32Storage>(p: FlashDecodeParams<K>) {
     // Nothing an earlier kernel wrote is read before this (PDL).
     crate::device::grid_dependency_sync();
     let (t, c, nh, max_t, pos0, window) = (
@@ -138,7 +138,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
         let mut part = 0f32;
         if key < key_end {
             // SAFETY: key < key_end <= max_t: a key row of the plane, both halves aligned.
-            let (ka, kb) = unsafe { (ld4(k_g.add(key * HS)), ld4(k_g.add(key * HS + DEC_HALF))) };
+            let (ka, kb) = unsafe { (K::load4(k_g.add(key * HS)), K::load4(k_g.add(key * HS + DEC_HALF))) };
             part = key_score_part(&q, ka, kb);
         }
         let dot = key_lanes_sum(part, DEC_LANES as u32);
@@ -154,7 +154,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
             let w = exp2_approx(s[i] - base);
             l += w;
             // SAFETY: key < key_end <= max_t: a value row of the plane, both halves aligned.
-            let (va, vb) = unsafe { (ld4(v_g.add(key * HS)), ld4(v_g.add(key * HS + DEC_HALF))) };
+            let (va, vb) = unsafe { (K::load4(v_g.add(key * HS)), K::load4(v_g.add(key * HS + DEC_HALF))) };
             for e in 0..VEC {
                 acc[e] = fma(w, va[e], acc[e]);
                 acc[VEC + e] = fma(w, vb[e], acc[VEC + e]);
@@ -179,4 +179,24 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeP
             }
         }
     }
+}
+
+/// `attention_forward_flash_decode_impl` over an f32 cache.
+///
+/// # Safety
+/// As `attention_forward_flash_decode_impl`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode(p: FlashDecodeParams<f32>) {
+    // SAFETY: the caller's contract.
+    unsafe { attention_forward_flash_decode_impl(p) }
+}
+
+/// `attention_forward_flash_decode_impl` over a bf16 cache.
+///
+/// # Safety
+/// As `attention_forward_flash_decode_impl`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn attention_forward_flash_decode_bf16(p: FlashDecodeParams<u16>) {
+    // SAFETY: the caller's contract.
+    unsafe { attention_forward_flash_decode_impl(p) }
 }

@@ -69,6 +69,7 @@ struct Bf16<const STAGES: usize>;
 
 impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
     const STAGES: usize = STAGES;
+    type Cache = u16;
     type Q = [[u32; 4]; K_STEPS];
 
     unsafe fn q(qa: *const f32, qb: *const f32, tq: u32) -> Self::Q {
@@ -91,7 +92,7 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
         qf
     }
 
-    unsafe fn prepare(_p: &FlashAttentionParams, k: *mut f32, v: *mut f32, cp: TileCopy, own: *mut u8, tile: u32) {
+    unsafe fn prepare(_p: &FlashAttentionParams<u16>, k: *mut f32, v: *mut f32, cp: TileCopy, own: *mut u8, tile: u32) {
         // This tile's pair of bf16 tiles (by parity: the other pair is the
         // tile before, which warps may still read until the barrier).
         // SAFETY: `own` holds two pairs (FLASH_BF16_OWN_BYTES).
@@ -178,7 +179,14 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
         });
     }
 
-    unsafe fn store(p: &FlashAttentionParams, at: usize, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32) {
+    unsafe fn store(
+        p: &FlashAttentionParams<u16>,
+        at: usize,
+        acc: &[[f32; 4]; DIM_STEPS],
+        r: usize,
+        inv: f32,
+        tq: u32,
+    ) {
         let bf16 = !p.out_bf16.is_null();
         unroll!(dt < 8 => {
             let v = [acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv];
@@ -203,7 +211,7 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
 /// As for `attention_forward_flash_tf32`, with [`FLASH_SMEM_BYTES_BF16`]
 /// bytes of dynamic shared memory.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16(p: FlashAttentionParams) {
+pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16(p: FlashAttentionParams<u16>) {
     // Nothing an earlier kernel wrote is read before this (PDL).
     crate::device::grid_dependency_sync();
     // SAFETY: the launch contract of this kernel is `flash_prefill_tc`'s.
@@ -216,7 +224,7 @@ pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16(p: FlashAttention
 /// As for [`attention_forward_flash_bf16`], with
 /// [`FLASH_SMEM_BYTES_BF16_2STAGE`] bytes of dynamic shared memory.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16_2stage(p: FlashAttentionParams) {
+pub unsafe extern "ptx-kernel" fn attention_forward_flash_bf16_2stage(p: FlashAttentionParams<u16>) {
     // Nothing an earlier kernel wrote is read before this (PDL).
     crate::device::grid_dependency_sync();
     // SAFETY: the launch contract of this kernel is `flash_prefill_tc`'s.

@@ -33,7 +33,7 @@ use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::unroll;
 use crate::device::warp::shfl_xor_f32;
-use crate::device::{WARP_SIZE, block_idx_x, lane_id, sync_threads, thread_idx_x, warp_id};
+use crate::device::{F32Storage, WARP_SIZE, block_idx_x, lane_id, sync_threads, thread_idx_x, warp_id};
 use crate::params::flash_attention::*;
 
 pub(super) const T_THREADS: usize = FLASH_TF32_THREADS as usize;
@@ -85,6 +85,8 @@ pub(super) struct Sub {
 pub(super) trait TcFormat {
     /// Tiles of the f32 K/V ring (2 or 3): `STAGES - 1` load while one is used.
     const STAGES: usize;
+    /// How the KV cache keeps its values (f32, or bf16 bits).
+    type Cache: F32Storage;
     /// A warp's Q fragments (rows g and g+8 of its 16).
     type Q;
 
@@ -103,7 +105,14 @@ pub(super) trait TcFormat {
     /// The copies have landed; only this thread touches its chunks until the
     /// barrier; `own` is the format's shared memory, whose part for `tile`
     /// no warp reads until that barrier.
-    unsafe fn prepare(p: &FlashAttentionParams, k: *mut f32, v: *mut f32, cp: TileCopy, own: *mut u8, tile: u32);
+    unsafe fn prepare(
+        p: &FlashAttentionParams<Self::Cache>,
+        k: *mut f32,
+        v: *mut f32,
+        cp: TileCopy,
+        own: *mut u8,
+        tile: u32,
+    );
 
     /// One warp step: the warp's 16 rows against the 32 keys of `at`: S =
     /// QKᵀ, the mask (`MASK`: key column `kk` of row r is visible iff
@@ -128,7 +137,14 @@ pub(super) trait TcFormat {
     ///
     /// # Safety
     /// `at..at + HS` lies inside the output, `at` a multiple of `HS`.
-    unsafe fn store(p: &FlashAttentionParams, at: usize, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32);
+    unsafe fn store(
+        p: &FlashAttentionParams<Self::Cache>,
+        at: usize,
+        acc: &[[f32; 4]; DIM_STEPS],
+        r: usize,
+        inv: f32,
+        tq: u32,
+    );
 }
 
 /// The online softmax of one warp step, between S and PV: mask (`MASK`),
@@ -253,6 +269,41 @@ unsafe fn load_tile_f32(dst: *mut f32, src: *const f32, src_stride: u32, key0: u
     }
 }
 
+/// [`load_tile_f32`] from a cache plane (rows of `HS` elements): f32 rows
+/// go by `cp.async` as they are; bf16 rows are loaded and widened by the
+/// thread, which stores its chunks into the stage itself (so they are in
+/// place when its `cp.async` group would have landed).
+///
+/// # Safety
+/// As [`load_tile_f32`], `src` a cache plane of `K` elements (rows aligned
+/// to four).
+#[inline(always)]
+unsafe fn load_tile_cache<K: F32Storage>(dst: *mut f32, src: *const K, key0: u32, n_keys: u32, cp: TileCopy) {
+    // f32 is the only 4-byte storage: the cast names the same type.
+    if core::mem::size_of::<K>() == core::mem::size_of::<f32>() {
+        // SAFETY: the caller's contract; `K` is f32.
+        unsafe { load_tile_f32(dst, src.cast::<f32>(), HS as u32, key0, n_keys, cp) };
+        return;
+    }
+    for pass in 0..cp.passes {
+        let mut x = [[0f32; VEC]; T_COPY_BATCH];
+        // Every load of the pass in flight before the first store.
+        unroll!(i < 4 => {
+            let key = key0 + cp.row_of(pass, i);
+            if key < n_keys {
+                // SAFETY: key < n_keys: a row of the plane, cp.col + 4 <= HS, aligned.
+                x[i] = unsafe { K::load4(src.add((key * HS as u32 + cp.col) as usize)) };
+            }
+        });
+        unroll!(i < 4 => {
+            let r = cp.row_of(pass, i);
+            // SAFETY: r < BK, cp.col + 4 <= HS <= STRIDE: 16 aligned bytes of the stage;
+            // rows past n_keys get zeros, as `cp.async`'s zero fill gives them.
+            unsafe { st4(dst.add((r * STRIDE as u32 + cp.col) as usize), x[i]) };
+        });
+    }
+}
+
 /// Online-softmax state of one warp's 16 rows (two per lane: g and g+8).
 pub(super) struct RowState {
     /// Running max, log2 units.
@@ -273,7 +324,7 @@ pub(super) struct RowState {
 /// `attention_forward_flash_bf16`), with dynamic shared memory for the ring
 /// of `F::STAGES` K and V tiles and the format's own part.
 #[inline(always)]
-pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
+pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::Cache>) {
     let (t, c, nh, b, max_t, pos0, window) = (p.t, p.c, p.nh, p.b, p.max_t, p.pos0, p.window);
     let (hs, bk, rows_w) = (HS as u32, BK as u32, WARP_ROWS as u32);
     let lane = lane_id();
@@ -328,22 +379,24 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
     // fills them from position 0) this call's own `qkv` rows, whose K/V the
     // block also stores into the caches below (no separate store kernel).
     let from_qkv = p.kv_from_qkv != 0;
-    let (k_g, v_g, kv_stride) = if from_qkv {
-        let row0 = (bi * t * 3 * c + h * hs) as usize;
-        // SAFETY: row0 is row (bi, 0)'s head-h q columns; its K and V columns (+c, +2c)
-        // are inside qkv's 3c-float rows.
-        unsafe { (p.qkv.add(row0 + c as usize), p.qkv.add(row0 + 2 * c as usize), 3 * c) }
-    } else {
-        // SAFETY: the row's (bi, h) plane of max_t * hs floats lies inside each cache.
-        unsafe { (p.k_cache.add(plane).cast_const(), p.v_cache.add(plane).cast_const(), hs) }
-    };
+    let row0 = (bi * t * 3 * c + h * hs) as usize;
+    // SAFETY: row0 is row (bi, 0)'s head-h q columns; its K and V columns (+c, +2c)
+    // are inside qkv's 3c-float rows.
+    let (k_g, v_g, kv_stride) = unsafe { (p.qkv.add(row0 + c as usize), p.qkv.add(row0 + 2 * c as usize), 3 * c) };
+    // SAFETY: the row's (bi, h) plane of max_t * hs elements lies inside each cache.
+    let (k_c, v_c) = unsafe { (p.k_cache.add(plane).cast_const(), p.v_cache.add(plane).cast_const()) };
     // SAFETY: stage < STAGES: inside the K/V rings; keys below n_keys are readable
-    // rows of `k_g`/`v_g` (the cache plane, or this call's qkv rows).
+    // rows of this call's qkv rows (`from_qkv`) or of the cache plane.
     let load_kv = |i: u32, stage: u32| unsafe {
         let key0 = (first_tile + i) * bk;
         let at = stage as usize * TILE;
-        load_tile_f32(k_s.add(at), k_g, kv_stride, key0, n_keys, cp);
-        load_tile_f32(v_s.add(at), v_g, kv_stride, key0, n_keys, cp);
+        if from_qkv {
+            load_tile_f32(k_s.add(at), k_g, kv_stride, key0, n_keys, cp);
+            load_tile_f32(v_s.add(at), v_g, kv_stride, key0, n_keys, cp);
+        } else {
+            load_tile_cache(k_s.add(at), k_c, key0, n_keys, cp);
+            load_tile_cache(v_s.add(at), v_c, key0, n_keys, cp);
+        }
     };
     // STAGES - 1 tiles in flight from the start (commit group i holds tile
     // i; maybe empty).
@@ -378,8 +431,8 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams) {
                 // SAFETY: r < t <= max_t (pos0 = 0): a row of the (bi, h) plane, col + 4 <= HS;
                 // this thread alone writes chunk i.
                 unsafe {
-                    st4(p.k_cache.add(dst), kv[j][0]);
-                    st4(p.v_cache.add(dst), kv[j][1]);
+                    F::Cache::store4(p.k_cache.add(dst), kv[j][0]);
+                    F::Cache::store4(p.v_cache.add(dst), kv[j][1]);
                 }
             }
         });

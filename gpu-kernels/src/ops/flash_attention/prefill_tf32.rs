@@ -80,6 +80,7 @@ struct Tf32;
 
 impl TcFormat for Tf32 {
     const STAGES: usize = FLASH_TF32_STAGES as usize;
+    type Cache = f32;
     type Q = [[u32; 4]; DIM_STEPS];
 
     unsafe fn q(qa: *const f32, qb: *const f32, tq: u32) -> Self::Q {
@@ -102,7 +103,14 @@ impl TcFormat for Tf32 {
         qf
     }
 
-    unsafe fn prepare(p: &FlashAttentionParams, k: *mut f32, v: *mut f32, cp: TileCopy, _own: *mut u8, _tile: u32) {
+    unsafe fn prepare(
+        p: &FlashAttentionParams<f32>,
+        k: *mut f32,
+        v: *mut f32,
+        cp: TileCopy,
+        _own: *mut u8,
+        _tile: u32,
+    ) {
         // Unless the caller promised TF32 values.
         if p.kv_rounded == 0 {
             // SAFETY: the caller's contract: this thread's landed chunks.
@@ -164,7 +172,14 @@ impl TcFormat for Tf32 {
         });
     }
 
-    unsafe fn store(p: &FlashAttentionParams, at: usize, acc: &[[f32; 4]; DIM_STEPS], r: usize, inv: f32, tq: u32) {
+    unsafe fn store(
+        p: &FlashAttentionParams<f32>,
+        at: usize,
+        acc: &[[f32; 4]; DIM_STEPS],
+        r: usize,
+        inv: f32,
+        tq: u32,
+    ) {
         // Lane t holds dims [8t, 8t+8) (n-tiles 0..4) and [32+8t, 40+8t) (4..8).
         // Entry e of n-tiles dt0..dt0+4, normalised (constant indices once inlined).
         let v = |dt0: usize, e: usize| [0, 1, 2, 3].map(|i| acc[dt0 + i][2 * r + e] * inv);

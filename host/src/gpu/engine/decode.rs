@@ -18,6 +18,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
 use gpu_host::ops::attention::max_span;
 use gpu_host::shape::{DecodeAttentionShape, KvRows, LayernormWeights, MatmulShape, SampleShape};
+use gpu_host::with_kv;
 use gpu_kernels::params::decode::{DECODE_GEMV_MAX_C, DECODE_HEAD_SIZE, DECODE_MAX_ROWS, DECODE_PREFETCH_RANGES};
 use gpu_kernels::params::decode_step::{DECODE_STEP_ATTN_KEYS, DECODE_STEP_FOLD_PAIR, DECODE_STEP_WARPS};
 
@@ -30,6 +31,7 @@ use crate::gpu::ops::decode_step::{
     DecodeStepTable, RingAsk, StepBuffers, StepLaunch, StepLayer, StepModel, decode_step, decode_step_config,
     decode_step_fold,
 };
+use crate::gpu::ops::kv_cache::KvCache;
 use crate::gpu::ops::sample::{DeviceSampleRow, Draws, sample_forward_streams};
 use crate::gpu::ops::weight::WeightRef;
 use crate::gpu::runtime::CudaContextExt;
@@ -635,7 +637,7 @@ struct Step<'a> {
     config: &'a ModelConfig,
     params: &'a DeviceParams,
     acts: &'a mut Activations,
-    kv_cache: &'a mut Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
+    kv_cache: &'a mut Vec<KvCache>,
     max_t: usize,
     window: usize,
 }
@@ -702,15 +704,14 @@ impl Step<'_> {
             .iter()
             .enumerate()
             .zip(self.kv_cache.iter_mut())
-            .map(|((l, lw), (k, v))| StepLayer {
+            .map(|((l, lw), kv)| StepLayer {
                 ln1: (&lw.ln1w, &lw.ln1b),
                 qkv: (lw.qkvw.as_ref(), &lw.qkvb),
                 attproj: (lw.attprojw.as_ref(), &lw.attprojb),
                 ln2: (&lw.ln2w, &lw.ln2b),
                 fc: (lw.fcw.as_ref(), &lw.fcb),
                 fcproj: (lw.fcprojw.as_ref(), &lw.fcprojb),
-                k_cache: k,
-                v_cache: v,
+                kv,
                 qkv_fold: folds.map(|f| &f.layers[l][0]),
                 fc_fold: folds.map(|f| &f.layers[l][1]),
             });
@@ -797,7 +798,7 @@ impl Step<'_> {
         let cfg = self.config;
         let (c, nh, v, vp) = (cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size);
         let a = &mut *self.acts;
-        for (li, (lw, (k_cache, v_cache))) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
+        for (li, (lw, kv)) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
             // x + attproj(attention(qkv(ln1(x)))); layer 0's x is the embedding.
             let input = if li == 0 {
                 Input::Embed(Embed {
@@ -814,8 +815,7 @@ impl Step<'_> {
             };
             let qkv_out = Output::Qkv {
                 q: &mut a.qkv,
-                k_cache,
-                v_cache,
+                kv: &mut *kv,
                 pos,
                 nh,
                 max_t: self.max_t,
@@ -837,25 +837,21 @@ impl Step<'_> {
                 qkv_out,
                 MatmulShape::new(b, 3 * c, c),
             )?;
-            decode_attention(
-                gpu,
-                ws,
-                next_launch()?,
-                &mut a.atty,
-                &a.qkv,
-                KvRows {
-                    k_cache: &*k_cache,
-                    v_cache: &*v_cache,
+            let shape = DecodeAttentionShape {
+                rows: b,
+                c,
+                nh,
+                window: self.window,
+            };
+            with_kv!(&*kv, |k_cache, v_cache| {
+                let cache = KvRows {
+                    k_cache,
+                    v_cache,
                     pos: &*pos,
                     cache_row: None,
-                },
-                DecodeAttentionShape {
-                    rows: b,
-                    c,
-                    nh,
-                    window: self.window,
-                },
-            )?;
+                };
+                decode_attention(gpu, ws, next_launch()?, &mut a.atty, &a.qkv, cache, shape)?
+            });
             let out = Output::Rows {
                 out: &mut a.residual2,
                 residual: Some(&a.residual),
