@@ -72,11 +72,6 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// Whether the caches hold bf16.
-    pub fn is_bf16(&self) -> bool {
-        matches!(self, KvCache::Bf16(..))
-    }
 }
 
 /// `with_kv!(cache, |k, v| body)`: `body` with `k` and `v` bound to the K

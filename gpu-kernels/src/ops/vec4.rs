@@ -3,8 +3,10 @@
 //! A plain `[f32; 4]` has 4-byte alignment, so LLVM splits its loads into
 //! four scalar ones; reading through a 16-byte-aligned type tells it the
 //! address is aligned and yields one vector instruction.
+//! `load4`, `store4` and `load4_cg` name the f32 case of
+//! `device::F32Storage`, which holds the code.
 
-use crate::device::Vec4;
+use crate::device::F32Storage;
 
 /// Floats per vector.
 pub const VEC: usize = 4;
@@ -60,9 +62,8 @@ pub unsafe fn sum_parts4(src: *const f32, stride: usize, splits: usize, bias: *c
 /// `p` is 16-byte aligned and 16 bytes at it are readable.
 #[inline(always)]
 pub unsafe fn load4(p: *const f32) -> [f32; 4] {
-    // SAFETY: the caller gives `p` 16-byte aligned with 16 readable bytes, which is
-    // `Vec4`'s size and alignment.
-    unsafe { (*(p as *const Vec4<f32>)).0 }
+    // SAFETY: the caller's contract is `F32Storage::load4`'s.
+    unsafe { <f32 as F32Storage>::load4(p) }
 }
 
 /// Write 4 floats at `p`.
@@ -71,9 +72,8 @@ pub unsafe fn load4(p: *const f32) -> [f32; 4] {
 /// `p` is 16-byte aligned and 16 bytes at it are writable.
 #[inline(always)]
 pub unsafe fn store4(p: *mut f32, v: [f32; 4]) {
-    // SAFETY: the caller gives `p` 16-byte aligned with 16 writable bytes, which is
-    // `Vec4`'s size and alignment.
-    unsafe { *(p as *mut Vec4<f32>) = Vec4(v) }
+    // SAFETY: the caller's contract is `F32Storage::store4`'s.
+    unsafe { <f32 as F32Storage>::store4(p, v) }
 }
 
 /// Whether `p` may be used with [`load4`]/[`store4`].
@@ -90,20 +90,8 @@ pub fn aligned16<T>(p: *const T) -> bool {
 /// As [`load4`], in global memory.
 #[inline(always)]
 pub unsafe fn load4_cg(p: *const f32) -> [f32; 4] {
-    let (a, b, c, d): (f32, f32, f32, f32);
-    // SAFETY: the caller's contract.
-    unsafe {
-        core::arch::asm!(
-            "ld.global.cg.v4.f32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-            a = out(reg32) a,
-            b = out(reg32) b,
-            c = out(reg32) c,
-            d = out(reg32) d,
-            p = in(reg64) p,
-            options(nostack, readonly),
-        )
-    };
-    [a, b, c, d]
+    // SAFETY: the caller's contract is `F32Storage::load4_cg`'s.
+    unsafe { <f32 as F32Storage>::load4_cg(p) }
 }
 
 /// One float through L2 only (see [`load4_cg`]).
