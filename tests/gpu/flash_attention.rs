@@ -21,7 +21,7 @@ use gpu_host::shape::AttentionShape;
 use half::bf16;
 use host::gpu::Gpu;
 use host::gpu::ops::flash_attention::{
-    FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+    FlashOptions, FlashPrecision, FlashWorkspace, KvStore, attention_forward_flash, attention_forward_flash_bf16_out,
     attention_forward_flash_decode, attention_forward_flash_prefill,
 };
 use rand::Rng;
@@ -53,7 +53,7 @@ struct Case {
     path: Path,
     /// TF32 prefill: force `kv_split` 1 or 2 (`None`: the wrapper's choice).
     kv_split: Option<u32>,
-    /// bf16 prefill: force the f32 ring's depth, 2 or 3 (`None`: the wrapper's choice).
+    /// bf16 prefill: force the ring's depth, 2 or 3 (`None`: the wrapper's choice).
     stages: Option<u32>,
 }
 
@@ -269,7 +269,7 @@ fn flash_prefill_tf32_matches_cpu() {
 /// The tensor-core kernels' `kv_split`s.
 const TF32_KV_SPLITS: [u32; 2] = [1, 2];
 
-/// The bf16 kernels' ring depths (3: one block an SM; 2: two).
+/// The bf16 kernels' ring depths (3 tiles or 2).
 const BF16_STAGES: [u32; 2] = [3, 2];
 
 /// The bf16 kernels (the TF32 kernel's body with bf16 operands) on the grid,
@@ -314,7 +314,7 @@ fn flash_prefill_tf32_all_splits_match_cpu() {
 /// `attention_forward_flash_bf16_out` (the bf16 engine's call) writes exactly
 /// the f32 output of the same kernel rounded to bf16 (to nearest even, as
 /// `half` rounds), on both ring depths and `kv_split`s, from position 0 (K/V
-/// stored by the kernel) and after a prefix, windowed and not; the bf16
+/// stored by the wrapper's store kernel) and after a prefix, windowed and not; the bf16
 /// output poisoned first.
 #[test]
 #[ignore = "needs a GPU"]
@@ -361,8 +361,17 @@ fn flash_prefill_bf16_out_is_the_f32_output_rounded() {
                     )
                     .unwrap();
                     let mut out16 = gpu.upload(&vec![half::bf16::NAN; b * t * c]).unwrap();
-                    attention_forward_flash_bf16_out(&gpu, &mut out16, &mut d_k, &mut d_v, &d_qkv, shape, &mut ws)
-                        .unwrap();
+                    attention_forward_flash_bf16_out(
+                        &gpu,
+                        &mut out16,
+                        &mut d_k,
+                        &mut d_v,
+                        &d_qkv,
+                        shape,
+                        &mut ws,
+                        KvStore::Store,
+                    )
+                    .unwrap();
                     let (f, h) = (gpu.download(&out).unwrap(), gpu.download(&out16).unwrap());
                     let bad = f
                         .iter()

@@ -49,9 +49,10 @@ use host::cpu::ops::{gelu_forward, matmul_forward_bf16 as cpu_matmul_forward_bf1
 use host::gpu::Gpu;
 use host::gpu::ops::args::OpError;
 use host::gpu::ops::matmul_bf16::{
-    BF16_WGMMA_MAX_SPLITS, BF16_WGMMA_MIN_KTILES_PER_SPLIT, Bf16Out, Bf16TileOptions, bf16_blocks, bf16_wgmma_plan,
-    choose_tile, choose_wgmma_tile, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_partials,
-    matmul_forward_bf16_wgmma_split, matmul_forward_bf16_wgmma_with, matmul_forward_bf16_with,
+    BF16_WGMMA_MAX_SPLITS, BF16_WGMMA_MIN_KTILES_PER_SPLIT, Bf16Out, Bf16TileOptions, QkvCache, bf16_blocks,
+    bf16_wgmma_plan, choose_tile, choose_wgmma_tile, matmul_forward_bf16, matmul_forward_bf16_wgmma,
+    matmul_forward_bf16_wgmma_partials, matmul_forward_bf16_wgmma_split, matmul_forward_bf16_wgmma_with,
+    matmul_forward_bf16_with,
 };
 use rand::Rng;
 
@@ -690,4 +691,117 @@ fn matmul_bf16_wgmma_selects_exactly() {
             }
         }
     }
+}
+
+/// A qkv matmul with `Bf16Out::QkvF32` writes the f32 output of a plain
+/// launch, bit for bit, and also each key and value, rounded to bf16 (to
+/// nearest even, as `half` rounds), into the caches at its sequence's
+/// positions `pos0..pos0 + t`, on every tile; every other cache entry keeps
+/// its NaN poison. Rows that do not make whole sequences are refused.
+#[test]
+#[ignore = "needs a GPU"]
+fn matmul_bf16_wgmma_qkv_fills_the_kv_cache() {
+    let Some(gpu) = wgmma_gpu() else { return };
+    let mut rng = crate::seed::rng();
+    // k = 96: a partial k-tile; t odd; the caches wider than the call.
+    let (seqs, t, nh, hs, k, pos0, max_t) = (2, 37, 2, 64, 96, 5, 50);
+    let c = nh * hs;
+    let (m, n) = (seqs * t, 3 * c);
+    let shape = MatmulShape::new(m, n, k);
+    let inp = to_bf16(&random(m * k, &mut rng));
+    let w = to_bf16(&random(n * k, &mut rng));
+    let bias = random(n, &mut rng);
+    let (d_inp, d_w, d_bias) = (
+        gpu.upload(&inp).unwrap(),
+        gpu.upload(&w).unwrap(),
+        gpu.upload(&bias).unwrap(),
+    );
+    let cache_len = seqs * c * max_t;
+    let poison = vec![bf16::NAN; cache_len];
+    for s in &MATMUL_BF16_WGMMA_VARIANTS {
+        let opts = Bf16TileOptions::new(*s);
+        let mut d_plain = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        matmul_forward_bf16_wgmma_with(
+            &gpu,
+            opts,
+            Bf16Out::F32(&mut d_plain),
+            &d_inp,
+            &d_w,
+            Some(&d_bias),
+            shape,
+        )
+        .unwrap();
+        let plain = gpu.download(&d_plain).unwrap();
+
+        let mut d_out = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        let (mut d_k, mut d_v) = (gpu.upload(&poison).unwrap(), gpu.upload(&poison).unwrap());
+        let cache = QkvCache {
+            k_cache: d_k.slice_mut(..),
+            v_cache: d_v.slice_mut(..),
+            t,
+            pos0,
+            max_t,
+            nh,
+        };
+        let out = Bf16Out::QkvF32(&mut d_out, cache);
+        matmul_forward_bf16_wgmma_with(&gpu, opts, out, &d_inp, &d_w, Some(&d_bias), shape).unwrap();
+        let got = gpu.download(&d_out).unwrap();
+        let bad = got
+            .iter()
+            .zip(&plain)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(bad, 0, "{}: {bad} f32 outputs differ from the plain launch's", s.name);
+
+        for (which, d_cache) in [(1, &d_k), (2, &d_v)] {
+            let cache = gpu.download(d_cache).unwrap();
+            let mut want = vec![bf16::NAN; cache_len];
+            for r in 0..m {
+                let (seq, pos) = (r / t, pos0 + r % t);
+                for h in 0..nh {
+                    for d in 0..hs {
+                        let x = plain[r * n + which * c + h * hs + d];
+                        want[((seq * nh + h) * max_t + pos) * hs + d] = bf16::from_f32(x);
+                    }
+                }
+            }
+            let bad = cache
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                bad,
+                0,
+                "{}: {bad} {} cache entries differ (stored rows rounded, the rest poison)",
+                s.name,
+                if which == 1 { "key" } else { "value" }
+            );
+        }
+    }
+
+    // Rows that are not whole sequences of t: refused before any launch.
+    let mut d_out = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+    let (mut d_k, mut d_v) = (gpu.upload(&poison).unwrap(), gpu.upload(&poison).unwrap());
+    let cache = QkvCache {
+        k_cache: d_k.slice_mut(..),
+        v_cache: d_v.slice_mut(..),
+        t: t + 1,
+        pos0,
+        max_t,
+        nh,
+    };
+    let err = matmul_forward_bf16_wgmma(
+        &gpu,
+        Bf16Out::QkvF32(&mut d_out, cache),
+        &d_inp,
+        &d_w,
+        None,
+        shape,
+        false,
+    );
+    assert!(
+        matches!(err, Err(OpError::Shape { .. })),
+        "a ragged call was accepted: {err:?}"
+    );
 }

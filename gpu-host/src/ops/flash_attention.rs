@@ -10,7 +10,9 @@
 //! - [`attention_forward_flash_prefill`]: always the prefill kernel.
 //! - [`attention_forward_flash_decode`]: always flash-decoding (`t <= FLASH_DECODE_MAX_T`).
 //! - [`attention_forward_flash_bf16_out`]: the bf16 prefill kernel writing
-//!   its output in bf16 (what the bf16 engine's attention projection reads).
+//!   its output in bf16 (what the bf16 engine's attention projection reads);
+//!   it may skip the store where the caller's qkv matmul filled the cache
+//!   ([`KvStore::Stored`]).
 //!
 //! Precision: [`FlashPrecision::Tf32`] runs QKᵀ and PV of prefill on tensor
 //! cores (TF32 inputs, f32 accumulate), [`FlashPrecision::Bf16`] likewise
@@ -28,6 +30,17 @@ use half::bf16;
 use super::args::{aligned16, in_ptr, out_ptr};
 use crate::KvElem;
 use crate::runtime::{Gpu, GpuError};
+
+/// Whether a call's own K,V rows still go into the caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvStore {
+    /// The call stores them (the store kernel, or the TF32 prefill kernel
+    /// itself from position 0).
+    Store,
+    /// The caller did: the bf16 qkv matmul wrote them
+    /// (`matmul_bf16::Bf16Out::QkvF32`), at the call's positions.
+    Stored,
+}
 
 /// Product precision of the prefill kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,8 +109,8 @@ impl FlashWorkspace {
         self.tf32_kv_split = split;
     }
 
-    /// Force the bf16 prefill kernel's f32 ring depth (3: one block an SM; 2:
-    /// two), for tests and benchmarks; `None` restores the choice by grid
+    /// Force the bf16 prefill kernel's ring depth (3 or 2 tiles), for tests
+    /// and benchmarks; `None` restores the choice by grid
     /// size (`FLASH_BF16_2STAGE_MIN_BLOCKS_PER_SM`). Results agree either way.
     pub fn force_bf16_stages(&mut self, stages: Option<u32>) {
         assert!(
@@ -217,8 +230,8 @@ mod configs {
     }
 
     /// The bf16 prefill kernel and its shared memory: the 2-stage one where
-    /// the grid has two blocks an SM or more (two fit an SM), else the
-    /// 3-stage one (a deeper ring for one block an SM).
+    /// the grid has two blocks an SM or more, else the 3-stage one (a deeper
+    /// ring where an SM has one block).
     /// `forced`: a ring depth asked for (2 or 3).
     pub fn bf16_kernel(gpu: &Gpu, s: &Shape, kv_split: u32, forced: Option<u32>) -> (&'static str, u32) {
         let two = FLASH_BF16_2STAGE_MIN_BLOCKS_PER_SM as usize * gpu.sm_count();
@@ -320,7 +333,11 @@ pub fn attention_forward_flash<E: KvElem>(
     shape: AttentionShape,
     opts: FlashOptions<'_>,
 ) -> Result<(), GpuError> {
-    let plan = Plan { opts, path: Path::Auto };
+    let plan = Plan {
+        opts,
+        path: Path::Auto,
+        kv: KvStore::Store,
+    };
     run(gpu, f32_out(gpu, out), k_cache, v_cache, qkv, shape, plan)
 }
 
@@ -337,6 +354,7 @@ pub fn attention_forward_flash_prefill<E: KvElem>(
     let plan = Plan {
         opts,
         path: Path::Prefill,
+        kv: KvStore::Store,
     };
     run(gpu, f32_out(gpu, out), k_cache, v_cache, qkv, shape, plan)
 }
@@ -357,6 +375,7 @@ pub fn attention_forward_flash_decode<E: KvElem>(
             ws,
         },
         path: Path::Decode,
+        kv: KvStore::Store,
     };
     run(gpu, f32_out(gpu, out), k_cache, v_cache, qkv, shape, plan)
 }
@@ -364,7 +383,10 @@ pub fn attention_forward_flash_decode<E: KvElem>(
 /// [`attention_forward_flash_prefill`] in [`FlashPrecision::Bf16`], its
 /// output rounded to bf16 (to nearest even) into `out` (`[b, t, c]` bf16):
 /// the values [`attention_forward_flash_prefill`] would write, rounded, with
-/// no f32 output and no conversion pass. Panics on inconsistent sizes.
+/// no f32 output and no conversion pass. `kv`: whether this call's K,V
+/// rows still go into the caches ([`KvStore::Stored`]: `qkv`'s K,V
+/// columns are not read). Panics on inconsistent sizes.
+#[allow(clippy::too_many_arguments)]
 pub fn attention_forward_flash_bf16_out<E: KvElem>(
     gpu: &Gpu,
     out: &mut impl DevicePtrMut<bf16>,
@@ -373,6 +395,7 @@ pub fn attention_forward_flash_bf16_out<E: KvElem>(
     qkv: &impl DevicePtr<f32>,
     shape: AttentionShape,
     ws: &mut FlashWorkspace,
+    kv: KvStore,
 ) -> Result<(), GpuError> {
     let len = out.len();
     let p = out_ptr(gpu, out) as *mut u16;
@@ -387,6 +410,7 @@ pub fn attention_forward_flash_bf16_out<E: KvElem>(
             ws,
         },
         path: Path::Prefill,
+        kv,
     };
     run(gpu, (Out::Bf16(p), len), k_cache, v_cache, qkv, shape, plan)
 }
@@ -398,10 +422,12 @@ fn f32_out(gpu: &Gpu, out: &mut impl DevicePtrMut<f32>) -> (Out, usize) {
     (Out::F32(addr_mut(gpu, out)), len)
 }
 
-/// What an entry point asks [`run`] for: its options and its path.
+/// What an entry point asks [`run`] for: its options, its path, and
+/// whether the call's K,V rows still go into the caches.
 struct Plan<'a> {
     opts: FlashOptions<'a>,
     path: Path,
+    kv: KvStore,
 }
 
 /// Every entry point's body: the output as an address and its length in
@@ -418,6 +444,7 @@ fn run<E: KvElem>(
     let Plan {
         opts: FlashOptions { precision, ws },
         path,
+        kv,
     } = plan;
     s.check(out_len, k_cache.len(), v_cache.len(), qkv.len());
     let decode = match path {
@@ -472,9 +499,12 @@ fn run<E: KvElem>(
     );
 
     // The op's first half, K,V into the cache, is the shared store kernel,
-    // except where a tensor-core prefill kernel does it: a call from
-    // position 0 (each block stores its own rows while reading K/V from `qkv`).
-    let kv_from_qkv = !decode && precision != FlashPrecision::Fp32 && s.pos0 == 0;
+    // except where the TF32 prefill kernel does it: a call from position 0
+    // (each block stores its own rows while reading K/V from `qkv`). The
+    // bf16 prefill kernel reads the bf16 cache only (half the bytes of f32
+    // `qkv` rows, no conversion pass), so the store runs first, unless the
+    // caller's qkv matmul has written the rows already (`KvStore::Stored`).
+    let kv_from_qkv = kv == KvStore::Store && !decode && precision == FlashPrecision::Tf32 && s.pos0 == 0;
     let store = AttentionParams {
         out: std::ptr::null_mut(),
         k_cache: k,
@@ -489,7 +519,7 @@ fn run<E: KvElem>(
         window,
         scale: 0.0,
     };
-    if !kv_from_qkv {
+    if kv == KvStore::Store && !kv_from_qkv {
         // SAFETY: sizes checked by `s.check` (cache >= b*nh*max_t*HS, pos0+t <= max_t, qkv >= b*t*3c);
         // the store kernel does not touch `out`.
         unsafe { super::attention::launch_kv_store(gpu, &store)? };

@@ -13,10 +13,10 @@
 //! the residual stream), [`matmul_forward_bf16_wgmma_partials`] splits `k`
 //! ([`bf16_wgmma_plan`]).
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig};
 use gpu_kernels::params::matmul_bf16::{
     Bf16TileShape, MATMUL_BF16_64X64, MATMUL_BF16_128X128, MATMUL_BF16_C_MULTIPLE, MATMUL_BF16_WGMMA_BK,
-    MATMUL_BF16_WGMMA_VARIANTS, MatmulBf16Params, MatmulBf16WgmmaParams,
+    MATMUL_BF16_WGMMA_VARIANTS, MatmulBf16Params, MatmulBf16WgmmaParams, QKV_CACHE_HEAD_SIZE, QkvCacheOut,
 };
 use gpu_kernels::params::matmul_tf32::TileShape;
 
@@ -178,6 +178,65 @@ pub enum Bf16Out<'a> {
     /// bf16, rounded to nearest even (8-byte aligned): for a bf16 matmul
     /// that reads the result next, which would round it the same way.
     Bf16(&'a mut CudaSlice<half::bf16>),
+    /// f32 as [`Bf16Out::F32`], of a qkv matmul (`n = 3C`) whose keys and
+    /// values also go, rounded to bf16, into a bf16 KV cache
+    /// ([`QkvCache`]), so that the attention after it stores nothing.
+    QkvF32(&'a mut CudaSlice<f32>, QkvCache<'a>),
+}
+
+/// The bf16 KV caches a qkv matmul also fills ([`Bf16Out::QkvF32`]):
+/// `[seqs][nh][max_t][QKV_CACHE_HEAD_SIZE]` each (`C = nh * 64`), output
+/// row `r` going to sequence `r / t`'s position `pos0 + r % t` (`m` a
+/// multiple of `t`, `pos0 + t <= max_t`). CPU twin: the f32 output's keys
+/// and values stored as `cpu::ops::kv_cache_store` does, rounded as the
+/// bf16 cache keeps them.
+pub struct QkvCache<'a> {
+    pub k_cache: CudaViewMut<'a, half::bf16>,
+    pub v_cache: CudaViewMut<'a, half::bf16>,
+    pub t: usize,
+    pub pos0: usize,
+    pub max_t: usize,
+    pub nh: usize,
+}
+
+impl QkvCache<'_> {
+    /// The kernel's view of the caches, checked against an `m x n` output.
+    fn params(&mut self, gpu: &Gpu, m: usize, n: usize) -> Result<QkvCacheOut, OpError> {
+        let (t, pos0, max_t, nh) = (self.t, self.pos0, self.max_t, self.nh);
+        let hs = QKV_CACHE_HEAD_SIZE as usize;
+        let c = n / 3;
+        if n != 3 * c || c != nh * hs {
+            return Err(OpError::shape(
+                OP_WGMMA,
+                format!("a qkv matmul's n = 3 * nh * {hs}; got n = {n}, nh = {nh}"),
+            ));
+        }
+        if t == 0 || !m.is_multiple_of(t) || pos0 + t > max_t {
+            return Err(OpError::shape(
+                OP_WGMMA,
+                format!(
+                    "KV cache rows: m = {m} must be whole sequences of t = {t}, pos0 + t = {} <= max_t = {max_t}",
+                    pos0 + t
+                ),
+            ));
+        }
+        let len = (m / t) * c * max_t;
+        // The kernel indexes the caches in u32.
+        to_u32(OP_WGMMA, "KV cache elements", len)?;
+        check_len(OP_WGMMA, "k_cache", self.k_cache.len(), len)?;
+        check_len(OP_WGMMA, "v_cache", self.v_cache.len(), len)?;
+        let (k, v) = (out_ptr(gpu, &mut self.k_cache), out_ptr(gpu, &mut self.v_cache));
+        if !(k as usize).is_multiple_of(8) || !(v as usize).is_multiple_of(8) {
+            return Err(OpError::shape(OP_WGMMA, "the KV caches must be 8-byte aligned"));
+        }
+        Ok(QkvCacheOut {
+            k: k.cast(),
+            v: v.cast(),
+            t: to_u32(OP_WGMMA, "t", t)?,
+            pos0: to_u32(OP_WGMMA, "pos0", pos0)?,
+            max_t: to_u32(OP_WGMMA, "max_t", max_t)?,
+        })
+    }
 }
 
 const OP_WGMMA: &str = "matmul_forward_bf16_wgmma";
@@ -316,7 +375,7 @@ pub fn matmul_forward_bf16_wgmma_split(
     launch_wgmma(
         gpu,
         Bf16TileOptions::new(tile),
-        (out, std::ptr::null_mut()),
+        (out, std::ptr::null_mut(), QkvCacheOut::NONE),
         inp,
         weight,
         None,
@@ -354,24 +413,30 @@ pub fn matmul_forward_bf16_wgmma_with(
     let outs = match out {
         Bf16Out::F32(o) => {
             check_len(OP_WGMMA, "out", o.len(), m * n)?;
-            (out_ptr(gpu, o), std::ptr::null_mut())
+            (out_ptr(gpu, o), std::ptr::null_mut(), QkvCacheOut::NONE)
         }
         Bf16Out::Bf16(o) => {
             check_len(OP_WGMMA, "out", o.len(), m * n)?;
-            (std::ptr::null_mut(), out_ptr(gpu, o).cast::<u16>())
+            (std::ptr::null_mut(), out_ptr(gpu, o).cast::<u16>(), QkvCacheOut::NONE)
+        }
+        Bf16Out::QkvF32(o, mut kv) => {
+            check_len(OP_WGMMA, "out", o.len(), m * n)?;
+            let kv = kv.params(gpu, m, n)?;
+            (out_ptr(gpu, o), std::ptr::null_mut(), kv)
         }
     };
     launch_wgmma(gpu, opts, outs, inp, weight, bias, shape, UNSPLIT)
 }
 
-/// One launch of a bf16 `wgmma` tile: `outs` is (f32 out, bf16 out), exactly
-/// one non-null and sized by the caller (`split.splits * m * n` floats for a
-/// split launch, whose bias is `None` and GELU off).
+/// One launch of a bf16 `wgmma` tile: `outs` is (f32 out, bf16 out, KV
+/// caches), exactly one of the outs non-null and sized by the caller
+/// (`split.splits * m * n` floats for a split launch, whose bias is `None`,
+/// GELU off and caches none), the caches checked by [`QkvCache::params`].
 #[allow(clippy::too_many_arguments)]
 fn launch_wgmma(
     gpu: &Gpu,
     opts: Bf16TileOptions<TileShape>,
-    (out_f32, out_bf16): (*mut f32, *mut u16),
+    (out_f32, out_bf16, kv): (*mut f32, *mut u16, QkvCacheOut),
     inp: &CudaSlice<half::bf16>,
     weight: &CudaSlice<half::bf16>,
     bias: Option<&CudaSlice<f32>>,
@@ -392,10 +457,10 @@ fn launch_wgmma(
             format!("{} is not a bf16 wgmma tile", tile.name),
         ));
     }
-    if split.splits > 1 && (bias.is_some() || gelu || out_f32.is_null()) {
+    if split.splits > 1 && (bias.is_some() || gelu || out_f32.is_null() || !kv.k.is_null()) {
         return Err(OpError::shape(
             OP_WGMMA,
-            "a split-K launch writes f32 partial sums, without bias or GELU",
+            "a split-K launch writes f32 partial sums, without bias, GELU or KV caches",
         ));
     }
     check_shape(OP_WGMMA, inp.len(), weight.len(), bias, shape)?;
@@ -426,6 +491,7 @@ fn launch_wgmma(
         oc: to_u32(OP_WGMMA, "n", n)?,
         gelu: gelu as u32,
         k_tiles_per_split: to_u32(OP_WGMMA, "k-tiles per split", split.ktiles_per_split)?,
+        kv,
     };
     let cfg = LaunchConfig {
         grid_dim: (
@@ -443,8 +509,10 @@ fn launch_wgmma(
     // `weight` (n rows) of k bf16 with the boxes the kernel was compiled
     // with; exactly one of `out` (m*n f32, 16-byte aligned; splits*m*n for
     // a split launch, the callers' checks) and `out_bf16` (m*n bf16, 8-byte
-    // aligned) is set, `bias` holds n floats or is null, and a split launch
-    // has no bias, no GELU and f32 out (checked above); grid row `y` takes
+    // aligned) is set, `bias` holds n floats or is null, `kv` is null or
+    // names caches that `QkvCache::params` checked against this m x n
+    // (every row's position inside them), and a split launch has no bias,
+    // no GELU, no caches and f32 out (checked above); grid row `y` takes
     // k-tiles `y * k_tiles_per_split..` and writes slice `y`. Grid, block
     // and shared memory come from `tile`, and the shared-memory limit was
     // raised for it.

@@ -338,8 +338,8 @@ unsafe fn matmul_wgmma_body<
             out: unsafe { out.add(split * n * oc) },
             round_tf32,
         },
-        // No split-K for bf16 output (the host's contract).
-        bf16 => bf16,
+        // No split-K for bf16 or KV-cache output (the host's contract).
+        other => other,
     };
     if tid >= CONSUMERS {
         // Producer warp: one lane streams the k-tiles through the ring.
@@ -551,19 +551,22 @@ fn tf32_gemm(p: &MatmulTf32WgmmaParams) -> Gemm {
     }
 }
 
-/// The [`Gemm`] of a bf16 launch: bf16 out where `out_bf16` is set.
+/// The [`Gemm`] of a bf16 launch: bf16 out where `out_bf16` is set, f32
+/// and the KV caches where `kv` names them.
 #[inline(always)]
 fn bf16_gemm(p: &MatmulBf16WgmmaParams) -> Gemm {
     Gemm {
         inp_map: p.inp_map as u64,
         weight_map: p.weight_map as u64,
-        out: if p.out_bf16.is_null() {
+        out: if !p.out_bf16.is_null() {
+            TileOut::Bf16(p.out_bf16)
+        } else if !p.kv.k.is_null() {
+            TileOut::F32Kv { out: p.out, kv: p.kv }
+        } else {
             TileOut::F32 {
                 out: p.out,
                 round_tf32: false,
             }
-        } else {
-            TileOut::Bf16(p.out_bf16)
         },
         bias: p.bias,
         n: p.n as usize,

@@ -61,22 +61,21 @@ pub const FLASH_TF32_STAGES: u32 = 3;
 /// Dynamic shared memory of the TF32 prefill kernel: STAGES x (K, V) tiles
 /// (104,448 bytes; two blocks fit in an H100/H200 SM's 228 KiB).
 pub const FLASH_SMEM_BYTES_TF32: u32 = 2 * FLASH_TF32_STAGES * FLASH_TILE_FLOATS * 4;
-/// bf16 prefill: bf16 elements per row of its converted K/V tiles (HS plus 8
-/// of padding: 144-byte rows put the 8 rows of an `ldmatrix` phase, and the
+/// bf16 prefill: bf16 elements per row of its K/V ring tiles (HS plus 8 of
+/// padding: 144-byte rows put the 8 rows of an `ldmatrix` phase, and the
 /// QKᵀ fragment loads, in distinct banks while keeping 16-byte alignment).
 pub const FLASH_BF16_STRIDE: u32 = FLASH_HEAD_SIZE + 8;
-/// bf16 prefill: shared bytes past the f32 ring, two pairs (by tile parity)
-/// of converted K and V tiles.
-pub const FLASH_BF16_OWN_BYTES: u32 = 2 * 2 * FLASH_BLOCK_K * FLASH_BF16_STRIDE * 2;
-/// Dynamic shared memory of the bf16 prefill kernel: the TF32 kernel's f32
-/// ring (filled by `cp.async`) and the converted tiles (141,312 bytes).
-pub const FLASH_SMEM_BYTES_BF16: u32 = FLASH_SMEM_BYTES_TF32 + FLASH_BF16_OWN_BYTES;
-/// Ring depth of [`ATTENTION_FORWARD_FLASH_BF16_2STAGE`]: one f32 tile loads
-/// while one is converted and used.
+/// Bytes of one bf16 ring tile (K or V).
+pub const FLASH_BF16_TILE_BYTES: u32 = FLASH_BLOCK_K * FLASH_BF16_STRIDE * 2;
+/// Dynamic shared memory of the bf16 prefill kernel: a ring of
+/// [`FLASH_TF32_STAGES`] bf16 K and V tiles, copied from the bf16 cache
+/// (55,296 bytes).
+pub const FLASH_SMEM_BYTES_BF16: u32 = 2 * FLASH_TF32_STAGES * FLASH_BF16_TILE_BYTES;
+/// Ring depth of [`ATTENTION_FORWARD_FLASH_BF16_2STAGE`]: one tile loads
+/// while one is used.
 pub const FLASH_BF16_SHORT_STAGES: u32 = 2;
-/// Its dynamic shared memory (106,496 bytes: two blocks share an SM).
-pub const FLASH_SMEM_BYTES_BF16_2STAGE: u32 =
-    2 * FLASH_BF16_SHORT_STAGES * FLASH_TILE_FLOATS * 4 + FLASH_BF16_OWN_BYTES;
+/// Its dynamic shared memory (36,864 bytes).
+pub const FLASH_SMEM_BYTES_BF16_2STAGE: u32 = 2 * FLASH_BF16_SHORT_STAGES * FLASH_BF16_TILE_BYTES;
 /// The host takes the 2-stage bf16 kernel for grids of at least this many
 /// blocks an SM (where a second resident block has work to overlap).
 pub const FLASH_BF16_2STAGE_MIN_BLOCKS_PER_SM: u32 = 2;
@@ -115,8 +114,8 @@ pub struct FlashAttentionParams<K = f32> {
     /// [B, T, C]
     pub out: *mut f32,
     /// `[B][NH][maxT][HS]`, positions 0..pos0+t filled (or, with
-    /// `kv_from_qkv`, written by this kernel): f32 for the FP32 and TF32
-    /// kernels, bf16 bits (`K = u16`) for the bf16 ones.
+    /// `kv_from_qkv` on TF32, written by this kernel): f32 for the FP32 and
+    /// TF32 kernels, bf16 bits (`K = u16`) for the bf16 ones.
     pub k_cache: *mut K,
     pub v_cache: *mut K,
     /// [B, T, 3C]; only the Q third is read (all of it with `kv_from_qkv`).
@@ -141,11 +140,12 @@ pub struct FlashAttentionParams<K = f32> {
     /// kernel skips rounding each K/V tile in shared memory. Results are then
     /// identical to 0's. 0: the kernel rounds (any f32 input).
     pub kv_rounded: u32,
-    /// TF32 and bf16 kernels: nonzero (only with `pos0 == 0`) makes the kernel
+    /// TF32 kernel only: nonzero (only with `pos0 == 0`) makes the kernel
     /// read K/V from `qkv` instead of the caches and store this call's K/V
     /// into the caches itself, each block its own query rows: the caller
     /// then launches no `attention_kv_store`. 0: K/V are read from the
-    /// caches, which the caller has filled.
+    /// caches, which the caller has filled (always so for the bf16 kernels,
+    /// which ignore it).
     pub kv_from_qkv: u32,
     /// bf16 kernels only (the others write `out`): non-null sends the
     /// output here instead, rounded to bf16 (to nearest even), `[B, T, C]`,

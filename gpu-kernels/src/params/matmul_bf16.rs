@@ -164,6 +164,42 @@ pub struct MatmulBf16WgmmaParams {
     /// Split-K as in `MatmulTf32WgmmaParams` (f32 `out` only; then `bias`
     /// null and `gelu` 0).
     pub k_tiles_per_split: u32,
+    /// Null, or (a qkv matmul: f32 `out`, `oc = 3C`, unsplit) the bf16 KV
+    /// caches `[B][NH][kv.max_t][QKV_CACHE_HEAD_SIZE]` into which output columns `C..2C`
+    /// (keys) and `2C..3C` (values) also go, rounded to nearest even, so the
+    /// attention that reads the caches next needs no store kernel.
+    pub kv: QkvCacheOut,
+}
+
+/// Head size of the KV caches a qkv matmul fills
+/// ([`MatmulBf16WgmmaParams::kv`]): the flash attention kernels' (a
+/// constant, so the epilogue's index math is shifts).
+pub const QKV_CACHE_HEAD_SIZE: u32 = 64;
+
+/// Where a qkv matmul's keys and values also go
+/// ([`MatmulBf16WgmmaParams::kv`]): output row `r` is sequence `r / t`'s
+/// position `pos0 + r % t`, in caches of `max_t` positions a head and
+/// `C / QKV_CACHE_HEAD_SIZE` heads a sequence (8-byte aligned, every index
+/// within u32). `k` null: none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QkvCacheOut {
+    pub k: *mut u16,
+    pub v: *mut u16,
+    pub t: u32,
+    pub pos0: u32,
+    pub max_t: u32,
+}
+
+impl QkvCacheOut {
+    /// No cache: the matmul writes `out` alone.
+    pub const NONE: QkvCacheOut = QkvCacheOut {
+        k: core::ptr::null_mut(),
+        v: core::ptr::null_mut(),
+        t: 1,
+        pos0: 0,
+        max_t: 1,
+    };
 }
 
 // SAFETY: repr(C) structs of plain numbers and device pointers, the same

@@ -1176,7 +1176,7 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
         Flash(FlashPrecision),
         /// TF32 flash prefill with its `kv_split` forced (1 or 2).
         FlashTf32Split(u32),
-        /// The bf16 prefill with its f32 ring's depth forced.
+        /// The bf16 prefill with its ring's depth forced.
         FlashBf16Stages(u32),
         /// Flash-decoding over a bf16 cache (the bf16 engine's).
         FlashDecodeBf16Cache,

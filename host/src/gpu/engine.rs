@@ -35,7 +35,7 @@ use crate::gpu::ops::crossentropy::crossentropy_forward;
 use crate::gpu::ops::decode::{DecodeLaunch, decode_attention};
 use crate::gpu::ops::encoder::{encoder_forward, encoder_forward_bf16, encoder_forward_rows};
 use crate::gpu::ops::flash_attention::{
-    FlashOptions, FlashPrecision, FlashWorkspace, attention_forward_flash, attention_forward_flash_bf16_out,
+    FlashOptions, FlashPrecision, FlashWorkspace, KvStore, attention_forward_flash, attention_forward_flash_bf16_out,
 };
 use crate::gpu::ops::kv_cache::{KvCache, KvElem, kv_cache_store_split};
 use crate::gpu::ops::layernorm::{
@@ -46,7 +46,8 @@ use crate::gpu::ops::matmul::{
     MatmulKernel, MatmulOptions, MatmulWorkspace, choose, matmul_forward_with, split_k_workspace_floats,
 };
 use crate::gpu::ops::matmul_bf16::{
-    BF16_C_MULTIPLE, Bf16Out, matmul_forward_bf16, matmul_forward_bf16_wgmma, matmul_forward_bf16_wgmma_partials,
+    BF16_C_MULTIPLE, Bf16Out, QkvCache, matmul_forward_bf16, matmul_forward_bf16_wgmma,
+    matmul_forward_bf16_wgmma_partials,
 };
 use crate::gpu::ops::matmul_tf32::{
     TF32_C_MULTIPLE, TF32_MAX_SPLITS, Tf32Options, Tf32TileOptions, fp32_tc_planned, matmul_forward_fp32_tc_partials,
@@ -1189,9 +1190,30 @@ impl GpuEngine {
         for (li, (lw, kv)) in p.layers.iter().zip(self.kv_cache.iter_mut()).enumerate() {
             let rounded = |i: usize| tf32.map(|t| &t.layers[li][i]);
             // attention sub-block: x + attproj(attention(qkv(ln1(x)))), ln1(x) already in a.ln
+            // A bf16 prefill on the flash kernel, whose attention reads the
+            // bf16 cache only: the qkv matmul writes this call's keys and
+            // values there itself, so no store kernel runs.
+            let mut kv_stored = false;
             let qkv_projected = match a16.as_deref_mut() {
                 Some(x) => {
-                    let out = Bf16Out::F32(&mut a.qkv);
+                    let out = match (place, &mut *kv) {
+                        (Placement::Shared { row0, pos0 }, KvCache::Bf16(k_cache, v_cache))
+                            if flash.is_some() && t > FLASH_DECODE_MAX_T as usize =>
+                        {
+                            let rows = row0 * c * self.max_seq_len..(row0 + b) * c * self.max_seq_len;
+                            kv_stored = true;
+                            let cache = QkvCache {
+                                k_cache: k_cache.slice_mut(rows.clone()),
+                                v_cache: v_cache.slice_mut(rows),
+                                t,
+                                pos0,
+                                max_t: self.max_seq_len,
+                                nh,
+                            };
+                            Bf16Out::QkvF32(&mut a.qkv, cache)
+                        }
+                        _ => Bf16Out::F32(&mut a.qkv),
+                    };
                     matmul_bf16_acts(gpu, out, &x.ln, lw.qkvw.as_ref(), Some(&lw.qkvb), qkv_mm, false)?;
                     Projected::Rows
                 }
@@ -1234,7 +1256,8 @@ impl GpuEngine {
                         // projection's bf16 input directly (no f32 output, no
                         // conversion pass).
                         (Some(x), Some(ws)) if t > FLASH_DECODE_MAX_T as usize => {
-                            attention_forward_flash_bf16_out(gpu, &mut x.atty, k, v, &a.qkv, shape, ws)?;
+                            let store = if kv_stored { KvStore::Stored } else { KvStore::Store };
+                            attention_forward_flash_bf16_out(gpu, &mut x.atty, k, v, &a.qkv, shape, ws, store)?;
                             atty_in_bf16 = true;
                         }
                         (_, ws) => {

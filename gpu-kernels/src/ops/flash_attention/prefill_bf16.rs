@@ -1,18 +1,14 @@
 //! bf16 prefill (`attention_forward_flash_bf16`): the tensor-core body of
 //! `prefill_tc` with bf16 operands (`mma.m16n8k16`, f32 accumulate), for
-//! the bf16 engine. Half the `mma` instructions of TF32 and half the
-//! shared-memory reads of K and V.
-//! - Two kernels, by the depth of the f32 ring: 3 tiles (as TF32; one
-//!   block an SM) and 2 (`_2stage`: 104 KiB with the converted tiles, so two
-//!   blocks share an SM at 127 registers a thread, and the other block's
-//!   warps hide each one's barrier and load waits). Grids of two blocks an
-//!   SM and more take the second (measured on an H100: 8x1024 121 against
-//!   140 µs; 1x1024, 192 blocks, 32.6 against 27.6).
-//! - Each thread converts the f32 K/V chunks it copied into bf16 tiles of
-//!   its own (two, by tile parity: the tile being read and the next one)
-//!   before the barrier that publishes a stage; rows of 72 bf16 (144 bytes,
-//!   `FLASH_BF16_STRIDE`), so the 8 rows of one `ldmatrix` phase and the
-//!   fragment loads below fall in distinct banks.
+//! the bf16 engine. Half the `mma` instructions of TF32, and half its K/V
+//! bytes from L2 and shared memory.
+//! - K/V tiles come from the bf16 cache by `cp.async`, as they are: no
+//!   conversion pass (the caller fills the cache first: the host wrapper's
+//!   store kernel, or the bf16 qkv matmul's epilogue). Rows of 72 bf16 (144
+//!   bytes, `FLASH_BF16_STRIDE`), so the 8 rows of one `ldmatrix` phase and
+//!   the fragment loads below fall in distinct banks.
+//! - Two kernels, by the depth of the ring: 3 tiles and 2 (`_2stage`). The
+//!   host takes the second for grids of two blocks an SM and more.
 //! - QKᵀ: the contraction order is free as long as Q and K agree, so lane t
 //!   owns dims [16t, 16t+16) of its rows: k-step s takes dims 16t+4s, +1
 //!   (k-slots 2t, 2t+1) and 16t+4s+2, +3 (2t+8, 2t+9). A K row's 32 bytes
@@ -25,20 +21,23 @@
 //! - Q rows are rounded to bf16 once, into registers. The row sums use the
 //!   f32 probabilities (before rounding), as the TF32 kernel does.
 
-use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax, q_vectors};
-use super::{BK, DIM_STEPS, HS, MMA_N, STRIDE, VEC, ld4};
-use crate::device::Vec2;
-use crate::device::lane_id;
-use crate::device::mma::{ldmatrix_x4_trans, mma_m16n8k16_bf16, pack_bf16x2, shared_addr};
+use super::prefill_tc::{KvRows, RowState, Sub, T_THREADS, TcFormat, flash_prefill_tc, online_softmax, q_vectors};
+use super::{BK, DIM_STEPS, HS, MMA_N, VEC, ld4};
+use crate::device::mma::{cp_async_16_zfill, ldmatrix_x4_trans, mma_m16n8k16_bf16, pack_bf16x2, shared_addr};
 use crate::device::unroll;
+use crate::device::{Vec2, lane_id, thread_idx_x};
 use crate::params::flash_attention::*;
 
-/// bf16 elements per row of the converted tiles.
+/// bf16 elements per row of a ring tile.
 const KS: usize = FLASH_BF16_STRIDE as usize;
-/// Bytes of one converted tile (K or V).
+/// Bytes of one ring tile (K or V).
 const TILE_BYTES: usize = BK * KS * 2;
-/// Bytes of one parity's pair of tiles (K then V).
-const PAIR_BYTES: usize = 2 * TILE_BYTES;
+/// bf16 elements of one 16-byte copy.
+const CHUNK: usize = 8;
+/// 16-byte chunks of a tile row (HS bf16).
+const CHUNKS_PER_ROW: usize = HS / CHUNK;
+/// Chunks of a K (or V) tile each thread copies.
+const COPIES: usize = BK * CHUNKS_PER_ROW / T_THREADS;
 /// k-steps of 16 over the head dims (QKᵀ).
 const K_STEPS: usize = HS / 16;
 /// Keys of one warp step.
@@ -49,9 +48,14 @@ const _: () = assert!(
 );
 const _: () = assert!(
     (KS * 2).is_multiple_of(16),
-    "rows stay 16-byte aligned for ld.shared.v4 and ldmatrix"
+    "rows stay 16-byte aligned for cp.async, ld.shared.v4 and ldmatrix"
 );
-const _: () = assert!(2 * PAIR_BYTES == FLASH_BF16_OWN_BYTES as usize);
+const _: () = assert!(
+    COPIES == 2 && COPIES * T_THREADS == BK * CHUNKS_PER_ROW,
+    "each thread copies 2 chunks a tile"
+);
+const _: () = assert!(FLASH_SMEM_BYTES_BF16 as usize == 2 * FLASH_TF32_STAGES as usize * TILE_BYTES);
+const _: () = assert!(FLASH_SMEM_BYTES_BF16_2STAGE as usize == 2 * FLASH_BF16_SHORT_STAGES as usize * TILE_BYTES);
 
 /// Words `w` (bf16 pairs) of a 16-byte shared load.
 ///
@@ -63,12 +67,14 @@ unsafe fn ld_words(p: *const u16) -> [u32; 4] {
     unsafe { ld4(p as *const f32) }.map(f32::to_bits)
 }
 
-/// bf16 operands over an f32 ring of `STAGES` tiles: the format of
+/// bf16 operands over a bf16 ring of `STAGES` tiles: the format of
 /// `attention_forward_flash_bf16` (3) and `_bf16_2stage` (2).
 struct Bf16<const STAGES: usize>;
 
 impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
     const STAGES: usize = STAGES;
+    const TILE_BYTES: usize = TILE_BYTES;
+    const FROM_QKV: bool = false;
     type Cache = u16;
     type Q = [[u32; 4]; K_STEPS];
 
@@ -92,34 +98,32 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
         qf
     }
 
-    unsafe fn prepare(_p: &FlashAttentionParams<u16>, k: *mut f32, v: *mut f32, cp: TileCopy, own: *mut u8, tile: u32) {
-        // This tile's pair of bf16 tiles (by parity: the other pair is the
-        // tile before, which warps may still read until the barrier).
-        // SAFETY: `own` holds two pairs (FLASH_BF16_OWN_BYTES).
-        let pair = unsafe { own.add((tile & 1) as usize * PAIR_BYTES) };
-        for pass in 0..cp.passes {
-            let mut x = [[0f32; VEC]; 2 * T_COPY_BATCH];
-            unroll!(i < 8 => {
-                let r = cp.row_of(pass, i % T_COPY_BATCH);
-                let src = if i < T_COPY_BATCH { k } else { v };
-                // SAFETY: r < BK rows, cp.col + 4 <= HS: this thread's landed chunk of the
-                // stage, 16-byte aligned.
-                x[i] = unsafe { ld4(src.add((r * STRIDE as u32 + cp.col) as usize)) };
-            });
-            unroll!(i < 8 => {
-                let r = cp.row_of(pass, i % T_COPY_BATCH);
-                let half = if i < T_COPY_BATCH { 0 } else { TILE_BYTES };
-                let e = x[i];
-                let w = [pack_bf16x2(e[0], e[1]), pack_bf16x2(e[2], e[3])];
-                // SAFETY: r < BK rows of KS bf16, cp.col + 4 <= HS <= KS: 8 bytes inside the
-                // tile, 8-byte aligned (KS * 2 and cp.col * 2 multiples of 8); nobody reads
-                // this pair until the caller's barrier.
-                unsafe {
-                    let dst = pair.add(half + (r as usize * KS + cp.col as usize) * 2) as *mut [u32; 2];
-                    *dst = w;
-                }
-            });
-        }
+    unsafe fn load(k: *mut u8, v: *mut u8, src: KvRows<u16>, key0: u32, n_keys: u32) {
+        let tid = thread_idx_x() as usize;
+        unroll!(j < 2 => {
+            // Chunk tid + j * T_THREADS of the tile: row r, elements col..col + 8.
+            let i = tid + j * T_THREADS;
+            let (r, col) = ((i / CHUNKS_PER_ROW) as u32, (i % CHUNKS_PER_ROW) * CHUNK);
+            let key = key0 + r;
+            let valid = key < n_keys;
+            // An invalid row copies 0 bytes; its source address is still kept in bounds.
+            let src_row = if valid { key } else { n_keys - 1 };
+            let dst = (r as usize * KS + col) * 2;
+            let from = (src_row * src.stride) as usize + col;
+            // SAFETY: r < BK rows of KS bf16 and col + 8 <= HS <= KS: 16 aligned bytes of the
+            // caller's stages (KS * 2 and col * 2 multiples of 16); `src_row` < n_keys is a
+            // readable row of `src`, 16-byte aligned; invalid rows copy 0 bytes. `cp.async`
+            // copies bytes, so the f32 pointer type it takes is only an address.
+            unsafe {
+                let bytes = if valid { 16 } else { 0 };
+                cp_async_16_zfill(k.add(dst).cast(), src.k.add(from).cast(), bytes);
+                cp_async_16_zfill(v.add(dst).cast(), src.v.add(from).cast(), bytes);
+            }
+        });
+    }
+
+    unsafe fn prepare(_p: &FlashAttentionParams<u16>, _k: *mut u8, _v: *mut u8) {
+        // The copies are the operands as they are.
     }
 
     unsafe fn attend<const MASK: bool>(
@@ -132,15 +136,9 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
     ) {
         let lane = lane_id() as usize;
         let (g, tq) = (lane / 4, lane % 4);
-        // SAFETY: the pair of this tile's parity, rows 32 * sub.. of each tile.
-        let (kb, vb) = unsafe {
-            let pair = at.own.add((at.tile & 1) as usize * PAIR_BYTES);
-            let rows = at.sub as usize * SUB_K * KS;
-            (
-                (pair as *const u16).add(rows),
-                (pair.add(TILE_BYTES) as *const u16).add(rows),
-            )
-        };
+        let rows = at.sub as usize * SUB_K * KS;
+        // SAFETY: sub < 2: rows 32 * sub.. of each stage.
+        let (kb, vb) = unsafe { (at.k.cast::<u16>().add(rows), at.v.cast::<u16>().add(rows)) };
 
         // S = Q Kᵀ (16 x 32): n-tile n is keys 8n..8n+8, lane g loads key 8n + g.
         let mut s = [[0f32; 4]; SUB_K / MMA_N];
@@ -205,7 +203,8 @@ impl<const STAGES: usize> TcFormat for Bf16<STAGES> {
 }
 
 /// Prefill flash attention with bf16 tensor-core products (bf16 Q, K, V and
-/// P, f32 accumulate and softmax), a 3-tile f32 ring.
+/// P, f32 accumulate and softmax), a 3-tile ring of bf16 K/V from the cache
+/// (`kv_from_qkv` is ignored: the caller fills the cache first).
 ///
 /// # Safety
 /// As for `attention_forward_flash_tf32`, with [`FLASH_SMEM_BYTES_BF16`]

@@ -15,19 +15,22 @@
 //!   Index arithmetic is u32: 64-bit compares doubled the integer work.
 //! - 1-D grid, heaviest query tiles (latest positions: most causal keys) of
 //!   every head first, so the light tiles fill the tail of the last wave.
-//! - An f32 K/V ring of `TcFormat::STAGES` tiles (TF32 3, bf16 2) filled by
-//!   `cp.async`, one barrier per tile; before
-//!   that barrier each thread readies the chunks it copied for the format's
-//!   products ([`TcFormat::prepare`]: TF32 rounds them in place, bf16
-//!   converts them into its own tiles), so the MMA loops read ready operands.
-//! - A call from position 0 (`kv_from_qkv`) reads K/V tiles straight from
-//!   `qkv` (row stride 3C) and each block copies its own query rows' K/V into
-//!   the caches, so no separate store kernel runs before it.
+//! - A K/V ring of `TcFormat::STAGES` tiles in the format's own element
+//!   (TF32: f32, bf16: bf16, each as the cache keeps it) filled by
+//!   `cp.async`, one barrier per tile; before that barrier each thread
+//!   readies the chunks it copied for the format's products
+//!   ([`TcFormat::prepare`]: TF32 rounds them in place, bf16 has nothing to
+//!   do), so the MMA loops read ready operands.
+//! - A TF32 call from position 0 (`kv_from_qkv`) reads K/V tiles straight
+//!   from `qkv` (row stride 3C) and each block copies its own query rows' K/V
+//!   into the caches, so no separate store kernel runs before it. The bf16
+//!   kernel reads the (bf16) cache only: half the bytes of f32 `qkv` rows,
+//!   copied as they are; its caller fills the cache first.
 //! - Scores are S columns 2t, 2t+1 of each 8-key n-tile (the m16n8 C
 //!   fragment) in both formats: key `8n + 2t + e` of the 32-key step, which
 //!   the masks rely on.
 
-use super::{BK, DIM_STEPS, HS, STRIDE, TILE, VEC, VECS_PER_ROW, WARP_ROWS, ld4, softmax_base, st4};
+use super::{BK, DIM_STEPS, HS, STRIDE, VEC, VECS_PER_ROW, WARP_ROWS, ld4, softmax_base};
 use crate::device::math::{exp2_approx, fma};
 use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group};
 use crate::device::shared::dynamic_shared_align16;
@@ -62,29 +65,42 @@ const _: () = assert!(
     "the merge below hands one state per slice over"
 );
 const _: () = assert!(HS == 64, "the QKᵀ and PV lane orders are written for 64 dims");
-const _: () = assert!(
-    (T_WARPS - T_WARPS / FLASH_TF32_KV_SPLIT_MAX as usize) * MERGE_VALS * WARP_SIZE as usize * 4 <= 2 * 2 * TILE * 4,
-    "the merge area (every warp but part 0 of each slice) reuses the K/V ring (two stages at least)"
-);
+/// Bytes of the kv_split merge area (every warp but part 0 of each slice),
+/// which reuses the K/V ring: each format's ring is at least this large.
+pub(super) const MERGE_BYTES: usize =
+    (T_WARPS - T_WARPS / FLASH_TF32_KV_SPLIT_MAX as usize) * MERGE_VALS * WARP_SIZE as usize * 4;
 
-/// One 32-key warp step's operands: rows `32 * sub ..` of the f32 K and V
-/// stages of tile `tile` (readied by [`TcFormat::prepare`]), and the
-/// format's own shared memory.
+/// One 32-key warp step's operands: the K and V stages of a tile (readied by
+/// [`TcFormat::prepare`], published), of which the step reads rows
+/// `32 * sub ..`.
 #[derive(Clone, Copy)]
 pub(super) struct Sub {
-    pub(super) k: *const f32,
-    pub(super) v: *const f32,
-    pub(super) own: *const u8,
-    pub(super) tile: u32,
+    pub(super) k: *const u8,
+    pub(super) v: *const u8,
     pub(super) sub: u32,
+}
+
+/// Where a tile's K and V rows come from: the caches (rows of `HS`
+/// elements), or (TF32 from position 0) `qkv`'s rows of `3C` floats.
+#[derive(Clone, Copy)]
+pub(super) struct KvRows<E> {
+    pub(super) k: *const E,
+    pub(super) v: *const E,
+    /// Elements from one row to the next.
+    pub(super) stride: u32,
 }
 
 /// The operand format of a tensor-core prefill kernel: how Q becomes A
 /// fragments, how a landed K/V stage is readied, the warp step, and where
 /// each output dim of the accumulators goes.
 pub(super) trait TcFormat {
-    /// Tiles of the f32 K/V ring (2 or 3): `STAGES - 1` load while one is used.
+    /// Tiles of the K/V ring (2 or 3): `STAGES - 1` load while one is used.
     const STAGES: usize;
+    /// Bytes of one ring tile (K or V), a multiple of 16.
+    const TILE_BYTES: usize;
+    /// Whether the format can read K/V from `qkv` (`kv_from_qkv`); then
+    /// [`TcFormat::Cache`] is f32, as `qkv` is.
+    const FROM_QKV: bool;
     /// How the KV cache keeps its values (f32, or bf16 bits).
     type Cache: F32Storage;
     /// A warp's Q fragments (rows g and g+8 of its 16).
@@ -97,22 +113,24 @@ pub(super) trait TcFormat {
     /// A non-null row is `HS` readable floats, 16-byte aligned.
     unsafe fn q(qa: *const f32, qb: *const f32, tq: u32) -> Self::Q;
 
-    /// Ready this thread's copies (`cp`) of tile `tile` at the f32 stages `k`,
-    /// `v` for [`TcFormat::attend`] (in place, or into `own`), before the
-    /// barrier that publishes them.
+    /// Issue this thread's `cp.async` copies of K/V rows `key0..key0 + BK`
+    /// from `src` into the stages `k`, `v` (rows at or past `n_keys`
+    /// zero-filled, never read).
+    ///
+    /// # Safety
+    /// `k`, `v` are ring stages of [`TcFormat::TILE_BYTES`] that no warp
+    /// reads until the barrier after these copies land; `src` rows
+    /// `0..n_keys` (`n_keys >= 1`) are readable, 16-byte aligned.
+    unsafe fn load(k: *mut u8, v: *mut u8, src: KvRows<Self::Cache>, key0: u32, n_keys: u32);
+
+    /// Ready this thread's landed copies at the stages `k`, `v` for
+    /// [`TcFormat::attend`], in place, before the barrier that publishes
+    /// them.
     ///
     /// # Safety
     /// The copies have landed; only this thread touches its chunks until the
-    /// barrier; `own` is the format's shared memory, whose part for `tile`
-    /// no warp reads until that barrier.
-    unsafe fn prepare(
-        p: &FlashAttentionParams<Self::Cache>,
-        k: *mut f32,
-        v: *mut f32,
-        cp: TileCopy,
-        own: *mut u8,
-        tile: u32,
-    );
+    /// barrier.
+    unsafe fn prepare(p: &FlashAttentionParams<Self::Cache>, k: *mut u8, v: *mut u8);
 
     /// One warp step: the warp's 16 rows against the 32 keys of `at`: S =
     /// QKᵀ, the mask (`MASK`: key column `kk` of row r is visible iff
@@ -212,6 +230,18 @@ pub(super) struct TileCopy {
 }
 
 impl TileCopy {
+    /// This thread's chunks of an f32 tile.
+    #[inline(always)]
+    pub(super) fn f32_tile() -> Self {
+        let (gt, gtid) = (T_THREADS as u32, thread_idx_x());
+        TileCopy {
+            row: gtid / VECS_PER_ROW as u32,
+            row_step: gt / VECS_PER_ROW as u32,
+            col: (gtid % VECS_PER_ROW as u32) * VEC as u32,
+            passes: (BK * VECS_PER_ROW) as u32 / gt / T_COPY_BATCH as u32,
+        }
+    }
+
     /// Tile row of this thread's chunk `i < T_COPY_BATCH` of pass `pass`.
     #[inline(always)]
     pub(super) fn row_of(self, pass: u32, i: usize) -> u32 {
@@ -248,7 +278,14 @@ pub(super) const T_COPY_BATCH: usize = 4;
 /// `HS` floats every `src_stride` floats (16-byte aligned), rows
 /// `0..n_keys` (`n_keys >= 1`) readable.
 #[inline(always)]
-unsafe fn load_tile_f32(dst: *mut f32, src: *const f32, src_stride: u32, key0: u32, n_keys: u32, cp: TileCopy) {
+pub(super) unsafe fn load_tile_f32(
+    dst: *mut f32,
+    src: *const f32,
+    src_stride: u32,
+    key0: u32,
+    n_keys: u32,
+    cp: TileCopy,
+) {
     for pass in 0..cp.passes {
         unroll!(i < 4 => {
             let r = cp.row_of(pass, i);
@@ -265,41 +302,6 @@ unsafe fn load_tile_f32(dst: *mut f32, src: *const f32, src_stride: u32, key0: u
                     if valid { 16 } else { 0 },
                 );
             }
-        });
-    }
-}
-
-/// [`load_tile_f32`] from a cache plane (rows of `HS` elements): f32 rows
-/// go by `cp.async` as they are; bf16 rows are loaded and widened by the
-/// thread, which stores its chunks into the stage itself (so they are in
-/// place when its `cp.async` group would have landed).
-///
-/// # Safety
-/// As [`load_tile_f32`], `src` a cache plane of `K` elements (rows aligned
-/// to four).
-#[inline(always)]
-unsafe fn load_tile_cache<K: F32Storage>(dst: *mut f32, src: *const K, key0: u32, n_keys: u32, cp: TileCopy) {
-    // f32 is the only 4-byte storage: the cast names the same type.
-    if core::mem::size_of::<K>() == core::mem::size_of::<f32>() {
-        // SAFETY: the caller's contract; `K` is f32.
-        unsafe { load_tile_f32(dst, src.cast::<f32>(), HS as u32, key0, n_keys, cp) };
-        return;
-    }
-    for pass in 0..cp.passes {
-        let mut x = [[0f32; VEC]; T_COPY_BATCH];
-        // Every load of the pass in flight before the first store.
-        unroll!(i < 4 => {
-            let key = key0 + cp.row_of(pass, i);
-            if key < n_keys {
-                // SAFETY: key < n_keys: a row of the plane, cp.col + 4 <= HS, aligned.
-                x[i] = unsafe { K::load4(src.add((key * HS as u32 + cp.col) as usize)) };
-            }
-        });
-        unroll!(i < 4 => {
-            let r = cp.row_of(pass, i);
-            // SAFETY: r < BK, cp.col + 4 <= HS <= STRIDE: 16 aligned bytes of the stage;
-            // rows past n_keys get zeros, as `cp.async`'s zero fill gives them.
-            unsafe { st4(dst.add((r * STRIDE as u32 + cp.col) as usize), x[i]) };
         });
     }
 }
@@ -322,7 +324,7 @@ pub(super) struct RowState {
 /// # Safety
 /// As for the kernels that call it (`attention_forward_flash_tf32`,
 /// `attention_forward_flash_bf16`), with dynamic shared memory for the ring
-/// of `F::STAGES` K and V tiles and the format's own part.
+/// of `F::STAGES` K and V tiles of `F::TILE_BYTES`.
 #[inline(always)]
 pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::Cache>) {
     let (t, c, nh, b, max_t, pos0, window) = (p.t, p.c, p.nh, p.b, p.max_t, p.pos0, p.window);
@@ -338,12 +340,6 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
     let bq = slices * rows_w;
     let (slice, part) = (warp % slices, warp / slices);
     let (gt, gtid) = (T_THREADS as u32, thread_idx_x());
-    let cp = TileCopy {
-        row: gtid / VECS_PER_ROW as u32,
-        row_step: gt / VECS_PER_ROW as u32,
-        col: (gtid % VECS_PER_ROW as u32) * VEC as u32,
-        passes: (BK * VECS_PER_ROW) as u32 / gt / T_COPY_BATCH as u32,
-    };
     let (sub_lo, sub_hi) = if split == 1 { (0, 2) } else { (part % 2, part % 2 + 1) };
 
     // 1-D grid, heaviest (latest) query tiles of all (head, row) pairs first.
@@ -367,36 +363,56 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
 
     // SAFETY: (whole body) the launch provides the dynamic shared memory
-    // of the format: K stages | V stages (16-byte aligned rows) | its own
-    // part; the kv_split merge reuses the stages after the loop.
-    let smem = unsafe { dynamic_shared_align16::<f32>() };
+    // of the format: K stages | V stages (16-byte aligned rows); the
+    // kv_split merge reuses them after the loop.
+    let smem = unsafe { dynamic_shared_align16::<u8>() };
+    const {
+        assert!(F::STAGES == 2 || F::STAGES == 3);
+        assert!(F::TILE_BYTES.is_multiple_of(16));
+        assert!(
+            MERGE_BYTES <= 2 * F::STAGES * F::TILE_BYTES,
+            "the merge area fits in the ring"
+        );
+        assert!(
+            !F::FROM_QKV || core::mem::size_of::<F::Cache>() == 4,
+            "qkv rows are f32"
+        );
+    };
     let k_s = smem;
-    const { assert!(F::STAGES == 2 || F::STAGES == 3) };
-    // SAFETY: the V stages follow the STAGES K stages, the format's part both.
-    let (v_s, own) = unsafe { (k_s.add(F::STAGES * TILE), k_s.add(2 * F::STAGES * TILE) as *mut u8) };
+    // SAFETY: the V stages follow the STAGES K stages.
+    let v_s = unsafe { k_s.add(F::STAGES * F::TILE_BYTES) };
     let plane = ((bi * nh + h) * max_t * hs) as usize;
-    // Where K/V rows come from: the caches, or (`kv_from_qkv`: this call
-    // fills them from position 0) this call's own `qkv` rows, whose K/V the
-    // block also stores into the caches below (no separate store kernel).
-    let from_qkv = p.kv_from_qkv != 0;
+    // Where K/V rows come from: the caches, or (`kv_from_qkv`, formats that
+    // can: this call fills them from position 0) this call's own `qkv`
+    // rows, whose K/V the block also stores into the caches below (no
+    // separate store kernel).
+    let from_qkv = F::FROM_QKV && p.kv_from_qkv != 0;
     let row0 = (bi * t * 3 * c + h * hs) as usize;
     // SAFETY: row0 is row (bi, 0)'s head-h q columns; its K and V columns (+c, +2c)
     // are inside qkv's 3c-float rows.
     let (k_g, v_g, kv_stride) = unsafe { (p.qkv.add(row0 + c as usize), p.qkv.add(row0 + 2 * c as usize), 3 * c) };
-    // SAFETY: the row's (bi, h) plane of max_t * hs elements lies inside each cache.
-    let (k_c, v_c) = unsafe { (p.k_cache.add(plane).cast_const(), p.v_cache.add(plane).cast_const()) };
-    // SAFETY: stage < STAGES: inside the K/V rings; keys below n_keys are readable
-    // rows of this call's qkv rows (`from_qkv`) or of the cache plane.
-    let load_kv = |i: u32, stage: u32| unsafe {
-        let key0 = (first_tile + i) * bk;
-        let at = stage as usize * TILE;
-        if from_qkv {
-            load_tile_f32(k_s.add(at), k_g, kv_stride, key0, n_keys, cp);
-            load_tile_f32(v_s.add(at), v_g, kv_stride, key0, n_keys, cp);
-        } else {
-            load_tile_cache(k_s.add(at), k_c, key0, n_keys, cp);
-            load_tile_cache(v_s.add(at), v_c, key0, n_keys, cp);
+    let src = if from_qkv {
+        // `FROM_QKV`: the cache's elements are f32 (asserted above), as qkv's.
+        KvRows {
+            k: k_g.cast::<F::Cache>(),
+            v: v_g.cast::<F::Cache>(),
+            stride: kv_stride,
         }
+    } else {
+        // SAFETY: the row's (bi, h) plane of max_t * hs elements lies inside each cache.
+        unsafe {
+            KvRows {
+                k: p.k_cache.add(plane).cast_const(),
+                v: p.v_cache.add(plane).cast_const(),
+                stride: hs,
+            }
+        }
+    };
+    // SAFETY: stage < STAGES: inside the K/V rings, read by no warp until the barrier after
+    // the copies land; keys below n_keys are readable rows of `src`.
+    let load_kv = |i: u32, stage: u32| unsafe {
+        let at = stage as usize * F::TILE_BYTES;
+        F::load(k_s.add(at), v_s.add(at), src, (first_tile + i) * bk, n_keys);
     };
     // STAGES - 1 tiles in flight from the start (commit group i holds tile
     // i; maybe empty).
@@ -469,7 +485,12 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
     let (mut stage, mut next_stage) = (0, ring - 1);
     for i in 0..n_tiles {
         // SAFETY: stage < STAGES: one K and one V stage of the rings.
-        let (kb, vb) = unsafe { (k_s.add(stage as usize * TILE), v_s.add(stage as usize * TILE)) };
+        let (kb, vb) = unsafe {
+            (
+                k_s.add(stage as usize * F::TILE_BYTES),
+                v_s.add(stage as usize * F::TILE_BYTES),
+            )
+        };
         // Tile i's commit group is in (with 3 stages the one after it may
         // still be pending); the format readies what this thread copied,
         // then one barrier publishes the stage and also retires iteration
@@ -480,8 +501,8 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
             cp_async_wait_group::<0>();
         }
         // SAFETY: the wait above landed this thread's copies of the stage, which only it
-        // touches until the barrier below; `own` is the format's shared memory.
-        unsafe { F::prepare(p, kb, vb, cp, own, i) };
+        // touches until the barrier below.
+        unsafe { F::prepare(p, kb, vb) };
         sync_threads();
         if i + ring - 1 < n_tiles {
             load_kv(i + ring - 1, next_stage);
@@ -496,27 +517,14 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
                 // Warp-uniform: can any row of this warp see any key of the step?
                 if k0 <= w_p_max && (window == 0 || k_last + window > w_p_min) {
                     let needs_mask = k_last > w_p_min || (window > 0 && k0 + window <= w_p_max);
-                    // SAFETY: sub < SUBS_PER_TILE: SUB_K rows of the stage.
-                    let (kb, vb) = unsafe {
-                        (
-                            kb.add(sub as usize * SUB_K * STRIDE),
-                            vb.add(sub as usize * SUB_K * STRIDE),
-                        )
-                    };
-                    let at = Sub {
-                        k: kb,
-                        v: vb,
-                        own,
-                        tile: i,
-                        sub,
-                    };
+                    let at = Sub { k: kb, v: vb, sub };
                     if needs_mask {
                         let d0 = row_p.map(|rp| rp.wrapping_sub(k0 + 2 * tq));
-                        // SAFETY: `kb`/`vb` are 32 rows of the stage, readied and published by the
-                        // barrier at the top of the iteration.
+                        // SAFETY: `at` names the stage readied and published by the barrier at the
+                        // top of the iteration.
                         unsafe { F::attend::<true>(&mut st, &qf, at, d0, lim, p.scale_log2e) };
                     } else {
-                        // SAFETY: as for the masked call: 32 published rows of the stage.
+                        // SAFETY: as for the masked call: the published stage.
                         unsafe { F::attend::<false>(&mut st, &qf, at, [0; 2], [0; 2], p.scale_log2e) };
                     }
                 }
@@ -534,8 +542,9 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
         let others = split - 1;
         // SAFETY: k < others and v < MERGE_VALS: inside the merge area, which the launch's
         // K/V rings (now free: barrier below, no copy in flight) are large enough for.
+        let merge = smem.cast::<f32>();
         let at = |k: u32, v: usize| unsafe {
-            smem.add((((slice * others + k) as usize * MERGE_VALS + v) * WARP_SIZE as usize) + lane as usize)
+            merge.add((((slice * others + k) as usize * MERGE_VALS + v) * WARP_SIZE as usize) + lane as usize)
         };
         sync_threads();
         if part > 0 {

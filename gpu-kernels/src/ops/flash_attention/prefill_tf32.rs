@@ -16,8 +16,11 @@
 //!   V\[key\]\[32+4g..36+4g\], and each lane ends up holding 8 contiguous output
 //!   dims twice (16-byte stores).
 
-use super::prefill_tc::{RowState, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, online_softmax, q_vectors};
-use super::{DIM_STEPS, HS, MMA_N, STRIDE, VEC, ld4, st4};
+use super::prefill_tc::{
+    KvRows, RowState, SUB_K, Sub, T_COPY_BATCH, TcFormat, TileCopy, flash_prefill_tc, load_tile_f32, online_softmax,
+    q_vectors,
+};
+use super::{DIM_STEPS, HS, MMA_N, STRIDE, TILE, VEC, ld4, st4};
 use crate::device::lane_id;
 use crate::device::mma::{mma_m16n8k8_tf32, to_tf32};
 use crate::device::unroll;
@@ -80,6 +83,8 @@ struct Tf32;
 
 impl TcFormat for Tf32 {
     const STAGES: usize = FLASH_TF32_STAGES as usize;
+    const TILE_BYTES: usize = TILE * 4;
+    const FROM_QKV: bool = true;
     type Cache = f32;
     type Q = [[u32; 4]; DIM_STEPS];
 
@@ -103,23 +108,26 @@ impl TcFormat for Tf32 {
         qf
     }
 
-    unsafe fn prepare(
-        p: &FlashAttentionParams<f32>,
-        k: *mut f32,
-        v: *mut f32,
-        cp: TileCopy,
-        _own: *mut u8,
-        _tile: u32,
-    ) {
-        // Unless the caller promised TF32 values.
-        if p.kv_rounded == 0 {
-            // SAFETY: the caller's contract: this thread's landed chunks.
-            unsafe { round_stage_tf32(k, v, cp) };
+    unsafe fn load(k: *mut u8, v: *mut u8, src: KvRows<f32>, key0: u32, n_keys: u32) {
+        let cp = TileCopy::f32_tile();
+        // SAFETY: the caller's contract; the stages are f32 tiles of TILE floats.
+        unsafe {
+            load_tile_f32(k.cast(), src.k, src.stride, key0, n_keys, cp);
+            load_tile_f32(v.cast(), src.v, src.stride, key0, n_keys, cp);
         }
     }
 
-    /// Rows g, g+8 of the warp's 16 against 32 keys at `at.k`/`at.v`
-    /// (rounded shared memory, row stride [`STRIDE`]).
+    unsafe fn prepare(p: &FlashAttentionParams<f32>, k: *mut u8, v: *mut u8) {
+        // Unless the caller promised TF32 values.
+        if p.kv_rounded == 0 {
+            // SAFETY: the caller's contract: this thread's landed chunks (the ones
+            // `load` copied: the same `TileCopy`).
+            unsafe { round_stage_tf32(k.cast(), v.cast(), TileCopy::f32_tile()) };
+        }
+    }
+
+    /// Rows g, g+8 of the warp's 16 against keys `32 * at.sub..` of the
+    /// stages `at.k`/`at.v` (rounded shared memory, row stride [`STRIDE`]).
     unsafe fn attend<const MASK: bool>(
         st: &mut RowState,
         qf: &Self::Q,
@@ -128,7 +136,9 @@ impl TcFormat for Tf32 {
         lim: [u32; 2],
         scale: f32,
     ) {
-        let (kb, vb) = (at.k, at.v);
+        let rows = at.sub as usize * SUB_K * STRIDE;
+        // SAFETY: sub < 2: SUB_K rows inside each f32 stage.
+        let (kb, vb) = unsafe { (at.k.cast::<f32>().add(rows), at.v.cast::<f32>().add(rows)) };
         let lane = lane_id() as usize;
         let (g, tq) = (lane / 4, lane % 4);
 
