@@ -188,23 +188,53 @@ fn switch_to_chain(
     eng.forward(prompt, b, t, 0, LogitsWanted::Last).unwrap();
     eng.forward(&ids[0], b, 1, t, LogitsWanted::Last).unwrap();
     let mut fed = vec![eng.logits().unwrap()];
+    let v = eng.config().vocab_size;
     for (s, step_ids) in ids.iter().enumerate().take(steps).skip(1) {
-        assert_eq!(
-            &eng.argmax().unwrap(),
-            step_ids,
-            "{}: the device-fed step {s} chose other tokens",
-            what("switch")
-        );
+        let chosen = eng.argmax().unwrap();
+        if &chosen != step_ids {
+            // The paths' logits differ by up to `tol`, so a row whose two
+            // best logits are that close may choose either: past such a
+            // choice the runs feed other tokens and compare no longer. Any
+            // other difference is a failure.
+            let reference = &chain_logits[s];
+            let vp = reference.len() / b;
+            for (r, (&got, &want)) in chosen.iter().zip(step_ids).enumerate() {
+                let gap = top2_gap(&reference[r * vp..r * vp + v]);
+                assert!(
+                    got == want || gap <= 2.0 * tol,
+                    "{}: the device-fed step {s} row {r} chose {got}, not {want}, though its best logit leads by {gap:.3e} (paths agree within {tol:.1e})",
+                    what("switch")
+                );
+            }
+            println!(
+                "{}: step {s} took the other side of a near tie (within 2 x {tol:.1e}); compared up to it",
+                what("switch")
+            );
+            break;
+        }
         eng.decode_on_device(1).unwrap();
         fed.push(eng.logits().unwrap());
     }
     check(
         &what(&format!("device-fed, {how} vs the chain")),
         &fed.concat(),
-        &chain_logits[1..=steps].concat(),
+        &chain_logits[1..=fed.len()].concat(),
         tol,
         0.0,
     );
+}
+
+/// How far a row's best logit leads its second best.
+fn top2_gap(row: &[f32]) -> f32 {
+    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in row {
+        if x > first {
+            (first, second) = (x, first);
+        } else if x > second {
+            second = x;
+        }
+    }
+    first - second
 }
 
 /// Whether two runs' per-step logits are equal bit for bit.
