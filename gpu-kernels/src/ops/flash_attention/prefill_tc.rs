@@ -540,9 +540,9 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
         // everyone is past the last step; no copy is in flight (the commit
         // groups after the last tile are empty).
         let others = split - 1;
+        let merge = smem.cast::<f32>();
         // SAFETY: k < others and v < MERGE_VALS: inside the merge area, which the launch's
         // K/V rings (now free: barrier below, no copy in flight) are large enough for.
-        let merge = smem.cast::<f32>();
         let at = |k: u32, v: usize| unsafe {
             merge.add((((slice * others + k) as usize * MERGE_VALS + v) * WARP_SIZE as usize) + lane as usize)
         };
