@@ -172,9 +172,9 @@ pub struct MatmulBf16WgmmaParams {
 }
 
 /// Head size of the KV caches a qkv matmul fills
-/// ([`MatmulBf16WgmmaParams::kv`]): the flash attention kernels' (a
-/// constant, so the epilogue's index math is shifts).
-pub const QKV_CACHE_HEAD_SIZE: u32 = 64;
+/// ([`MatmulBf16WgmmaParams::kv`]): the flash attention kernels', which
+/// read them (a constant, so the epilogue's index math is shifts).
+pub const QKV_CACHE_HEAD_SIZE: u32 = super::flash_attention::FLASH_HEAD_SIZE;
 
 /// Where a qkv matmul's keys and values also go
 /// ([`MatmulBf16WgmmaParams::kv`]): output row `r` is sequence `r / t`'s
