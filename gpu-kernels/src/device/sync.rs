@@ -143,6 +143,10 @@ pub fn grid_dependency_sync() {
 /// "this block arrived last", without a shared-memory slot.
 ///
 /// Must be reached by all threads of the block, as [`sync_threads`].
+/// `pred` is evaluated before the barrier: an arrival counted in it (an
+/// atomic) is not ordered after the other threads' writes unless a
+/// [`sync_threads`] comes first (compute-sanitizer's racecheck scheduling
+/// showed a merge reading partials not yet written without one).
 #[inline(always)]
 pub fn sync_threads_or(pred: bool) -> bool {
     let any: u32;

@@ -413,6 +413,10 @@ pub(crate) unsafe fn argmax_finish(out: &ArgmaxOut, best: (f32, u32), scratch: *
         }
         thread_fence();
     }
+    // Every lane's part written and fenced before thread 0 arrives:
+    // `sync_threads_or` evaluates its argument (the arrival) before it
+    // synchronises, and lanes of a warp are not ordered without a barrier.
+    sync_threads();
     let arrived_last = sync_threads_or(
         thread_idx_x() == 0
             // SAFETY: counter is a live u32, zero between launches.
@@ -1061,6 +1065,9 @@ unsafe fn decode_attention_impl<K: F32Storage>(p: DecodeAttentionParams<K>) {
     unsafe { store_part(p.part_acc, p.part_ml, part, m, l, &acc) };
     // SAFETY: counter holds n * nh entries, zero between launches.
     let counter = unsafe { p.counter.add(head) };
+    // Both warps' partials written and fenced before thread 0 arrives
+    // (`sync_threads_or` evaluates the arrival before it synchronises).
+    sync_threads();
     // A row's only chunk is last without asking the counter.
     let arrived_last = sync_threads_or(
         // SAFETY: counter holds n * nh entries (head < n * nh) and is 4-byte aligned.
