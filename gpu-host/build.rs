@@ -10,9 +10,11 @@ fn main() {
     let Ok(kernels) = std::env::var("DEP_GPU_KERNELS_ROOT") else {
         fail("DEP_GPU_KERNELS_ROOT is not set: gpu-kernels' build script did not run before this one")
     };
-    let ptx = gpu_kernel_builder::PtxBuilder::new(&kernels)
-        .build()
-        .unwrap_or_else(|e| fail(&e.to_string()));
+    let mut portable = gpu_kernel_builder::PtxBuilder::new(&kernels);
+    for &(kernel, threads, blocks) in gpu_kernels::params::LAUNCH_BOUNDS {
+        portable = portable.launch_bounds(kernel, threads, blocks);
+    }
+    let ptx = portable.build().unwrap_or_else(|e| fail(&e.to_string()));
     println!("cargo::rustc-env=GPU_KERNELS_PTX_PATH={}", ptx.display());
 
     // The same kernels plus the Hopper-only ones (`wgmma`), for sm_90a: the
@@ -22,6 +24,9 @@ fn main() {
         .arch(SM90A);
     for &(kernel, threads) in gpu_kernels::params::SM90A_MAX_THREADS {
         hopper = hopper.max_threads(kernel, threads);
+    }
+    for &(kernel, threads, blocks) in gpu_kernels::params::LAUNCH_BOUNDS {
+        hopper = hopper.launch_bounds(kernel, threads, blocks);
     }
     let hopper_ptx = hopper.build().unwrap_or_else(|e| fail(&e.to_string()));
     println!("cargo::rustc-env=GPU_KERNELS_SM90A_PTX_PATH={}", hopper_ptx.display());

@@ -80,7 +80,10 @@ impl fmt::Display for BuildError {
                 write!(f, ":\n{stderr}")
             }
             BuildError::NoPtx(dir) => write!(f, "the build produced no .s file in {}", dir.display()),
-            BuildError::NoEntry(k) => write!(f, "max_threads names kernel `{k}`, which the PTX does not define"),
+            BuildError::NoEntry(k) => write!(
+                f,
+                "max_threads or launch_bounds names kernel `{k}`, which the PTX does not define"
+            ),
             BuildError::Io(p, e) => write!(f, "{}: {e}", p.display()),
         }
     }
@@ -94,7 +97,8 @@ pub struct PtxBuilder {
     crate_dir: PathBuf,
     arch: Option<String>,
     features: Vec<String>,
-    max_threads: Vec<(String, u32)>,
+    /// (kernel, threads, blocks an SM or 0): see [`PtxBuilder::launch_bounds`].
+    max_threads: Vec<(String, u32, u32)>,
 }
 
 impl PtxBuilder {
@@ -128,7 +132,16 @@ impl PtxBuilder {
     /// `__launch_bounds__`; rustc has no attribute for it). The build fails
     /// if the PTX has no such entry.
     pub fn max_threads(mut self, kernel: impl Into<String>, threads: u32) -> Self {
-        self.max_threads.push((kernel.into(), threads));
+        self.max_threads.push((kernel.into(), threads, 0));
+        self
+    }
+
+    /// [`PtxBuilder::max_threads`], and that `blocks` such blocks must fit
+    /// an SM at once: the PTX also gets `.minnctapersm blocks`, so ptxas
+    /// keeps the registers a thread within `65536 / (threads * blocks)`
+    /// (CUDA's `__launch_bounds__(threads, blocks)`).
+    pub fn launch_bounds(mut self, kernel: impl Into<String>, threads: u32, blocks: u32) -> Self {
+        self.max_threads.push((kernel.into(), threads, blocks));
         self
     }
 
@@ -216,17 +229,19 @@ impl PtxBuilder {
         let ptx_src = newest_asm(&deps, &stem)?;
         let ptx_dst = out_dir.join(format!("{stem}.{arch}.ptx"));
         let mut ptx = fs::read_to_string(&ptx_src).map_err(|e| BuildError::Io(ptx_src.clone(), e))?;
-        for (kernel, threads) in &self.max_threads {
-            ptx = add_max_threads(&ptx, kernel, *threads).ok_or_else(|| BuildError::NoEntry(kernel.clone()))?;
+        for (kernel, threads, blocks) in &self.max_threads {
+            ptx =
+                add_max_threads(&ptx, kernel, *threads, *blocks).ok_or_else(|| BuildError::NoEntry(kernel.clone()))?;
         }
         fs::write(&ptx_dst, ptx).map_err(|e| BuildError::Io(ptx_dst.clone(), e))?;
         Ok(ptx_dst)
     }
 }
 
-/// `ptx` with `.maxntid threads, 1, 1` after the parameter list of entry
-/// `kernel`, or `None` when the PTX has no such entry.
-fn add_max_threads(ptx: &str, kernel: &str, threads: u32) -> Option<String> {
+/// `ptx` with `.maxntid threads, 1, 1` (and `.minnctapersm blocks` unless
+/// `blocks` is 0) after the parameter list of entry `kernel`, or `None` when
+/// the PTX has no such entry.
+fn add_max_threads(ptx: &str, kernel: &str, threads: u32, blocks: u32) -> Option<String> {
     let head = format!(".entry {kernel}(");
     let start = ptx.find(&head)?;
     // The parameter list ends at the first ")" line after the entry's name.
@@ -234,6 +249,9 @@ fn add_max_threads(ptx: &str, kernel: &str, threads: u32) -> Option<String> {
     let mut out = String::with_capacity(ptx.len() + 32);
     out.push_str(&ptx[..close]);
     out.push_str(&format!("\n.maxntid {threads}, 1, 1"));
+    if blocks > 0 {
+        out.push_str(&format!("\n.minnctapersm {blocks}"));
+    }
     out.push_str(&ptx[close..]);
     Some(out)
 }
@@ -311,11 +329,21 @@ mod tests {
 
     #[test]
     fn max_threads_goes_after_the_named_entrys_parameters() {
-        let out = add_max_threads(PTX, "k", 512).unwrap();
+        let out = add_max_threads(PTX, "k", 512, 0).unwrap();
         assert!(out.contains("k_param_0\n)\n.maxntid 512, 1, 1\n{"), "{out}");
         // Only that entry: k_1 (whose name starts like it) is untouched.
         assert_eq!(out.matches(".maxntid").count(), 1);
         assert!(out.contains("k_1_param_0\n)\n{"));
-        assert!(add_max_threads(PTX, "missing", 512).is_none());
+        assert!(add_max_threads(PTX, "missing", 512, 0).is_none());
+    }
+
+    #[test]
+    fn launch_bounds_add_the_blocks_an_sm() {
+        let out = add_max_threads(PTX, "k", 256, 2).unwrap();
+        assert!(
+            out.contains("k_param_0\n)\n.maxntid 256, 1, 1\n.minnctapersm 2\n{"),
+            "{out}"
+        );
+        assert_eq!(out.matches(".minnctapersm").count(), 1);
     }
 }

@@ -55,6 +55,26 @@ struct Case {
     kv_split: Option<u32>,
     /// bf16 prefill: force the ring's depth, 2 or 3 (`None`: the wrapper's choice).
     stages: Option<u32>,
+    /// Tensor-core prefill: force the key chunks (`Some(0)`: none; `None`: the wrapper's choice).
+    chunk_tiles: Option<u32>,
+}
+
+impl Case {
+    /// A prefill case with every kernel choice left to the wrapper.
+    fn prefill(b: usize, t: usize, pos0: usize, nh: usize, window: usize, precision: FlashPrecision) -> Self {
+        Case {
+            b,
+            t,
+            pos0,
+            nh,
+            window,
+            precision,
+            path: Path::Prefill,
+            kv_split: None,
+            stages: None,
+            chunk_tiles: None,
+        }
+    }
 }
 
 /// Runs one case; `Err` describes a failure (printed summary either way).
@@ -69,6 +89,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
         path,
         kv_split,
         stages,
+        chunk_tiles,
     } = k;
     let c = nh * HS;
     let max_t = pos0 + t + CACHE_SLACK;
@@ -114,6 +135,7 @@ fn run_case(gpu: &Gpu, k: Case) -> Result<(), String> {
     let mut ws = FlashWorkspace::new(gpu, b, nh, max_t).unwrap();
     ws.force_tf32_kv_split(kv_split);
     ws.force_bf16_stages(stages);
+    ws.force_prefill_chunk_tiles(chunk_tiles);
     let run = Run {
         gpu,
         path,
@@ -237,15 +259,8 @@ fn prefill_grid_split(precision: FlashPrecision, kv_split: Option<u32>) -> Vec<C
                 for window in [0, 128] {
                     let nh = if b == 1 { 3 } else { 2 };
                     cases.push(Case {
-                        b,
-                        t,
-                        pos0,
-                        nh,
-                        window,
-                        precision,
-                        path: Path::Prefill,
                         kv_split,
-                        stages: None,
+                        ..Case::prefill(b, t, pos0, nh, window, precision)
                     });
                 }
             }
@@ -514,6 +529,7 @@ fn flash_prefill_tf32_tile_edges_match_cpu() {
                             path: Path::Prefill,
                             kv_split: Some(kv_split),
                             stages,
+                            chunk_tiles: None,
                         });
                     }
                 }
@@ -521,6 +537,117 @@ fn flash_prefill_tf32_tile_edges_match_cpu() {
         }
     }
     run_all(cases);
+}
+
+/// The tensor-core kernels with each query tile's keys split over several
+/// blocks (key chunks, merged by the last block of a tile): chunks of 1, 2,
+/// 3 and 5 key tiles on both `kv_split`s, TF32 (from position 0 it reads
+/// K/V from `qkv` and the first chunk stores them) and bf16, long tiles
+/// (T = 1024), a long prefix, windows that leave whole chunks unseen by
+/// some rows (1, 96, 128), and a partial last query tile.
+#[test]
+#[ignore = "needs a GPU"]
+fn flash_prefill_key_chunks_match_cpu() {
+    if skip::gpu().is_none() {
+        return;
+    }
+    let mut cases = Vec::new();
+    for precision in [FlashPrecision::Tf32, FlashPrecision::Bf16] {
+        for kv_split in TF32_KV_SPLITS {
+            for chunk in [1, 2, 3, 5] {
+                for (b, t, pos0, nh, window) in [
+                    (1, 1024, 0, 3, 0),
+                    (1, 1024, 0, 2, 128),
+                    (3, 257, 700, 2, 0),
+                    (2, 200, 37, 2, 96),
+                    (1, 129, 300, 2, 1),
+                ] {
+                    cases.push(Case {
+                        kv_split: Some(kv_split),
+                        chunk_tiles: Some(chunk),
+                        ..Case::prefill(b, t, pos0, nh, window, precision)
+                    });
+                }
+            }
+        }
+    }
+    run_all(cases);
+}
+
+/// Key chunks are merged in chunk order whichever block arrives last, so
+/// two launches of the same call give the same bits (the GPT-2 124M shape at
+/// B = 1, T = 1024, the wrapper's choice and chunks of 2 tiles), and the
+/// arrival counters are back at zero for the second launch (else its merges
+/// would be missing or doubled: the CPU check below catches either).
+#[test]
+#[ignore = "needs a GPU"]
+fn flash_prefill_key_chunks_are_deterministic() {
+    let Some(gpu) = skip::gpu() else { return };
+    let (b, t, nh) = (1, 1024, 12);
+    let c = nh * HS;
+    let shape = AttentionShape {
+        b,
+        t,
+        pos0: 0,
+        max_t: t,
+        c,
+        nh,
+        window: 0,
+    };
+    let qkv = random_vec(b * t * 3 * c, 1.0);
+    let mut out_cpu = vec![0f32; b * t * c];
+    let (mut k_cpu, mut v_cpu) = (vec![0f32; b * nh * t * HS], vec![0f32; b * nh * t * HS]);
+    host::cpu::ops::attention_forward(&mut out_cpu, &mut k_cpu, &mut v_cpu, &qkv, shape);
+    let mut failures = Vec::new();
+    for precision in [FlashPrecision::Tf32, FlashPrecision::Bf16] {
+        for chunk in [None, Some(2)] {
+            let mut ws = FlashWorkspace::new(&gpu, b, nh, t).unwrap();
+            ws.force_prefill_chunk_tiles(chunk);
+            let d_qkv = gpu.upload(&qkv).unwrap();
+            let mut launch = || -> Vec<f32> {
+                let mut out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
+                let opts = FlashOptions { precision, ws: &mut ws };
+                if precision == FlashPrecision::Bf16 {
+                    let (mut k, mut v) = (
+                        gpu.upload(&vec![bf16::NAN; k_cpu.len()]).unwrap(),
+                        gpu.upload(&vec![bf16::NAN; v_cpu.len()]).unwrap(),
+                    );
+                    attention_forward_flash_prefill(&gpu, &mut out, &mut k, &mut v, &d_qkv, shape, opts).unwrap();
+                } else {
+                    let (mut k, mut v) = (
+                        gpu.upload(&vec![f32::NAN; k_cpu.len()]).unwrap(),
+                        gpu.upload(&vec![f32::NAN; v_cpu.len()]).unwrap(),
+                    );
+                    attention_forward_flash_prefill(&gpu, &mut out, &mut k, &mut v, &d_qkv, shape, opts).unwrap();
+                }
+                gpu.synchronize().unwrap();
+                gpu.download(&out).unwrap()
+            };
+            let (first, second) = (launch(), launch());
+            let differ = first
+                .iter()
+                .zip(&second)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            let tol = if precision == FlashPrecision::Bf16 {
+                BF16_TOL
+            } else {
+                TF32_TOL
+            };
+            let (s1, s) = (stats(&first, &out_cpu, tol, 0.0), stats(&second, &out_cpu, tol, 0.0));
+            println!(
+                "key chunks {precision:?} {chunk:?}: {differ} outputs differ between launches, max abs err {:.3e} / {:.3e}, RMSE {:.3e} / {:.3e}",
+                s1.max_abs, s.max_abs, s1.rmse, s.rmse
+            );
+            if differ > 0 || s.mismatches > 0 || s1.mismatches > 0 {
+                failures.push(format!(
+                    "{precision:?} chunks {chunk:?}: {differ} differ between launches, {} / {} off the CPU",
+                    s1.mismatches, s.mismatches
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Flash-decoding: t in 1..=4 over short and long caches, windowed and not.
@@ -542,6 +669,7 @@ fn flash_decode_matches_cpu() {
                         path: Path::Decode,
                         kv_split: None,
                         stages: None,
+                        chunk_tiles: None,
                     });
                 }
             }
@@ -576,6 +704,7 @@ fn flash_auto_gpt2_shape_matches_cpu() {
                 path: Path::Auto,
                 kv_split: None,
                 stages: None,
+                chunk_tiles: None,
             });
         }
     }

@@ -70,6 +70,15 @@ pub struct FlashWorkspace {
     kv_rounded: bool,
     /// bf16 prefill ring depth forced by [`Self::force_bf16_stages`]; `None`: by grid size.
     bf16_stages: Option<u32>,
+    /// Tensor-core prefill key chunks: each block's state
+    /// (`FLASH_PREFILL_BLOCK_STATE` floats) for grids of up to
+    /// `chunk_blocks` blocks, and one arrival counter per block (a split
+    /// grid has at least as many blocks as (query tile, pair) units).
+    part_state: cudarc::driver::CudaSlice<f32>,
+    part_count: cudarc::driver::CudaSlice<u32>,
+    chunk_blocks: u32,
+    /// Key-chunk size forced by [`Self::force_prefill_chunk_tiles`]; `None`: by grid size.
+    chunk_tiles: Option<u32>,
 }
 
 /// Floats per partial's (max, sum) pair.
@@ -83,6 +92,7 @@ impl FlashWorkspace {
         gpu.set_max_dynamic_shared(ATTENTION_FORWARD_FLASH_FP32, FLASH_SMEM_BYTES_FP32)?;
         let parts_stride = max_t.div_ceil(FLASH_DECODE_CHUNK as usize) * FLASH_DECODE_PARTS_PER_CHUNK as usize;
         let rows = max_b * nh * FLASH_DECODE_MAX_T as usize;
+        let chunk_blocks = FLASH_PREFILL_SPLIT_MAX_BLOCKS_PER_SM * gpu.sm_count() as u32;
         Ok(Self {
             part_acc: gpu.alloc(rows * parts_stride * FLASH_HEAD_SIZE as usize)?,
             part_ml: gpu.alloc(rows * parts_stride * ML_FLOATS)?,
@@ -93,7 +103,23 @@ impl FlashWorkspace {
             tf32_kv_split: None,
             kv_rounded: false,
             bf16_stages: None,
+            part_state: gpu.alloc(chunk_blocks as usize * FLASH_PREFILL_BLOCK_STATE as usize)?,
+            // Zero between launches: each split launch's last blocks reset theirs.
+            part_count: gpu.alloc(chunk_blocks as usize)?,
+            chunk_blocks,
+            chunk_tiles: None,
         })
+    }
+
+    /// Force the tensor-core prefill kernels' key chunks (`Some(0)`: every
+    /// query tile's keys in one block; `Some(n)`: tiles with more than `n`
+    /// key tiles split into chunks of at most `n`, merged by the last block;
+    /// enlarged where the grid would outgrow the workspace), for tests and
+    /// benchmarks; `None` restores the choice by grid size
+    /// (`FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM`, `FLASH_PREFILL_MIN_CHUNK_TILES`).
+    /// Results agree within the precision's rounding either way.
+    pub fn force_prefill_chunk_tiles(&mut self, tiles: Option<u32>) {
+        self.chunk_tiles = tiles;
     }
 
     /// Force the TF32 and bf16 prefill kernels' `kv_split` (1: 128-query tiles; 2:
@@ -224,9 +250,60 @@ mod configs {
         })
     }
 
-    /// Blocks of the tensor-core prefill grid.
+    /// Blocks of the tensor-core prefill grid without key chunks.
     fn tc_blocks(s: &Shape, kv_split: u32) -> u32 {
         tf32_q_tiles(s, kv_split) * (s.nh * s.b) as u32
+    }
+
+    /// The tensor-core prefill's key chunks (0: none) for a call whose
+    /// window is `window` (0 where it covers every key). Where the unsplit
+    /// bf16 grid leaves SMs short of blocks (fewer than
+    /// `FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM` an SM: B=1, T=1024 has 192 on
+    /// 132 SMs, the longest a 16-tile chain), chunks of the key tiles' total
+    /// over that many blocks, but at least half the longest tile's
+    /// (`FLASH_PREFILL_MAX_CHUNKS`) and `FLASH_PREFILL_MIN_CHUNK_TILES`:
+    /// at B=1, T=1024 on an H200, bf16 attention 30.6 µs unsplit, 26.6 at
+    /// chunks of 4 tiles, 25.7 at 6, 24.6 at 7, 22.8 at 8, 22.9 at 10, 24.5
+    /// at 12 (docs/performance.md). `forced` as
+    /// [`FlashWorkspace::force_prefill_chunk_tiles`]. A chunk no shorter
+    /// than the longest tile is no split; a grid past `capacity` blocks
+    /// takes longer chunks.
+    pub fn chunk_tiles(
+        gpu: &Gpu,
+        s: &Shape,
+        precision: FlashPrecision,
+        window: u32,
+        kv_split: u32,
+        forced: Option<u32>,
+        capacity: u32,
+    ) -> u32 {
+        let (t, pos0, pairs) = (s.t as u32, s.pos0 as u32, (s.nh * s.b) as u32);
+        let bq = FLASH_TF32_ROWS_MAX / kv_split;
+        let slots = FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM * gpu.sm_count() as u32;
+        let longest = (0..t.div_ceil(bq))
+            .map(|q| flash_prefill_key_tiles(q, bq, t, pos0, window))
+            .max()
+            .unwrap_or(0);
+        let mut chunk = forced.unwrap_or_else(|| {
+            // TF32 (over 128 registers: one block an SM) measured slower
+            // split at every chunk size.
+            if precision != FlashPrecision::Bf16 || tc_blocks(s, kv_split) >= slots {
+                0
+            } else {
+                // Every key tile of every query tile, one block each.
+                let work = flash_prefill_blocks(t, bq, pos0, window, pairs, 1);
+                work.div_ceil(slots)
+                    .max(longest.div_ceil(FLASH_PREFILL_MAX_CHUNKS))
+                    .max(FLASH_PREFILL_MIN_CHUNK_TILES)
+            }
+        });
+        if chunk >= longest {
+            return 0;
+        }
+        while chunk > 0 && flash_prefill_blocks(t, bq, pos0, window, pairs, chunk) > capacity {
+            chunk += 1;
+        }
+        if chunk >= longest { 0 } else { chunk }
     }
 
     /// The bf16 prefill kernel and its shared memory: the 2-stage one where
@@ -248,10 +325,23 @@ mod configs {
 
     /// `shared`: the bf16 kernel's bytes ([`bf16_kernel`]); the other
     /// precisions' are fixed.
-    pub fn prefill(s: &Shape, precision: FlashPrecision, kv_split: u32, shared: u32) -> LaunchConfig {
+    /// `window` and `chunk` as the params carry them ([`chunk_tiles`]).
+    pub fn prefill(
+        s: &Shape,
+        precision: FlashPrecision,
+        kv_split: u32,
+        shared: u32,
+        window: u32,
+        chunk: u32,
+    ) -> LaunchConfig {
         // 1-D grid: the kernel orders the blocks heaviest query tile first.
+        let bq = FLASH_TF32_ROWS_MAX / kv_split;
         let tensor_cores = |shared_mem_bytes| LaunchConfig {
-            grid_dim: (tc_blocks(s, kv_split), 1, 1),
+            grid_dim: (
+                flash_prefill_blocks(s.t as u32, bq, s.pos0 as u32, window, (s.nh * s.b) as u32, chunk),
+                1,
+                1,
+            ),
             block_dim: (FLASH_TF32_THREADS, 1, 1),
             shared_mem_bytes,
         };
@@ -582,6 +672,10 @@ fn run<E: KvElem>(
         // A window covering every key is no window; this also keeps the
         // kernel's u32 position + window sums far from overflow.
         let window = if s.window >= s.pos0 + s.t { 0 } else { window };
+        let chunk = match precision {
+            FlashPrecision::Fp32 => 0,
+            _ => configs::chunk_tiles(gpu, &s, precision, window, kv_split, ws.chunk_tiles, ws.chunk_blocks),
+        };
         let pp = FlashAttentionParams {
             out: o,
             k_cache: k,
@@ -599,13 +693,27 @@ fn run<E: KvElem>(
             kv_rounded: u32::from(ws.kv_rounded),
             kv_from_qkv: u32::from(kv_from_qkv),
             out_bf16: o16,
+            chunk_tiles: chunk,
+            part_state: addr_mut(gpu, &mut ws.part_state),
+            part_count: addr_mut(gpu, &mut ws.part_count),
         };
+        let config = configs::prefill(&s, precision, kv_split, shared, window, chunk);
+        // `chunk_tiles` enlarges the chunks until the grid fits the workspace.
+        assert!(
+            chunk == 0 || config.grid_dim.0 <= ws.chunk_blocks,
+            "attention_forward_flash: {} blocks of key chunks exceed the workspace's {}",
+            config.grid_dim.0,
+            ws.chunk_blocks
+        );
         // SAFETY: as above; the config gives the kernel the grid, threads and
         // shared memory it lays out for this kv_split (1, 2, or 4 only where
         // FlashWorkspace::new could raise the limit to the split-4 size).
         // kv_rounded only changes rounding, never what memory is touched.
-        // The kernel takes the cache's element type (asserted above).
-        unsafe { gpu.launch(name, configs::prefill(&s, precision, kv_split, shared), pp)? };
+        // The kernel takes the cache's element type (asserted above). With
+        // key chunks the grid (`flash_prefill_blocks`, the kernel's own count)
+        // fits the workspace's states and counters (asserted above), which
+        // no other launch uses meanwhile (one stream).
+        unsafe { gpu.launch(name, config, pp)? };
     }
     Ok(())
 }

@@ -76,6 +76,9 @@ pub const FLASH_SMEM_BYTES_BF16: u32 = 2 * FLASH_TF32_STAGES * FLASH_BF16_TILE_B
 pub const FLASH_BF16_SHORT_STAGES: u32 = 2;
 /// Its dynamic shared memory (36,864 bytes).
 pub const FLASH_SMEM_BYTES_BF16_2STAGE: u32 = 2 * FLASH_BF16_SHORT_STAGES * FLASH_BF16_TILE_BYTES;
+/// Blocks of the bf16 prefill kernels an SM must hold at once (registers
+/// included: `params::LAUNCH_BOUNDS`); both rings fit twice in shared memory.
+pub const FLASH_BF16_BLOCKS_PER_SM: u32 = 2;
 /// The host takes the 2-stage bf16 kernel for grids of at least this many
 /// blocks an SM (where a second resident block has work to overlap).
 pub const FLASH_BF16_2STAGE_MIN_BLOCKS_PER_SM: u32 = 2;
@@ -91,6 +94,66 @@ pub const FLASH_TF32_KV_SPLIT_MAX: u32 = 2;
 /// K/V traffic from L2.
 pub const FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM: u32 = 2;
 
+/// Floats one lane of a tensor-core prefill warp hands over when its
+/// online-softmax state is merged with another's: the accumulator fragment
+/// (`HS / 2`), then two maxima and two sums (rows g and g + 8).
+pub const FLASH_PREFILL_LANE_STATE: u32 = FLASH_HEAD_SIZE / 2 + 4;
+/// Floats of one block's state in [`FlashAttentionParams::part_state`]: every
+/// row slice's lanes (at most 8 slices of 16 rows).
+pub const FLASH_PREFILL_BLOCK_STATE: u32 = FLASH_TF32_ROWS_MAX / 16 * 32 * FLASH_PREFILL_LANE_STATE;
+/// Key chunks: the host splits the keys of the query tiles only while the
+/// unsplit grid has fewer than [`FLASH_TF32_SPLIT_BELOW_BLOCKS_PER_SM`]
+/// blocks an SM, and then into chunks of at least this many tiles (each
+/// chunk pays for a state written and read back by the last block).
+pub const FLASH_PREFILL_MIN_CHUNK_TILES: u32 = 4;
+/// Key chunks: the host's choice splits a query tile's keys over at most
+/// this many blocks (each split adds a state written, read back and merged
+/// on the last block's path).
+pub const FLASH_PREFILL_MAX_CHUNKS: u32 = 2;
+/// Most blocks a split grid may have, per SM: what the workspace's block
+/// states are sized for (a forced chunk size that would need more is
+/// enlarged until it fits).
+pub const FLASH_PREFILL_SPLIT_MAX_BLOCKS_PER_SM: u32 = 4;
+
+/// Key tiles (of [`FLASH_BLOCK_K`]) that query tile `q_tile` (of `bq` rows,
+/// of a call of `t` queries from position `pos0`, `window` 0 or the keys a
+/// query sees) attends to: from the tile of its first query's first key to
+/// the tile of its last query. The tensor-core kernel and its host agree on
+/// the grid through this.
+pub const fn flash_prefill_key_tiles(q_tile: u32, bq: u32, t: u32, pos0: u32, window: u32) -> u32 {
+    let q0 = q_tile * bq;
+    let rows = if bq < t - q0 { bq } else { t - q0 };
+    let (p_min, p_max) = (pos0 + q0, pos0 + q0 + rows - 1);
+    let key_lo = if window > 0 {
+        (p_min + 1).saturating_sub(window)
+    } else {
+        0
+    };
+    p_max / FLASH_BLOCK_K + 1 - key_lo / FLASH_BLOCK_K
+}
+
+/// Chunks (blocks) a query tile of `key_tiles` key tiles takes at chunks of
+/// at most `chunk_tiles` (0: one, unsplit).
+pub const fn flash_prefill_chunks(key_tiles: u32, chunk_tiles: u32) -> u32 {
+    if chunk_tiles == 0 {
+        1
+    } else {
+        key_tiles.div_ceil(chunk_tiles)
+    }
+}
+
+/// Blocks of the tensor-core prefill grid: every query tile's chunks, for
+/// each of the `pairs` (batch row, head) pairs.
+pub const fn flash_prefill_blocks(t: u32, bq: u32, pos0: u32, window: u32, pairs: u32, chunk_tiles: u32) -> u32 {
+    let mut blocks = 0;
+    let mut q = 0;
+    while q < t.div_ceil(bq) {
+        blocks += flash_prefill_chunks(flash_prefill_key_tiles(q, bq, t, pos0, window), chunk_tiles);
+        q += 1;
+    }
+    blocks * pairs
+}
+
 /// Decode: keys per block (one chunk of the cache).
 pub const FLASH_DECODE_CHUNK: u32 = 64;
 /// Decode: threads per block.
@@ -105,7 +168,8 @@ pub const FLASH_DECODE_MAX_T: u32 = 4;
 pub const FLASH_COMBINE_THREADS: u32 = FLASH_HEAD_SIZE;
 
 /// Prefill flash attention (every precision).
-/// - TF32: grid (ceil(t / (ROWS_MAX / kv_split)) * nh * b), [`FLASH_TF32_THREADS`]
+/// - TF32: grid ([`flash_prefill_blocks`]: ceil(t / (ROWS_MAX / kv_split)) * nh * b
+///   without key chunks), [`FLASH_TF32_THREADS`]
 ///   threads, [`FLASH_SMEM_BYTES_TF32`] bytes (bf16: [`FLASH_SMEM_BYTES_BF16`]).
 /// - FP32: grid (ceil(t/BLOCK_Q), nh, b), [`FLASH_THREADS`] threads, [`FLASH_SMEM_BYTES_FP32`] bytes.
 #[repr(C)]
@@ -152,6 +216,19 @@ pub struct FlashAttentionParams<K = f32> {
     /// and `out` is not touched (it may be null): the bf16 engine's attention
     /// projection reads bf16.
     pub out_bf16: *mut u16,
+    /// Tensor-core kernels: 0 leaves each query tile's keys to one block;
+    /// `n > 0` splits a tile with more than `n` key tiles over
+    /// [`flash_prefill_chunks`] blocks of consecutive keys (balanced), whose
+    /// last to finish merges their states in order and writes the output
+    /// (flash-decoding's split, for the few long query tiles of a batch-1
+    /// prefill). The grid is then [`flash_prefill_blocks`].
+    pub chunk_tiles: u32,
+    /// With `chunk_tiles`: [`FLASH_PREFILL_BLOCK_STATE`] floats per block
+    /// of the grid, where each block leaves its state.
+    pub part_state: *mut f32,
+    /// With `chunk_tiles`: one arrival counter per (query tile, batch row,
+    /// head), zero between launches (the last block resets it).
+    pub part_count: *mut u32,
 }
 
 /// Flash-decoding, pass 1. Grid (max_chunks, nh, b * t), [`FLASH_DECODE_THREADS`] threads.

@@ -90,6 +90,19 @@ pub const SM90A_MAX_THREADS: &[(&str, u32)] = &[
     ),
     (sample::SAMPLE_CLUSTER_FORWARD, sample::SAMPLE_BLOCK),
 ];
+
+/// Kernels of both modules whose blocks (of the given threads) must fit the
+/// given number to an SM, registers included (the build adds `.maxntid` and
+/// `.minnctapersm`; see `gpu_kernel_builder::PtxBuilder::launch_bounds`).
+/// The 2-stage bf16 prefill attention: 256 threads need at most 128
+/// registers each for two blocks an SM, which the host plans on (ptxas gave
+/// it 130 without the bound: one block an SM). The 3-stage kernel takes 128
+/// by itself and spills 16 bytes under the bound, so it goes without.
+pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[(
+    flash_attention::ATTENTION_FORWARD_FLASH_BF16_2STAGE,
+    flash_attention::FLASH_TF32_THREADS,
+    flash_attention::FLASH_BF16_BLOCKS_PER_SM,
+)];
 pub use saxpy::SaxpyParams;
 
 /// PTX names of the kernels. Each op's file defines its own constants too;

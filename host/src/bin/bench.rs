@@ -83,6 +83,9 @@ const ATTN_T: [usize; 3] = [64, 256, 1024];
 const ATTN_B: [usize; 2] = [1, 8];
 /// Window of the windowed variants.
 const ATTN_WINDOW: usize = 128;
+/// Key-chunk sizes of the tensor-core prefill that `bench attention` forces
+/// beside the automatic choice (0: unsplit).
+const ATTN_CHUNK_TILES: [u32; 6] = [0, 4, 6, 8, 10, 12];
 /// The naive attention (one thread per query, uncoalesced) is timed only up
 /// to this T: past it one call takes milliseconds and says nothing new.
 const ATTN_NAIVE_MAX_T: usize = 256;
@@ -161,6 +164,9 @@ struct Args {
     /// `gemm` section: only these M (comma-separated), e.g. for a profiler.
     #[arg(long, value_delimiter = ',')]
     gemm_m: Vec<usize>,
+    /// `attention` section: only these cache lengths T (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    attn_t: Vec<usize>,
     /// `trace` section: the prefill shape B,T.
     #[arg(long, default_value = "1,1024", value_parser = parse_shape)]
     trace_shape: (usize, usize),
@@ -1180,10 +1186,13 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
         FlashBf16Stages(u32),
         /// Flash-decoding over a bf16 cache (the bf16 engine's).
         FlashDecodeBf16Cache,
+        /// A tensor-core prefill with its key chunks forced (0: none).
+        FlashChunks(FlashPrecision, u32),
     }
     for decode in [false, true] {
         for &b in &ATTN_B {
-            for &t_cache in &ATTN_T {
+            let ts: &[usize] = if args.attn_t.is_empty() { &ATTN_T } else { &args.attn_t };
+            for &t_cache in ts {
                 let (t, pos0) = if decode { (1, t_cache - 1) } else { (t_cache, 0) };
                 let max_t = t_cache;
                 let mut sets = AttnSets::new(gpu, b, t, max_t, c)?;
@@ -1206,6 +1215,13 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                     // Both tile plans, to check the automatic choice.
                     for split in [1, 2] {
                         variants.push((format!("flash_tf32_split{split}"), V::FlashTf32Split(split), 0));
+                    }
+                    // Key chunks, to check the automatic choice.
+                    for chunk in ATTN_CHUNK_TILES {
+                        let bf16 = V::FlashChunks(FlashPrecision::Bf16, chunk);
+                        variants.push((format!("flash_bf16_chunks{chunk}"), bf16, 0));
+                        let tf32 = V::FlashChunks(FlashPrecision::Tf32, chunk);
+                        variants.push((format!("flash_tf32_chunks{chunk}"), tf32, 0));
                     }
                 }
                 if t_cache > ATTN_WINDOW {
@@ -1231,6 +1247,10 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         V::FlashBf16Stages(stages) => Some(stages),
                         _ => None,
                     });
+                    ws.force_prefill_chunk_tiles(match v {
+                        V::FlashChunks(_, chunk) => Some(chunk),
+                        _ => None,
+                    });
                     let shape = AttentionShape {
                         b,
                         t,
@@ -1244,6 +1264,7 @@ fn bench_attention(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Resul
                         V::Flash(prec) => Some(prec),
                         V::FlashTf32Split(_) => Some(FlashPrecision::Tf32),
                         V::FlashBf16Stages(_) => Some(FlashPrecision::Bf16),
+                        V::FlashChunks(prec, _) => Some(prec),
                         V::FlashDecodeBf16Cache => Some(FlashPrecision::Fp32),
                         V::Unfused | V::Naive => None,
                     };

@@ -15,6 +15,12 @@
 //!   Index arithmetic is u32: 64-bit compares doubled the integer work.
 //! - 1-D grid, heaviest query tiles (latest positions: most causal keys) of
 //!   every head first, so the light tiles fill the tail of the last wave.
+//! - Key chunks (`chunk_tiles`, the host's choice for grids short of
+//!   blocks): a long query tile's keys go to several blocks, consecutive
+//!   tiles each; every block leaves its state (max, sum, accumulators per
+//!   lane) in `part_state`, and the last to arrive on the tile's counter
+//!   merges them in chunk order and stores the output (flash-decoding's
+//!   split, applied to the few long tiles of a batch-1 prefill).
 //! - A K/V ring of `TcFormat::STAGES` tiles in the format's own element
 //!   (TF32: f32, bf16: bf16, each as the cache keeps it) filled by
 //!   `cp.async`, one barrier per tile; before that barrier each thread
@@ -36,15 +42,22 @@ use crate::device::mma::{cp_async_16_zfill, cp_async_commit, cp_async_wait_group
 use crate::device::shared::dynamic_shared_align16;
 use crate::device::unroll;
 use crate::device::warp::shfl_xor_f32;
-use crate::device::{F32Storage, WARP_SIZE, block_idx_x, lane_id, sync_threads, thread_idx_x, warp_id};
+use crate::device::{
+    F32Storage, WARP_SIZE, atomic_add_acq_rel_u32, block_idx_x, lane_id, sync_threads, sync_threads_or, thread_fence,
+    thread_idx_x, warp_id,
+};
+use crate::ops::vec4::load_cg;
 use crate::params::flash_attention::*;
 
 pub(super) const T_THREADS: usize = FLASH_TF32_THREADS as usize;
 pub(super) const T_WARPS: usize = T_THREADS / WARP_SIZE as usize;
 /// Keys of one warp step (a half tile) and its 8-key blocks.
 pub(super) const SUB_K: usize = FLASH_TF32_SUB_KEYS as usize;
-/// Floats one lane hands over in the kv_split merge: acc (32), m (2), l (2).
-const MERGE_VALS: usize = DIM_STEPS * 4 + 4;
+/// Floats one lane hands over in a merge (the kv_split one through shared
+/// memory, the key chunks' through `part_state`): acc (32), m (2), l (2).
+const MERGE_VALS: usize = FLASH_PREFILL_LANE_STATE as usize;
+const _: () = assert!(MERGE_VALS == DIM_STEPS * 4 + 4);
+const _: () = assert!(FLASH_PREFILL_BLOCK_STATE as usize == T_WARPS * MERGE_VALS * WARP_SIZE as usize);
 /// 16-byte K (and V) chunks per thread when a block stores its own rows into
 /// the caches (`kv_from_qkv`): at most `ROWS_MAX` rows of `VECS_PER_ROW`.
 const STORE_CHUNKS_PER_THREAD: usize = FLASH_TF32_ROWS_MAX as usize * VECS_PER_ROW / T_THREADS;
@@ -317,6 +330,67 @@ pub(super) struct RowState {
     pub(super) acc: [[f32; 4]; DIM_STEPS],
 }
 
+impl RowState {
+    /// The state of the same rows over other keys, value `v < MERGE_VALS`
+    /// of this lane read by `at(v)`: accumulators `4 dt + e`, then the two
+    /// maxima and the two sums ([`RowState::put`]'s order).
+    #[inline(always)]
+    fn get(at: impl Fn(usize) -> f32) -> Self {
+        let mut o = RowState {
+            m: [0.0; 2],
+            l: [0.0; 2],
+            acc: [[0.0; 4]; DIM_STEPS],
+        };
+        unroll!(dt < 8 => {
+            for e in 0..4 {
+                o.acc[dt][e] = at(4 * dt + e);
+            }
+        });
+        for r in 0..2 {
+            o.m[r] = at(4 * DIM_STEPS + r);
+            o.l[r] = at(4 * DIM_STEPS + 2 + r);
+        }
+        o
+    }
+
+    /// Hand this lane's values to `put(v, value)` in [`RowState::get`]'s order.
+    #[inline(always)]
+    fn put(&self, put: impl Fn(usize, f32)) {
+        unroll!(dt < 8 => {
+            for e in 0..4 {
+                put(4 * dt + e, self.acc[dt][e]);
+            }
+        });
+        for r in 0..2 {
+            put(4 * DIM_STEPS + r, self.m[r]);
+            put(4 * DIM_STEPS + 2 + r, self.l[r]);
+        }
+    }
+
+    /// Fold in the state of the same rows over other keys, its value `v`
+    /// read by `at(v)` ([`RowState::get`]'s order), one accumulator at a
+    /// time (either state may have seen no key: max -inf, sums 0).
+    #[inline(always)]
+    fn merge(&mut self, at: impl Fn(usize) -> f32) {
+        let mut a = [0f32; 2];
+        let mut b = [0f32; 2];
+        for r in 0..2 {
+            let (m2, l2) = (at(4 * DIM_STEPS + r), at(4 * DIM_STEPS + 2 + r));
+            let m_new = self.m[r].max(m2);
+            let base = softmax_base(m_new);
+            a[r] = exp2_approx(self.m[r] - base);
+            b[r] = exp2_approx(m2 - base);
+            self.l[r] = self.l[r] * a[r] + l2 * b[r];
+            self.m[r] = m_new;
+        }
+        unroll!(dt < 8 => {
+            for e in 0..4 {
+                self.acc[dt][e] = fma(self.acc[dt][e], a[e / 2], at(4 * dt + e) * b[e / 2]);
+            }
+        });
+    }
+}
+
 /// The tensor-core prefill body (see the module docs), its operand format
 /// `F`. Index arithmetic is u32 (the host checks every buffer index fits):
 /// 64-bit compares and products doubled the integer work of the hot loop.
@@ -342,12 +416,36 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
     let (gt, gtid) = (T_THREADS as u32, thread_idx_x());
     let (sub_lo, sub_hi) = if split == 1 { (0, 2) } else { (part % 2, part % 2 + 1) };
 
-    // 1-D grid, heaviest (latest) query tiles of all (head, row) pairs first.
+    // 1-D grid, heaviest (latest) query tiles of all (head, row) pairs
+    // first; with key chunks (`chunk_tiles`), a query tile's pairs take
+    // `chunks` consecutive blocks each, one per chunk of its keys.
     // (`max(1)`: the launch guarantees nh, b >= 1; it spares the panic paths.)
     let lin = block_idx_x();
     let (nh1, pairs) = (nh.max(1), (nh * b).max(1));
-    let q_tile = t.div_ceil(bq) - 1 - lin / pairs;
-    let (h, bi) = ((lin % pairs) % nh1, (lin % pairs) / nh1);
+    let q_tiles = t.div_ceil(bq);
+    let (mut q_tile, mut rest, mut chunks) = (q_tiles - 1, lin, 1);
+    if p.chunk_tiles == 0 {
+        q_tile -= lin / pairs;
+        rest = lin % pairs;
+    } else {
+        // Walk the query tiles from the last to the block's (at most
+        // `t / bq` steps of scalar arithmetic).
+        loop {
+            // (`max(1)`: a tile has at least one key tile; it spares the panic paths.)
+            chunks = flash_prefill_chunks(flash_prefill_key_tiles(q_tile, bq, t, pos0, window), p.chunk_tiles).max(1);
+            if rest < pairs * chunks || q_tile == 0 {
+                break;
+            }
+            rest -= pairs * chunks;
+            q_tile -= 1;
+        }
+    }
+    let (pair, chunk) = (rest / chunks, rest % chunks);
+    let (h, bi) = (pair % nh1, pair / nh1);
+    // With chunks: the tile's first block, and its (query tile, pair)
+    // counter, in the unsplit grid's order (worked out here, so that only
+    // these live across the loop).
+    let (first_block, unit) = (lin - chunk, (q_tiles - 1 - q_tile) * pairs + pair);
 
     let q0 = q_tile * bq;
     let q_rows = bq.min(t - q0);
@@ -358,8 +456,12 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
     } else {
         0
     };
-    let first_tile = key_lo / bk;
-    let n_tiles = p_max / bk + 1 - first_tile;
+    // The query tile's key tiles (`flash_prefill_key_tiles`), and this
+    // chunk's share of them: consecutive, balanced, at least one each
+    // (chunks <= the tile count).
+    let (first_tile, all_tiles) = (key_lo / bk, flash_prefill_key_tiles(q_tile, bq, t, pos0, window));
+    let tile0 = first_tile + chunk * all_tiles / chunks;
+    let n_tiles = first_tile + (chunk + 1) * all_tiles / chunks - tile0;
     let n_keys = p_max + 1; // keys past it are zero-filled, and masked
 
     // SAFETY: (whole body) the launch provides the dynamic shared memory
@@ -412,7 +514,7 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
     // the copies land; keys below n_keys are readable rows of `src`.
     let load_kv = |i: u32, stage: u32| unsafe {
         let at = stage as usize * F::TILE_BYTES;
-        F::load(k_s.add(at), v_s.add(at), src, (first_tile + i) * bk, n_keys);
+        F::load(k_s.add(at), v_s.add(at), src, (tile0 + i) * bk, n_keys);
     };
     // STAGES - 1 tiles in flight from the start (commit group i holds tile
     // i; maybe empty).
@@ -423,8 +525,9 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
         cp_async_commit();
     }
 
-    if from_qkv {
-        // Keys q0..q0 + q_rows (pos0 = 0) are this block's own query rows:
+    if from_qkv && chunk == 0 {
+        // Keys q0..q0 + q_rows (pos0 = 0) are this block's own query rows
+        // (stored by the tile's first chunk only):
         // copy their K and V into the caches, all loads of a thread before
         // its stores (they mostly hit L2: the tile copies read the same rows).
         let chunks = q_rows * VECS_PER_ROW as u32;
@@ -510,7 +613,7 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
         cp_async_commit(); // always, so commit group i stays tile i
 
         if warp_has_rows {
-            let tile = first_tile + i;
+            let tile = tile0 + i;
             for sub in sub_lo..sub_hi {
                 let k0 = tile * bk + sub * SUB_K as u32;
                 let k_last = k0 + SUB_K as u32 - 1;
@@ -548,44 +651,65 @@ pub(super) unsafe fn flash_prefill_tc<F: TcFormat>(p: &FlashAttentionParams<F::C
         };
         sync_threads();
         if part > 0 {
-            let k = part - 1;
-            unroll!(dt < 8 => {
-                for e in 0..4 {
-                    // SAFETY: 4 * dt + e < MERGE_VALS: this lane's slot of part k's block.
-                    unsafe { *at(k, 4 * dt + e) = st.acc[dt][e] };
-                }
-            });
-            for r in 0..2 {
-                // SAFETY: 4 * DIM_STEPS + 3 < MERGE_VALS: this lane's m and l slots.
-                unsafe {
-                    *at(k, 4 * DIM_STEPS + r) = st.m[r];
-                    *at(k, 4 * DIM_STEPS + 2 + r) = st.l[r];
-                }
-            }
+            // SAFETY: v < MERGE_VALS: this lane's slot of part k's block.
+            st.put(|v, x| unsafe { *at(part - 1, v) = x });
         }
         sync_threads();
         if part == 0 {
             for k in 0..others {
-                let mut a = [0f32; 2];
-                let mut b2 = [0f32; 2];
-                for r in 0..2 {
-                    // SAFETY: part k's m/l slots, written before the barrier above.
-                    let (m2, l2) = unsafe { (*at(k, 4 * DIM_STEPS + r), *at(k, 4 * DIM_STEPS + 2 + r)) };
-                    let m_new = st.m[r].max(m2);
-                    let base = softmax_base(m_new);
-                    a[r] = exp2_approx(st.m[r] - base);
-                    b2[r] = exp2_approx(m2 - base);
-                    st.l[r] = st.l[r] * a[r] + l2 * b2[r];
-                    st.m[r] = m_new;
-                }
-                unroll!(dt < 8 => {
-                    for e in 0..4 {
-                        // SAFETY: part k's accumulator slot, written before the barrier above.
-                        let other = unsafe { *at(k, 4 * dt + e) };
-                        st.acc[dt][e] = fma(st.acc[dt][e], a[e / 2], other * b2[e / 2]);
-                    }
-                });
+                // SAFETY: part k's slots, written before the barrier above.
+                st.merge(|v| unsafe { *at(k, v) });
             }
+        }
+    }
+
+    if chunks > 1 {
+        // Key chunks: every block leaves its slices' states in its slot of
+        // `part_state`; the last of the tile's chunks to arrive merges them in
+        // chunk order (its own re-read, so the sums do not depend on which
+        // block came last), stores the output and resets the counter.
+        let first = first_block;
+        // SAFETY: blocks first..first + chunks are this tile's chunks, inside the grid whose
+        // states `part_state` holds; slice < slices, v < MERGE_VALS: inside a block's state.
+        let at = |blk: u32, v: usize| unsafe {
+            p.part_state.add(
+                blk as usize * FLASH_PREFILL_BLOCK_STATE as usize
+                    + (slice as usize * MERGE_VALS + v) * WARP_SIZE as usize
+                    + lane as usize,
+            )
+        };
+        if part == 0 {
+            // SAFETY: this block's own slot, written by this lane alone.
+            st.put(|v, x| unsafe { *at(first + chunk, v) = x });
+        }
+        thread_fence();
+        // Every lane's state written and fenced before thread 0 arrives (the
+        // barrier below evaluates its argument, the arrival, before it
+        // synchronises).
+        sync_threads();
+        // One counter per (query tile, pair), in the unsplit grid's order.
+        // SAFETY: the params' contract: a counter per query tile and pair.
+        let counter = unsafe { p.part_count.add(unit as usize) };
+        let last = sync_threads_or(
+            // SAFETY: a live u32, zero between launches.
+            gtid == 0 && unsafe { atomic_add_acq_rel_u32(counter, 1) } == chunks - 1,
+        );
+        if !last {
+            return;
+        }
+        thread_fence();
+        if part == 0 {
+            // Through L2 (`ld.global.cg`): the other chunks' blocks wrote them.
+            // SAFETY: written before their arrivals, which this block saw.
+            st = RowState::get(|v| unsafe { load_cg(at(first, v)) });
+            for k in 1..chunks {
+                // SAFETY: as above.
+                st.merge(|v| unsafe { load_cg(at(first + k, v)) });
+            }
+        }
+        if gtid == 0 {
+            // SAFETY: every chunk of the tile has arrived; none touches it again.
+            unsafe { *counter = 0 };
         }
     }
 
