@@ -603,25 +603,23 @@ fn flash_prefill_key_chunks_are_deterministic() {
         for chunk in [None, Some(2)] {
             let mut ws = FlashWorkspace::new(&gpu, b, nh, t).unwrap();
             ws.force_prefill_chunk_tiles(chunk);
-            let d_qkv = gpu.upload(&qkv).unwrap();
+            let run = Run {
+                gpu: &gpu,
+                path: Path::Prefill,
+                precision,
+                shape,
+                qkv: &qkv,
+            };
+            // The output of a launch on NaN-poisoned caches of the precision's element.
             let mut launch = || -> Vec<f32> {
-                let mut out = gpu.upload(&vec![f32::NAN; b * t * c]).unwrap();
-                let opts = FlashOptions { precision, ws: &mut ws };
-                if precision == FlashPrecision::Bf16 {
-                    let (mut k, mut v) = (
-                        gpu.upload(&vec![bf16::NAN; k_cpu.len()]).unwrap(),
-                        gpu.upload(&vec![bf16::NAN; v_cpu.len()]).unwrap(),
-                    );
-                    attention_forward_flash_prefill(&gpu, &mut out, &mut k, &mut v, &d_qkv, shape, opts).unwrap();
+                let out = if precision == FlashPrecision::Bf16 {
+                    let nan = vec![bf16::NAN; k_cpu.len()];
+                    run.launch(&mut ws, &nan, &nan).map(|r| r.0)
                 } else {
-                    let (mut k, mut v) = (
-                        gpu.upload(&vec![f32::NAN; k_cpu.len()]).unwrap(),
-                        gpu.upload(&vec![f32::NAN; v_cpu.len()]).unwrap(),
-                    );
-                    attention_forward_flash_prefill(&gpu, &mut out, &mut k, &mut v, &d_qkv, shape, opts).unwrap();
-                }
-                gpu.synchronize().unwrap();
-                gpu.download(&out).unwrap()
+                    let nan = vec![f32::NAN; k_cpu.len()];
+                    run.launch(&mut ws, &nan, &nan).map(|r| r.0)
+                };
+                out.unwrap()
             };
             let (first, second) = (launch(), launch());
             let differ = first
