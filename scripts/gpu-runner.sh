@@ -252,7 +252,7 @@ SANITIZER_TIMEOUT="${SANITIZER_TIMEOUT:-300}"
 PORTABLE="${PORTABLE:-1}"
 PORTABLE_TESTS="${PORTABLE_TESTS:-gpu gpu_oom}"
 # libtest --skip matches substrings: keep these full paths.
-WGMMA_TESTS="${WGMMA_TESTS-matmul_tf32::matmul_tf32_wgmma_error_matches_cublas matmul_tf32::matmul_tf32_split_k_every_wgmma_tile matmul_bf16::matmul_bf16_wgmma_gpt2_shapes matmul_bf16::matmul_bf16_wgmma_split_k_parts_add_up_to_the_twin matmul_bf16::matmul_bf16_wgmma_awkward_shapes_every_variant matmul_bf16::matmul_bf16_wgmma_selects_exactly matmul_bf16::matmul_bf16_wgmma_qkv_fills_the_kv_cache decode::decode_step_fold_matches_cpu}"
+WGMMA_TESTS="${WGMMA_TESTS-matmul_tf32::matmul_tf32_wgmma_error_matches_cublas matmul_tf32::matmul_tf32_split_k_every_wgmma_tile matmul_bf16::matmul_bf16_wgmma_gpt2_shapes matmul_bf16::matmul_bf16_wgmma_split_k_parts_add_up_to_the_twin matmul_bf16::matmul_bf16_wgmma_awkward_shapes_every_variant matmul_bf16::matmul_bf16_wgmma_selects_exactly matmul_bf16::matmul_bf16_wgmma_qkv_fills_the_kv_cache matmul_bf16::wgmma_tma_store_matches_the_elementwise_store decode::decode_step_fold_matches_cpu}"
 ORACLE_TESTS="${ORACLE_TESTS-oracle::cpu_logits_match_transformers forward::transformers_oracle}"
 ORACLE="${ORACLE:-1}"
 ORACLE_TIMEOUT="${ORACLE_TIMEOUT:-240}"

@@ -36,6 +36,11 @@ pub const PORTABLE_KERNELS_ENV: &str = "GPT2_PORTABLE_KERNELS";
 /// with PDL (to compare; see [`Gpu::set_chain_pdl`]): `1` for every kernel,
 /// or a comma-separated list of the kernels to keep out of the chain.
 pub const NO_CHAIN_PDL_ENV: &str = "GPT2_NO_CHAIN_PDL";
+/// Environment variable that turns off the `wgmma` matmuls' TMA-store
+/// epilogue (to compare; see [`Gpu::set_tma_store`]): `1` for every output,
+/// `f32` for f32 outputs only. Their tiles are then stored element-wise, as
+/// the last row of tiles always is.
+pub const NO_TMA_STORE_ENV: &str = "GPT2_NO_TMA_STORE";
 /// The compute capability the sm_90a module (with `wgmma`) runs on: PTX for
 /// an architecture-specific target loads on exactly that architecture.
 const SM90A_CAPABILITY: (i32, i32) = (9, 0);
@@ -105,6 +110,9 @@ pub struct Gpu {
     chainable: HashSet<String>,
     /// Whether [`Gpu::launch`] chains the `chainable` kernels with PDL.
     chain_pdl: AtomicBool,
+    /// Whether the `wgmma` matmuls store their tiles through the copy engine
+    /// (see [`Gpu::tma_store`]): bf16 outputs, f32 outputs.
+    tma_store: [AtomicBool; 2],
 }
 
 impl Gpu {
@@ -160,6 +168,7 @@ impl Gpu {
             wgmma,
             chain_pdl: AtomicBool::new(!chainable.is_empty()),
             chainable,
+            tma_store: tma_store_from_env(),
             tensor_maps: Mutex::new(TensorMapCache::default()),
             shared_limits: Mutex::new(HashMap::new()),
             kernels: Module::new(module),
@@ -276,6 +285,21 @@ impl Gpu {
     /// the sm_90a module is loaded, unless [`NO_CHAIN_PDL_ENV`] is set).
     pub fn chain_pdl(&self) -> bool {
         self.chain_pdl.load(Ordering::Relaxed)
+    }
+
+    /// Whether the `wgmma` matmuls (TF32, 3xTF32 and bf16, unsplit) with an
+    /// output of `elem` get a tensor map of it and store whole tiles through
+    /// the copy engine (on unless [`NO_TMA_STORE_ENV`] says otherwise).
+    pub fn tma_store(&self, elem: TensorElem) -> bool {
+        self.tma_store[usize::from(elem == TensorElem::F32)].load(Ordering::Relaxed)
+    }
+
+    /// Turn the `wgmma` matmuls' TMA-store epilogue on or off for every
+    /// output type (tests run both paths; the results are the same bits).
+    pub fn set_tma_store(&self, on: bool) {
+        for flag in &self.tma_store {
+            flag.store(on, Ordering::Relaxed);
+        }
     }
 
     /// Whether [`Gpu::launch`] (and [`Gpu::launch_cluster`]) launch kernel
@@ -626,6 +650,17 @@ impl Gpu {
 }
 
 /// Whether environment variable `name` is set to something other than "" or "0".
+/// The TMA-store switches (bf16 outputs, f32 outputs) [`NO_TMA_STORE_ENV`]
+/// leaves on.
+fn tma_store_from_env() -> [AtomicBool; 2] {
+    let (bf16, f32) = match std::env::var(NO_TMA_STORE_ENV).unwrap_or_default().trim() {
+        "" | "0" => (true, true),
+        "f32" => (true, false),
+        _ => (false, false),
+    };
+    [AtomicBool::new(bf16), AtomicBool::new(f32)]
+}
+
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
@@ -732,7 +767,8 @@ pub enum TensorElem {
 }
 
 impl TensorElem {
-    fn bytes(self) -> u64 {
+    /// Bytes of one element.
+    pub fn size(self) -> usize {
         match self {
             TensorElem::F32 => 4,
             TensorElem::Bf16 => 2,
@@ -753,7 +789,7 @@ fn encode_tensor_map_2d(
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
     // Innermost dimension first; the stride of dimension 0 is implicit.
     let dims = [cols as u64, rows as u64];
-    let strides = [cols as u64 * elem.bytes()];
+    let strides = [(cols * elem.size()) as u64];
     let dtype = match elem {
         TensorElem::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
         TensorElem::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,

@@ -43,7 +43,7 @@ use gpu_host::shape::MatmulShape;
 use gpu_kernels::params::matmul_bf16::{
     Bf16TileShape, MATMUL_BF16_VARIANTS, MATMUL_BF16_WGMMA_BK, MATMUL_BF16_WGMMA_VARIANTS,
 };
-use gpu_kernels::params::matmul_tf32::TileShape;
+use gpu_kernels::params::matmul_tf32::{TileEngine, TileShape};
 use half::bf16;
 use host::cpu::ops::{gelu_forward, matmul_forward_bf16 as cpu_matmul_forward_bf16};
 use host::gpu::Gpu;
@@ -54,6 +54,10 @@ use host::gpu::ops::matmul_bf16::{
     matmul_forward_bf16_wgmma_partials, matmul_forward_bf16_wgmma_split, matmul_forward_bf16_wgmma_with,
     matmul_forward_bf16_with,
 };
+use host::gpu::ops::matmul_tf32::{
+    Tf32Options, Tf32TileOptions, matmul_forward_tf32_opts, matmul_forward_tf32_with, tf32_variants,
+};
+use host::gpu::runtime::TensorElem;
 use rand::Rng;
 
 use crate::kernels::skip;
@@ -804,4 +808,115 @@ fn matmul_bf16_wgmma_qkv_fills_the_kv_cache() {
         matches!(err, Err(OpError::Shape { .. })),
         "a ragged call was accepted: {err:?}"
     );
+}
+
+/// The `wgmma` tiles' TMA-store epilogue (whole-row tiles finished in
+/// registers and stored by the copy engine) against their element-wise
+/// store, bit for bit: every bf16 tile (f32 and bf16 out, bias and GELU)
+/// and every TF32 tile (bias and GELU; the chosen tile with its results
+/// rounded to TF32, as the engine's MLP up-projection asks). `n` spans
+/// several row tiles and a partial one, `oc` a partial 128-byte box (200
+/// bf16 or f32 columns) and a partial column tile; both outputs start as
+/// NaN, so an element the copy engine missed shows. The output buffers have
+/// `SPARE_ROWS` rows more than `n`, which the output map spans (one map a
+/// buffer, whatever `n`): they must stay NaN. The element-wise results are
+/// themselves checked against the CPU twin.
+#[test]
+#[ignore = "needs a GPU"]
+fn wgmma_tma_store_matches_the_elementwise_store() {
+    let Some(gpu) = wgmma_gpu() else { return };
+    const SPARE_ROWS: usize = 70;
+    gpu.set_tma_store(true);
+    assert!(gpu.tma_store(TensorElem::Bf16) && gpu.tma_store(TensorElem::F32));
+    let same = |tma: &[f32], plain: &[f32], n: usize, oc: usize, what: &str| {
+        assert!(
+            tma[n * oc..].iter().chain(&plain[n * oc..]).all(|v| v.is_nan()),
+            "{what}: a row past n was written"
+        );
+        for (i, (a, b)) in tma[..n * oc].iter().zip(&plain[..n * oc]).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits(),
+                "{what}: element {i} is {a} through the TMA store, {b} element-wise"
+            );
+        }
+    };
+    for (n, c, oc) in [(400, 136, 200), (392, 64, 2304)] {
+        let case = Case::new(&gpu, n, c, oc, true, true);
+        let shape = MatmulShape::new(n, oc, c);
+        for s in &MATMUL_BF16_WGMMA_VARIANTS {
+            for bf16_out in [false, true] {
+                let run = |tma: bool| -> Vec<f32> {
+                    gpu.set_tma_store(tma);
+                    let opts = Bf16TileOptions {
+                        gelu: true,
+                        ..Bf16TileOptions::new(*s)
+                    };
+                    let (inp, w, bias) = (&case.d_inp16, &case.d_w, case.d_b.as_ref());
+                    if bf16_out {
+                        let mut d_out = gpu.upload(&vec![bf16::NAN; (n + SPARE_ROWS) * oc]).unwrap();
+                        matmul_forward_bf16_wgmma_with(&gpu, opts, Bf16Out::Bf16(&mut d_out), inp, w, bias, shape)
+                            .unwrap();
+                        gpu.download(&d_out).unwrap().iter().map(|v| v.to_f32()).collect()
+                    } else {
+                        let mut d_out = gpu.upload(&vec![f32::NAN; (n + SPARE_ROWS) * oc]).unwrap();
+                        matmul_forward_bf16_wgmma_with(&gpu, opts, Bf16Out::F32(&mut d_out), inp, w, bias, shape)
+                            .unwrap();
+                        gpu.download(&d_out).unwrap()
+                    }
+                };
+                let what = format!("{} n={n} c={c} oc={oc} bf16 out={bf16_out}", s.name);
+                let plain = run(false);
+                case.check_against_twin(&plain[..n * oc], &what, bf16_out);
+                same(&run(true), &plain, n, oc, &what);
+            }
+        }
+        let mut rng = crate::seed::rng();
+        let inp: Vec<f32> = random(n * c, &mut rng);
+        let w: Vec<f32> = random(oc * c, &mut rng);
+        let b: Vec<f32> = random(oc, &mut rng);
+        let (d_inp, d_w, d_b) = (
+            gpu.upload(&inp).unwrap(),
+            gpu.upload(&w).unwrap(),
+            gpu.upload(&b).unwrap(),
+        );
+        let tf32_tiles = tf32_variants(true)
+            .into_iter()
+            .filter(|t| t.engine == TileEngine::Wgmma);
+        for tile in tf32_tiles.map(Some).chain([None]) {
+            let run = |tma: bool| -> Vec<f32> {
+                gpu.set_tma_store(tma);
+                let mut d_out = gpu.upload(&vec![f32::NAN; (n + SPARE_ROWS) * oc]).unwrap();
+                match tile {
+                    Some(tile) => {
+                        let opts = Tf32TileOptions {
+                            tile,
+                            splits: 1,
+                            gelu: true,
+                            inp_rounded: false,
+                            split_workspace: None,
+                        };
+                        matmul_forward_tf32_with(&gpu, opts, &mut d_out, &d_inp, &d_w, Some(&d_b), shape).unwrap()
+                    }
+                    None => {
+                        let opts = Tf32Options {
+                            gelu: true,
+                            round_out: true,
+                            ..Tf32Options::default()
+                        };
+                        matmul_forward_tf32_opts(&gpu, opts, &mut d_out, &d_inp, &d_w, Some(&d_b), shape).unwrap()
+                    }
+                }
+                gpu.download(&d_out).unwrap()
+            };
+            let name = tile.map_or("TF32 chosen tile, rounded out", |t| t.name);
+            let what = format!("{name} n={n} c={c} oc={oc}");
+            let plain = run(false);
+            assert!(
+                plain[..n * oc].iter().all(|v| v.is_finite()),
+                "{what}: the element-wise store left NaN"
+            );
+            same(&run(true), &plain, n, oc, &what);
+        }
+    }
+    gpu.set_tma_store(true);
 }

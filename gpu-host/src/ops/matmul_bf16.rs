@@ -18,9 +18,9 @@ use gpu_kernels::params::matmul_bf16::{
     Bf16TileShape, MATMUL_BF16_64X64, MATMUL_BF16_128X128, MATMUL_BF16_C_MULTIPLE, MATMUL_BF16_WGMMA_BK,
     MATMUL_BF16_WGMMA_VARIANTS, MatmulBf16Params, MatmulBf16WgmmaParams, QKV_CACHE_HEAD_SIZE, QkvCacheOut,
 };
-use gpu_kernels::params::matmul_tf32::TileShape;
+use gpu_kernels::params::matmul_tf32::{TileShape, WGMMA_OUT_BOX_BYTES};
 
-use super::args::{OpError, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use super::args::{OpError, VEC_ALIGN, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use super::matmul_tf32::{SplitRule, predicted_cost, tf32_blocks};
 use crate::runtime::TensorElem;
 use crate::{Gpu, MatmulShape};
@@ -371,17 +371,13 @@ pub fn matmul_forward_bf16_wgmma_split(
         splits,
         ktiles_per_split: ktiles.div_ceil(splits),
     };
-    let out = out_ptr(gpu, parts);
-    launch_wgmma(
-        gpu,
-        Bf16TileOptions::new(tile),
-        (out, std::ptr::null_mut(), QkvCacheOut::NONE),
-        inp,
-        weight,
-        None,
-        shape,
-        split,
-    )?;
+    let out = WgmmaOut {
+        f32: out_ptr(gpu, parts),
+        bf16: std::ptr::null_mut(),
+        kv: QkvCacheOut::NONE,
+        rows: shape.m,
+    };
+    launch_wgmma(gpu, Bf16TileOptions::new(tile), out, inp, weight, None, shape, split)?;
     Ok(splits)
 }
 
@@ -410,33 +406,63 @@ pub fn matmul_forward_bf16_wgmma_with(
     shape: MatmulShape,
 ) -> Result<(), OpError> {
     let MatmulShape { m, n, .. } = shape;
+    // The output's rows as allocated (its tensor map spans them all, so one
+    // map serves every m; the kernel stores through it only tiles below m).
+    let rows = |len: usize| len / n.max(1);
     let outs = match out {
         Bf16Out::F32(o) => {
             check_len(OP_WGMMA, "out", o.len(), m * n)?;
-            (out_ptr(gpu, o), std::ptr::null_mut(), QkvCacheOut::NONE)
+            WgmmaOut {
+                f32: out_ptr(gpu, o),
+                bf16: std::ptr::null_mut(),
+                kv: QkvCacheOut::NONE,
+                rows: rows(o.len()),
+            }
         }
         Bf16Out::Bf16(o) => {
             check_len(OP_WGMMA, "out", o.len(), m * n)?;
-            (std::ptr::null_mut(), out_ptr(gpu, o).cast::<u16>(), QkvCacheOut::NONE)
+            WgmmaOut {
+                f32: std::ptr::null_mut(),
+                bf16: out_ptr(gpu, o).cast::<u16>(),
+                kv: QkvCacheOut::NONE,
+                rows: rows(o.len()),
+            }
         }
         Bf16Out::QkvF32(o, mut kv) => {
             check_len(OP_WGMMA, "out", o.len(), m * n)?;
             let kv = kv.params(gpu, m, n)?;
-            (out_ptr(gpu, o), std::ptr::null_mut(), kv)
+            WgmmaOut {
+                f32: out_ptr(gpu, o),
+                bf16: std::ptr::null_mut(),
+                kv,
+                rows: rows(o.len()),
+            }
         }
     };
     launch_wgmma(gpu, opts, outs, inp, weight, bias, shape, UNSPLIT)
 }
 
-/// One launch of a bf16 `wgmma` tile: `outs` is (f32 out, bf16 out, KV
-/// caches), exactly one of the outs non-null and sized by the caller
+/// Where one bf16 `wgmma` launch writes: exactly one of `f32` and `bf16`
+/// non-null, `kv` the KV caches a qkv matmul also fills (or none), `rows`
+/// the output buffer's rows (at least m; for its tensor map).
+struct WgmmaOut {
+    f32: *mut f32,
+    bf16: *mut u16,
+    kv: QkvCacheOut,
+    rows: usize,
+}
+
+/// One launch of a bf16 `wgmma` tile: `outs` sized by the caller
 /// (`split.splits * m * n` floats for a split launch, whose bias is `None`,
 /// GELU off and caches none), the caches checked by [`QkvCache::params`].
+/// An unsplit launch without caches whose output rows are 16-byte multiples
+/// stores its tiles through a tensor map of the output (while
+/// [`Gpu::tma_store`]).
 #[allow(clippy::too_many_arguments)]
 fn launch_wgmma(
     gpu: &Gpu,
     opts: Bf16TileOptions<TileShape>,
-    (out_f32, out_bf16, kv): (*mut f32, *mut u16, QkvCacheOut),
+    outs: WgmmaOut,
     inp: &CudaSlice<half::bf16>,
     weight: &CudaSlice<half::bf16>,
     bias: Option<&CudaSlice<f32>>,
@@ -445,6 +471,12 @@ fn launch_wgmma(
 ) -> Result<(), OpError> {
     let Bf16TileOptions { tile, gelu } = opts;
     let tile = &tile;
+    let WgmmaOut {
+        f32: out_f32,
+        bf16: out_bf16,
+        kv,
+        ..
+    } = outs;
     if !gpu.has_wgmma() {
         return Err(OpError::shape(
             OP_WGMMA,
@@ -480,9 +512,25 @@ fn launch_wgmma(
     // do): one map per activation buffer, whatever the token count; rows
     // past m only feed output rows that are never stored.
     let inp_rows = inp.len() / k.max(1);
+    let (elem, ptr) = if out_bf16.is_null() {
+        (TensorElem::F32, out_f32 as u64)
+    } else {
+        (TensorElem::Bf16, out_bf16 as u64)
+    };
+    let out_map = if gpu.tma_store(elem) && split.splits <= 1 && kv.k.is_null() {
+        let box_cols = WGMMA_OUT_BOX_BYTES / elem.size() as u32;
+        if ptr.is_multiple_of(VEC_ALIGN as u64) && (n * elem.size()).is_multiple_of(VEC_ALIGN) {
+            gpu.tensor_map_2d(elem, ptr, outs.rows, n, tile.bm, box_cols)?
+        } else {
+            std::ptr::null()
+        }
+    } else {
+        std::ptr::null()
+    };
     let params = MatmulBf16WgmmaParams {
         inp_map: gpu.tensor_map_2d(TensorElem::Bf16, inp_p, inp_rows, k, tile.bm, bk)?,
         weight_map: gpu.tensor_map_2d(TensorElem::Bf16, w_p, n, k, tile.bn, bk)?,
+        out_map,
         out: out_f32,
         out_bf16,
         bias: bias.map_or(std::ptr::null(), |b| in_ptr(gpu, b)),

@@ -16,9 +16,11 @@ use gpu_kernels::params::matmul::MatmulSplitReduceParams;
 use gpu_kernels::params::matmul_tf32::{
     MATMUL_3XTF32_VARIANTS, MATMUL_3XTF32_WGMMA_VARIANTS, MATMUL_TF32_BK, MATMUL_TF32_VARIANTS,
     MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params, MatmulTf32WgmmaParams, TileEngine, TileShape, WGMMA_M,
+    WGMMA_OUT_BOX_BYTES,
 };
 
 use crate::MatmulShape;
+use crate::ops::args::VEC_ALIGN;
 use crate::ops::matmul::launch_split_reduce;
 use crate::runtime::{Gpu, GpuError, TensorElem};
 
@@ -848,6 +850,7 @@ where
     let (inp_p, _g1) = inp.device_ptr(&stream);
     let (w_p, _g2) = weight.device_ptr(&stream);
     let bias_p = bias.map(|b| b.device_ptr(&stream));
+    let out_rows = out.len() / n.max(1);
     let (out_p, _g3) = out.device_ptr_mut(&stream);
     if inp_p % CP_ASYNC_ALIGN != 0 {
         return Err(MatmulTf32Error::Misaligned("inp"));
@@ -873,9 +876,19 @@ where
         // the token count (no new upload, and no host wait, per new m). Rows
         // past m only feed output rows past m, which are never stored.
         let inp_rows = inp.len() / k.max(1);
+        // Unsplit: the tiles below m go out through a map of `out` (all its
+        // rows: one map per buffer, whatever m). Rows of 16-byte multiples.
+        let out_map = if gpu.tma_store(TensorElem::F32) && splits == 1 && n.is_multiple_of(VEC_ALIGN / size_of::<f32>())
+        {
+            let box_cols = WGMMA_OUT_BOX_BYTES / size_of::<f32>() as u32;
+            gpu.tensor_map_2d(TensorElem::F32, out_p, out_rows, n, tile.bm, box_cols)?
+        } else {
+            std::ptr::null()
+        };
         let params = MatmulTf32WgmmaParams {
             inp_map: gpu.tensor_map_2d(TensorElem::F32, inp_p, inp_rows, k, tile.bm, MATMUL_TF32_BK)?,
             weight_map: gpu.tensor_map_2d(TensorElem::F32, w_p, n, k, tile.bn, MATMUL_TF32_BK)?,
+            out_map,
             out: out_p as *mut f32,
             bias: bias_ptr,
             n: m as u32,

@@ -54,3 +54,26 @@ pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
     }
     [a, b]
 }
+
+/// Store two floats at shared-memory address `addr` (`st.shared.v2.f32`,
+/// as [`ld_shared_v2_f32`] loads them). Through the asm the pair stays two
+/// 32-bit registers: stored as a `[f32; 2]` through a pointer, LLVM moves it
+/// as one 64-bit integer, which costs registers where the same pair also
+/// feeds arithmetic (the `wgmma` kernels' epilogue).
+///
+/// # Safety
+/// `addr` is 8-byte aligned, the 8 bytes at it lie in this block's shared
+/// memory, and no other thread reads or writes them until a barrier.
+#[inline(always)]
+pub unsafe fn st_shared_v2_f32(addr: u32, v: [f32; 2]) {
+    // SAFETY: the caller's contract; the asm writes 8 shared bytes.
+    unsafe {
+        core::arch::asm!(
+            "st.shared.v2.f32 [{p}], {{{a}, {b}}};",
+            p = in(reg32) addr,
+            a = in(reg32) v[0],
+            b = in(reg32) v[1],
+            options(nostack, preserves_flags)
+        )
+    }
+}

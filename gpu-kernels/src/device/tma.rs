@@ -2,9 +2,10 @@
 //! it (sm_90).
 //!
 //! A TMA copy moves a whole 2-D box of a tensor from global to shared memory
-//! on the copy engine, described by a tensor map the host encodes
-//! (`cuTensorMapEncodeTiled`): no thread computes an address or touches the
-//! data. Boxes that stick out of the tensor are zero-filled. The copy
+//! (or back, [`tma_store_2d`]) on the copy engine, described by a tensor
+//! map the host encodes (`cuTensorMapEncodeTiled`): no thread computes an
+//! address or touches the data. Boxes that stick out of the tensor are
+//! zero-filled when loaded and clipped when stored. The copy
 //! announces its bytes to an `mbarrier` in shared memory
 //! (`complete_tx::bytes`); the barrier's phase completes when its expected
 //! arrivals and bytes are all in, and threads wait for that phase by parity.
@@ -130,6 +131,55 @@ pub unsafe fn tma_load_2d(dst: u32, tensor_map: u64, x: i32, y: i32, bar: u32) {
             b = in(reg32) bar,
         )
     }
+}
+
+/// Start a TMA copy of the 2-D box at element coordinates (`x` innermost,
+/// `y`) of the tensor described by `tensor_map` *from* shared memory at
+/// `src` to global memory (`cp.async.bulk.tensor.2d.global.shared::cta`),
+/// tracked by this thread's bulk-async group ([`bulk_commit_group`],
+/// [`bulk_wait_group_read_all`]). Parts of the box outside the tensor are
+/// not written.
+///
+/// # Safety
+/// `tensor_map` is the generic address of a valid tensor map (as for
+/// [`tma_load_2d`]) of a live tensor that nothing else reads or writes in
+/// the box's range until this grid ends; `src` is a shared address holding
+/// the box in the map's layout (its swizzle's alignment), written through
+/// the generic proxy only before a [`fence_proxy_async_shared`] by each
+/// writer and a barrier with this thread, and left unwritten until
+/// [`bulk_wait_group_read_all`] returns.
+#[inline(always)]
+pub unsafe fn tma_store_2d(tensor_map: u64, x: i32, y: i32, src: u32) {
+    // SAFETY: the caller vouches for the map, the box in `src` (fenced and published), and
+    // that nobody touches `src` or the box's global range until the group's read completes.
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [{m}, {{{x}, {y}}}], [{s}];",
+            m = in(reg64) tensor_map,
+            x = in(reg32) x,
+            y = in(reg32) y,
+            s = in(reg32) src,
+            options(nostack),
+        )
+    }
+}
+
+/// Close this thread's bulk-async group: the bulk copies it started since
+/// the last commit ([`tma_store_2d`]) become one group to wait for.
+#[inline(always)]
+pub fn bulk_commit_group() {
+    // SAFETY: bookkeeping of this thread's own bulk copies.
+    unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) }
+}
+
+/// Wait until every committed bulk-async group of this thread has finished
+/// *reading* its shared-memory source (the writes to global may still be
+/// in flight; they are visible to later grids once this one ends), so that
+/// memory may be reused or the block may exit.
+#[inline(always)]
+pub fn bulk_wait_group_read_all() {
+    // SAFETY: a wait on this thread's own bulk copies.
+    unsafe { asm!("cp.async.bulk.wait_group.read 0;", options(nostack)) }
 }
 
 /// Start a bulk copy (no tensor map) of `bytes` contiguous bytes from global

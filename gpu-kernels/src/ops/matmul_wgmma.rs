@@ -40,17 +40,20 @@
 //!   barrier. (Rounding both operands in the kernel cost about a third of
 //!   its speed; not rounding at all doubles cuBLAS TF32's error.)
 //! - Epilogue: after a consumer barrier (nobody reads the stages any more),
-//!   each thread parks its accumulator pairs in shared memory by constant
-//!   index, then `matmul_tf32::store_tile` streams the tile out with bias,
-//!   GELU and 16-byte stores: a compact loop instead of `BN / 2` unrolled
-//!   store sequences per thread (which made the 128x256 kernel 16k
-//!   instructions long, and slow).
+//!   a tile whose rows all lie in the output (with an output map: unsplit,
+//!   no KV caches) is finished in registers and stored box by box by the
+//!   copy engine ([`TmaEpilogue`]). Otherwise each thread parks its
+//!   accumulator pairs in shared memory by constant index, then
+//!   `matmul_tf32::store_tile` streams the tile out with bias, GELU and
+//!   16-byte stores: a compact loop instead of `BN / 2` unrolled store
+//!   sequences per thread (which made the 128x256 kernel 16k instructions
+//!   long, and slow).
 
-use crate::device::mma::{shared_addr, to_tf32};
-use crate::device::shared::dynamic_shared_align16;
+use crate::device::mma::{pack_bf16x2, shared_addr, to_tf32};
+use crate::device::shared::{dynamic_shared_align16, st_shared_v2_f32};
 use crate::device::tma::{
-    MBARRIER_BYTES, fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init,
-    mbarrier_wait_parity, tma_load_2d,
+    MBARRIER_BYTES, bulk_commit_group, bulk_wait_group_read_all, fence_mbarrier_init, mbarrier_arrive,
+    mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait_parity, tma_load_2d, tma_store_2d,
 };
 use crate::device::wgmma::{
     SWIZZLE_ROW_BYTES, WgmmaAccumulator, descriptor_k_major_sw128, fence_proxy_async_shared, wgmma_commit_group,
@@ -60,6 +63,7 @@ use crate::device::{Vec2, Vec4};
 use crate::device::{
     WARP_SIZE, block_idx_x, block_idx_y, grid_dependency_sync, named_barrier_sync, sync_threads, thread_idx_x,
 };
+use crate::ops::gelu::gelu;
 use crate::ops::matmul_tf32::{TileOut, grouped_tile, store_tile};
 use crate::params::matmul_bf16::*;
 use crate::params::matmul_tf32::*;
@@ -142,6 +146,9 @@ impl WgmmaOperands for Bf16 {
 struct Gemm {
     inp_map: u64,
     weight_map: u64,
+    /// The output's map for TMA stores, 0 for none (see
+    /// `MatmulTf32WgmmaParams::out_map`).
+    out_map: u64,
     out: TileOut,
     bias: *const f32,
     n: usize,
@@ -479,10 +486,23 @@ unsafe fn matmul_wgmma_body<
     }
 
     // Epilogue: once every consumer is done with the stages (and every TMA
-    // write has landed: each stage's `full` phase was awaited), park the
-    // accumulators there (pair layout in `device::wgmma`), then stream the
-    // tile out.
+    // write has landed: each stage's `full` phase was awaited), either
+    // finish the tile in registers and store it through the copy engine
+    // ([`TmaEpilogue`]: whole-row tiles of an unsplit launch with an output
+    // map), or park the accumulators there (pair layout in `device::wgmma`)
+    // and stream the tile out with `store_tile`. One pass over the pairs
+    // serves both: two passes (one a path) kept a second copy of the
+    // accumulators alive and took every tile past its register budget.
     named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+    let kv = matches!(p.out, TileOut::F32Kv { .. });
+    let tma = p.out_map != 0 && m0 + BM <= n && p.k_tiles_per_split == 0 && !kv;
+    let epi = TmaEpilogue::<BM, BN>::new(&p, smem, smem_ptr, n0);
+    if tma {
+        // SAFETY: every consumer is past the barrier above (stages free) and runs this
+        // (the barrier inside); the stages hold the staged tile and its bias (checked
+        // at compile time); `p.bias` is null or holds `oc` floats (the launch contract).
+        unsafe { epi.copy_bias::<STAGES, CONSUMERS>(tid) };
+    }
     let tile = smem_ptr.cast::<f32>();
     let ldo = BN + EPI_PAD;
     let lane = tid % WARP_SIZE as usize;
@@ -493,15 +513,213 @@ unsafe fn matmul_wgmma_body<
         let pair = pair as usize;
         let row = row0 + HALF_ROWS * (pair % 2);
         let col = GROUP_COLS * (pair / 2) + 2 * t;
-        // SAFETY: row < BM and col + 2 <= BN < ldo: inside the tile parked over the
-        // stages (all consumers are past the barrier above); col is even, so the
-        // 8-byte `Vec2` store is aligned.
-        unsafe { *tile.add(row * ldo + col).cast::<Vec2<f32>>() = Vec2(v) };
+        if tma {
+            // SAFETY: row < BM, col + 2 <= BN (even), row % 8 == g; the bias was copied.
+            unsafe { epi.stage_pair(row, col, g, v) };
+            // Pairs come in column order: a box is complete after its last
+            // column group's pairs, and goes out while the next is staged.
+            let pairs_per_box = epi.box_cols() / GROUP_COLS * 2;
+            if (pair + 1).is_multiple_of(pairs_per_box) || pair + 1 == BN / GROUP_COLS * 2 {
+                // SAFETY: every consumer staged box pair / pairs_per_box (the same pairs in
+                // every thread); the map covers rows m0..m0 + BM (`tma`'s condition).
+                unsafe { epi.store_box::<CONSUMERS>(tid, m0, pair / pairs_per_box) };
+            }
+        } else {
+            // SAFETY: row < BM and col + 2 <= BN < ldo: inside the tile parked over the
+            // stages (all consumers are past the barrier above); col is even, so the
+            // 8-byte store is aligned. (The store's asm keeps the pair two registers,
+            // as the TMA path uses it: see `st_shared_v2_f32`.)
+            unsafe { st_shared_v2_f32(smem + ((row * ldo + col) * 4) as u32, v) };
+        }
     });
+    if tma {
+        if tid == 0 {
+            // The block's shared memory must outlive the copies' reads.
+            bulk_wait_group_read_all();
+        }
+        return;
+    }
     named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
     // SAFETY: every consumer's fragments are parked (the named barrier above); `out`
     // and `bias` are sized by the launch contract and store_tile guards edges.
     unsafe { store_tile(tile, ldo, BM, BN, tid, CONSUMERS, (m0, n0), out, p.bias, n, oc, p.gelu) };
+}
+
+/// The epilogue through the copy engine, for a `BM x BN` tile whose rows all
+/// lie inside the output: each consumer finishes its accumulator pairs in
+/// registers (bias, GELU, TF32 rounding, bf16 packing) and writes them to
+/// the stages' memory as the output map's boxes (128 bytes of a row by `BM`
+/// rows each, 128-byte swizzle, box `j` holding the columns from `j * 128 /
+/// size`). The pairs come in column order, so each box is complete after
+/// its columns' pairs: a consumer barrier, and one thread starts its store
+/// (`tma_store_2d`) while the next box is staged; that thread waits until
+/// every box has been read before the block ends. (Storing all boxes after
+/// the last pair left the block waiting for the reads of the whole tile:
+/// slower than the element-wise store for f32 tiles.)
+///
+/// Against [`store_tile`]'s loop of 4-value chunks (index math, edge
+/// checks and a load and a store each, about 40 instructions) this is a few
+/// instructions a pair and no second pass, and the copy engine clips the
+/// columns past `oc`. The swizzle also keeps the pairs' shared stores free
+/// of bank conflicts: a warp's eight rows put their 16-byte chunk `q` at `q
+/// ^ row % 8`.
+#[derive(Clone, Copy)]
+struct TmaEpilogue<const BM: usize, const BN: usize> {
+    /// The stages' memory (generic address, 1024-byte aligned).
+    smem_ptr: *mut u8,
+    /// The same as a shared-window address.
+    smem: u32,
+    /// The tile's bias columns, copied past the staged tile (null: no bias).
+    tile_bias: *mut f32,
+    bias: *const f32,
+    out_map: u64,
+    n0: usize,
+    oc: usize,
+    gelu: bool,
+    round_tf32: bool,
+    bf16: bool,
+}
+
+impl<const BM: usize, const BN: usize> TmaEpilogue<BM, BN> {
+    #[inline(always)]
+    fn new(p: &Gemm, smem: u32, smem_ptr: *mut u8, n0: usize) -> Self {
+        let (bf16, round_tf32) = match p.out {
+            TileOut::Bf16(_) => (true, false),
+            TileOut::F32 { round_tf32, .. } => (false, round_tf32),
+            TileOut::F32Kv { .. } => (false, false),
+        };
+        let size = if bf16 { 2 } else { 4 };
+        Self {
+            smem_ptr,
+            smem,
+            tile_bias: if p.bias.is_null() {
+                core::ptr::null_mut()
+            } else {
+                smem_ptr.wrapping_add(BM * BN * size).cast::<f32>()
+            },
+            bias: p.bias,
+            out_map: p.out_map,
+            n0,
+            oc: p.oc,
+            gelu: p.gelu,
+            round_tf32,
+            bf16,
+        }
+    }
+
+    /// Bytes of one output value.
+    #[inline(always)]
+    fn size(&self) -> usize {
+        if self.bf16 { 2 } else { 4 }
+    }
+
+    /// Copy the tile's bias columns (zero past `oc`) to shared memory past
+    /// the staged tile, then a consumer barrier: read from there, a pair's
+    /// bias is a short load, where global loads, which ptxas schedules early
+    /// to hide their latency, cost registers.
+    ///
+    /// # Safety
+    /// Every consumer calls this after a consumer barrier that freed the
+    /// stages; the stages (`STAGES` of the tile's) hold `BM x BN` values and
+    /// `BN` floats; `bias` is null or holds `oc` floats.
+    #[inline(always)]
+    unsafe fn copy_bias<const STAGES: usize, const CONSUMERS: usize>(&self, tid: usize) {
+        const {
+            // The staged tile (at most 4-byte values) and the bias columns fit in the stages.
+            assert!((BM + 1) * BN * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
+        };
+        if self.tile_bias.is_null() {
+            return;
+        }
+        let mut col = tid;
+        while col < BN {
+            let v = if self.n0 + col < self.oc {
+                // SAFETY: n0 + col < oc: inside `bias` (the caller's contract).
+                unsafe { *self.bias.add(self.n0 + col) }
+            } else {
+                0.0
+            };
+            // SAFETY: col < BN: inside the BN floats past the staged tile, which fit in
+            // the stages (checked above), free after the caller's barrier.
+            unsafe { *self.tile_bias.add(col) = v };
+            col += CONSUMERS;
+        }
+        named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+    }
+
+    /// Finish the pair `v` of row `row`, columns `col, col + 1`, and write it
+    /// to its box.
+    ///
+    /// # Safety
+    /// `row < BM`, `col` even with `col + 2 <= BN`, `g == row % 8`; the bias
+    /// was copied ([`Self::copy_bias`]); nobody else writes these bytes.
+    #[inline(always)]
+    unsafe fn stage_pair(&self, row: usize, col: usize, g: usize, v: [f32; 2]) {
+        let b = if self.tile_bias.is_null() {
+            [0.0; 2]
+        } else {
+            // SAFETY: col + 2 <= BN: inside the copied columns; col is even and the area
+            // 8-byte aligned (BM * BN * size bytes past a 1024-byte boundary), as the
+            // `Vec2` load needs.
+            unsafe { (*self.tile_bias.add(col).cast::<Vec2<f32>>()).0 }
+        };
+        let mut x = [v[0] + b[0], v[1] + b[1]];
+        if self.gelu {
+            x = x.map(gelu);
+        }
+        if self.round_tf32 {
+            x = x.map(|f| f32::from_bits(to_tf32(f)));
+        }
+        let size = self.size();
+        let box_cols = self.box_cols();
+        let byte = (col % box_cols) * size;
+        // Row `row` of box `col / box_cols`, its 16-byte chunk swizzled by row % 8.
+        let at = (col / box_cols) * BM * SWIZZLE_ROW_BYTES as usize
+            + row * SWIZZLE_ROW_BYTES as usize
+            + (((byte / CHUNK_BYTES) ^ g) * CHUNK_BYTES)
+            + byte % CHUNK_BYTES;
+        // SAFETY: row < BM and col + 2 <= BN: `at` and the pair's bytes lie inside the
+        // BM x BN staged values (the caller's contract); `at` is a multiple of the pair's
+        // size (byte is).
+        unsafe {
+            if self.bf16 {
+                *self.smem_ptr.add(at).cast::<u32>() = pack_bf16x2(x[0], x[1]);
+            } else {
+                st_shared_v2_f32(self.smem + at as u32, x);
+            }
+        }
+    }
+
+    /// Output columns a box holds.
+    #[inline(always)]
+    fn box_cols(&self) -> usize {
+        WGMMA_OUT_BOX_BYTES as usize / self.size()
+    }
+
+    /// Publish box `j` to the copy engine and (thread 0) start its store;
+    /// thread 0 waits for the boxes' reads before the block ends
+    /// (`bulk_wait_group_read_all`).
+    ///
+    /// # Safety
+    /// Every consumer calls this once its pairs of box `j` are staged; the
+    /// output map covers rows `m0 .. m0 + BM` of an output nothing else
+    /// touches in this grid.
+    #[inline(always)]
+    unsafe fn store_box<const CONSUMERS: usize>(&self, tid: usize, m0: usize, j: usize) {
+        // Generic-proxy writes, read next by the copy engine.
+        fence_proxy_async_shared();
+        named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+        let x0 = self.n0 + j * self.box_cols();
+        if tid == 0 && x0 < self.oc {
+            let box_bytes = BM * SWIZZLE_ROW_BYTES as usize;
+            // SAFETY: box j is staged, fenced and published (the barrier above) at a
+            // 1024-byte aligned offset (box_bytes is a multiple of 8 rows of 128 bytes);
+            // the map and rows m0..m0 + BM are the caller's contract; nobody writes box j
+            // again (later pairs go to later boxes) before the block's final wait.
+            unsafe { tma_store_2d(self.out_map, x0 as i32, m0 as i32, self.smem + (j * box_bytes) as u32) };
+            bulk_commit_group();
+        }
+    }
 }
 
 /// Exports one kernel per wgmma tile shape, named and sized from its
@@ -537,6 +755,7 @@ fn tf32_gemm(p: &MatmulTf32WgmmaParams) -> Gemm {
     Gemm {
         inp_map: p.inp_map as u64,
         weight_map: p.weight_map as u64,
+        out_map: p.out_map as u64,
         out: TileOut::F32 {
             out: p.out,
             round_tf32: p.round_out != 0,
@@ -558,6 +777,7 @@ fn bf16_gemm(p: &MatmulBf16WgmmaParams) -> Gemm {
     Gemm {
         inp_map: p.inp_map as u64,
         weight_map: p.weight_map as u64,
+        out_map: p.out_map as u64,
         out: if !p.out_bf16.is_null() {
             TileOut::Bf16(p.out_bf16)
         } else if !p.kv.k.is_null() {

@@ -148,6 +148,11 @@ pub const MATMUL_BF16_WGMMA_VARIANTS: [TileShape; 6] = [
 pub struct MatmulBf16WgmmaParams {
     pub inp_map: *const TensorMap,
     pub weight_map: *const TensorMap,
+    /// Null, or a map of the output (`out_bf16`, else `out`; unsplit, no
+    /// `kv`) as
+    /// [`MatmulTf32WgmmaParams::out_map`](super::matmul_tf32::MatmulTf32WgmmaParams::out_map)
+    /// describes.
+    pub out_map: *const TensorMap,
     /// `[n, oc]` f32, 16-byte aligned; written unless `out_bf16` is set.
     pub out: *mut f32,
     /// Null, or `[n, oc]` bf16 bits (8-byte aligned) written instead of

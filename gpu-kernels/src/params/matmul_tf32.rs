@@ -39,6 +39,9 @@ pub const WGMMA_ROW_BYTES: u32 = MATMUL_TF32_BK * 4;
 /// of 8 rows); the dynamic shared memory is over-allocated by this much so
 /// the kernel can align its base.
 pub const WGMMA_SMEM_ALIGN: u32 = 1024;
+/// Bytes of an output row one TMA store box of the wgmma kernels spans (the
+/// 128-byte swizzle's limit): 32 f32 or 64 bf16 columns.
+pub const WGMMA_OUT_BOX_BYTES: u32 = 128;
 /// Padding (floats) of the rows of the output tile the wgmma kernels stage
 /// in shared memory for their epilogue.
 pub const WGMMA_EPI_PAD: u32 = 8;
@@ -339,6 +342,12 @@ pub struct MatmulTf32WgmmaParams {
     pub inp_map: *const TensorMap,
     /// Map of `weight` `[oc, c]`: box of `MATMUL_TF32_BK` x `bn`, 128-byte swizzle.
     pub weight_map: *const TensorMap,
+    /// Null, or a map of `out` for the tile's TMA stores (unsplit launches):
+    /// at least `n` rows of `oc` elements (f32, or bf16 for a bf16 out), box
+    /// of 128 bytes of a row ([`WGMMA_OUT_BOX_BYTES`]) by `bm` rows, 128-byte
+    /// swizzle. A block whose `bm` rows all lie below `n` stores through it;
+    /// the last row of tiles, and a launch without it, store element-wise.
+    pub out_map: *const TensorMap,
     /// `[n, oc]`, written; 16-byte aligned.
     pub out: *mut f32,
     /// `[oc]`, or null for no bias.
