@@ -555,7 +555,8 @@ fn launch_wgmma(
     // variants, and the sm_90a module is loaded), whose parameter type is
     // MatmulBf16WgmmaParams. The maps describe `inp` (>= m rows) and
     // `weight` (n rows) of k bf16 with the boxes the kernel was compiled
-    // with; exactly one of `out` (m*n f32, 16-byte aligned; splits*m*n for
+    // with, and `out_map` (unsplit, no caches) all of the output buffer's
+    // rows (>= m) with `WGMMA_OUT_BOX_BYTES` x `tile.bm` boxes; exactly one of `out` (m*n f32, 16-byte aligned; splits*m*n for
     // a split launch, the callers' checks) and `out_bf16` (m*n bf16, 8-byte
     // aligned) is set, `bias` holds n floats or is null, `kv` is null or
     // names caches that `QkvCache::params` checked against this m x n

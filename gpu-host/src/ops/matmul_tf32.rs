@@ -904,7 +904,8 @@ where
         // (present: the sm_90a module is loaded, checked above), whose
         // parameter type is MatmulTf32WgmmaParams; the maps describe `inp`
         // and `weight` with the sizes checked above and the boxes the kernel
-        // was compiled with; `out`/`bias` sizes checked, `out` 16-byte
+        // was compiled with, and `out_map` (unsplit only) all of `out`'s rows
+        // (>= m) with `WGMMA_OUT_BOX_BYTES` x `tile.bm` boxes; `out`/`bias` sizes checked, `out` 16-byte
         // aligned; grid, block and shared memory come from `tile`; with
         // `splits` grid rows `out` holds splits*m*n floats (checked).
         unsafe { gpu.launch(tile.name, cfg, params)? };
