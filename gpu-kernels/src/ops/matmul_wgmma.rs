@@ -42,7 +42,7 @@
 //! - Epilogue: after a consumer barrier (nobody reads the stages any more),
 //!   a tile whose rows all lie in the output (with an output map: unsplit,
 //!   no KV caches) is finished in registers and stored box by box by the
-//!   copy engine ([`TmaEpilogue`]). Otherwise each thread parks its
+//!   copy engine (`TmaEpilogue`). Otherwise each thread parks its
 //!   accumulator pairs in shared memory by constant index, then
 //!   `matmul_tf32::store_tile` streams the tile out with bias, GELU and
 //!   16-byte stores: a compact loop instead of `BN / 2` unrolled store
