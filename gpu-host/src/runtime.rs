@@ -24,7 +24,7 @@ use cudarc::driver::{
     DeviceRepr, DriverError, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use gpu_kernels::params::KernelParams;
-use gpu_kernels::params::matmul_tf32::TensorMap;
+use gpu_kernels::params::matmul_tf32::{TensorMap, WGMMA_OUT_BOX_BYTES};
 
 /// Environment variable that makes "no GPU" a failure instead of a skip in tests.
 pub const REQUIRE_GPU_ENV: &str = "GPT2_REQUIRE_GPU";
@@ -218,6 +218,31 @@ impl Gpu {
         cache.used += 1;
         cache.maps.insert(key, addr);
         Ok(addr as *const TensorMap)
+    }
+
+    /// The map a `wgmma` matmul stores its whole tiles through (the
+    /// TMA-store epilogue): boxes of [`WGMMA_OUT_BOX_BYTES`] of a row by
+    /// `box_rows` (the tile's rows) over all `rows` of the output buffer at
+    /// `ptr` (at least the launch's m; the kernel stores only tiles below
+    /// m), `cols` elements of `elem` a row. Null, for the element-wise
+    /// epilogue, while [`Gpu::tma_store`] is off for `elem` or where the
+    /// copy engine cannot address the buffer: `ptr` and each row's bytes
+    /// must be 16-byte multiples. Whether a launch may take it at all (no
+    /// split-K, no KV caches) is the caller's to decide.
+    pub fn wgmma_out_map(
+        &self,
+        elem: TensorElem,
+        ptr: u64,
+        rows: usize,
+        cols: usize,
+        box_rows: u32,
+    ) -> Result<*const TensorMap, GpuError> {
+        let aligned = ptr.is_multiple_of(TMA_ALIGN as u64) && (cols * elem.size()).is_multiple_of(TMA_ALIGN);
+        if !self.tma_store(elem) || !aligned {
+            return Ok(std::ptr::null());
+        }
+        let box_cols = WGMMA_OUT_BOX_BYTES / elem.size() as u32;
+        self.tensor_map_2d(elem, ptr, rows, cols, box_rows, box_cols)
     }
 
     /// Whether the loaded kernels include the Hopper `wgmma` matmuls (the
@@ -735,6 +760,10 @@ fn kernels_waiting_first(ptx: &str) -> HashSet<String> {
     }
     found
 }
+
+/// Alignment the copy engine needs of a tensor map's base address and of
+/// its row stride (`cuTensorMapEncodeTiled`).
+const TMA_ALIGN: usize = 16;
 
 /// Tensor maps per device allocation of the cache.
 const TENSOR_MAPS_PER_CHUNK: usize = 256;

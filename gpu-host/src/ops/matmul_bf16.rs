@@ -18,9 +18,9 @@ use gpu_kernels::params::matmul_bf16::{
     Bf16TileShape, MATMUL_BF16_64X64, MATMUL_BF16_128X128, MATMUL_BF16_C_MULTIPLE, MATMUL_BF16_WGMMA_BK,
     MATMUL_BF16_WGMMA_VARIANTS, MatmulBf16Params, MatmulBf16WgmmaParams, QKV_CACHE_HEAD_SIZE, QkvCacheOut,
 };
-use gpu_kernels::params::matmul_tf32::{TileShape, WGMMA_OUT_BOX_BYTES};
+use gpu_kernels::params::matmul_tf32::TileShape;
 
-use super::args::{OpError, VEC_ALIGN, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
+use super::args::{OpError, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use super::matmul_tf32::{SplitRule, predicted_cost, tf32_blocks};
 use crate::runtime::TensorElem;
 use crate::{Gpu, MatmulShape};
@@ -444,7 +444,8 @@ pub fn matmul_forward_bf16_wgmma_with(
 
 /// Where one bf16 `wgmma` launch writes: exactly one of `f32` and `bf16`
 /// non-null, `kv` the KV caches a qkv matmul also fills (or none), `rows`
-/// the output buffer's rows (at least m; for its tensor map).
+/// the output buffer's rows (at least m; for the tensor map an unsplit
+/// launch without caches stores through).
 struct WgmmaOut {
     f32: *mut f32,
     bf16: *mut u16,
@@ -517,13 +518,8 @@ fn launch_wgmma(
     } else {
         (TensorElem::Bf16, out_bf16 as u64)
     };
-    let out_map = if gpu.tma_store(elem) && split.splits <= 1 && kv.k.is_null() {
-        let box_cols = WGMMA_OUT_BOX_BYTES / elem.size() as u32;
-        if ptr.is_multiple_of(VEC_ALIGN as u64) && (n * elem.size()).is_multiple_of(VEC_ALIGN) {
-            gpu.tensor_map_2d(elem, ptr, outs.rows, n, tile.bm, box_cols)?
-        } else {
-            std::ptr::null()
-        }
+    let out_map = if split.splits <= 1 && kv.k.is_null() {
+        gpu.wgmma_out_map(elem, ptr, outs.rows, n, tile.bm)?
     } else {
         std::ptr::null()
     };

@@ -16,11 +16,9 @@ use gpu_kernels::params::matmul::MatmulSplitReduceParams;
 use gpu_kernels::params::matmul_tf32::{
     MATMUL_3XTF32_VARIANTS, MATMUL_3XTF32_WGMMA_VARIANTS, MATMUL_TF32_BK, MATMUL_TF32_VARIANTS,
     MATMUL_TF32_WGMMA_VARIANTS, MatmulTf32Params, MatmulTf32WgmmaParams, TileEngine, TileShape, WGMMA_M,
-    WGMMA_OUT_BOX_BYTES,
 };
 
 use crate::MatmulShape;
-use crate::ops::args::VEC_ALIGN;
 use crate::ops::matmul::launch_split_reduce;
 use crate::runtime::{Gpu, GpuError, TensorElem};
 
@@ -877,11 +875,9 @@ where
         // past m only feed output rows past m, which are never stored.
         let inp_rows = inp.len() / k.max(1);
         // Unsplit: the tiles below m go out through a map of `out` (all its
-        // rows: one map per buffer, whatever m). Rows of 16-byte multiples.
-        let out_map = if gpu.tma_store(TensorElem::F32) && splits == 1 && n.is_multiple_of(VEC_ALIGN / size_of::<f32>())
-        {
-            let box_cols = WGMMA_OUT_BOX_BYTES / size_of::<f32>() as u32;
-            gpu.tensor_map_2d(TensorElem::F32, out_p, out_rows, n, tile.bm, box_cols)?
+        // rows: one map per buffer, whatever m).
+        let out_map = if splits == 1 {
+            gpu.wgmma_out_map(TensorElem::F32, out_p, out_rows, n, tile.bm)?
         } else {
             std::ptr::null()
         };
