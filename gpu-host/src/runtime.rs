@@ -15,7 +15,7 @@
 //! [`dptr_mut`] are safe: a raw device address is only dangerous in a launch.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -41,6 +41,10 @@ pub const NO_CHAIN_PDL_ENV: &str = "GPT2_NO_CHAIN_PDL";
 /// `f32` for f32 outputs only. Their tiles are then stored element-wise, as
 /// the last row of tiles always is.
 pub const NO_TMA_STORE_ENV: &str = "GPT2_NO_TMA_STORE";
+/// Environment variable (`1`) that turns off the persistent bf16 `wgmma`
+/// tiles (to compare; see [`Gpu::set_persistent_gemm_blocks`]): every tile
+/// then gets a block of its own.
+pub const NO_PERSISTENT_GEMM_ENV: &str = "GPT2_NO_PERSISTENT_GEMM";
 /// The compute capability the sm_90a module (with `wgmma`) runs on: PTX for
 /// an architecture-specific target loads on exactly that architecture.
 const SM90A_CAPABILITY: (i32, i32) = (9, 0);
@@ -113,6 +117,9 @@ pub struct Gpu {
     /// Whether the `wgmma` matmuls store their tiles through the copy engine
     /// (see [`Gpu::tma_store`]): bf16 outputs, f32 outputs.
     tma_store: [AtomicBool; 2],
+    /// The most blocks of a persistent `wgmma` launch, 0 for none (see
+    /// [`Gpu::persistent_gemm_blocks`]).
+    persistent_blocks: AtomicUsize,
 }
 
 impl Gpu {
@@ -169,6 +176,7 @@ impl Gpu {
             chain_pdl: AtomicBool::new(!chainable.is_empty()),
             chainable,
             tma_store: tma_store_from_env(),
+            persistent_blocks: AtomicUsize::new(if env_flag(NO_PERSISTENT_GEMM_ENV) { 0 } else { sm_count }),
             tensor_maps: Mutex::new(TensorMapCache::default()),
             shared_limits: Mutex::new(HashMap::new()),
             kernels: Module::new(module),
@@ -325,6 +333,25 @@ impl Gpu {
         for flag in &self.tma_store {
             flag.store(on, Ordering::Relaxed);
         }
+    }
+
+    /// The most blocks a persistent bf16 `wgmma` launch may have (each looping
+    /// over output tiles), or `None` while those tiles are off. By default
+    /// one an SM, unless [`NO_PERSISTENT_GEMM_ENV`] is set. Only launches
+    /// with an output map ([`Gpu::wgmma_out_map`]) go persistent.
+    pub fn persistent_gemm_blocks(&self) -> Option<usize> {
+        match self.persistent_blocks.load(Ordering::Relaxed) {
+            0 => None,
+            b => Some(b),
+        }
+    }
+
+    /// Set [`Gpu::persistent_gemm_blocks`]: `None` turns the persistent tiles
+    /// off, `Some(b)` allows up to `b` blocks (at most one an SM, and at
+    /// least one); tests pass a few, so that blocks loop over many tiles.
+    pub fn set_persistent_gemm_blocks(&self, blocks: Option<usize>) {
+        let b = blocks.map_or(0, |b| b.clamp(1, self.sm_count));
+        self.persistent_blocks.store(b, Ordering::Relaxed);
     }
 
     /// Whether [`Gpu::launch`] (and [`Gpu::launch_cluster`]) launch kernel

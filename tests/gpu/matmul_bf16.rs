@@ -41,7 +41,7 @@
 use cudarc::driver::CudaSlice;
 use gpu_host::shape::MatmulShape;
 use gpu_kernels::params::matmul_bf16::{
-    Bf16TileShape, MATMUL_BF16_VARIANTS, MATMUL_BF16_WGMMA_BK, MATMUL_BF16_WGMMA_VARIANTS,
+    Bf16TileShape, MATMUL_BF16_VARIANTS, MATMUL_BF16_WGMMA_BK, MATMUL_BF16_WGMMA_VARIANTS, bf16_wgmma_persistent_twin,
 };
 use gpu_kernels::params::matmul_tf32::{TileEngine, TileShape};
 use half::bf16;
@@ -820,7 +820,10 @@ fn matmul_bf16_wgmma_qkv_fills_the_kv_cache() {
 /// NaN, so an element the copy engine missed shows. The output buffers have
 /// `SPARE_ROWS` rows more than `n`, which the output map spans (one map a
 /// buffer, whatever `n`): they must stay NaN. The element-wise results are
-/// themselves checked against the CPU twin.
+/// themselves checked against the CPU twin. The bf16 tiles with a
+/// persistent twin run it too, the same bits asked: at most a block an SM,
+/// and on two blocks, each then looping over many tiles (a ring of
+/// epilogue boxes reused, partial tiles copied out by the threads).
 #[test]
 #[ignore = "needs a GPU"]
 fn wgmma_tma_store_matches_the_elementwise_store() {
@@ -845,8 +848,11 @@ fn wgmma_tma_store_matches_the_elementwise_store() {
         let shape = MatmulShape::new(n, oc, c);
         for s in &MATMUL_BF16_WGMMA_VARIANTS {
             for bf16_out in [false, true] {
-                let run = |tma: bool| -> Vec<f32> {
+                // `persistent`: the most blocks of a persistent twin's launch (two make
+                // each block loop over many tiles, partial ones included), None for off.
+                let run = |tma: bool, persistent: Option<usize>| -> Vec<f32> {
                     gpu.set_tma_store(tma);
+                    gpu.set_persistent_gemm_blocks(persistent);
                     let opts = Bf16TileOptions {
                         gelu: true,
                         ..Bf16TileOptions::new(*s)
@@ -865,9 +871,16 @@ fn wgmma_tma_store_matches_the_elementwise_store() {
                     }
                 };
                 let what = format!("{} n={n} c={c} oc={oc} bf16 out={bf16_out}", s.name);
-                let plain = run(false);
+                let plain = run(false, None);
                 case.check_against_twin(&plain[..n * oc], &what, bf16_out);
-                same(&run(true), &plain, n, oc, &what);
+                same(&run(true, None), &plain, n, oc, &what);
+                if bf16_wgmma_persistent_twin(s).is_some() {
+                    let sms = gpu.sm_count();
+                    for blocks in [sms, 2] {
+                        let what = format!("{what}, persistent twin on at most {blocks} blocks");
+                        same(&run(true, Some(blocks)), &plain, n, oc, &what);
+                    }
+                }
             }
         }
         let mut rng = crate::seed::rng();
@@ -919,4 +932,5 @@ fn wgmma_tma_store_matches_the_elementwise_store() {
         }
     }
     gpu.set_tma_store(true);
+    gpu.set_persistent_gemm_blocks(Some(gpu.sm_count()));
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use gpu_kernels::params::matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS;
+use gpu_kernels::params::matmul_bf16::{MATMUL_BF16_WGMMA_PERSISTENT, MATMUL_BF16_WGMMA_VARIANTS};
 use gpu_kernels::params::matmul_tf32::{
     MATMUL_3XTF32_VARIANTS, MATMUL_3XTF32_WGMMA_VARIANTS, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS,
 };
@@ -57,6 +57,7 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
         .iter()
         .chain(&MATMUL_3XTF32_WGMMA_VARIANTS)
         .chain(&MATMUL_BF16_WGMMA_VARIANTS)
+        .chain(&MATMUL_BF16_WGMMA_PERSISTENT)
         .map(|s| s.name.to_string())
         .collect();
     for k in [

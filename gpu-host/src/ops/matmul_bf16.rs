@@ -17,6 +17,7 @@ use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig};
 use gpu_kernels::params::matmul_bf16::{
     Bf16TileShape, MATMUL_BF16_64X64, MATMUL_BF16_128X128, MATMUL_BF16_C_MULTIPLE, MATMUL_BF16_WGMMA_BK,
     MATMUL_BF16_WGMMA_VARIANTS, MatmulBf16Params, MatmulBf16WgmmaParams, QKV_CACHE_HEAD_SIZE, QkvCacheOut,
+    bf16_wgmma_persistent_twin,
 };
 use gpu_kernels::params::matmul_tf32::TileShape;
 
@@ -523,6 +524,19 @@ fn launch_wgmma(
     } else {
         std::ptr::null()
     };
+    // With an output map, a one-block-an-SM tile runs as its persistent twin
+    // (same tile, same maps): at most a block an SM, each looping over
+    // tiles, so the producer loads the next tile while the last is stored.
+    let tiles = tf32_blocks(tile, shape);
+    let (tile, blocks) = match (
+        out_map.is_null(),
+        gpu.persistent_gemm_blocks(),
+        bf16_wgmma_persistent_twin(tile),
+    ) {
+        (false, Some(most), Some(twin)) => (twin, tiles.min(most)),
+        _ => (*tile, tiles),
+    };
+    let tile = &tile;
     let params = MatmulBf16WgmmaParams {
         inp_map: gpu.tensor_map_2d(TensorElem::Bf16, inp_p, inp_rows, k, tile.bm, bk)?,
         weight_map: gpu.tensor_map_2d(TensorElem::Bf16, w_p, n, k, tile.bn, bk)?,
@@ -539,7 +553,7 @@ fn launch_wgmma(
     };
     let cfg = LaunchConfig {
         grid_dim: (
-            to_u32(OP_WGMMA, "blocks", tf32_blocks(tile, shape))?,
+            to_u32(OP_WGMMA, "blocks", blocks)?,
             to_u32(OP_WGMMA, "splits", split.splits)?,
             1,
         ),
@@ -548,8 +562,9 @@ fn launch_wgmma(
     };
     gpu.set_max_dynamic_shared(tile.name, tile.shared_bytes())?;
     // SAFETY: `tile.name` is a bf16 wgmma kernel (checked: one of the
-    // variants, and the sm_90a module is loaded), whose parameter type is
-    // MatmulBf16WgmmaParams. The maps describe `inp` (>= m rows) and
+    // variants or, only with an output map, its persistent twin, whose grid
+    // may be smaller than a block a tile; and the sm_90a module is loaded),
+    // whose parameter type is MatmulBf16WgmmaParams. The maps describe `inp` (>= m rows) and
     // `weight` (n rows) of k bf16 with the boxes the kernel was compiled
     // with, and `out_map` (unsplit, no caches) all of the output buffer's
     // rows (>= m) with `WGMMA_OUT_BOX_BYTES` x `tile.bm` boxes; exactly one of `out` (m*n f32, 16-byte aligned; splits*m*n for

@@ -13,6 +13,22 @@ macro_rules! special_reg {
     )*};
 }
 
+/// `x`, as a value LLVM cannot see through (an asm `mov` that is not
+/// `pure`): what is computed from it stays in the loop that computes it,
+/// where [`thread_idx_x`] (a pure intrinsic) or a kernel parameter would
+/// let LLVM work it out once before the loop and hold it in registers
+/// across every iteration (the persistent `wgmma` matmuls' epilogue
+/// offsets, beside their accumulators).
+#[inline(always)]
+pub fn opaque_u32(x: u32) -> u32 {
+    let y: u32;
+    // SAFETY: a register move; not `pure`, so it is neither hoisted nor merged.
+    unsafe {
+        core::arch::asm!("mov.u32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nomem, nostack, preserves_flags))
+    };
+    y
+}
+
 special_reg! {
     /// `threadIdx.x`
     thread_idx_x => _thread_idx_x;

@@ -182,6 +182,27 @@ pub fn bulk_wait_group_read_all() {
     unsafe { asm!("cp.async.bulk.wait_group.read 0;", options(nostack)) }
 }
 
+/// [`bulk_wait_group_read_all`], but leaving the newest `pending` groups
+/// (at most [`BULK_WAIT_PENDING_MAX`]; more waits as for that many):
+/// frees the sources of all the older ones, as a ring of store buffers
+/// needs. Pass a constant; the choice of instruction then folds away.
+#[inline(always)]
+pub fn bulk_wait_group_read(pending: u32) {
+    // The count is an immediate of the instruction, hence one asm a value.
+    // SAFETY: a wait on this thread's own bulk copies.
+    unsafe {
+        match pending {
+            0 => asm!("cp.async.bulk.wait_group.read 0;", options(nostack)),
+            1 => asm!("cp.async.bulk.wait_group.read 1;", options(nostack)),
+            2 => asm!("cp.async.bulk.wait_group.read 2;", options(nostack)),
+            _ => asm!("cp.async.bulk.wait_group.read 3;", options(nostack)),
+        }
+    }
+}
+
+/// The most groups [`bulk_wait_group_read`] leaves pending.
+pub const BULK_WAIT_PENDING_MAX: u32 = 3;
+
 /// Start a bulk copy (no tensor map) of `bytes` contiguous bytes from global
 /// `src` to shared `dst`, completing on `bar`
 /// (`cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes`).

@@ -52,8 +52,9 @@
 use crate::device::mma::{pack_bf16x2, shared_addr, to_tf32};
 use crate::device::shared::{dynamic_shared_align16, st_shared_v2_f32};
 use crate::device::tma::{
-    MBARRIER_BYTES, bulk_commit_group, bulk_wait_group_read_all, fence_mbarrier_init, mbarrier_arrive,
-    mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait_parity, tma_load_2d, tma_store_2d,
+    BULK_WAIT_PENDING_MAX, MBARRIER_BYTES, bulk_commit_group, bulk_wait_group_read, bulk_wait_group_read_all,
+    fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait_parity, tma_load_2d,
+    tma_store_2d,
 };
 use crate::device::wgmma::{
     SWIZZLE_ROW_BYTES, WgmmaAccumulator, descriptor_k_major_sw128, fence_proxy_async_shared, wgmma_commit_group,
@@ -61,7 +62,8 @@ use crate::device::wgmma::{
 };
 use crate::device::{Vec2, Vec4};
 use crate::device::{
-    WARP_SIZE, block_idx_x, block_idx_y, grid_dependency_sync, named_barrier_sync, sync_threads, thread_idx_x,
+    WARP_SIZE, block_idx_x, block_idx_y, grid_dependency_sync, grid_dim_x, named_barrier_sync, opaque_u32,
+    sync_threads, thread_idx_x, trap,
 };
 use crate::ops::gelu::gelu;
 use crate::ops::matmul_tf32::{TileOut, grouped_tile, store_tile};
@@ -254,7 +256,9 @@ unsafe fn split_stage(src: *const u8, dst: *mut u8, bytes: usize, tid: usize, pa
 ///
 /// # Safety
 /// Launched on an sm_90a device with `TileShape::threads()` threads, a 1-D
-/// grid of `ceil(n/BM) * ceil(oc/BN)` blocks by `splits` (see
+/// grid of `ceil(n/BM) * ceil(oc/BN)` blocks (a persistent tile,
+/// `EPI_BOXES > 0`: at most that many blocks, unsplit, with an output map
+/// and no KV caches, so rows of 16-byte multiples) by `splits` (see
 /// `MatmulTf32WgmmaParams::k_tiles_per_split`) and `TileShape::shared_bytes()`
 /// of dynamic shared memory; `p`'s maps, in global memory, describe `inp` `[n, c]` and `weight` `[oc, c]` with boxes of `32 x BM`
 /// and `32 x BN` and the 128-byte swizzle, `out` holds `n * oc` floats,
@@ -267,6 +271,7 @@ unsafe fn matmul_wgmma_body<
     const BN: usize,
     const STAGES: usize,
     const CONSUMERS: usize,
+    const EPI_BOXES: usize,
 >(
     p: Gemm,
 ) {
@@ -277,14 +282,29 @@ unsafe fn matmul_wgmma_body<
         // One to three consumer warpgroups (their barrier ids below).
         assert!(BM / WG_ROWS <= 3);
         assert!(2 * STAGES as u32 * MBARRIER_BYTES <= WGMMA_BARRIER_BYTES);
-        // The epilogue parks the output tile in the stages' memory.
-        assert!(BM * (BN + EPI_PAD) * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
+        // The epilogue parks the output tile in the stages' memory (one tile a
+        // block; a persistent block stages its boxes in a buffer of its own).
+        assert!(EPI_BOXES > 0 || BM * (BN + EPI_PAD) * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
+        // A persistent ring of boxes: at least two (one stored while the next is
+        // staged), and its slot waits leave at most BULK_WAIT_PENDING_MAX pending.
+        assert!(EPI_BOXES == 0 || (EPI_BOXES >= 2 && EPI_BOXES <= BULK_WAIT_PENDING_MAX as usize + 2));
         // A stage's small halves start on a swizzle atom, as the stage does.
         assert!(((BM + BN) * SWIZZLE_ROW_BYTES as usize).is_multiple_of(WGMMA_SMEM_ALIGN as usize));
     };
     let (n, c, oc) = (p.n, p.c, p.oc);
-    let (tile_m, tile_n) = grouped_tile(block_idx_x() as usize, n.div_ceil(BM), oc.div_ceil(BN));
-    let (m0, n0) = (tile_m * BM, tile_n * BN);
+    let (tiles_m, tiles_n) = (n.div_ceil(BM), oc.div_ceil(BN));
+    // A persistent block takes tiles `blockIdx.x + i * gridDim.x`; otherwise
+    // the grid has a block a tile, and the loops below run once.
+    let persistent = EPI_BOXES > 0;
+    let tiles = tiles_m * tiles_n;
+    let tile_stride = grid_dim_x() as usize;
+    let origin = |t: usize| {
+        let (tile_m, tile_n) = grouped_tile(t, tiles_m, tiles_n);
+        (tile_m * BM, tile_n * BN)
+    };
+    // A block of one tile works its origin out first, as before the loop
+    // over tiles (later, it cost the TF32 kernels 14 registers).
+    let first_origin = origin(block_idx_x() as usize);
     let tid = thread_idx_x() as usize;
 
     // SAFETY: (whole body) the launch provides `shared_bytes()` of dynamic
@@ -307,7 +327,11 @@ unsafe fn matmul_wgmma_body<
     let small = load_bytes;
     let stage_bytes = if Op::SPLIT { 2 * load_bytes } else { load_bytes };
     let stage = |s: usize| smem + s as u32 * stage_bytes;
-    let barriers = stage(STAGES);
+    // A persistent tile's epilogue buffer follows the stages: its boxes, then
+    // the bias columns (`TileShape::wgmma_epilogue_bytes`).
+    let box_bytes = BM * SWIZZLE_ROW_BYTES as usize;
+    let epi_bytes = if persistent { EPI_BOXES * box_bytes + BN * 4 } else { 0 };
+    let barriers = stage(STAGES) + epi_bytes as u32;
     let full = |s: usize| barriers + s as u32 * MBARRIER_BYTES;
     let empty = |s: usize| barriers + (STAGES + s) as u32 * MBARRIER_BYTES;
     let consumer_groups = (CONSUMERS / WG_THREADS) as u32;
@@ -352,23 +376,38 @@ unsafe fn matmul_wgmma_body<
         // Producer warp: one lane streams the k-tiles through the ring.
         if tid == CONSUMERS {
             let (inp_map, weight_map) = (p.inp_map, p.weight_map);
-            for kt in 0..ktiles {
-                let s = kt % STAGES;
-                let round = kt / STAGES;
-                if round > 0 {
-                    // Wait until the consumers released this buffer's previous tile.
-                    // SAFETY: `empty(s)` was initialised above (fence and barrier since); the
-                    // consumer groups arrive on it once per round, so the phase completes.
-                    unsafe { mbarrier_wait_parity(empty(s), ((round - 1) & 1) as u32) };
+            // The ring runs on across a persistent block's tiles: `done`
+            // k-tiles were loaded for the earlier ones.
+            let mut done = 0usize;
+            let mut t = block_idx_x() as usize;
+            loop {
+                let (m0, n0) = if persistent { origin(t) } else { first_origin };
+                for kt in 0..ktiles {
+                    let (s, round) = ((done + kt) % STAGES, (done + kt) / STAGES);
+                    if round > 0 {
+                        // Wait until the consumers released this buffer's previous tile.
+                        // SAFETY: `empty(s)` was initialised above (fence and barrier since);
+                        // the consumer groups arrive on it once per round, so the phase
+                        // completes.
+                        unsafe { mbarrier_wait_parity(empty(s), ((round - 1) & 1) as u32) };
+                    }
+                    let k = ((first + kt) * bk) as i32;
+                    // SAFETY: the producer alone arms `full(s)` with the stage's bytes, then
+                    // loads into stage `s`, which every consumer released (the wait above);
+                    // the maps and boxes are the launch contract's.
+                    unsafe {
+                        mbarrier_arrive_expect_tx(full(s), load_bytes);
+                        tma_load_2d(stage(s), inp_map, k, m0 as i32, full(s));
+                        tma_load_2d(stage(s) + a_bytes, weight_map, k, n0 as i32, full(s));
+                    }
                 }
-                let k = ((first + kt) * bk) as i32;
-                // SAFETY: the producer alone arms `full(s)` with the stage's bytes, then loads
-                // into stage `s`, which every consumer released (the wait above); the maps
-                // and boxes are the launch contract's.
-                unsafe {
-                    mbarrier_arrive_expect_tx(full(s), load_bytes);
-                    tma_load_2d(stage(s), inp_map, k, m0 as i32, full(s));
-                    tma_load_2d(stage(s) + a_bytes, weight_map, k, n0 as i32, full(s));
+                done += ktiles;
+                if !persistent {
+                    break;
+                }
+                t += tile_stride;
+                if t >= tiles {
+                    break;
                 }
             }
         }
@@ -378,171 +417,248 @@ unsafe fn matmul_wgmma_body<
     // Consumers.
     let warpgroup = tid / WG_THREADS;
     let leader = tid.is_multiple_of(WG_THREADS);
-    let mut acc = Acc::zeroed();
-    // The last wait sits inside `ktiles > 0`: were it where the zero-tile path
-    // (a split with no k-tiles) joins, ptxas would see plain `mov`s define
-    // the accumulators inside a wgmma pipeline stage and serialise every
-    // wgmma of the kernel (warning C7515; scripts/ptxas-check.sh fails on it).
-    if ktiles > 0 {
-        for kt in 0..ktiles {
-            let s = kt % STAGES;
-            // SAFETY: `full(s)` is initialised; the producer armed this phase with its TMA
-            // loads, which complete it.
-            unsafe { mbarrier_wait_parity(full(s), ((kt / STAGES) & 1) as u32) };
-            if Op::SPLIT {
-                // Small halves: each warpgroup its own rows of `inp`, all of them the
-                // weight's rows together; then every consumer waits for all of them.
-                let wg_tid = tid % WG_THREADS;
-                let loaded = s * stage_bytes as usize;
-                let own_a = loaded + warpgroup * WG_ROWS * SWIZZLE_ROW_BYTES as usize;
-                let b = loaded + a_bytes as usize;
-                // SAFETY: the stage landed (the `full` wait above) and nobody writes it; the
-                // small halves' rows of stage `s` are free (the ring reuses a stage only after
-                // every consumer released it, and nobody reads them until the barrier below);
-                // each area is in bounds (stage s of `stage_bytes`) and 16-byte aligned.
-                unsafe {
-                    split_stage(
-                        smem_ptr.add(own_a),
-                        smem_ptr.add(own_a + small as usize),
-                        WG_ROWS * SWIZZLE_ROW_BYTES as usize,
-                        wg_tid,
-                        WG_THREADS,
-                    );
-                    split_stage(
-                        smem_ptr.add(b),
-                        smem_ptr.add(b + small as usize),
-                        BN * SWIZZLE_ROW_BYTES as usize,
-                        tid,
-                        CONSUMERS,
-                    );
-                }
-                // Generic-proxy writes, read next by the tensor cores.
-                fence_proxy_async_shared();
-                named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
-            } else if p.round_inp {
-                // Round this warpgroup's rows of `inp` (its A operand) in place.
-                // SAFETY: s < STAGES, and this warpgroup's WG_ROWS rows lie inside the stage's
-                // A part (BM rows).
-                let a_rows = unsafe {
-                    smem_ptr.add(s * stage_bytes as usize + warpgroup * WG_ROWS * SWIZZLE_ROW_BYTES as usize)
-                };
-                // SAFETY: the stage landed (the `full` wait above); its rows here are this
-                // warpgroup's alone until the named barrier below.
-                unsafe {
-                    round_stage(
-                        a_rows,
-                        WG_ROWS * SWIZZLE_ROW_BYTES as usize,
-                        tid % WG_THREADS,
-                        WG_THREADS,
-                    )
-                };
-                // Generic-proxy writes, read next by the tensor cores.
-                fence_proxy_async_shared();
-                // A constant barrier id per warpgroup (a computed one makes ptxas
-                // reserve all 16).
-                match warpgroup {
-                    0 => named_barrier_sync(WARPGROUP_BARRIER_BASE, WG_THREADS as u32),
-                    1 => named_barrier_sync(WARPGROUP_BARRIER_BASE + 1, WG_THREADS as u32),
-                    _ => named_barrier_sync(WARPGROUP_BARRIER_BASE + 2, WG_THREADS as u32),
-                }
-            }
-            let a_addr = stage(s) + (warpgroup * WG_ROWS) as u32 * SWIZZLE_ROW_BYTES;
-            let b_addr = stage(s) + a_bytes;
-            wgmma_fence();
-            for step in 0..STEPS_PER_STAGE {
-                let k_bytes = step as u32 * WGMMA_K_BYTES;
-                let (a, b) = (
-                    descriptor_k_major_sw128(a_addr + k_bytes),
-                    descriptor_k_major_sw128(b_addr + k_bytes),
-                );
+    // The epilogue's memory: a persistent block's own buffer after the
+    // stages, else the stages themselves.
+    let (epi_smem, epi_ptr) = if persistent {
+        // SAFETY: STAGES * stage_bytes is inside the launch's shared memory (the buffer
+        // follows the stages, `TileShape::shared_bytes`).
+        (stage(STAGES), unsafe { smem_ptr.add(STAGES * stage_bytes as usize) })
+    } else {
+        (smem, smem_ptr)
+    };
+    // The ring runs on across a persistent block's tiles, as the producer's:
+    // `done` k-tiles were consumed for the earlier ones. (Stage and phase
+    // derived from the count: kept as counters of their own, they cost
+    // registers beside the accumulators.)
+    let mut done = 0u32;
+    // The launch's grid has at most `tiles` blocks: the first tile is real.
+    let mut tile = block_idx_x();
+    loop {
+        // (Its origin is worked out after the main loop, which needs none.)
+        let mut acc = Acc::zeroed();
+        // The last wait sits inside `ktiles > 0`: were it where the zero-tile
+        // path (a split with no k-tiles) joins, ptxas would see plain `mov`s
+        // define the accumulators inside a wgmma pipeline stage and serialise
+        // every wgmma of the kernel (warning C7515; scripts/ptxas-check.sh
+        // fails on it).
+        if ktiles > 0 {
+            for kt in 0..ktiles {
+                let i = done as usize + kt;
+                let s = i % STAGES;
+                // SAFETY: `full(s)` is initialised; the producer armed this phase with its
+                // TMA loads, which complete it.
+                unsafe { mbarrier_wait_parity(full(s), ((i / STAGES) & 1) as u32) };
                 if Op::SPLIT {
-                    let (a_small, b_small) = (
-                        descriptor_k_major_sw128(a_addr + small + k_bytes),
-                        descriptor_k_major_sw128(b_addr + small + k_bytes),
-                    );
-                    // The small products first: they are the least significant.
-                    // SAFETY: as below; the small halves were written and fenced before the
-                    // consumers' barrier above, and live in the same stage.
+                    // Small halves: each warpgroup its own rows of `inp`, all of them the
+                    // weight's rows together; then every consumer waits for all of them.
+                    let wg_tid = tid % WG_THREADS;
+                    let loaded = s * stage_bytes as usize;
+                    let own_a = loaded + warpgroup * WG_ROWS * SWIZZLE_ROW_BYTES as usize;
+                    let b = loaded + a_bytes as usize;
+                    // SAFETY: the stage landed (the `full` wait above) and nobody writes it;
+                    // the small halves' rows of stage `s` are free (the ring reuses a stage
+                    // only after every consumer released it, and nobody reads them until the
+                    // barrier below); each area is in bounds (stage s of `stage_bytes`) and
+                    // 16-byte aligned.
                     unsafe {
-                        Op::mma(&mut acc, a_small, b);
-                        Op::mma(&mut acc, a, b_small);
+                        split_stage(
+                            smem_ptr.add(own_a),
+                            smem_ptr.add(own_a + small as usize),
+                            WG_ROWS * SWIZZLE_ROW_BYTES as usize,
+                            wg_tid,
+                            WG_THREADS,
+                        );
+                        split_stage(
+                            smem_ptr.add(b),
+                            smem_ptr.add(b + small as usize),
+                            BN * SWIZZLE_ROW_BYTES as usize,
+                            tid,
+                            CONSUMERS,
+                        );
+                    }
+                    // Generic-proxy writes, read next by the tensor cores.
+                    fence_proxy_async_shared();
+                    named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+                } else if p.round_inp {
+                    // Round this warpgroup's rows of `inp` (its A operand) in place.
+                    // SAFETY: s < STAGES, and this warpgroup's WG_ROWS rows lie inside the
+                    // stage's A part (BM rows).
+                    let a_rows = unsafe {
+                        smem_ptr.add(s * stage_bytes as usize + warpgroup * WG_ROWS * SWIZZLE_ROW_BYTES as usize)
+                    };
+                    // SAFETY: the stage landed (the `full` wait above); its rows here are this
+                    // warpgroup's alone until the named barrier below.
+                    unsafe {
+                        round_stage(
+                            a_rows,
+                            WG_ROWS * SWIZZLE_ROW_BYTES as usize,
+                            tid % WG_THREADS,
+                            WG_THREADS,
+                        )
+                    };
+                    // Generic-proxy writes, read next by the tensor cores.
+                    fence_proxy_async_shared();
+                    // A constant barrier id per warpgroup (a computed one makes ptxas
+                    // reserve all 16).
+                    match warpgroup {
+                        0 => named_barrier_sync(WARPGROUP_BARRIER_BASE, WG_THREADS as u32),
+                        1 => named_barrier_sync(WARPGROUP_BARRIER_BASE + 1, WG_THREADS as u32),
+                        _ => named_barrier_sync(WARPGROUP_BARRIER_BASE + 2, WG_THREADS as u32),
                     }
                 }
-                // SAFETY: the whole warpgroup runs this with the same descriptors
-                // of a landed stage; the stage is refilled only after this
-                // warpgroup releases it below, once this group has completed.
-                unsafe { Op::mma(&mut acc, a, b) };
+                let a_addr = stage(s) + (warpgroup * WG_ROWS) as u32 * SWIZZLE_ROW_BYTES;
+                let b_addr = stage(s) + a_bytes;
+                wgmma_fence();
+                for step in 0..STEPS_PER_STAGE {
+                    let k_bytes = step as u32 * WGMMA_K_BYTES;
+                    let (a, b) = (
+                        descriptor_k_major_sw128(a_addr + k_bytes),
+                        descriptor_k_major_sw128(b_addr + k_bytes),
+                    );
+                    if Op::SPLIT {
+                        let (a_small, b_small) = (
+                            descriptor_k_major_sw128(a_addr + small + k_bytes),
+                            descriptor_k_major_sw128(b_addr + small + k_bytes),
+                        );
+                        // The small products first: they are the least significant.
+                        // SAFETY: as below; the small halves were written and fenced before
+                        // the consumers' barrier above, and live in the same stage.
+                        unsafe {
+                            Op::mma(&mut acc, a_small, b);
+                            Op::mma(&mut acc, a, b_small);
+                        }
+                    }
+                    // SAFETY: the whole warpgroup runs this with the same descriptors
+                    // of a landed stage; the stage is refilled only after this
+                    // warpgroup releases it below, once this group has completed.
+                    unsafe { Op::mma(&mut acc, a, b) };
+                }
+                wgmma_commit_group();
+                // Keep this tile's group in flight; the previous one is done now.
+                acc.wait::<1>();
+                if kt > 0 && leader {
+                    // SAFETY: `empty` barriers are initialised; the leader arrives once per
+                    // k-tile for its warpgroup, as the init count (consumer_groups) expects.
+                    unsafe { mbarrier_arrive(empty((i - 1) % STAGES)) };
+                }
             }
-            wgmma_commit_group();
-            // Keep this tile's group in flight; the previous one is done now.
-            acc.wait::<1>();
-            if kt > 0 && leader {
-                // SAFETY: `empty` barriers are initialised; the leader arrives once per tile for
-                // its warpgroup, as the init count (consumer_groups) expects.
-                unsafe { mbarrier_arrive(empty((kt - 1) % STAGES)) };
+            acc.wait::<0>();
+            if persistent && leader {
+                // The tile's last stage, for the producer's next tile (a block of one
+                // tile never reuses it).
+                // SAFETY: as for the arrivals above; every group of the tile is done.
+                unsafe { mbarrier_arrive(empty((done as usize + ktiles - 1) % STAGES)) };
             }
         }
-        acc.wait::<0>();
-    }
+        done += ktiles as u32;
 
-    // Epilogue: once every consumer is done with the stages (and every TMA
-    // write has landed: each stage's `full` phase was awaited), either
-    // finish the tile in registers and store it through the copy engine
-    // ([`TmaEpilogue`]: whole-row tiles of an unsplit launch with an output
-    // map), or park the accumulators there (pair layout in `device::wgmma`)
-    // and stream the tile out with `store_tile`. One pass over the pairs
-    // serves both: two passes (one a path) kept a second copy of the
-    // accumulators alive and took every tile past its register budget.
-    named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
-    let kv = matches!(p.out, TileOut::F32Kv { .. });
-    let tma = p.out_map != 0 && m0 + BM <= n && p.k_tiles_per_split == 0 && !kv;
-    let epi = TmaEpilogue::<BM, BN>::new(&p, smem, smem_ptr, n0);
-    if tma {
-        // SAFETY: every consumer is past the barrier above (stages free) and runs this
-        // (the barrier inside); the stages hold the staged tile and its bias (checked
-        // at compile time); `p.bias` is null or holds `oc` floats (the launch contract).
-        unsafe { epi.copy_bias::<STAGES, CONSUMERS>(tid) };
-    }
-    let tile = smem_ptr.cast::<f32>();
-    let ldo = BN + EPI_PAD;
-    let lane = tid % WARP_SIZE as usize;
-    let warp_in_group = (tid % WG_THREADS) / WARP_SIZE as usize;
-    let (g, t) = (lane / LANES_PER_ROW, lane % LANES_PER_ROW);
-    let row0 = warpgroup * WG_ROWS + warp_in_group * WARP_ROWS + g;
-    acc.for_each_pair(|pair, v| {
-        let pair = pair as usize;
-        let row = row0 + HALF_ROWS * (pair % 2);
-        let col = GROUP_COLS * (pair / 2) + 2 * t;
-        if tma {
-            // SAFETY: row < BM, col + 2 <= BN (even), row % 8 == g; the bias was copied.
-            unsafe { epi.stage_pair(row, col, g, v) };
-            // Pairs come in column order: a box is complete after its last
-            // column group's pairs, and goes out while the next is staged.
-            let pairs_per_box = epi.box_cols() / GROUP_COLS * 2;
-            if (pair + 1).is_multiple_of(pairs_per_box) || pair + 1 == BN / GROUP_COLS * 2 {
-                // SAFETY: every consumer staged box pair / pairs_per_box (the same pairs in
-                // every thread); the map covers rows m0..m0 + BM (`tma`'s condition).
-                unsafe { epi.store_box::<CONSUMERS>(tid, m0, pair / pairs_per_box) };
-            }
+        // Epilogue, once every consumer is done with the stages (and every
+        // TMA write has landed: each stage's `full` phase was awaited):
+        // - whole-row tiles of an unsplit launch with an output map are
+        //   finished in registers and stored through the copy engine
+        //   ([`TmaEpilogue`]), staged over the stages or, in a persistent
+        //   block, in its own buffer, whose previous tile's boxes thread 0
+        //   waits out first;
+        // - the rest of a persistent launch (its last row of tiles) is staged
+        //   the same way and copied out by the threads;
+        // - the rest of a block of one tile is parked over the stages (pair
+        //   layout in `device::wgmma`) and streamed out by `store_tile`.
+        // One pass over the pairs serves every path: two passes (one a path)
+        // kept a second copy of the accumulators alive and took every tile
+        // past its register budget.
+        let (m0, n0) = if persistent {
+            origin(tile as usize)
         } else {
-            // SAFETY: row < BM and col + 2 <= BN < ldo: inside the tile parked over the
-            // stages (all consumers are past the barrier above); col is even, so the
-            // 8-byte store is aligned. (The store's asm keeps the pair two registers,
-            // as the TMA path uses it: see `st_shared_v2_f32`.)
-            unsafe { st_shared_v2_f32(smem + ((row * ldo + col) * 4) as u32, v) };
-        }
-    });
-    if tma {
-        if tid == 0 {
-            // The block's shared memory must outlive the copies' reads.
+            first_origin
+        };
+        if persistent && tid == 0 {
             bulk_wait_group_read_all();
         }
-        return;
+        // (Also: every consumer is done copying out the previous tile's last boxes.)
+        named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+        let kv = matches!(p.out, TileOut::F32Kv { .. });
+        let tma = p.out_map != 0 && m0 + BM <= n && p.k_tiles_per_split == 0 && !kv;
+        let epi = TmaEpilogue::<BM, BN, EPI_BOXES>::new(&p, epi_smem, epi_ptr, n0, persistent);
+        if tma || persistent {
+            // SAFETY: every consumer is past the barrier above (the epilogue's memory is
+            // free: nobody reads the stages, and a persistent buffer's previous boxes were
+            // read) and runs this (the barrier inside); the memory holds the staged tile
+            // and its bias (checked at compile time, or `TileShape::shared_bytes`);
+            // `p.bias` is null or holds `oc` floats (the launch contract).
+            unsafe { epi.copy_bias::<STAGES, CONSUMERS>(tid) };
+        }
+        let ldo = BN + EPI_PAD;
+        // Worked out here, not before the main loop, where they would hold
+        // registers beside the accumulators (hence, in a persistent block's
+        // loop, from a thread index LLVM cannot hoist them by).
+        let tid = if persistent {
+            opaque_u32(tid as u32) as usize
+        } else {
+            tid
+        };
+        let lane = tid % WARP_SIZE as usize;
+        let warp_in_group = (tid % WG_THREADS) / WARP_SIZE as usize;
+        let (g, t4) = (lane / LANES_PER_ROW, lane % LANES_PER_ROW);
+        let row0 = warpgroup * WG_ROWS + warp_in_group * WARP_ROWS + g;
+        acc.for_each_pair(|pair, v| {
+            let pair = pair as usize;
+            let row = row0 + HALF_ROWS * (pair % 2);
+            let col = GROUP_COLS * (pair / 2) + 2 * t4;
+            if tma || persistent {
+                // SAFETY: row < BM, col + 2 <= BN (even), row % 8 == g; the bias was copied.
+                unsafe { epi.stage_pair(row, col, g, v) };
+                // Pairs come in column order: a box is complete after its last
+                // column group's pairs, and goes out while the next is staged.
+                let pairs_per_box = epi.box_cols() / GROUP_COLS * 2;
+                if (pair + 1).is_multiple_of(pairs_per_box) || pair + 1 == BN / GROUP_COLS * 2 {
+                    let boxes = BN.div_ceil(epi.box_cols());
+                    // SAFETY: every consumer staged box pair / pairs_per_box (the same pairs
+                    // in every thread); the map covers rows m0..m0 + BM where `tma`, and
+                    // otherwise (a persistent block's partial tile) `out` holds n rows of
+                    // oc values, 16-byte rows (the host's contract for an output map).
+                    unsafe { epi.store_box::<CONSUMERS>(tid, (m0, n), pair / pairs_per_box, boxes, tma) };
+                }
+            } else {
+                // SAFETY: row < BM and col + 2 <= BN < ldo: inside the tile parked over the
+                // stages (all consumers are past the barrier above); col is even, so the
+                // 8-byte store is aligned. (The store's asm keeps the pair two registers,
+                // as the TMA path uses it: see `st_shared_v2_f32`.)
+                unsafe { st_shared_v2_f32(smem + ((row * ldo + col) * 4) as u32, v) };
+            }
+        });
+        if !tma && !persistent {
+            named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
+            // SAFETY: every consumer's fragments are parked (the named barrier above); `out`
+            // and `bias` are sized by the launch contract and store_tile guards edges.
+            unsafe {
+                store_tile(
+                    smem_ptr.cast::<f32>(),
+                    ldo,
+                    BM,
+                    BN,
+                    tid,
+                    CONSUMERS,
+                    (m0, n0),
+                    out,
+                    p.bias,
+                    n,
+                    oc,
+                    p.gelu,
+                )
+            };
+        }
+        if !persistent {
+            break;
+        }
+        tile += tile_stride as u32;
+        if tile as usize >= tiles {
+            break;
+        }
     }
-    named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
-    // SAFETY: every consumer's fragments are parked (the named barrier above); `out`
-    // and `bias` are sized by the launch contract and store_tile guards edges.
-    unsafe { store_tile(tile, ldo, BM, BN, tid, CONSUMERS, (m0, n0), out, p.bias, n, oc, p.gelu) };
+    if tid == 0 {
+        // The block's shared memory must outlive the copies' reads.
+        bulk_wait_group_read_all();
+    }
 }
 
 /// The epilogue through the copy engine, for a `BM x BN` tile whose rows all
@@ -563,9 +679,17 @@ unsafe fn matmul_wgmma_body<
 /// columns past `oc`. The swizzle also keeps the pairs' shared stores free
 /// of bank conflicts: a warp's eight rows put their 16-byte chunk `q` at `q
 /// ^ row % 8`.
+///
+/// `EPI_BOXES`: 0 for a block of one tile, staged over the stages, box `j`
+/// at offset `j` and the bias past the last box. A persistent block stages
+/// in its own buffer of `EPI_BOXES` boxes (box `j` in slot `j %
+/// EPI_BOXES`, thread 0 waiting out a slot's previous store before it is
+/// reused), the bias after them; its partial tiles are staged the same way
+/// and copied out by the threads ([`Self::copy_box_rows`]), the map
+/// spanning rows past the output's.
 #[derive(Clone, Copy)]
-struct TmaEpilogue<const BM: usize, const BN: usize> {
-    /// The stages' memory (generic address, 1024-byte aligned).
+struct TmaEpilogue<const BM: usize, const BN: usize, const EPI_BOXES: usize> {
+    /// The epilogue's memory (generic address, 1024-byte aligned).
     smem_ptr: *mut u8,
     /// The same as a shared-window address.
     smem: u32,
@@ -573,6 +697,9 @@ struct TmaEpilogue<const BM: usize, const BN: usize> {
     tile_bias: *mut f32,
     bias: *const f32,
     out_map: u64,
+    /// The output as bytes (f32 or bf16; null for a KV-cache output), for
+    /// partial tiles copied out by the threads.
+    out: *mut u8,
     n0: usize,
     oc: usize,
     gelu: bool,
@@ -580,13 +707,24 @@ struct TmaEpilogue<const BM: usize, const BN: usize> {
     bf16: bool,
 }
 
-impl<const BM: usize, const BN: usize> TmaEpilogue<BM, BN> {
+impl<const BM: usize, const BN: usize, const EPI_BOXES: usize> TmaEpilogue<BM, BN, EPI_BOXES> {
+    /// Bytes of one box (`BM` rows of 128 bytes).
+    const BOX_BYTES: usize = BM * SWIZZLE_ROW_BYTES as usize;
+
+    /// `in_loop`: built inside a persistent block's loop over tiles, where
+    /// the offsets computed from the output type and the memory's address
+    /// must not be hoisted before the main loop ([`opaque_u32`]).
     #[inline(always)]
-    fn new(p: &Gemm, smem: u32, smem_ptr: *mut u8, n0: usize) -> Self {
+    fn new(p: &Gemm, smem: u32, smem_ptr: *mut u8, n0: usize, in_loop: bool) -> Self {
         let (bf16, round_tf32) = match p.out {
             TileOut::Bf16(_) => (true, false),
             TileOut::F32 { round_tf32, .. } => (false, round_tf32),
             TileOut::F32Kv { .. } => (false, false),
+        };
+        let (smem, bf16) = if in_loop {
+            (opaque_u32(smem), opaque_u32(bf16 as u32) != 0)
+        } else {
+            (smem, bf16)
         };
         let size = if bf16 { 2 } else { 4 };
         Self {
@@ -594,11 +732,18 @@ impl<const BM: usize, const BN: usize> TmaEpilogue<BM, BN> {
             smem,
             tile_bias: if p.bias.is_null() {
                 core::ptr::null_mut()
+            } else if EPI_BOXES > 0 {
+                smem_ptr.wrapping_add(EPI_BOXES * Self::BOX_BYTES).cast::<f32>()
             } else {
                 smem_ptr.wrapping_add(BM * BN * size).cast::<f32>()
             },
             bias: p.bias,
             out_map: p.out_map,
+            out: match p.out {
+                TileOut::F32 { out, .. } => out.cast::<u8>(),
+                TileOut::Bf16(out) => out.cast::<u8>(),
+                TileOut::F32Kv { .. } => core::ptr::null_mut(),
+            },
             n0,
             oc: p.oc,
             gelu: p.gelu,
@@ -620,13 +765,15 @@ impl<const BM: usize, const BN: usize> TmaEpilogue<BM, BN> {
     ///
     /// # Safety
     /// Every consumer calls this after a consumer barrier that freed the
-    /// stages; the stages (`STAGES` of the tile's) hold `BM x BN` values and
-    /// `BN` floats; `bias` is null or holds `oc` floats.
+    /// epilogue's memory; that memory (the stages, `STAGES` of the tile's;
+    /// or a persistent block's buffer) holds the staged values and `BN`
+    /// floats; `bias` is null or holds `oc` floats.
     #[inline(always)]
     unsafe fn copy_bias<const STAGES: usize, const CONSUMERS: usize>(&self, tid: usize) {
         const {
-            // The staged tile (at most 4-byte values) and the bias columns fit in the stages.
-            assert!((BM + 1) * BN * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
+            // The staged tile (at most 4-byte values) and the bias columns fit in the
+            // stages (a persistent buffer: `TileShape::wgmma_epilogue_bytes`).
+            assert!(EPI_BOXES > 0 || (BM + 1) * BN * 4 <= STAGES * (BM + BN) * SWIZZLE_ROW_BYTES as usize);
         };
         if self.tile_bias.is_null() {
             return;
@@ -655,11 +802,40 @@ impl<const BM: usize, const BN: usize> TmaEpilogue<BM, BN> {
     /// was copied ([`Self::copy_bias`]); nobody else writes these bytes.
     #[inline(always)]
     unsafe fn stage_pair(&self, row: usize, col: usize, g: usize, v: [f32; 2]) {
+        // SAFETY: forwarded (col + 2 <= BN, the bias copied).
+        let x = unsafe { self.finish(col, v) };
+        let size = self.size();
+        let box_cols = self.box_cols();
+        let byte = (col % box_cols) * size;
+        // Row `row` of box `col / box_cols`, its 16-byte chunk swizzled by row % 8.
+        let at = self.slot(col / box_cols) * Self::BOX_BYTES
+            + row * SWIZZLE_ROW_BYTES as usize
+            + (((byte / CHUNK_BYTES) ^ g) * CHUNK_BYTES)
+            + byte % CHUNK_BYTES;
+        // SAFETY: row < BM and col + 2 <= BN: `at` and the pair's bytes lie inside the
+        // staged boxes (the caller's contract; a persistent buffer's slot < EPI_BOXES);
+        // `at` is a multiple of the pair's size (byte is).
+        unsafe {
+            if self.bf16 {
+                *self.smem_ptr.add(at).cast::<u32>() = pack_bf16x2(x[0], x[1]);
+            } else {
+                st_shared_v2_f32(self.smem + at as u32, x);
+            }
+        }
+    }
+
+    /// Bias, GELU and TF32 rounding of the pair `v` at tile column `col`.
+    ///
+    /// # Safety
+    /// `col` even with `col + 2 <= BN`; the bias was copied
+    /// ([`Self::copy_bias`]).
+    #[inline(always)]
+    unsafe fn finish(&self, col: usize, v: [f32; 2]) -> [f32; 2] {
         let b = if self.tile_bias.is_null() {
             [0.0; 2]
         } else {
             // SAFETY: col + 2 <= BN: inside the copied columns; col is even and the area
-            // 8-byte aligned (BM * BN * size bytes past a 1024-byte boundary), as the
+            // 8-byte aligned (a multiple of 8 bytes past a 1024-byte boundary), as the
             // `Vec2` load needs.
             unsafe { (*self.tile_bias.add(col).cast::<Vec2<f32>>()).0 }
         };
@@ -670,24 +846,7 @@ impl<const BM: usize, const BN: usize> TmaEpilogue<BM, BN> {
         if self.round_tf32 {
             x = x.map(|f| f32::from_bits(to_tf32(f)));
         }
-        let size = self.size();
-        let box_cols = self.box_cols();
-        let byte = (col % box_cols) * size;
-        // Row `row` of box `col / box_cols`, its 16-byte chunk swizzled by row % 8.
-        let at = (col / box_cols) * BM * SWIZZLE_ROW_BYTES as usize
-            + row * SWIZZLE_ROW_BYTES as usize
-            + (((byte / CHUNK_BYTES) ^ g) * CHUNK_BYTES)
-            + byte % CHUNK_BYTES;
-        // SAFETY: row < BM and col + 2 <= BN: `at` and the pair's bytes lie inside the
-        // BM x BN staged values (the caller's contract); `at` is a multiple of the pair's
-        // size (byte is).
-        unsafe {
-            if self.bf16 {
-                *self.smem_ptr.add(at).cast::<u32>() = pack_bf16x2(x[0], x[1]);
-            } else {
-                st_shared_v2_f32(self.smem + at as u32, x);
-            }
-        }
+        x
     }
 
     /// Output columns a box holds.
@@ -696,28 +855,102 @@ impl<const BM: usize, const BN: usize> TmaEpilogue<BM, BN> {
         WGMMA_OUT_BOX_BYTES as usize / self.size()
     }
 
-    /// Publish box `j` to the copy engine and (thread 0) start its store;
-    /// thread 0 waits for the boxes' reads before the block ends
-    /// (`bulk_wait_group_read_all`).
+    /// Where box `j` is staged, in boxes from the epilogue's memory.
+    #[inline(always)]
+    fn slot(&self, j: usize) -> usize {
+        if EPI_BOXES > 0 { j % EPI_BOXES } else { j }
+    }
+
+    /// Publish box `j` of the tile's `boxes` and store it: where `tma`,
+    /// thread 0 starts its store through the copy engine, one bulk group a
+    /// box (empty past `oc`); otherwise (a persistent block's partial tile,
+    /// which the output map could overrun) every consumer copies its share
+    /// of the box's rows below `n` out, 16 bytes at a time. In a persistent
+    /// block's ring, thread 0 first waits until the slot box `j + 1` reuses
+    /// has been read, so the barrier also frees it (a copied box is read by
+    /// the time the consumers pass the next box's barrier). Thread 0 waits
+    /// for every box's reads before the block ends, and a persistent one
+    /// before it stages its next tile (`bulk_wait_group_read_all`).
     ///
     /// # Safety
-    /// Every consumer calls this once its pairs of box `j` are staged; the
-    /// output map covers rows `m0 .. m0 + BM` of an output nothing else
-    /// touches in this grid.
+    /// Every consumer calls this once its pairs of box `j` are staged, with
+    /// the same arguments; `(m0, n)`: the tile's first row and the output's
+    /// rows. Where `tma`, the output map covers rows `m0 .. m0 + BM`;
+    /// otherwise `self.out` holds `n` rows of `oc` values whose rows are
+    /// 16-byte multiples, 16-byte aligned. Nothing else in this grid touches
+    /// the tile's part of the output; this tile's boxes before `j` went
+    /// through here with the same `tma`, and no other bulk group of thread
+    /// 0's is pending.
     #[inline(always)]
-    unsafe fn store_box<const CONSUMERS: usize>(&self, tid: usize, m0: usize, j: usize) {
+    unsafe fn store_box<const CONSUMERS: usize>(
+        &self,
+        tid: usize,
+        (m0, n): (usize, usize),
+        j: usize,
+        boxes: usize,
+        tma: bool,
+    ) {
+        if EPI_BOXES > 0 && tma && tid == 0 && j + 1 >= EPI_BOXES && j + 1 < boxes {
+            // Groups pending: boxes 0..j - 1, one each. Box j + 1 reuses box
+            // j + 1 - EPI_BOXES's slot: let at most the EPI_BOXES - 2 after it pend.
+            bulk_wait_group_read((EPI_BOXES - 2) as u32);
+        }
         // Generic-proxy writes, read next by the copy engine.
         fence_proxy_async_shared();
         named_barrier_sync(CONSUMER_BARRIER, CONSUMERS as u32);
         let x0 = self.n0 + j * self.box_cols();
-        if tid == 0 && x0 < self.oc {
-            let box_bytes = BM * SWIZZLE_ROW_BYTES as usize;
-            // SAFETY: box j is staged, fenced and published (the barrier above) at a
-            // 1024-byte aligned offset (box_bytes is a multiple of 8 rows of 128 bytes);
-            // the map and rows m0..m0 + BM are the caller's contract; nobody writes box j
-            // again (later pairs go to later boxes) before the block's final wait.
-            unsafe { tma_store_2d(self.out_map, x0 as i32, m0 as i32, self.smem + (j * box_bytes) as u32) };
+        let at = self.slot(j) * Self::BOX_BYTES;
+        if !tma {
+            // SAFETY: the box is staged and published (the barrier above); the rest is
+            // the caller's contract.
+            unsafe { self.copy_box_rows::<CONSUMERS>(tid, at, (m0, n), x0) };
+        } else if tid == 0 {
+            if x0 < self.oc {
+                // SAFETY: box j is staged, fenced and published (the barrier above) at a
+                // 1024-byte aligned offset (a box is a multiple of 8 rows of 128 bytes);
+                // the map and rows m0..m0 + BM are the caller's contract; nobody writes
+                // its slot again before the slot's wait above (a ring) or the block's
+                // final wait.
+                unsafe { tma_store_2d(self.out_map, x0 as i32, m0 as i32, self.smem + at as u32) };
+            }
             bulk_commit_group();
+        }
+    }
+
+    /// Copy the rows below `n` of the staged box at byte `at` (output
+    /// columns from `x0`, clipped at `oc`) to `self.out`: 16-byte chunks
+    /// `tid + i * CONSUMERS`, each row's chunk `q` read from its swizzled
+    /// place `q ^ row % 8`.
+    ///
+    /// # Safety
+    /// The box is staged and published to every consumer; `self.out` is
+    /// non-null and holds `n` rows of `oc` values, 16-byte aligned rows of
+    /// 16-byte multiples, of which this tile's part is this block's alone.
+    #[inline(always)]
+    unsafe fn copy_box_rows<const CONSUMERS: usize>(&self, tid: usize, at: usize, (m0, n): (usize, usize), x0: usize) {
+        if self.out.is_null() {
+            // A KV-cache output is never launched persistent (the contract).
+            trap();
+        }
+        let size = self.size();
+        let row_bytes = self.oc * size;
+        let (first_byte, rows) = (x0 * size, n.saturating_sub(m0).min(BM));
+        let chunks_per_row = SWIZZLE_ROW_BYTES as usize / CHUNK_BYTES;
+        let mut i = tid;
+        while i < rows * chunks_per_row {
+            let (row, q) = (i / chunks_per_row, i % chunks_per_row);
+            let byte = first_byte + q * CHUNK_BYTES;
+            if byte < row_bytes {
+                let src = at + row * SWIZZLE_ROW_BYTES as usize + ((q ^ (row % 8)) * CHUNK_BYTES);
+                // SAFETY: `src` is a 16-byte chunk of the staged box (row < BM, q < 8);
+                // `byte` + 16 <= row_bytes (both multiples of 16) and m0 + row < n: inside
+                // `out`, 16-byte aligned (the caller's contract).
+                unsafe {
+                    let v = *self.smem_ptr.add(src).cast::<Vec4<u32>>();
+                    *self.out.add((m0 + row) * row_bytes + byte).cast::<Vec4<u32>>() = v;
+                }
+            }
+            i += CONSUMERS;
         }
     }
 }
@@ -743,6 +976,7 @@ macro_rules! matmul_wgmma_kernel {
                     { S.bn as usize },
                     { S.stages as usize },
                     { (S.bm / WGMMA_M * WARPGROUP_THREADS) as usize },
+                    { S.epi_boxes as usize },
                 >($gemm(&p))
             }
         }
@@ -831,3 +1065,12 @@ bf16_kernel!(matmul_forward_bf16_wgmma_128x192, MATMUL_BF16_WGMMA_128X192);
 bf16_kernel!(matmul_forward_bf16_wgmma_128x128, MATMUL_BF16_WGMMA_128X128);
 bf16_kernel!(matmul_forward_bf16_wgmma_64x128, MATMUL_BF16_WGMMA_64X128);
 bf16_kernel!(matmul_forward_bf16_wgmma_64x64, MATMUL_BF16_WGMMA_64X64);
+
+bf16_kernel!(
+    matmul_forward_bf16_wgmma_128x192_persistent,
+    MATMUL_BF16_WGMMA_PERSISTENT[0]
+);
+bf16_kernel!(
+    matmul_forward_bf16_wgmma_128x128_persistent,
+    MATMUL_BF16_WGMMA_PERSISTENT[1]
+);

@@ -12,7 +12,7 @@
 //! under its own PTX name; the kernels read their shape from the same
 //! constants, so host launch configurations and device code cannot disagree.
 
-use super::matmul_tf32::{TensorMap, TileShape, wgmma_tile};
+use super::matmul_tf32::{TensorMap, TileShape, persistent_wgmma_tile, wgmma_tile};
 
 /// Depth (in k) of the slabs staged in shared memory per pipeline stage.
 pub const MATMUL_BF16_BK: u32 = 32;
@@ -138,6 +138,28 @@ pub const MATMUL_BF16_WGMMA_VARIANTS: [TileShape; 6] = [
     MATMUL_BF16_WGMMA_64X128,
     MATMUL_BF16_WGMMA_64X64,
 ];
+
+/// The persistent twins of the one-block-an-SM bf16 tiles
+/// (`persistent_wgmma_tile`): a stage fewer where the epilogue's buffer
+/// needs the room; the buffer holds a whole tile of bf16 output (`bn / 64`
+/// boxes), half of an f32 one. Measured at M = 8192 (H200), against the
+/// one-tile blocks: 128x192 13-22 % faster on every GPT-2 shape, 128x128
+/// 3-11 %. None for 128x256 (with 3 stages, 0-16 % slower than its
+/// 4-stage one-tile blocks) nor for 192x192 (its 416-thread blocks may hold
+/// 128 registers a thread, and the loop over tiles took it past that:
+/// ptxas spilled 16-24 bytes).
+pub const MATMUL_BF16_WGMMA_PERSISTENT: [TileShape; 2] = [
+    persistent_wgmma_tile("matmul_forward_bf16_wgmma_128x192_persistent", 128, 192, 4, 3),
+    persistent_wgmma_tile("matmul_forward_bf16_wgmma_128x128_persistent", 128, 128, 6, 2),
+];
+
+/// The persistent twin of a bf16 `wgmma` tile (same `bm x bn`), if it has one.
+pub fn bf16_wgmma_persistent_twin(tile: &TileShape) -> Option<TileShape> {
+    MATMUL_BF16_WGMMA_PERSISTENT
+        .iter()
+        .find(|p| p.bm == tile.bm && p.bn == tile.bn)
+        .copied()
+}
 
 /// Parameters of the bf16 `wgmma` kernels: `out = inp · weightᵀ (+ bias)
 /// (GELU)` with `inp` `[n, c]` and `weight` `[oc, c]` bf16, described by

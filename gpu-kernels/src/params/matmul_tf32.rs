@@ -89,6 +89,13 @@ pub struct TileShape {
     /// its loaded tiles (`wgmma` reads its operands from shared memory), so
     /// a stage takes twice the bytes.
     pub split_tf32: bool,
+    /// `Wgmma` only: 0 for one output tile a block, its epilogue staged over
+    /// the stages. Otherwise the kernel is persistent (a block loops over
+    /// tiles, the grid at most one wave: see `persistent_wgmma_tile`) and
+    /// its epilogue has a buffer of its own, this many TMA-store boxes
+    /// ([`WGMMA_OUT_BOX_BYTES`] by `bm`) and the tile's bias columns, so the
+    /// producer fills the next tile's stages while the consumers store.
+    pub epi_boxes: u32,
 }
 
 impl TileShape {
@@ -111,8 +118,27 @@ impl TileShape {
     pub const fn shared_bytes(&self) -> u32 {
         match self.engine {
             TileEngine::MmaSync => self.stages * (self.bm + self.bn) * (MATMUL_TF32_BK + MATMUL_TF32_PAD) * 4,
-            TileEngine::Wgmma => self.stages * self.wgmma_stage_bytes() + WGMMA_SMEM_ALIGN + WGMMA_BARRIER_BYTES,
+            TileEngine::Wgmma => {
+                self.stages * self.wgmma_stage_bytes()
+                    + self.wgmma_epilogue_bytes()
+                    + WGMMA_SMEM_ALIGN
+                    + WGMMA_BARRIER_BYTES
+            }
         }
+    }
+    /// Bytes of a persistent `Wgmma` tile's own epilogue buffer (after the
+    /// stages): `epi_boxes` boxes, then the tile's `bn` bias floats; 0 for
+    /// the others.
+    pub const fn wgmma_epilogue_bytes(&self) -> u32 {
+        if self.epi_boxes == 0 {
+            0
+        } else {
+            self.epi_boxes * self.bm * WGMMA_OUT_BOX_BYTES + self.bn * 4
+        }
+    }
+    /// Whether blocks loop over output tiles ([`TileShape::epi_boxes`]).
+    pub const fn persistent(&self) -> bool {
+        self.epi_boxes > 0
     }
 }
 
@@ -130,6 +156,7 @@ pub const MATMUL_TF32_128X192: TileShape = TileShape {
     stages: 3,
     blocks_per_sm: 1,
     split_tf32: false,
+    epi_boxes: 0,
 };
 /// 128x128 block, 8 warps of 64x32, 4 stages (147.5 KiB shared): large GEMMs.
 /// One block per SM (ptxas: ~172 registers x 256 threads), so the pipeline is
@@ -144,6 +171,7 @@ pub const MATMUL_TF32_128X128: TileShape = TileShape {
     stages: 4,
     blocks_per_sm: 1,
     split_tf32: false,
+    epi_boxes: 0,
 };
 /// 128x64 block, 4 warps of 64x32, 4 stages (110.6 KiB): two blocks per SM.
 pub const MATMUL_TF32_128X64: TileShape = TileShape {
@@ -156,6 +184,7 @@ pub const MATMUL_TF32_128X64: TileShape = TileShape {
     stages: 4,
     blocks_per_sm: 2,
     split_tf32: false,
+    epi_boxes: 0,
 };
 /// 64x64 block, 4 warps of 32x32, 3 stages (55.3 KiB): medium GEMMs.
 pub const MATMUL_TF32_64X64: TileShape = TileShape {
@@ -168,6 +197,7 @@ pub const MATMUL_TF32_64X64: TileShape = TileShape {
     stages: 3,
     blocks_per_sm: 4,
     split_tf32: false,
+    epi_boxes: 0,
 };
 /// 32x64 block, 4 warps of 16x32, 4 stages (55.3 KiB): small M (decode, short
 /// prompts), where more blocks are needed to fill the GPU.
@@ -181,6 +211,7 @@ pub const MATMUL_TF32_32X64: TileShape = TileShape {
     stages: 4,
     blocks_per_sm: 4,
     split_tf32: false,
+    epi_boxes: 0,
 };
 
 /// FP32 matmuls on the TF32 tensor cores at FP32's accuracy ("3xTF32":
@@ -233,6 +264,21 @@ pub const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, block
         stages,
         blocks_per_sm,
         split_tf32: false,
+        epi_boxes: 0,
+    }
+}
+
+/// The persistent twin of a one-block-an-SM wgmma tile: `stages` stages and
+/// an epilogue buffer of `epi_boxes` boxes. Launched with at most one block
+/// an SM, each looping over the tiles `blockIdx.x + i * gridDim.x`, and
+/// only with an output map (the host's contract: unsplit, no KV caches):
+/// whole-row tiles go out through the copy engine from the epilogue's own
+/// buffer while the producer loads the next tile; the last row of tiles is
+/// staged the same way and copied out by the threads.
+pub const fn persistent_wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, epi_boxes: u32) -> TileShape {
+    TileShape {
+        epi_boxes,
+        ..wgmma_tile(name, bm, bn, stages, 1)
     }
 }
 

@@ -89,7 +89,18 @@ pub const SM90A_MAX_THREADS: &[(&str, u32)] = &[
         decode_step::DECODE_STEP_THREADS,
     ),
     (sample::SAMPLE_CLUSTER_FORWARD, sample::SAMPLE_BLOCK),
+    // Bounded so a register count over the block's share fails the build's
+    // ptxas check (a spill) rather than the launch.
+    persistent_bound(0),
+    persistent_bound(1),
 ];
+
+/// The `SM90A_MAX_THREADS` entry of persistent bf16 `wgmma` tile `i`.
+const fn persistent_bound(i: usize) -> (&'static str, u32) {
+    let tile = matmul_bf16::MATMUL_BF16_WGMMA_PERSISTENT[i];
+    (tile.name, tile.threads())
+}
+const _: () = assert!(matmul_bf16::MATMUL_BF16_WGMMA_PERSISTENT.len() == 2);
 
 /// Kernels of both modules whose blocks (of the given threads) must fit the
 /// given number to an SM, registers included (the build adds `.maxntid` and
