@@ -28,6 +28,12 @@ fn main() {
     for &(kernel, threads, blocks) in gpu_kernels::params::LAUNCH_BOUNDS {
         hopper = hopper.launch_bounds(kernel, threads, blocks);
     }
+    for tile in gpu_kernels::params::SM90A_WGMMA_TILES
+        .iter()
+        .flat_map(|family| family.iter())
+    {
+        hopper = hopper.launch_bounds(tile.name, tile.threads(), tile.blocks_per_sm);
+    }
     let hopper_ptx = hopper.build().unwrap_or_else(|e| fail(&e.to_string()));
     println!("cargo::rustc-env=GPU_KERNELS_SM90A_PTX_PATH={}", hopper_ptx.display());
 }

@@ -89,18 +89,21 @@ pub const SM90A_MAX_THREADS: &[(&str, u32)] = &[
         decode_step::DECODE_STEP_THREADS,
     ),
     (sample::SAMPLE_CLUSTER_FORWARD, sample::SAMPLE_BLOCK),
-    // Bounded so a register count over the block's share fails the build's
-    // ptxas check (a spill) rather than the launch.
-    persistent_bound(0),
-    persistent_bound(1),
 ];
 
-/// The `SM90A_MAX_THREADS` entry of persistent bf16 `wgmma` tile `i`.
-const fn persistent_bound(i: usize) -> (&'static str, u32) {
-    let tile = matmul_bf16::MATMUL_BF16_WGMMA_PERSISTENT[i];
-    (tile.name, tile.threads())
-}
-const _: () = assert!(matmul_bf16::MATMUL_BF16_WGMMA_PERSISTENT.len() == 2);
+/// The `wgmma` matmul tiles of the sm_90a module, every family. The build
+/// bounds each entry by its tile's threads and blocks an SM (`.maxntid`,
+/// `.minnctapersm`: `gpu_kernel_builder::PtxBuilder::launch_bounds`), so
+/// that registers beyond the block's share fail the build's ptxas check (a
+/// spill) rather than the launch (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`:
+/// unbounded, ptxas once gave the TF32 192x192 tile 141 registers, and
+/// 416 threads may hold 128).
+pub const SM90A_WGMMA_TILES: &[&[matmul_tf32::TileShape]] = &[
+    &matmul_tf32::MATMUL_TF32_WGMMA_VARIANTS,
+    &matmul_tf32::MATMUL_3XTF32_WGMMA_VARIANTS,
+    &matmul_bf16::MATMUL_BF16_WGMMA_VARIANTS,
+    &matmul_bf16::MATMUL_BF16_WGMMA_PERSISTENT,
+];
 
 /// Kernels of both modules whose blocks (of the given threads) must fit the
 /// given number to an SM, registers included (the build adds `.maxntid` and
