@@ -245,12 +245,19 @@ impl Gpu {
         cols: usize,
         box_rows: u32,
     ) -> Result<*const TensorMap, GpuError> {
-        let aligned = ptr.is_multiple_of(TMA_ALIGN as u64) && (cols * elem.size()).is_multiple_of(TMA_ALIGN);
-        if !self.tma_store(elem) || !aligned {
+        if !self.wgmma_out_mappable(elem, ptr, cols) {
             return Ok(std::ptr::null());
         }
         let box_cols = WGMMA_OUT_BOX_BYTES / elem.size() as u32;
         self.tensor_map_2d(elem, ptr, rows, cols, box_rows, box_cols)
+    }
+
+    /// Whether [`Gpu::wgmma_out_map`] gives a map (not null) for an output
+    /// at `ptr` of `cols` elements of `elem` a row: the TMA-store switch is
+    /// on for `elem`, and `ptr` and the row's bytes are 16-byte multiples.
+    pub fn wgmma_out_mappable(&self, elem: TensorElem, ptr: u64, cols: usize) -> bool {
+        let aligned = ptr.is_multiple_of(TMA_ALIGN as u64) && (cols * elem.size()).is_multiple_of(TMA_ALIGN);
+        self.tma_store(elem) && aligned
     }
 
     /// Whether the loaded kernels include the Hopper `wgmma` matmuls (the

@@ -41,7 +41,8 @@
 use cudarc::driver::CudaSlice;
 use gpu_host::shape::MatmulShape;
 use gpu_kernels::params::matmul_bf16::{
-    Bf16TileShape, MATMUL_BF16_VARIANTS, MATMUL_BF16_WGMMA_BK, MATMUL_BF16_WGMMA_VARIANTS, bf16_wgmma_persistent_twin,
+    Bf16TileShape, MATMUL_BF16_VARIANTS, MATMUL_BF16_WGMMA_128X192, MATMUL_BF16_WGMMA_128X256,
+    MATMUL_BF16_WGMMA_192X192, MATMUL_BF16_WGMMA_BK, MATMUL_BF16_WGMMA_VARIANTS, bf16_wgmma_persistent_twin,
 };
 use gpu_kernels::params::matmul_tf32::{TileEngine, TileShape};
 use half::bf16;
@@ -55,7 +56,7 @@ use host::gpu::ops::matmul_bf16::{
     matmul_forward_bf16_with,
 };
 use host::gpu::ops::matmul_tf32::{
-    Tf32Options, Tf32TileOptions, matmul_forward_tf32_opts, matmul_forward_tf32_with, tf32_variants,
+    Tf32Options, Tf32TileOptions, matmul_forward_tf32_opts, matmul_forward_tf32_with, tf32_blocks, tf32_variants,
 };
 use host::gpu::runtime::TensorElem;
 use rand::Rng;
@@ -531,17 +532,49 @@ fn embedded_sm90a_ptx_has_every_bf16_wgmma_variant() {
     }
 }
 
-/// The `wgmma` chooser returns a bf16 variant for every shape (no GPU needed).
+/// The `wgmma` chooser returns a bf16 variant for every shape, launched
+/// persistent or not; persistence never changes the choice where every SM
+/// gets at most one tile (no GPU needed).
 #[test]
 fn matmul_bf16_wgmma_chooser_choices() {
     const SMS: usize = 132;
     for n in [1, 7, 64, 200, 1024, 8192] {
         for oc in [768, 2304, 3072, 50304] {
-            let s = choose_wgmma_tile(MatmulShape::new(n, oc, 768), SMS);
-            assert!(MATMUL_BF16_WGMMA_VARIANTS.contains(&s), "n={n} oc={oc}: {}", s.name);
-            eprintln!("n={n:5} oc={oc:6}: {}", s.name);
+            let shape = MatmulShape::new(n, oc, 768);
+            let (one, persistent) = (
+                choose_wgmma_tile(shape, SMS, false),
+                choose_wgmma_tile(shape, SMS, true),
+            );
+            for s in [one, persistent] {
+                assert!(MATMUL_BF16_WGMMA_VARIANTS.contains(&s), "n={n} oc={oc}: {}", s.name);
+            }
+            if MATMUL_BF16_WGMMA_VARIANTS
+                .iter()
+                .all(|t| tf32_blocks(t, shape) <= SMS * t.blocks_per_sm as usize)
+            {
+                assert_eq!(one, persistent, "n={n} oc={oc}: one tile an SM, nothing to overlap");
+            }
+            eprintln!("n={n:5} oc={oc:6}: {} / persistent {}", one.name, persistent.name);
         }
     }
+}
+
+/// The chooser's decisions measured on an H200 at M = 8192 (132 SMs; see
+/// docs/performance.md): one-tile blocks take 192x192 at N = 2304 (the qkv
+/// launch, which fills the KV caches and has no output map: a one-tile
+/// 128x192 was 18 % slower there) and 128x256 at N = 3072; launched
+/// persistent, both take the 128x192 twin (61.9 against 64.2 µs, 83.5
+/// against 88.5 µs); N = 768 takes 128x192 either way (no GPU needed).
+#[test]
+fn matmul_bf16_wgmma_chooser_knows_persistent_launches() {
+    const SMS: usize = 132;
+    let name = |n: usize, persistent: bool| choose_wgmma_tile(MatmulShape::new(8192, n, 768), SMS, persistent).name;
+    assert_eq!(name(2304, false), MATMUL_BF16_WGMMA_192X192.name);
+    assert_eq!(name(3072, false), MATMUL_BF16_WGMMA_128X256.name);
+    for n in [768, 2304, 3072] {
+        assert_eq!(name(n, true), MATMUL_BF16_WGMMA_128X192.name, "N = {n}, persistent");
+    }
+    assert_eq!(name(768, false), MATMUL_BF16_WGMMA_128X192.name);
 }
 
 /// GPT-2's matmuls at a few token counts, f32 and bf16 out, through the
@@ -596,25 +629,35 @@ fn matmul_bf16_wgmma_split_k_parts_add_up_to_the_twin() {
 fn matmul_bf16_wgmma_plan_policy() {
     const SMS: usize = 132;
     let big = usize::MAX / 2;
-    let (tile, s) = bf16_wgmma_plan(MatmulShape::new(64, 768, 3072), SMS, big);
+    let (tile, s) = bf16_wgmma_plan(MatmulShape::new(64, 768, 3072), SMS, big, true);
     assert!(
         s > 1,
         "M=64 N=768 K=3072 ({}) leaves SMs idle: should split, got {s}",
         tile.name
     );
-    let (_, s) = bf16_wgmma_plan(MatmulShape::new(8192, 768, 3072), SMS, big);
+    let (_, s) = bf16_wgmma_plan(MatmulShape::new(8192, 768, 3072), SMS, big, true);
     assert_eq!(s, 1, "a full GPU needs no split");
-    let (_, s) = bf16_wgmma_plan(MatmulShape::new(64, 768, 3072), SMS, 64 * 768);
+    let (_, s) = bf16_wgmma_plan(MatmulShape::new(64, 768, 3072), SMS, 64 * 768, true);
     assert_eq!(s, 1, "a workspace of one output allows no split");
-    let (_, s) = bf16_wgmma_plan(MatmulShape::new(64, 768, 64), SMS, big);
+    let (_, s) = bf16_wgmma_plan(MatmulShape::new(64, 768, 64), SMS, big, true);
     assert_eq!(s, 1, "one k-tile cannot split");
     for n in [1, 64, 256, 1024, 8192] {
         for (c, oc) in [(768, 768), (3072, 768), (776, 50)] {
             let shape = MatmulShape::new(n, oc, c);
-            let (tile, splits) = bf16_wgmma_plan(shape, SMS, big);
+            let (tile, splits) = bf16_wgmma_plan(shape, SMS, big, false);
             let ktiles = c.div_ceil(MATMUL_BF16_WGMMA_BK as usize);
             assert!(MATMUL_BF16_WGMMA_VARIANTS.contains(&tile) && (1..=BF16_WGMMA_MAX_SPLITS).contains(&splits));
-            assert_eq!(tile, choose_wgmma_tile(shape, SMS), "the split keeps the unsplit tile");
+            assert_eq!(
+                tile,
+                choose_wgmma_tile(shape, SMS, false),
+                "the split keeps the unsplit tile"
+            );
+            // Persistent or not, the same split; unsplit, the persistent
+            // choice (a split launch stores element-wise, never persistent).
+            let (p_tile, p_splits) = bf16_wgmma_plan(shape, SMS, big, true);
+            assert_eq!(p_splits, splits, "M={n} K={c}: persistence changed the split");
+            let expect = choose_wgmma_tile(shape, SMS, splits == 1);
+            assert_eq!(p_tile, expect, "M={n} K={c}: persistent plan's tile");
             if splits > 1 {
                 let per = ktiles.div_ceil(splits);
                 assert!(

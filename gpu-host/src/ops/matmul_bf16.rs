@@ -22,7 +22,7 @@ use gpu_kernels::params::matmul_bf16::{
 use gpu_kernels::params::matmul_tf32::TileShape;
 
 use super::args::{OpError, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
-use super::matmul_tf32::{SplitRule, predicted_cost, tf32_blocks};
+use super::matmul_tf32::{SplitRule, persistent_predicted_cost, predicted_cost, tf32_blocks};
 use crate::runtime::TensorElem;
 use crate::{Gpu, MatmulShape};
 
@@ -244,18 +244,23 @@ const OP_WGMMA: &str = "matmul_forward_bf16_wgmma";
 
 /// The bf16 `wgmma` tile for an `m x n` output on `sms` SMs: the least
 /// predicted cost (`matmul_tf32::predicted_cost`: wave quantisation and
-/// tile efficiency); on a tie, the tile that keeps more blocks running,
-/// then the larger one, whose operands each feed more output (measured on
-/// an H200 at 8192 x 2304 x 768: 192x192 63.8 µs, 128x192 83.6 µs, the
-/// model's tie).
-pub fn choose_wgmma_tile(shape: MatmulShape, sms: usize) -> TileShape {
+/// tile efficiency; where the launch runs `persistent` and the tile has a
+/// twin, `matmul_tf32::persistent_predicted_cost`); on a tie, the tile that
+/// keeps more blocks running, then the larger one, whose operands each feed
+/// more output (measured on an H200 at 8192 x 2304 x 768: 192x192 63.8 µs,
+/// one-tile 128x192 83.6 µs, the model's tie; the persistent 128x192,
+/// predicted a sixth cheaper, 61.9 µs).
+///
+/// `persistent`: the launch has an output map and persistent tiles are on
+/// (`launch_persists` says so for a given output).
+pub fn choose_wgmma_tile(shape: MatmulShape, sms: usize, persistent: bool) -> TileShape {
     let key = |s: &TileShape| {
         let running = tf32_blocks(s, shape).min(sms * s.blocks_per_sm as usize);
-        (
-            predicted_cost(s, shape, sms),
-            std::cmp::Reverse(running),
-            std::cmp::Reverse(s.bm * s.bn),
-        )
+        let cost = match bf16_wgmma_persistent_twin(s) {
+            Some(twin) if persistent => persistent_predicted_cost(&twin, shape, sms),
+            _ => predicted_cost(s, shape, sms),
+        };
+        (cost, std::cmp::Reverse(running), std::cmp::Reverse(s.bm * s.bn))
     };
     MATMUL_BF16_WGMMA_VARIANTS
         .iter()
@@ -266,7 +271,8 @@ pub fn choose_wgmma_tile(shape: MatmulShape, sms: usize) -> TileShape {
 
 /// `out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n])`, then GELU if
 /// `gelu`: bf16 operands on Hopper's `wgmma` tensor cores (sm_90a module),
-/// f32 accumulation, the tile chosen by [`choose_wgmma_tile`]. CPU twin:
+/// f32 accumulation, the tile chosen by [`choose_wgmma_tile`] (persistent
+/// as `launch_persists` says for `out`). CPU twin:
 /// `cpu::ops::matmul_forward_bf16` (which rounds an f32 `inp` as the
 /// producer of this `inp` did). `k` must be a multiple of 8.
 pub fn matmul_forward_bf16_wgmma(
@@ -278,11 +284,13 @@ pub fn matmul_forward_bf16_wgmma(
     shape: MatmulShape,
     gelu: bool,
 ) -> Result<(), OpError> {
+    let outs = wgmma_out(gpu, out, shape)?;
+    let tile = choose_wgmma_tile(shape, gpu.sm_count(), launch_persists(gpu, &outs, shape.n));
     let opts = Bf16TileOptions {
         gelu,
-        ..Bf16TileOptions::new(choose_wgmma_tile(shape, gpu.sm_count()))
+        ..Bf16TileOptions::new(tile)
     };
-    matmul_forward_bf16_wgmma_with(gpu, opts, out, inp, weight, bias, shape)
+    launch_wgmma(gpu, opts, outs, inp, weight, bias, shape, UNSPLIT)
 }
 
 /// Fewest k-tiles (of `MATMUL_BF16_WGMMA_BK`) one split of a split-K
@@ -299,21 +307,28 @@ pub const BF16_WGMMA_MAX_SPLITS: usize = 8;
 /// block slots mostly empty, `k` is split by the 3xTF32 plan's
 /// [`SplitRule`], each split at least [`BF16_WGMMA_MIN_KTILES_PER_SPLIT`]
 /// k-tiles, at most [`BF16_WGMMA_MAX_SPLITS`], the parts within
-/// `workspace_floats`.
+/// `workspace_floats`. A split launch stores element-wise (no output map);
+/// an unsplit one takes the tile chosen for `persistent` (whether it would
+/// run persistent, as `launch_persists` says).
 /// Small `m` is the case: at 64 x 768 x 3072 (the MLP projection of a
 /// 64-token prompt) the 64x64 tile makes 12 blocks of 48 k-tiles each.
-pub fn bf16_wgmma_plan(shape: MatmulShape, sms: usize, workspace_floats: usize) -> (TileShape, usize) {
-    let tile = choose_wgmma_tile(shape, sms);
+pub fn bf16_wgmma_plan(
+    shape: MatmulShape,
+    sms: usize,
+    workspace_floats: usize,
+    persistent: bool,
+) -> (TileShape, usize) {
+    let tile = choose_wgmma_tile(shape, sms, false);
     let rule = SplitRule {
         k_tile: MATMUL_BF16_WGMMA_BK as usize,
         min_ktiles: BF16_WGMMA_MIN_KTILES_PER_SPLIT,
         max_splits: BF16_WGMMA_MAX_SPLITS,
     };
     let ktiles = shape.k.div_ceil(rule.k_tile);
-    (
-        tile,
-        effective_splits(ktiles, rule.splits(&tile, shape, sms, workspace_floats)),
-    )
+    match effective_splits(ktiles, rule.splits(&tile, shape, sms, workspace_floats)) {
+        1 => (choose_wgmma_tile(shape, sms, persistent), 1),
+        splits => (tile, splits),
+    }
 }
 
 /// Splits of `ktiles` k-tiles asked for as `splits` that all get some: each
@@ -338,12 +353,13 @@ pub fn matmul_forward_bf16_wgmma_partials(
     bias: Option<&CudaSlice<f32>>,
     shape: MatmulShape,
 ) -> Result<usize, OpError> {
-    let (tile, splits) = bf16_wgmma_plan(shape, gpu.sm_count(), parts.len());
+    let outs = wgmma_out(gpu, Bf16Out::F32(out), shape)?;
+    let persistent = launch_persists(gpu, &outs, shape.n);
+    let (tile, splits) = bf16_wgmma_plan(shape, gpu.sm_count(), parts.len(), persistent);
     if splits > 1 {
         matmul_forward_bf16_wgmma_split(gpu, tile, splits, parts, inp, weight, shape)
     } else {
-        let opts = Bf16TileOptions::new(tile);
-        matmul_forward_bf16_wgmma_with(gpu, opts, Bf16Out::F32(out), inp, weight, bias, shape)?;
+        launch_wgmma(gpu, Bf16TileOptions::new(tile), outs, inp, weight, bias, shape, UNSPLIT)?;
         Ok(1)
     }
 }
@@ -406,11 +422,18 @@ pub fn matmul_forward_bf16_wgmma_with(
     bias: Option<&CudaSlice<f32>>,
     shape: MatmulShape,
 ) -> Result<(), OpError> {
+    let outs = wgmma_out(gpu, out, shape)?;
+    launch_wgmma(gpu, opts, outs, inp, weight, bias, shape, UNSPLIT)
+}
+
+/// `out` as one unsplit launch writes it, its length checked for `shape`
+/// (and the caches, if any, by [`QkvCache::params`]).
+fn wgmma_out(gpu: &Gpu, out: Bf16Out<'_>, shape: MatmulShape) -> Result<WgmmaOut, OpError> {
     let MatmulShape { m, n, .. } = shape;
     // The output's rows as allocated (its tensor map spans them all, so one
     // map serves every m; the kernel stores through it only tiles below m).
     let rows = |len: usize| len / n.max(1);
-    let outs = match out {
+    Ok(match out {
         Bf16Out::F32(o) => {
             check_len(OP_WGMMA, "out", o.len(), m * n)?;
             WgmmaOut {
@@ -439,8 +462,16 @@ pub fn matmul_forward_bf16_wgmma_with(
                 rows: rows(o.len()),
             }
         }
-    };
-    launch_wgmma(gpu, opts, outs, inp, weight, bias, shape, UNSPLIT)
+    })
+}
+
+/// Whether an unsplit launch writing `outs` (`n` columns) runs its tile's
+/// persistent twin, where the tile has one: no KV caches, an output map
+/// ([`Gpu::wgmma_out_mappable`]) and persistent tiles on
+/// ([`Gpu::persistent_gemm_blocks`]). [`launch_wgmma`] applies the same rule.
+fn launch_persists(gpu: &Gpu, outs: &WgmmaOut, n: usize) -> bool {
+    let (elem, ptr) = outs.target();
+    outs.kv.k.is_null() && gpu.persistent_gemm_blocks().is_some() && gpu.wgmma_out_mappable(elem, ptr, n)
 }
 
 /// Where one bf16 `wgmma` launch writes: exactly one of `f32` and `bf16`
@@ -452,6 +483,18 @@ struct WgmmaOut {
     bf16: *mut u16,
     kv: QkvCacheOut,
     rows: usize,
+}
+
+impl WgmmaOut {
+    /// The element type and address of the output matrix (what a map of it
+    /// describes).
+    fn target(&self) -> (TensorElem, u64) {
+        if self.bf16.is_null() {
+            (TensorElem::F32, self.f32 as u64)
+        } else {
+            (TensorElem::Bf16, self.bf16 as u64)
+        }
+    }
 }
 
 /// One launch of a bf16 `wgmma` tile: `outs` sized by the caller
@@ -514,11 +557,7 @@ fn launch_wgmma(
     // do): one map per activation buffer, whatever the token count; rows
     // past m only feed output rows that are never stored.
     let inp_rows = inp.len() / k.max(1);
-    let (elem, ptr) = if out_bf16.is_null() {
-        (TensorElem::F32, out_f32 as u64)
-    } else {
-        (TensorElem::Bf16, out_bf16 as u64)
-    };
+    let (elem, ptr) = outs.target();
     let out_map = if split.splits <= 1 && kv.k.is_null() {
         gpu.wgmma_out_map(elem, ptr, outs.rows, n, tile.bm)?
     } else {

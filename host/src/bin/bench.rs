@@ -583,7 +583,10 @@ fn bench_gemm(gpu: &Gpu, args: &Args, report: &mut Report) -> anyhow::Result<()>
                     // planned call, then each tile at 2, 4 and 8 splits.
                     if m <= SPLIT_BENCH_MAX_M && n <= SPLIT_BENCH_MAX_N {
                         let mut parts = gpu.alloc::<f32>(BF16_WGMMA_MAX_SPLITS * m * n)?;
-                        let (tile, s) = bf16_wgmma_plan(gemm, gpu.sm_count(), parts.len());
+                        // (Named as the plan for an output map and the persistent
+                        // tiles, which the call below has unless turned off.)
+                        let persistent = gpu.persistent_gemm_blocks().is_some();
+                        let (tile, s) = bf16_wgmma_plan(gemm, gpu.sm_count(), parts.len(), persistent);
                         let t = time_calls::<OpError>(gpu, sn, args.warmup, args.samples, |i| {
                             let (inp, w) = (&inp16[i], &w16[i]);
                             matmul_forward_bf16_wgmma_partials(gpu, &mut parts, &mut sets.out[i], inp, w, None, gemm)
