@@ -7,7 +7,8 @@
 # together under a 64 MiB cap, hence stripped binaries and a size check.
 #
 # Layout of gpu-out/:
-#   tests/<name>.gz test executables (`cargo test --release --no-run`), gzipped
+#   tests/<name>.gz test executables (`cargo test --release --no-run`) that
+#                   hold tests, gzipped
 #   bin/<name>.gz   the workspace's binaries, gzipped (the CLI `host`, and bench/tune/
 #                   perplexity where they exist), and examples/outside-consumer's
 #   scripts/        scripts/*.py and gpu-runner.sh, so the bundle is whole
@@ -82,6 +83,14 @@ mkdir -p "$BUNDLE/tests" "$BUNDLE/bin" "$BUNDLE/scripts"
 while read -r pkg_dir name path; do
     [[ -n "$path" ]] || continue
     if [[ "$pkg_dir" == "." ]]; then dest="$name"; else dest="$(basename "$pkg_dir")-$name"; fi
+    # A harness with no tests (each binary of host gets one) would only
+    # spend the carry limit: several MiB each. Listing runs no test and
+    # needs no GPU.
+    listed="$("$path" --list --format terse 2>/dev/null | grep -cE ': (test|benchmark)$' || true)"
+    if [[ "$listed" == 0 ]]; then
+        echo "== skipping $dest: no tests"
+        continue
+    fi
     cp "$path" "$BUNDLE/tests/$dest"
     echo "$dest $pkg_dir" >>"$BUNDLE/tests.list"
 done <<<"$TESTS"
