@@ -3,11 +3,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use gpu_kernels::params::matmul_bf16::{MATMUL_BF16_WGMMA_PERSISTENT, MATMUL_BF16_WGMMA_VARIANTS};
-use gpu_kernels::params::matmul_tf32::{
-    MATMUL_3XTF32_VARIANTS, MATMUL_3XTF32_WGMMA_VARIANTS, MATMUL_TF32_VARIANTS, MATMUL_TF32_WGMMA_VARIANTS,
-};
-use gpu_kernels::params::{SaxpyParams, names};
+use gpu_kernels::params::matmul_tf32::{MATMUL_3XTF32_VARIANTS, MATMUL_TF32_VARIANTS};
+use gpu_kernels::params::{SM90A_WGMMA_TILES, SaxpyParams, names};
 use host::gpu::runtime::{dptr, dptr_mut};
 use rand::Rng;
 
@@ -53,11 +50,10 @@ fn param_kernel_names() -> (BTreeSet<String>, BTreeSet<String>) {
     // Kernels of the sm_90a module only: the wgmma matmuls, the persistent
     // decode step (bulk copies on mbarriers) and its layernorm folds, and the
     // cluster sampler.
-    let mut wgmma: BTreeSet<String> = MATMUL_TF32_WGMMA_VARIANTS
+    // (`SM90A_WGMMA_TILES` lists every wgmma family, so a new one is checked here too.)
+    let mut wgmma: BTreeSet<String> = SM90A_WGMMA_TILES
         .iter()
-        .chain(&MATMUL_3XTF32_WGMMA_VARIANTS)
-        .chain(&MATMUL_BF16_WGMMA_VARIANTS)
-        .chain(&MATMUL_BF16_WGMMA_PERSISTENT)
+        .flat_map(|family| family.iter())
         .map(|s| s.name.to_string())
         .collect();
     for k in [
