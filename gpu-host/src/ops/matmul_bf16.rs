@@ -19,7 +19,7 @@ use gpu_kernels::params::matmul_bf16::{
     MATMUL_BF16_WGMMA_VARIANTS, MatmulBf16Params, MatmulBf16WgmmaParams, QKV_CACHE_HEAD_SIZE, QkvCacheOut,
     bf16_wgmma_persistent_twin,
 };
-use gpu_kernels::params::matmul_tf32::TileShape;
+use gpu_kernels::params::matmul_tf32::{TileShape, WGMMA_M};
 
 use super::args::{OpError, aligned16, check_len, count_u32, in_ptr, out_ptr, to_u32};
 use super::matmul_tf32::{SplitRule, persistent_predicted_cost, predicted_cost, tf32_blocks};
@@ -242,14 +242,27 @@ impl QkvCache<'_> {
 
 const OP_WGMMA: &str = "matmul_forward_bf16_wgmma";
 
+/// Consumer warpgroups of one bf16 `wgmma` block from which
+/// [`BF16_WIDE_BLOCK_COST`] applies.
+pub const BF16_WIDE_BLOCK_WARPGROUPS: u32 = 3;
+/// What [`choose_wgmma_tile`] charges a wide bf16 block (three consumer
+/// warpgroups, 192 rows) against the shared cost model, as a fraction: its
+/// B tile feeds 192 rows, not 128, so a third fewer operand bytes go
+/// through the copy engine per output. Fit on an H200 at M = 8192, K = 768:
+/// per tile, 192x192 ran 1.27-1.42x as long as 128x192 (one-tile and
+/// persistent, N = 2304 and 3072), against their areas' 1.5x. bf16 only:
+/// TF32 tiles load twice the bytes per k, and there 192x192 ran 1.15-1.2x
+/// as long as 128x256 at N = 50304, slower per output, not faster.
+pub const BF16_WIDE_BLOCK_COST: (u64, u64) = (9, 10);
+
 /// The bf16 `wgmma` tile for an `m x n` output on `sms` SMs: the least
 /// predicted cost (`matmul_tf32::predicted_cost`: wave quantisation and
 /// tile efficiency; where the launch runs `persistent` and the tile has a
-/// twin, `matmul_tf32::persistent_predicted_cost`); on a tie, the tile that
-/// keeps more blocks running, then the larger one, whose operands each feed
-/// more output (measured on an H200 at 8192 x 2304 x 768: 192x192 63.8 µs,
-/// one-tile 128x192 83.6 µs, the model's tie; the persistent 128x192,
-/// predicted a sixth cheaper, 61.9 µs).
+/// twin, `matmul_tf32::persistent_predicted_cost`), wide blocks charged
+/// [`BF16_WIDE_BLOCK_COST`] of it; on a tie, the tile that keeps more
+/// blocks running, then the larger one, whose operands each feed more
+/// output (measured on an H200 at 8192 x 2304 x 768: one-tile 192x192 65
+/// µs against 128x192's 77; persistent, 59.8 against 62.8).
 ///
 /// `persistent`: the launch has an output map and persistent tiles are on
 /// (`launch_persists` says so for a given output).
@@ -259,6 +272,12 @@ pub fn choose_wgmma_tile(shape: MatmulShape, sms: usize, persistent: bool) -> Ti
         let cost = match bf16_wgmma_persistent_twin(s) {
             Some(twin) if persistent => persistent_predicted_cost(&twin, shape, sms),
             _ => predicted_cost(s, shape, sms),
+        };
+        let cost = if s.bm / WGMMA_M >= BF16_WIDE_BLOCK_WARPGROUPS {
+            let (num, den) = BF16_WIDE_BLOCK_COST;
+            cost * num / den
+        } else {
+            cost
         };
         (cost, std::cmp::Reverse(running), std::cmp::Reverse(s.bm * s.bn))
     };

@@ -83,6 +83,40 @@ pub fn wgmma_commit_group() {
     unsafe { asm!("wgmma.commit_group.sync.aligned;") }
 }
 
+/// Set this warpgroup's registers a thread to `N` (`setmaxnreg`): fewer
+/// gives registers back to the block's pool, more takes them from it,
+/// waiting until enough are free. A warp-specialised kernel's producer
+/// gives up what it does not need so that its consumers' accumulators fit
+/// without spilling: ptxas allocates the code after the call for `N`.
+///
+/// `DEC`: `true` to lower the count to `N` (`.dec`), `false` to raise it
+/// (`.inc`).
+///
+/// # Safety
+/// Every thread of the warpgroup calls it with the same `N` and `DEC`, and
+/// the warpgroup synchronises before calling it again. The kernel has a
+/// known register count at entry (`.maxntid` and `.minnctapersm`; without
+/// them ptxas ignores the call, warning C7508), and the block's warpgroups
+/// never ask for more than that count times its threads altogether (a
+/// `.inc` beyond the pool waits forever).
+/// `N` is a multiple of 8 from 24 to 256 (PTX ISA, `setmaxnreg`); ptxas
+/// rejects any other. (Not a compile-time assertion here: a generic caller
+/// names the function for a count of 0 in the branch its constant turns
+/// off. `params::matmul_tf32::TileShape::with_consumer_regs` checks the
+/// tiles' counts.)
+#[inline(always)]
+pub unsafe fn warpgroup_registers<const N: u32, const DEC: bool>() {
+    // SAFETY: the caller's contract (warpgroup-uniform, a register budget the block's
+    // pool covers); the count is a compile-time immediate in the allowed range.
+    unsafe {
+        if DEC {
+            asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N);
+        } else {
+            asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N);
+        }
+    }
+}
+
 /// An accumulator of one warpgroup's `m64nNk8` TF32 tile, kept in registers.
 /// Implemented for `[f32; N / 2]` with N in {64, 128, 192, 256}; the methods
 /// touch every register by a constant index, so the array never leaves

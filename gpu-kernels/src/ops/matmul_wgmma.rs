@@ -57,8 +57,8 @@ use crate::device::tma::{
     tma_store_2d,
 };
 use crate::device::wgmma::{
-    SWIZZLE_ROW_BYTES, WgmmaAccumulator, descriptor_k_major_sw128, fence_proxy_async_shared, wgmma_commit_group,
-    wgmma_fence,
+    SWIZZLE_ROW_BYTES, WgmmaAccumulator, descriptor_k_major_sw128, fence_proxy_async_shared, warpgroup_registers,
+    wgmma_commit_group, wgmma_fence,
 };
 use crate::device::{Vec2, Vec4};
 use crate::device::{
@@ -252,7 +252,10 @@ unsafe fn split_stage(src: *const u8, dst: *mut u8, bytes: usize, tid: usize, pa
 }
 
 /// The kernel body for one tile shape: `BM / 64` consumer warpgroups and a
-/// producer warp, `BN = Acc::N`.
+/// producer warp, `BN = Acc::N`. `CONSUMER_REGS` > 0
+/// (`TileShape::consumer_regs`): the producer is a warpgroup, which lowers
+/// its registers to `WGMMA_PRODUCER_REGS` before it starts, and the
+/// consumers raise theirs to `CONSUMER_REGS` (`setmaxnreg`).
 ///
 /// # Safety
 /// Launched on an sm_90a device with `TileShape::threads()` threads, a 1-D
@@ -272,11 +275,13 @@ unsafe fn matmul_wgmma_body<
     const STAGES: usize,
     const CONSUMERS: usize,
     const EPI_BOXES: usize,
+    const CONSUMER_REGS: u32,
 >(
     p: Gemm,
 ) {
     let bk = Op::BK;
     const {
+        assert!(CONSUMER_REGS.is_multiple_of(SETMAXNREG_STEP) && CONSUMER_REGS <= SETMAXNREG_MAX);
         assert!(Acc::N == BN);
         assert!(BM.is_multiple_of(WG_ROWS) && CONSUMERS == BM / WG_ROWS * WG_THREADS);
         // One to three consumer warpgroups (their barrier ids below).
@@ -373,6 +378,13 @@ unsafe fn matmul_wgmma_body<
         other => other,
     };
     if tid >= CONSUMERS {
+        if CONSUMER_REGS > 0 {
+            // SAFETY: the producer is a whole warpgroup here (`TileShape::threads`), every
+            // thread of which runs this once; its registers go back to the block's pool,
+            // from which the consumers take theirs (`TileShape::with_consumer_regs` checked
+            // that the pool covers them).
+            unsafe { warpgroup_registers::<WGMMA_PRODUCER_REGS, true>() };
+        }
         // Producer warp: one lane streams the k-tiles through the ring.
         if tid == CONSUMERS {
             let (inp_map, weight_map) = (p.inp_map, p.weight_map);
@@ -415,6 +427,11 @@ unsafe fn matmul_wgmma_body<
     }
 
     // Consumers.
+    if CONSUMER_REGS > 0 {
+        // SAFETY: every consumer warpgroup runs this once, whole; the producer warpgroup
+        // gives back what they take (`TileShape::with_consumer_regs`), so the wait ends.
+        unsafe { warpgroup_registers::<CONSUMER_REGS, false>() };
+    }
     let warpgroup = tid / WG_THREADS;
     let leader = tid.is_multiple_of(WG_THREADS);
     // The epilogue's memory: a persistent block's own buffer after the
@@ -977,6 +994,7 @@ macro_rules! matmul_wgmma_kernel {
                     { S.stages as usize },
                     { (S.bm / WGMMA_M * WARPGROUP_THREADS) as usize },
                     { S.epi_boxes as usize },
+                    { S.consumer_regs },
                 >($gemm(&p))
             }
         }
@@ -1073,4 +1091,8 @@ bf16_kernel!(
 bf16_kernel!(
     matmul_forward_bf16_wgmma_128x128_persistent,
     MATMUL_BF16_WGMMA_PERSISTENT[1]
+);
+bf16_kernel!(
+    matmul_forward_bf16_wgmma_192x192_persistent,
+    MATMUL_BF16_WGMMA_PERSISTENT[2]
 );

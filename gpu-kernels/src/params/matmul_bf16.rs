@@ -145,13 +145,23 @@ pub const MATMUL_BF16_WGMMA_VARIANTS: [TileShape; 6] = [
 /// boxes), half of an f32 one. Measured at M = 8192 (H200), against the
 /// one-tile blocks: 128x192 13-22 % faster on every GPT-2 shape, 128x128
 /// 3-11 %. None for 128x256 (with 3 stages, 0-16 % slower than its
-/// 4-stage one-tile blocks) nor for 192x192 (its 416-thread blocks may hold
-/// 128 registers a thread, and the loop over tiles took it past that:
-/// ptxas spilled 16-24 bytes).
-pub const MATMUL_BF16_WGMMA_PERSISTENT: [TileShape; 2] = [
+/// 4-stage one-tile blocks). The 192x192 twin's blocks (three consumer
+/// warpgroups) have 128 registers a thread at an even share, and the loop
+/// over tiles took its consumers past that (ptxas spilled 16-24 bytes): its
+/// producer is a warpgroup that keeps 40 and gives the rest to the
+/// consumers, 152 each (`TileShape::with_consumer_regs`); 3 stages, as the
+/// epilogue's three boxes of 192 rows take a fourth stage's room.
+pub const MATMUL_BF16_WGMMA_PERSISTENT: [TileShape; 3] = [
     persistent_wgmma_tile("matmul_forward_bf16_wgmma_128x192_persistent", 128, 192, 4, 3),
     persistent_wgmma_tile("matmul_forward_bf16_wgmma_128x128_persistent", 128, 128, 6, 2),
+    persistent_wgmma_tile("matmul_forward_bf16_wgmma_192x192_persistent", 192, 192, 3, 3)
+        .with_consumer_regs(BF16_WGMMA_192X192_CONSUMER_REGS),
 ];
+
+/// Registers a consumer thread of the persistent 192x192 bf16 tile holds:
+/// the most three consumer warpgroups can take beside a producer
+/// warpgroup of `WGMMA_PRODUCER_REGS` in 64 Ki registers.
+pub const BF16_WGMMA_192X192_CONSUMER_REGS: u32 = 152;
 
 /// The persistent twin of a bf16 `wgmma` tile (same `bm x bn`), if it has one.
 pub fn bf16_wgmma_persistent_twin(tile: &TileShape) -> Option<TileShape> {

@@ -49,8 +49,18 @@ pub const WGMMA_EPI_PAD: u32 = 8;
 /// `mbarrier`s (two per stage, 8 bytes each, up to 16 stages).
 pub const WGMMA_BARRIER_BYTES: u32 = 256;
 /// The wgmma kernels' producer: one warp after the consumer warpgroups,
-/// one lane of which issues the TMA copies.
+/// one lane of which issues the TMA copies (a whole warpgroup in a tile
+/// that moves registers to its consumers, [`TileShape::consumer_regs`]).
 pub const WGMMA_PRODUCER_THREADS: u32 = 32;
+/// Registers a thread a producer warpgroup keeps when it gives the rest to
+/// the consumers ([`TileShape::consumer_regs`]): its one working lane holds
+/// loop counters and map addresses (CUTLASS's producers keep 40 too).
+pub const WGMMA_PRODUCER_REGS: u32 = 40;
+/// Registers of an SM (the pool a block of one an SM shares out).
+pub const SM_REGISTERS: u32 = 65536;
+/// `setmaxnreg`'s counts: multiples of this step, at most the maximum.
+pub const SETMAXNREG_STEP: u32 = 8;
+pub const SETMAXNREG_MAX: u32 = 256;
 
 /// Which tensor-core instruction family a tile's kernel uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +106,12 @@ pub struct TileShape {
     /// ([`WGMMA_OUT_BOX_BYTES`] by `bm`) and the tile's bias columns, so the
     /// producer fills the next tile's stages while the consumers store.
     pub epi_boxes: u32,
+    /// `Wgmma` only: 0, or the registers a thread each consumer warpgroup
+    /// takes (`setmaxnreg`) after the producer, then a whole warpgroup,
+    /// gives all but [`WGMMA_PRODUCER_REGS`] back. For tiles whose
+    /// accumulators and loop state do not fit the even share of the
+    /// register file (see [`TileShape::with_consumer_regs`]).
+    pub consumer_regs: u32,
 }
 
 impl TileShape {
@@ -103,7 +119,7 @@ impl TileShape {
     pub const fn threads(&self) -> u32 {
         match self.engine {
             TileEngine::MmaSync => (self.bm / self.wm) * (self.bn / self.wn) * 32,
-            TileEngine::Wgmma => (self.bm / WGMMA_M) * WARPGROUP_THREADS + WGMMA_PRODUCER_THREADS,
+            TileEngine::Wgmma => (self.bm / WGMMA_M) * WARPGROUP_THREADS + self.producer_threads(),
         }
     }
     /// Bytes of one stage of a `Wgmma` tile: the `bm + bn` loaded rows, and
@@ -136,6 +152,36 @@ impl TileShape {
             self.epi_boxes * self.bm * WGMMA_OUT_BOX_BYTES + self.bn * 4
         }
     }
+    /// Threads of a `Wgmma` tile's producer: a warp, or a warpgroup where it
+    /// gives registers to the consumers ([`TileShape::consumer_regs`]:
+    /// `setmaxnreg` is warpgroup-wide).
+    pub const fn producer_threads(&self) -> u32 {
+        if self.consumer_regs > 0 {
+            WARPGROUP_THREADS
+        } else {
+            WGMMA_PRODUCER_THREADS
+        }
+    }
+    /// This tile with its consumer warpgroups at `regs` registers a thread
+    /// and a producer warpgroup at [`WGMMA_PRODUCER_REGS`]. Checked at
+    /// compile time: one block an SM, and the two counts within the block's
+    /// even share of the register file (what ptxas gives each thread at
+    /// entry, which the producer's release must cover; a `setmaxnreg.inc`
+    /// past the pool would wait forever).
+    pub const fn with_consumer_regs(self, regs: u32) -> TileShape {
+        let shifted = TileShape {
+            consumer_regs: regs,
+            ..self
+        };
+        let threads = shifted.threads();
+        let consumers = threads - WARPGROUP_THREADS;
+        // The even share, in setmaxnreg's steps.
+        let entry = SM_REGISTERS / threads / SETMAXNREG_STEP * SETMAXNREG_STEP;
+        assert!(matches!(self.engine, TileEngine::Wgmma) && self.blocks_per_sm == 1);
+        assert!(regs > entry && regs.is_multiple_of(SETMAXNREG_STEP) && regs <= SETMAXNREG_MAX);
+        assert!(WGMMA_PRODUCER_REGS * WARPGROUP_THREADS + regs * consumers <= entry * threads);
+        shifted
+    }
     /// Whether blocks loop over output tiles ([`TileShape::epi_boxes`]).
     pub const fn persistent(&self) -> bool {
         self.epi_boxes > 0
@@ -157,6 +203,7 @@ pub const MATMUL_TF32_128X192: TileShape = TileShape {
     blocks_per_sm: 1,
     split_tf32: false,
     epi_boxes: 0,
+    consumer_regs: 0,
 };
 /// 128x128 block, 8 warps of 64x32, 4 stages (147.5 KiB shared): large GEMMs.
 /// One block per SM (ptxas: ~172 registers x 256 threads), so the pipeline is
@@ -172,6 +219,7 @@ pub const MATMUL_TF32_128X128: TileShape = TileShape {
     blocks_per_sm: 1,
     split_tf32: false,
     epi_boxes: 0,
+    consumer_regs: 0,
 };
 /// 128x64 block, 4 warps of 64x32, 4 stages (110.6 KiB): two blocks per SM.
 pub const MATMUL_TF32_128X64: TileShape = TileShape {
@@ -185,6 +233,7 @@ pub const MATMUL_TF32_128X64: TileShape = TileShape {
     blocks_per_sm: 2,
     split_tf32: false,
     epi_boxes: 0,
+    consumer_regs: 0,
 };
 /// 64x64 block, 4 warps of 32x32, 3 stages (55.3 KiB): medium GEMMs.
 pub const MATMUL_TF32_64X64: TileShape = TileShape {
@@ -198,6 +247,7 @@ pub const MATMUL_TF32_64X64: TileShape = TileShape {
     blocks_per_sm: 4,
     split_tf32: false,
     epi_boxes: 0,
+    consumer_regs: 0,
 };
 /// 32x64 block, 4 warps of 16x32, 4 stages (55.3 KiB): small M (decode, short
 /// prompts), where more blocks are needed to fill the GPU.
@@ -212,6 +262,7 @@ pub const MATMUL_TF32_32X64: TileShape = TileShape {
     blocks_per_sm: 4,
     split_tf32: false,
     epi_boxes: 0,
+    consumer_regs: 0,
 };
 
 /// FP32 matmuls on the TF32 tensor cores at FP32's accuracy ("3xTF32":
@@ -265,6 +316,7 @@ pub const fn wgmma_tile(name: &'static str, bm: u32, bn: u32, stages: u32, block
         blocks_per_sm,
         split_tf32: false,
         epi_boxes: 0,
+        consumer_regs: 0,
     }
 }
 
