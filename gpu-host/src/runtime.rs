@@ -236,7 +236,7 @@ impl Gpu {
     /// epilogue, while [`Gpu::tma_store`] is off for `elem` or where the
     /// copy engine cannot address the buffer: `ptr` and each row's bytes
     /// must be 16-byte multiples. Whether a launch may take it at all (no
-    /// split-K, no KV caches) is the caller's to decide.
+    /// split-K; no persistent twin with KV caches) is the caller's to decide.
     pub fn wgmma_out_map(
         &self,
         elem: TensorElem,

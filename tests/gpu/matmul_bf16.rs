@@ -747,15 +747,22 @@ fn matmul_bf16_wgmma_selects_exactly() {
 /// A qkv matmul with `Bf16Out::QkvF32` writes the f32 output of a plain
 /// launch, bit for bit, and also each key and value, rounded to bf16 (to
 /// nearest even, as `half` rounds), into the caches at its sequence's
-/// positions `pos0..pos0 + t`, on every tile; every other cache entry keeps
-/// its NaN poison. Rows that do not make whole sequences are refused.
+/// positions `pos0..pos0 + t`, on every tile and every epilogue: the
+/// element-wise store, the TMA store (the caches filled from its staged
+/// boxes) and, for tiles with a persistent twin, with persistent tiles on
+/// (at most a block an SM, and two blocks), which a qkv launch must not
+/// take (its caches come from a tile's boxes after the last, which a
+/// persistent block's ring has reused); every other cache entry keeps its
+/// NaN poison. Rows that do not make whole sequences are refused.
 #[test]
 #[ignore = "needs a GPU"]
 fn matmul_bf16_wgmma_qkv_fills_the_kv_cache() {
     let Some(gpu) = wgmma_gpu() else { return };
     let mut rng = crate::seed::rng();
-    // k = 96: a partial k-tile; t odd; the caches wider than the call.
-    let (seqs, t, nh, hs, k, pos0, max_t) = (2, 37, 2, 64, 96, 5, 50);
+    // k = 96: a partial k-tile; t odd, so m = 422 makes whole row tiles and
+    // a partial one on every tile height; n = 384 a partial column tile for
+    // 256-wide tiles; the caches wider than the call.
+    let (seqs, t, nh, hs, k, pos0, max_t) = (2, 211, 2, 64, 96, 5, 230);
     let c = nh * hs;
     let (m, n) = (seqs * t, 3 * c);
     let shape = MatmulShape::new(m, n, k);
@@ -769,8 +776,19 @@ fn matmul_bf16_wgmma_qkv_fills_the_kv_cache() {
     );
     let cache_len = seqs * c * max_t;
     let poison = vec![bf16::NAN; cache_len];
-    for s in &MATMUL_BF16_WGMMA_VARIANTS {
+    // (TMA store, the persistent twin's most blocks): element-wise, TMA, and
+    // the persistent twin at most a block an SM and on two blocks.
+    let sms = gpu.sm_count();
+    let epilogues = [(false, None), (true, None), (true, Some(sms)), (true, Some(2))];
+    for (s, (tma, persistent)) in MATMUL_BF16_WGMMA_VARIANTS
+        .iter()
+        .flat_map(|s| epilogues.map(|e| (s, e)))
+        .filter(|(s, (_, persistent))| persistent.is_none() || bf16_wgmma_persistent_twin(s).is_some())
+    {
+        let what = format!("{} (TMA store {tma}, persistent {persistent:?})", s.name);
         let opts = Bf16TileOptions::new(*s);
+        gpu.set_tma_store(false);
+        gpu.set_persistent_gemm_blocks(None);
         let mut d_plain = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
         matmul_forward_bf16_wgmma_with(
             &gpu,
@@ -795,6 +813,8 @@ fn matmul_bf16_wgmma_qkv_fills_the_kv_cache() {
             nh,
         };
         let out = Bf16Out::QkvF32(&mut d_out, cache);
+        gpu.set_tma_store(tma);
+        gpu.set_persistent_gemm_blocks(persistent);
         matmul_forward_bf16_wgmma_with(&gpu, opts, out, &d_inp, &d_w, Some(&d_bias), shape).unwrap();
         let got = gpu.download(&d_out).unwrap();
         let bad = got
@@ -802,7 +822,7 @@ fn matmul_bf16_wgmma_qkv_fills_the_kv_cache() {
             .zip(&plain)
             .filter(|(a, b)| a.to_bits() != b.to_bits())
             .count();
-        assert_eq!(bad, 0, "{}: {bad} f32 outputs differ from the plain launch's", s.name);
+        assert_eq!(bad, 0, "{what}: {bad} f32 outputs differ from the plain launch's");
 
         for (which, d_cache) in [(1, &d_k), (2, &d_v)] {
             let cache = gpu.download(d_cache).unwrap();
@@ -824,12 +844,13 @@ fn matmul_bf16_wgmma_qkv_fills_the_kv_cache() {
             assert_eq!(
                 bad,
                 0,
-                "{}: {bad} {} cache entries differ (stored rows rounded, the rest poison)",
-                s.name,
+                "{what}: {bad} {} cache entries differ (stored rows rounded, the rest poison)",
                 if which == 1 { "key" } else { "value" }
             );
         }
     }
+    gpu.set_tma_store(true);
+    gpu.set_persistent_gemm_blocks(Some(sms));
 
     // Rows that are not whole sequences of t: refused before any launch.
     let mut d_out = gpu.upload(&vec![f32::NAN; m * n]).unwrap();

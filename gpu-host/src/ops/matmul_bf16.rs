@@ -485,7 +485,9 @@ fn wgmma_out(gpu: &Gpu, out: Bf16Out<'_>, shape: MatmulShape) -> Result<WgmmaOut
 }
 
 /// Whether an unsplit launch writing `outs` (`n` columns) runs its tile's
-/// persistent twin, where the tile has one: no KV caches, an output map
+/// persistent twin, where the tile has one: no KV caches (the kernel writes
+/// them from a tile's staged boxes after the last, which a persistent
+/// block's ring has reused by then), an output map
 /// ([`Gpu::wgmma_out_mappable`]) and persistent tiles on
 /// ([`Gpu::persistent_gemm_blocks`]). [`launch_wgmma`] applies the same rule.
 fn launch_persists(gpu: &Gpu, outs: &WgmmaOut, n: usize) -> bool {
@@ -496,7 +498,7 @@ fn launch_persists(gpu: &Gpu, outs: &WgmmaOut, n: usize) -> bool {
 /// Where one bf16 `wgmma` launch writes: exactly one of `f32` and `bf16`
 /// non-null, `kv` the KV caches a qkv matmul also fills (or none), `rows`
 /// the output buffer's rows (at least m; for the tensor map an unsplit
-/// launch without caches stores through).
+/// launch stores through).
 struct WgmmaOut {
     f32: *mut f32,
     bf16: *mut u16,
@@ -519,9 +521,10 @@ impl WgmmaOut {
 /// One launch of a bf16 `wgmma` tile: `outs` sized by the caller
 /// (`split.splits * m * n` floats for a split launch, whose bias is `None`,
 /// GELU off and caches none), the caches checked by [`QkvCache::params`].
-/// An unsplit launch without caches whose output rows are 16-byte multiples
-/// stores its tiles through a tensor map of the output (while
-/// [`Gpu::tma_store`]).
+/// An unsplit launch whose output rows are 16-byte multiples stores its
+/// tiles through a tensor map of the output (while [`Gpu::tma_store`]); a
+/// qkv launch's blocks then also write the caches from the staged tile,
+/// and it never runs persistent.
 #[allow(clippy::too_many_arguments)]
 fn launch_wgmma(
     gpu: &Gpu,
@@ -577,7 +580,7 @@ fn launch_wgmma(
     // past m only feed output rows that are never stored.
     let inp_rows = inp.len() / k.max(1);
     let (elem, ptr) = outs.target();
-    let out_map = if split.splits <= 1 && kv.k.is_null() {
+    let out_map = if split.splits <= 1 {
         gpu.wgmma_out_map(elem, ptr, outs.rows, n, tile.bm)?
     } else {
         std::ptr::null()
@@ -587,7 +590,7 @@ fn launch_wgmma(
     // tiles, so the producer loads the next tile while the last is stored.
     let tiles = tf32_blocks(tile, shape);
     let (tile, blocks) = match (
-        out_map.is_null(),
+        out_map.is_null() || !kv.k.is_null(),
         gpu.persistent_gemm_blocks(),
         bf16_wgmma_persistent_twin(tile),
     ) {
@@ -624,7 +627,7 @@ fn launch_wgmma(
     // may be smaller than a block a tile; and the sm_90a module is loaded),
     // whose parameter type is MatmulBf16WgmmaParams. The maps describe `inp` (>= m rows) and
     // `weight` (n rows) of k bf16 with the boxes the kernel was compiled
-    // with, and `out_map` (unsplit, no caches) all of the output buffer's
+    // with, and `out_map` (unsplit; never persistent with caches) all of the output buffer's
     // rows (>= m) with `WGMMA_OUT_BOX_BYTES` x `tile.bm` boxes; exactly one of `out` (m*n f32, 16-byte aligned; splits*m*n for
     // a split launch, the callers' checks) and `out_bf16` (m*n bf16, 8-byte
     // aligned) is set, `bias` holds n floats or is null, `kv` is null or

@@ -505,7 +505,7 @@ pub(crate) enum TileOut {
 /// (its `k` not null; every cache index fits u32); `row` is an output row,
 /// `col + 4 <= oc`.
 #[inline(always)]
-unsafe fn store_kv_chunk(kv: &QkvCacheOut, oc: usize, row: usize, col: usize, v: [f32; 4]) {
+pub(crate) unsafe fn store_kv_chunk(kv: &QkvCacheOut, oc: usize, row: usize, col: usize, v: [f32; 4]) {
     const HS: u32 = QKV_CACHE_HEAD_SIZE;
     let (c, row, col) = (oc as u32 / 3, row as u32, col as u32);
     if col < c {

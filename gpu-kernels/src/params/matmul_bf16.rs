@@ -180,8 +180,8 @@ pub fn bf16_wgmma_persistent_twin(tile: &TileShape) -> Option<TileShape> {
 pub struct MatmulBf16WgmmaParams {
     pub inp_map: *const TensorMap,
     pub weight_map: *const TensorMap,
-    /// Null, or a map of the output (`out_bf16`, else `out`; unsplit, no
-    /// `kv`) as
+    /// Null, or a map of the output (`out_bf16`, else `out`; unsplit; with
+    /// `kv`, a kernel of one tile a block) as
     /// [`MatmulTf32WgmmaParams::out_map`](super::matmul_tf32::MatmulTf32WgmmaParams::out_map)
     /// describes.
     pub out_map: *const TensorMap,
