@@ -776,8 +776,9 @@ fn matmul_bf16_wgmma_qkv_fills_the_kv_cache() {
     );
     let cache_len = seqs * c * max_t;
     let poison = vec![bf16::NAN; cache_len];
-    // (TMA store, the persistent twin's most blocks): element-wise, TMA, and
-    // the persistent twin at most a block an SM and on two blocks.
+    // (TMA store, persistent tiles' most blocks): element-wise, TMA, and
+    // persistent tiles on at most a block an SM and on two blocks (which the
+    // launch must decline).
     let sms = gpu.sm_count();
     let epilogues = [(false, None), (true, None), (true, Some(sms)), (true, Some(2))];
     for (s, (tma, persistent)) in MATMUL_BF16_WGMMA_VARIANTS

@@ -987,7 +987,7 @@ impl<const BM: usize, const BN: usize, const EPI_BOXES: usize> TmaEpilogue<BM, B
         while i < last * per_box {
             let (j, within) = (i / per_box, i % per_box);
             let (row, q) = (within / chunks_per_row, within % chunks_per_row);
-            let col = self.n0 + j * box_cols + q * (CHUNK_BYTES / 4);
+            let col = self.n0 + j * box_cols + q * (CHUNK_BYTES / size_of::<f32>());
             let src = j * Self::BOX_BYTES + row * SWIZZLE_ROW_BYTES as usize + ((q ^ (row % 8)) * CHUNK_BYTES);
             // SAFETY: `src` is a 16-byte chunk of staged box j (row < BM, q < 8, j <
             // the tile's boxes), 16-byte aligned; the caches are this launch's, m0 +
