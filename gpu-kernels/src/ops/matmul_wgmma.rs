@@ -957,6 +957,14 @@ impl<const BM: usize, const BN: usize, const EPI_BOXES: usize> TmaEpilogue<BM, B
         }
     }
 
+    /// Byte offset, in a staged box, of row `row`'s 16-byte chunk `q` (of its
+    /// 128 bytes): swizzled to place `q ^ row % 8`, as the pairs are staged
+    /// ([`Self::stage_pair`]) and the copy engine reads them.
+    #[inline(always)]
+    fn chunk_in_box(row: usize, q: usize) -> usize {
+        row * SWIZZLE_ROW_BYTES as usize + ((q ^ (row % 8)) * CHUNK_BYTES)
+    }
+
     /// Store a qkv tile's keys and values into the KV caches from its staged
     /// boxes (f32, `BM` rows of 32 columns each, box `j` at slot `j`): the
     /// boxes whose columns lie in `C..oc` (`C = oc / 3`; a box lies inside
@@ -973,9 +981,6 @@ impl<const BM: usize, const BN: usize, const EPI_BOXES: usize> TmaEpilogue<BM, B
     /// out, `oc = 3C`), whose rows of this tile are this block's alone.
     #[inline(always)]
     unsafe fn store_kv_boxes<const CONSUMERS: usize>(&self, tid: usize, m0: usize) {
-        if EPI_BOXES > 0 {
-            return; // (never called there: a persistent block restages its slots)
-        }
         let box_cols = self.box_cols();
         let c = self.oc / 3;
         // The tile's boxes of keys or values: first..last.
@@ -988,7 +993,7 @@ impl<const BM: usize, const BN: usize, const EPI_BOXES: usize> TmaEpilogue<BM, B
             let (j, within) = (i / per_box, i % per_box);
             let (row, q) = (within / chunks_per_row, within % chunks_per_row);
             let col = self.n0 + j * box_cols + q * (CHUNK_BYTES / size_of::<f32>());
-            let src = j * Self::BOX_BYTES + row * SWIZZLE_ROW_BYTES as usize + ((q ^ (row % 8)) * CHUNK_BYTES);
+            let src = j * Self::BOX_BYTES + Self::chunk_in_box(row, q);
             // SAFETY: `src` is a 16-byte chunk of staged box j (row < BM, q < 8, j <
             // the tile's boxes), 16-byte aligned; the caches are this launch's, m0 +
             // row an output row and col + 4 <= oc (boxes below `last`; oc a multiple
@@ -1025,7 +1030,7 @@ impl<const BM: usize, const BN: usize, const EPI_BOXES: usize> TmaEpilogue<BM, B
             let (row, q) = (i / chunks_per_row, i % chunks_per_row);
             let byte = first_byte + q * CHUNK_BYTES;
             if byte < row_bytes {
-                let src = at + row * SWIZZLE_ROW_BYTES as usize + ((q ^ (row % 8)) * CHUNK_BYTES);
+                let src = at + Self::chunk_in_box(row, q);
                 // SAFETY: `src` is a 16-byte chunk of the staged box (row < BM, q < 8);
                 // `byte` + 16 <= row_bytes (both multiples of 16) and m0 + row < n: inside
                 // `out`, 16-byte aligned (the caller's contract).
